@@ -1,0 +1,15 @@
+"""specdistill's speculative decoder: lossless speculative decoding of transformers causal LMs, and its metrics."""
+from decode.drafters import ModelDrafter, PromptLookupDrafter
+from decode.sampling import SamplingConfig
+from decode.speculative import GenerateOutput, autoregressive_generate, speculative_generate
+from decode.stats import SpecStats
+
+__all__ = [
+    "GenerateOutput",
+    "ModelDrafter",
+    "PromptLookupDrafter",
+    "SamplingConfig",
+    "SpecStats",
+    "autoregressive_generate",
+    "speculative_generate",
+]

@@ -1,0 +1,41 @@
+"""A causal LM with its own KV cache: forward new tokens, roll back rejected ones. Nothing is ever re-prefilled."""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class CachedLM:
+    """Wraps a ``transformers`` causal LM and the ``DynamicCache`` of one sequence (batch size 1).
+
+    ``length`` is the number of tokens whose keys/values are in the cache.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Append ``tokens`` [1, T] to the cache; returns logits [T, V] (or [1, V] with ``last_only``)."""
+        out = self.model(
+            input_ids=tokens,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        self.length += tokens.shape[1]
+        return out.logits[0]
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` cached tokens."""
+        if num_tokens < 0 or num_tokens > self.length:
+            raise ValueError(f"cannot roll back {num_tokens} tokens from a cache of {self.length}")
+        if num_tokens:
+            self.cache.crop(-num_tokens)
+            self.length -= num_tokens

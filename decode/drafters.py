@@ -1,0 +1,125 @@
+"""Drafters propose up to ``gamma`` tokens per step; the target verifies them.
+
+A drafter keeps whatever state it needs (a KV cache for a model) consistent with the committed sequence:
+after ``commit(n)`` its state covers the committed tokens except the newest one, which arrives as ``cur`` in the
+next ``propose``.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from decode.cache import CachedLM
+from decode.sampling import SamplingConfig, draw, probs_from_logits
+
+
+class Drafter(Protocol):
+    def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
+        """Begin a sequence whose committed tokens, all but the newest, are ``prefix`` [1, L]."""
+
+    def propose(
+        self, history: list[int], cur: torch.Tensor, gamma: int, cfg: SamplingConfig, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to ``gamma`` draft tokens [k] after ``cur`` [1, 1], and their distributions q [k, V_target]
+        (None when greedy: q is then the one-hot of each token)."""
+
+    def commit(self, num_accepted: int) -> None:
+        """The target kept the first ``num_accepted`` proposed tokens."""
+
+
+class ModelDrafter:
+    """A small causal LM as the draft, with its own KV cache."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.lm: CachedLM | None = None
+        self.pending: list[torch.Tensor] = []  # committed tokens not yet in the cache, each [1, 1]
+        self.proposed: torch.Tensor | None = None
+        self.shared_vocab = 0
+        self.pad_to = 0
+
+    def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
+        self.lm = CachedLM(self.model)
+        # A padded lm_head (Qwen-style 151936 vs 152064) is harmless: both sides work on the shared ids.
+        self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
+        self.pad_to = target_vocab_size
+        self.pending = []
+        if prefix.shape[1] > 0:
+            self.lm.forward(prefix, last_only=True)
+
+    def propose(self, history, cur, gamma, cfg, generator):
+        assert self.lm is not None, "start() first"
+        if gamma == 0:  # nothing to draft: cur joins the tokens still to be fed
+            self.pending.append(cur)
+            self.proposed = cur.new_empty(0)
+            return self.proposed, None
+        feed = torch.cat([*self.pending, cur], dim=1)  # [1, 1 or 2]
+        self.pending = []
+        tokens, rows = [], []
+        for _ in range(gamma):
+            logits = self.lm.forward(feed, last_only=True)[-1:, : self.shared_vocab]  # [1, V_shared]
+            if cfg.greedy:
+                token = logits.argmax(dim=-1)
+            else:
+                q = probs_from_logits(logits, cfg)
+                token = draw(q, cfg, generator)
+                rows.append(q)
+            tokens.append(token)
+            feed = token.view(1, 1)
+        self.proposed = torch.cat(tokens) if tokens else cur.new_empty(0)
+        if cfg.greedy or not rows:
+            return self.proposed, None
+        q = torch.cat(rows)  # [k, V_shared]
+        return self.proposed, F.pad(q, (0, self.pad_to - self.shared_vocab))
+
+    def commit(self, num_accepted: int) -> None:
+        assert self.lm is not None and self.proposed is not None
+        drafted = self.proposed.numel()
+        if drafted == 0:
+            return
+        # The cache holds cur, d_1..d_{k-1}; keep cur, d_1..d_n.
+        if num_accepted < drafted:
+            self.lm.rollback(drafted - 1 - num_accepted)
+        else:  # every draft token accepted: d_k was never fed to the draft
+            self.pending = [self.proposed[-1:].view(1, 1)]
+
+
+class PromptLookupDrafter:
+    """Model-free drafting by n-gram lookup in the context (prompt lookup decoding).
+
+    The longest suffix n-gram (``max_ngram_size`` down to ``min_ngram_size``) of the sequence is searched for
+    earlier in the sequence; the tokens that followed its most recent occurrence are proposed. The proposal is
+    deterministic, so q is the one-hot of each proposed token. The free baseline every trained draft must beat.
+    """
+
+    def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 1) -> None:
+        if not 1 <= min_ngram_size <= max_ngram_size:
+            raise ValueError(
+                f"need 1 <= min_ngram_size <= max_ngram_size, got {min_ngram_size} and {max_ngram_size}")
+        self.max_ngram_size = max_ngram_size
+        self.min_ngram_size = min_ngram_size
+        self.vocab_size = 0
+
+    def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
+        self.vocab_size = target_vocab_size
+
+    def lookup(self, history: list[int], gamma: int) -> list[int]:
+        """The tokens that followed the most recent earlier occurrence of the longest matching suffix n-gram."""
+        n_tokens = len(history)
+        for n in range(min(self.max_ngram_size, n_tokens - 1), self.min_ngram_size - 1, -1):
+            suffix = history[-n:]
+            for start in range(n_tokens - n - 1, -1, -1):  # most recent occurrence first, excluding the suffix
+                if history[start:start + n] == suffix:
+                    return history[start + n:start + n + gamma]
+        return []
+
+    def propose(self, history, cur, gamma, cfg, generator):
+        tokens = torch.tensor(self.lookup(history, gamma), dtype=torch.long, device=cur.device)
+        if cfg.greedy or tokens.numel() == 0:
+            return tokens, None
+        return tokens, F.one_hot(tokens, self.vocab_size).float()
+
+    def commit(self, num_accepted: int) -> None:
+        return None

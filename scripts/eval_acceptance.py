@@ -1,0 +1,138 @@
+"""Measure a draft against its target: acceptance, mean accepted tokens, wall-clock speedup.
+
+    python scripts/eval_acceptance.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \
+        --prompts prompts.jsonl --gamma 2 4 6 --max-new-tokens 128 --output eval.json
+    specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --gamma 4
+
+The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from decode.drafters import PromptLookupDrafter
+from decode.evaluate import EvalSettings, evaluate_acceptance
+from decode.loading import (LoadError, encode_prompts, load_causal_lm, load_tokenizer, read_prompts,
+                            resolve_device, resolve_dtype)
+from decode.table import format_table
+from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
+
+PROMPT_LOOKUP = "prompt-lookup"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="specdistill-eval", description=__doc__.split("\n")[0])
+    p.add_argument("--target", required=True, help="target model: local folder or hub id")
+    p.add_argument("--draft", required=True, help=f"draft model: local folder, hub id, or '{PROMPT_LOOKUP}'")
+    p.add_argument("--prompts", required=True, help=".jsonl with a 'prompt' field, or .txt with one prompt per line")
+    p.add_argument("--gamma", type=int, nargs="+", default=[4], help="draft tokens per step (several values sweep)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="keep only the last N tokens of each prompt")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1, help="timed repeats per prompt (medians are reported)")
+    p.add_argument("--stop-at-eos", action="store_true", help="stop each generation at the tokenizer's EOS")
+    p.add_argument("--output", type=Path, default=None, help="write the results JSON here")
+    p.add_argument("--save-outputs", type=Path, default=None,
+                   help="write per-prompt token ids of the plain and speculative continuations (.jsonl)")
+    p.add_argument("--compare-hf", action="store_true", help="also time transformers assisted generation")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if any(g < 1 for g in args.gamma):
+        raise LoadError(f"--gamma must be >= 1, got {args.gamma}")
+    if args.max_new_tokens < 1:
+        raise LoadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise LoadError(f"--temperature must be >= 0, got {args.temperature}")
+
+
+def load_draft(args, target_tokenizer, device, dtype):
+    if args.draft == PROMPT_LOOKUP:
+        return PromptLookupDrafter()
+    draft = load_causal_lm(args.draft, device, dtype, args.trust_remote_code)
+    draft_tokenizer = load_tokenizer(args.draft, required=False)
+    if draft_tokenizer is not None:
+        check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
+    return draft
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    check_args(args)
+    torch.manual_seed(args.seed)
+
+    # ---- inputs -------------------------------------------------------------------------------------------
+    prompts = read_prompts(args.prompts, args.num_prompts)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    tokenizer = load_tokenizer(args.target)
+    target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
+    draft = load_draft(args, tokenizer, device, dtype)
+    prompt_ids = encode_prompts(tokenizer, prompts, args.max_prompt_tokens)
+
+    # ---- measure ------------------------------------------------------------------------------------------
+    settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                            top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats,
+                            compare_hf=args.compare_hf,
+                            eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
+    outputs: list[dict] | None = [] if args.save_outputs else None
+    results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet, outputs=outputs)
+
+    # ---- report -------------------------------------------------------------------------------------------
+    report = {"device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
+              "torch_version": torch.__version__, "target": args.target, "draft": args.draft, "results": results}
+    print(format_table([{"drafter": args.draft, **r} for r in results]))
+    if args.output:
+        write_json(args.output, report)
+        print(f"wrote {args.output}")
+    if outputs is not None:
+        args.save_outputs.parent.mkdir(parents=True, exist_ok=True)
+        args.save_outputs.write_text("".join(json.dumps(o) + "\n" for o in outputs))
+        print(f"wrote {args.save_outputs}")
+    return report
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def write_json(path: Path, report: dict) -> None:
+    """The results JSON; ``evaluate.save``'s environment record (versions, time, git commit) is added under
+    ``environment``."""
+    import evaluate
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    env_file = evaluate.save(str(path.with_suffix(".env.json")))
+    env = json.loads(Path(env_file).read_text())
+    Path(env_file).unlink()
+    path.write_text(json.dumps({**report, "environment": env}, indent=2) + "\n")
+
+
+def cli() -> None:
+    try:
+        main()
+    except (LoadError, TokenizerMismatchError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    cli()
