@@ -45,9 +45,10 @@ class ModelDrafter:
         # A padded lm_head (Qwen-style 151936 vs 152064) is harmless: both sides work on the shared ids.
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
         self.pad_to = target_vocab_size
+        self.embed_size = self.model.get_input_embeddings().weight.shape[0]
         self.pending = []
         if prefix.shape[1] > 0:
-            self.lm.forward(prefix, last_only=True)
+            self.lm.forward(prefix.clamp_max(self.embed_size - 1), last_only=True)
 
     def propose(self, history, cur, gamma, cfg, generator):
         assert self.lm is not None, "start() first"
@@ -55,7 +56,9 @@ class ModelDrafter:
             self.pending.append(cur)
             self.proposed = cur.new_empty(0)
             return self.proposed, None
-        feed = torch.cat([*self.pending, cur], dim=1)  # [1, 1 or 2]
+        # ids beyond the draft's embedding (a target's padded lm_head rows, never real tokens) are clamped: only
+        # the draft's proposals can suffer from it, and the target verifies every proposal.
+        feed = torch.cat([*self.pending, cur], dim=1).clamp_max(self.embed_size - 1)  # [1, 1 or 2]
         self.pending = []
         tokens, rows = [], []
         for _ in range(gamma):

@@ -1,0 +1,70 @@
+"""KV caches are kept across steps and rolled back after a rejection; nothing is re-prefilled."""
+import torch
+
+from decode.cache import CachedLM
+from decode.drafters import ModelDrafter, PromptLookupDrafter
+from decode.sampling import SamplingConfig
+from tiny import tiny_model
+
+GREEDY = SamplingConfig()
+
+
+def full_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def test_rollback_then_extend_equals_a_fresh_forward():
+    model = tiny_model("llama", seed=0)
+    lm = CachedLM(model)
+    lm.forward(torch.tensor([[1, 5, 7]]))
+    lm.forward(torch.tensor([[20, 21, 22, 23]]))
+    lm.rollback(3)  # keep 20
+    assert lm.length == 4 and lm.cache.get_seq_length() == 4
+    logits = lm.forward(torch.tensor([[30, 31]]))
+    torch.testing.assert_close(logits, full_logits(model, [1, 5, 7, 20, 30, 31])[-2:], rtol=1e-4, atol=1e-4)
+
+
+def greedy_continuation(model, ids, n):
+    ids = list(ids)
+    out = []
+    for _ in range(n):
+        out.append(int(full_logits(model, ids)[-1].argmax()))
+        ids.append(out[-1])
+    return out
+
+
+def test_model_drafter_stays_consistent_for_every_acceptance_pattern():
+    """Scripted accept counts (including a fully accepted block, which leaves d_k unfed) keep the draft's cache
+    equal to the committed sequence: its next proposal equals a from-scratch greedy continuation."""
+    model = tiny_model("llama", seed=0)
+    drafter = ModelDrafter(model)
+    committed = [1, 5, 7, 9]
+    drafter.start(torch.tensor([committed[:-1]]), target_vocab_size=model.config.vocab_size)
+    for accepted in [3, 0, 1, 3, 3, 2, 0, 0]:
+        cur = torch.tensor([[committed[-1]]])
+        proposal, q = drafter.propose(committed, cur, 3, GREEDY, None)
+        assert q is None
+        assert proposal.tolist() == greedy_continuation(model, committed, 3)
+        drafter.commit(accepted)
+        committed += proposal[:accepted].tolist() + [(committed[-1] * 7 + accepted) % 90 + 3]  # "the target's token"
+    assert drafter.lm.length + len(drafter.pending) == len(committed) - 1
+
+
+def test_model_drafter_with_zero_gamma_keeps_cur_pending():
+    model = tiny_model("llama", seed=0)
+    drafter = ModelDrafter(model)
+    drafter.start(torch.tensor([[1, 5]]), model.config.vocab_size)
+    drafter.propose([1, 5, 7], torch.tensor([[7]]), 0, GREEDY, None)
+    drafter.commit(0)
+    proposal, _ = drafter.propose([1, 5, 7, 9], torch.tensor([[9]]), 2, GREEDY, None)
+    assert proposal.tolist() == greedy_continuation(model, [1, 5, 7, 9], 2)
+
+
+def test_prompt_lookup_finds_the_most_recent_longest_match():
+    d = PromptLookupDrafter(max_ngram_size=3)
+    #           0  1  2  3  4  5  6  7  8  9
+    history = [4, 5, 6, 7, 8, 4, 5, 6, 9, 4, 5, 6]
+    assert d.lookup(history, 2) == [9, 4]  # "4 5 6" most recently followed by 9
+    assert d.lookup([1, 2, 3], 4) == []
+    assert d.lookup([3, 1, 2, 3], 3) == [1, 2, 3]  # a 1-gram match when nothing longer matches
