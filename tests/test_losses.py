@@ -1,0 +1,513 @@
+"""Distillation losses against plain float64 references written from the formulas."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distill.losses import (
+    LOSSES,
+    LossSums,
+    SparseTeacher,
+    bucketize,
+    chunked_distill_loss,
+    distill_loss,
+    forward_kl,
+    jsd,
+    reverse_kl,
+    total_variation,
+)
+
+KD_LOSSES = ("forward_kl", "reverse_kl", "jsd", "tv")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# References: python floats, one token and one vocabulary entry at a time
+# ---------------------------------------------------------------------------------------------------------------
+
+def ref_kl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """KL(a || b) = sum_x a log(a / b), with 0 log 0 = 0; a, b probabilities [N, V]."""
+    rows = [sum(x * math.log(x / y) for x, y in zip(ra, rb) if x > 0) for ra, rb in zip(a.tolist(), b.tolist())]
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def ref_jsd(p: torch.Tensor, q: torch.Tensor, beta: float) -> torch.Tensor:
+    if beta == 0.0:
+        return ref_kl(p, q)
+    if beta == 1.0:
+        return ref_kl(q, p)
+    m = beta * p + (1 - beta) * q
+    return beta * ref_kl(p, m) + (1 - beta) * ref_kl(q, m)
+
+
+def ref_tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    rows = [0.5 * sum(abs(x - y) for x, y in zip(rp, rq)) for rp, rq in zip(p.tolist(), q.tolist())]
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def ref_divergence(name: str, q: torch.Tensor, p: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """Per-token divergence of student probabilities q from teacher probabilities p."""
+    if name == "forward_kl":
+        return ref_kl(p, q)
+    if name == "reverse_kl":
+        return ref_kl(q, p)
+    if name == "jsd":
+        return ref_jsd(p, q, beta)
+    return ref_tv(p, q)
+
+
+def ref_probs(logits: torch.Tensor, temperature: float = 1.0, vocab: int | None = None) -> torch.Tensor:
+    """softmax(logits[:, :vocab] / T) in float64, by exp and divide."""
+    z = logits.detach().double()[:, :vocab] / temperature
+    e = (z - z.max(dim=-1, keepdim=True).values).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def call_divergence(name: str, student_logp, teacher_logp, beta: float = 0.5):
+    if name == "forward_kl":
+        return forward_kl(student_logp, teacher_logp)
+    if name == "reverse_kl":
+        return reverse_kl(student_logp, teacher_logp)
+    if name == "jsd":
+        return jsd(student_logp, teacher_logp, beta)
+    return total_variation(student_logp, teacher_logp)
+
+
+def random_logits(*shape: int, seed: int, scale: float = 3.0, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Divergences on log-probabilities
+# ---------------------------------------------------------------------------------------------------------------
+
+DIVERGENCE_CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.1), ("jsd", 0.5), ("jsd", 0.9), ("tv", 0.5)]
+
+
+@pytest.mark.parametrize("name,beta", DIVERGENCE_CASES)
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_divergence_matches_reference(name, beta, dtype, rtol):
+    s, t = random_logits(6, 11, seed=0, dtype=dtype), random_logits(6, 11, seed=1, dtype=dtype)
+    got = call_divergence(name, F.log_softmax(s, -1), F.log_softmax(t, -1), beta)
+    want = ref_divergence(name, ref_probs(s), ref_probs(t), beta)
+    assert got.shape == (6,) and got.dtype == dtype
+    assert (want > 1e-2).all()  # a non-trivial comparison
+    torch.testing.assert_close(got.double(), want, rtol=rtol, atol=rtol * 1e-2)
+
+
+@pytest.mark.parametrize("name,beta", DIVERGENCE_CASES)
+def test_identical_distributions_give_zero(name, beta):
+    logp = F.log_softmax(random_logits(5, 13, seed=2), -1)
+    torch.testing.assert_close(call_divergence(name, logp, logp.clone(), beta), torch.zeros(5), rtol=0, atol=1e-6)
+
+
+def test_jsd_endpoints_are_exactly_the_kls():
+    s, t = F.log_softmax(random_logits(4, 9, seed=3), -1), F.log_softmax(random_logits(4, 9, seed=4), -1)
+    assert torch.equal(jsd(s, t, 0.0), forward_kl(s, t))
+    assert torch.equal(jsd(s, t, 1.0), reverse_kl(s, t))
+    assert not torch.allclose(forward_kl(s, t), reverse_kl(s, t))  # the endpoints really differ
+
+
+def test_jsd_half_is_the_standard_symmetric_jsd():
+    s, t = random_logits(4, 9, seed=5, dtype=torch.float64), random_logits(4, 9, seed=6, dtype=torch.float64)
+    q, p = ref_probs(s), ref_probs(t)
+    m = 0.5 * (p + q)
+    got = jsd(F.log_softmax(s, -1), F.log_softmax(t, -1), 0.5)
+    torch.testing.assert_close(got, 0.5 * ref_kl(p, m) + 0.5 * ref_kl(q, m), rtol=1e-10, atol=0)
+    torch.testing.assert_close(got, jsd(F.log_softmax(t, -1), F.log_softmax(s, -1), 0.5), rtol=1e-12, atol=0)
+    assert (got > 0).all() and (got <= math.log(2)).all()
+
+
+def test_tv_is_one_minus_acceptance_probability():
+    s, t = random_logits(8, 7, seed=7, scale=4.0), random_logits(8, 7, seed=8, scale=4.0)
+    tv = total_variation(F.log_softmax(s, -1), F.log_softmax(t, -1))
+    acceptance = torch.minimum(ref_probs(s), ref_probs(t)).sum(-1)  # sum_x min(p, q)
+    assert ((tv >= 0) & (tv <= 1)).all()
+    torch.testing.assert_close(tv.double(), 1 - acceptance, rtol=1e-5, atol=1e-6)
+    # disjoint supports: nothing is ever accepted
+    disjoint = torch.tensor([[0.0, -math.inf], [-math.inf, 0.0]])
+    torch.testing.assert_close(total_variation(disjoint, disjoint.flip(-1)), torch.ones(2))
+
+
+def test_zero_probabilities_give_finite_values_and_gradients():
+    # teacher: exact zeros at ids 2 and 4; student: probabilities that underflow to 0 in float32 at the same ids
+    teacher_logp = F.log_softmax(torch.tensor([[1.0, 2.0, -math.inf, 0.5, -math.inf]]), -1)
+    student_logits = torch.tensor([[0.3, -0.7, -300.0, 1.0, -300.0]], requires_grad=True)
+    student_logp = F.log_softmax(student_logits, -1)
+    assert student_logp.exp()[0, 2] == 0 and student_logp.exp()[0, 4] == 0
+    p, q = teacher_logp.exp().double(), student_logp.exp().detach().double()
+    for name, beta in DIVERGENCE_CASES:
+        value = call_divergence(name, F.log_softmax(student_logits, -1), teacher_logp, beta)
+        (grad,) = torch.autograd.grad(value.sum(), student_logits)
+        assert torch.isfinite(value).all() and torch.isfinite(grad).all(), name
+        torch.testing.assert_close(value.double(), ref_divergence(name, q, p, beta), rtol=1e-5, atol=1e-6)
+    # closed form: d/dz KL(p || softmax(z)) = q - p
+    (grad,) = torch.autograd.grad(forward_kl(F.log_softmax(student_logits, -1), teacher_logp).sum(), student_logits)
+    torch.testing.assert_close(grad.double(), q - p, rtol=1e-5, atol=1e-6)
+
+
+def test_jsd_and_tv_finite_with_disjoint_zeros():
+    student_logp = torch.tensor([[0.0, -math.inf, -math.inf]], requires_grad=True)
+    teacher_logp = torch.tensor([[-math.inf, math.log(0.5), math.log(0.5)]])
+    value = jsd(student_logp, teacher_logp, 0.3)
+    (grad,) = torch.autograd.grad(value.sum(), student_logp)
+    q, p = torch.tensor([[1.0, 0, 0]], dtype=torch.float64), torch.tensor([[0, 0.5, 0.5]], dtype=torch.float64)
+    torch.testing.assert_close(value.double(), ref_jsd(p, q, 0.3), rtol=1e-6, atol=0)
+    assert torch.isfinite(grad).all()
+    assert total_variation(student_logp, teacher_logp).item() == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# distill_loss on logits
+# ---------------------------------------------------------------------------------------------------------------
+
+def make_batch(n: int = 12, student_vocab: int = 11, teacher_vocab: int = 11, seed: int = 0):
+    """Student logits (leaf with grad), teacher logits, labels with two -100s, mask with two False."""
+    student = random_logits(n, student_vocab, seed=seed).requires_grad_(True)
+    teacher = random_logits(n, teacher_vocab, seed=seed + 100)
+    labels = torch.randint(0, min(student_vocab, teacher_vocab), (n,), generator=torch.Generator().manual_seed(seed))
+    labels[[1, 6]] = -100
+    mask = torch.ones(n, dtype=torch.bool)
+    mask[[3, n - 1]] = False
+    return student, teacher, labels, mask
+
+
+def kept(labels, mask):
+    return mask & (labels != -100)
+
+
+@pytest.mark.parametrize("loss", KD_LOSSES)
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_distill_loss_matches_reference(loss, temperature):
+    student, teacher, labels, mask = make_batch()
+    sums = distill_loss(student, teacher, labels, mask, loss=loss, beta=0.3, temperature=temperature)
+    keep = kept(labels, mask)
+    q, p = ref_probs(student[keep], temperature), ref_probs(teacher[keep], temperature)
+    assert sums.num_tokens == 8
+    torch.testing.assert_close(sums.loss.double(), ref_divergence(loss, q, p, 0.3).sum(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sums.kd, sums.loss.detach())
+    # tv is logged at temperature 1 whatever the training temperature
+    ref_tv_t1 = ref_tv(ref_probs(teacher[keep]), ref_probs(student[keep])).sum()
+    torch.testing.assert_close(sums.tv.double(), ref_tv_t1, rtol=1e-5, atol=1e-6)
+    assert sums.loss.requires_grad and not sums.kd.requires_grad and not sums.tv.requires_grad
+
+
+def test_ce_matches_torch_cross_entropy_sum():
+    student, _, labels, mask = make_batch()
+    sums = distill_loss(student, None, labels, mask, loss="ce")
+    ignored = labels.masked_fill(~mask, -100)
+    want = F.cross_entropy(student, ignored, reduction="sum")
+    torch.testing.assert_close(sums.loss, want)
+    torch.testing.assert_close(sums.ce, want.detach())
+    assert sums.kd.item() == 0 and sums.tv.item() == 0 and sums.num_tokens == 8
+    (got_grad,) = torch.autograd.grad(sums.loss, student)
+    (want_grad,) = torch.autograd.grad(want, student)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
+@pytest.mark.parametrize("loss", KD_LOSSES)
+def test_ce_weight_mixes_kd_and_ce(loss):
+    student, teacher, labels, mask = make_batch(seed=1)
+    pure = distill_loss(student, teacher, labels, mask, loss=loss, temperature=1.5)
+    ce = F.cross_entropy(student, labels.masked_fill(~mask, -100), reduction="sum")
+    mixed = distill_loss(student, teacher, labels, mask, loss=loss, temperature=1.5, ce_weight=0.3)
+    torch.testing.assert_close(mixed.loss, 0.7 * pure.loss + 0.3 * ce)
+    torch.testing.assert_close(mixed.ce, ce.detach())
+    (got,) = torch.autograd.grad(mixed.loss, student)
+    (want,) = torch.autograd.grad(0.7 * pure.loss + 0.3 * ce, student)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_masked_positions_change_nothing(loss):
+    student, teacher, labels, mask = make_batch(seed=2)
+    ignored = ~kept(labels, mask)
+    clean = distill_loss(student, teacher, labels, mask, loss=loss, ce_weight=0.2)
+    # garbage (NaN) at every ignored position, in both models
+    dirty_student = student.detach().masked_fill(ignored[:, None], math.nan).requires_grad_(True)
+    dirty = distill_loss(dirty_student, teacher.masked_fill(ignored[:, None], math.nan), labels, mask,
+                         loss=loss, ce_weight=0.2)
+    for field in ("loss", "kd", "ce", "tv"):
+        torch.testing.assert_close(getattr(dirty, field), getattr(clean, field).detach(), msg=field)
+    (clean_grad,) = torch.autograd.grad(clean.loss, student)
+    (dirty_grad,) = torch.autograd.grad(dirty.loss, dirty_student)
+    assert (dirty_grad[ignored] == 0).all()
+    torch.testing.assert_close(dirty_grad, clean_grad)
+    # labels == -100 and mask == False are the same thing
+    as_labels = distill_loss(student, teacher, labels.masked_fill(~mask, -100), torch.ones_like(mask),
+                             loss=loss, ce_weight=0.2)
+    torch.testing.assert_close(as_labels.loss, clean.loss)
+    assert as_labels.num_tokens == clean.num_tokens == 8
+
+
+def test_nothing_kept_gives_zero_loss_connected_to_the_graph():
+    student, teacher, labels, _ = make_batch()
+    sums = distill_loss(student, teacher, labels, torch.zeros(12, dtype=torch.bool), loss="jsd", ce_weight=0.5)
+    assert sums.num_tokens == 0 and sums.loss.item() == 0 and sums.loss.requires_grad
+    (grad,) = torch.autograd.grad(sums.loss, student)
+    assert (grad == 0).all()
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch()
+    sums = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, torch.zeros_like(mask),
+                                teacher_head=teacher_head, loss="forward_kl")
+    assert sums.num_tokens == 0 and sums.loss.item() == 0
+    grads = torch.autograd.grad(sums.loss, [student_hidden, student_head.weight])
+    assert all((g == 0).all() for g in grads)
+
+
+@pytest.mark.parametrize("loss", KD_LOSSES)
+def test_padded_teacher_vocab_compares_on_shared_columns(loss):
+    student, teacher, labels, mask = make_batch(student_vocab=10, teacher_vocab=12, seed=3)
+    teacher[:, 10:] = -1e4  # padded lm_head rows of the target
+    sums = distill_loss(student, teacher, labels, mask, loss=loss, temperature=2.0)
+    keep = kept(labels, mask)
+    q, p = ref_probs(student[keep], 2.0), ref_probs(teacher[keep], 2.0, vocab=10)
+    torch.testing.assert_close(sums.loss.double(), ref_divergence(loss, q, p).sum(), rtol=1e-5, atol=1e-6)
+    # same as handing over the teacher already cut to the student's vocabulary
+    torch.testing.assert_close(sums.loss, distill_loss(student, teacher[:, :10], labels, mask, loss=loss,
+                                                       temperature=2.0).loss)
+
+
+@pytest.mark.parametrize("loss", KD_LOSSES)
+def test_padded_student_vocab_is_renormalised_on_shared_columns(loss):
+    student, teacher, labels, mask = make_batch(student_vocab=12, teacher_vocab=10, seed=4)
+    sums = distill_loss(student, teacher, labels, mask, loss=loss, ce_weight=0.5)
+    keep = kept(labels, mask)
+    kd = ref_divergence(loss, ref_probs(student[keep], vocab=10), ref_probs(teacher[keep])).sum()
+    ce = F.cross_entropy(student[keep].double(), labels[keep], reduction="sum")  # ce keeps the full vocabulary
+    torch.testing.assert_close(sums.loss.double(), 0.5 * kd + 0.5 * ce, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_accumulation_sums_then_divides_by_the_total_token_count():
+    student, teacher, labels, mask = make_batch(n=12, seed=5)
+    mask[[0, 2]] = False  # halves with unequal token counts: 6 rows -> 2 kept ... 6 rows -> 4 kept
+    options = dict(loss="jsd", beta=0.7, temperature=1.3, ce_weight=0.25)
+    full = distill_loss(student, teacher, labels, mask, **options)
+    halves = [distill_loss(student[rows], teacher[rows], labels[rows], mask[rows], **options)
+              for rows in (slice(0, 6), slice(6, 12))]
+    assert halves[0].num_tokens != halves[1].num_tokens
+    accumulated = halves[0] + halves[1]
+    assert isinstance(accumulated, LossSums) and accumulated.num_tokens == full.num_tokens == 6
+    torch.testing.assert_close(accumulated.loss / accumulated.num_tokens, full.loss / full.num_tokens)
+    # the mean of the two half-batch means would be a different (wrong) number
+    assert not torch.isclose(accumulated.loss / accumulated.num_tokens,
+                             0.5 * sum(h.loss / h.num_tokens for h in halves))
+    (want,) = torch.autograd.grad(full.loss / full.num_tokens, student)
+    grads = [torch.autograd.grad(h.loss / accumulated.num_tokens, student)[0] for h in halves]
+    torch.testing.assert_close(grads[0] + grads[1], want)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sparse (top-k) teacher
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_bucketize_sums_to_one_and_matches_student_probabilities():
+    student, teacher, _, _ = make_batch(n=8, seed=6)
+    sparse = SparseTeacher.from_logits(teacher, k=3)
+    student_logp, teacher_logp = bucketize(student, sparse)
+    assert student_logp.shape == teacher_logp.shape == (8, 4)
+    torch.testing.assert_close(student_logp.exp().sum(-1), torch.ones(8))
+    torch.testing.assert_close(teacher_logp.exp().sum(-1), torch.ones(8))
+    q = ref_probs(student)
+    top_q = q.gather(-1, sparse.topk_ids)
+    torch.testing.assert_close(student_logp.exp()[:, :3].double(), top_q, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(student_logp.exp()[:, 3].double(), 1 - top_q.sum(-1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(teacher_logp.exp()[:, :3], sparse.topk_logprobs.exp(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_sparse_teacher_with_full_k_equals_dense(loss):
+    student, teacher, labels, mask = make_batch(seed=7)
+    sparse = SparseTeacher.from_logits(teacher, k=teacher.shape[-1])
+    dense_sums = distill_loss(student, teacher, labels, mask, loss=loss, ce_weight=0.1)
+    sparse_sums = distill_loss(student, sparse, labels, mask, loss=loss, ce_weight=0.1)
+    for field in ("loss", "kd", "ce", "tv"):
+        torch.testing.assert_close(getattr(sparse_sums, field), getattr(dense_sums, field), rtol=1e-5, atol=1e-6,
+                                   msg=field)
+    (dense_grad,) = torch.autograd.grad(dense_sums.loss, student)
+    (sparse_grad,) = torch.autograd.grad(sparse_sums.loss, student)
+    assert torch.isfinite(sparse_grad).all()
+    torch.testing.assert_close(sparse_grad, dense_grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", KD_LOSSES)
+def test_sparse_small_k_is_close_for_a_peaked_teacher(loss):
+    # teacher: one token 12 nats above the rest of 64, k = 8 leaves a tail mass ~5e-4; student: teacher + noise
+    n, vocab, k = 16, 64, 8
+    teacher = random_logits(n, vocab, seed=8, scale=1.0)
+    teacher[torch.arange(n), torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(8))] += 12.0
+    student = (teacher + random_logits(n, vocab, seed=9, scale=1.0)).requires_grad_(True)
+    labels, mask = torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.bool)
+    dense = distill_loss(student, teacher, labels, mask, loss=loss).kd / n
+    sparse = distill_loss(student, SparseTeacher.from_logits(teacher, k), labels, mask, loss=loss).kd / n
+    assert dense > 2e-4  # the student really differs from the teacher
+    # merging tokens into one bucket never increases an f-divergence (data processing inequality) ...
+    assert sparse <= dense + 1e-7
+    # ... and the per-token gap stays below 5e-4 (nats for KL/JSD, probability for TV; observed <= 2.8e-4)
+    assert dense - sparse < 5e-4, (dense.item(), sparse.item())
+
+
+def test_sparse_forward_kl_gap_is_tail_mass_times_the_kl_inside_the_tail():
+    # chain rule: KL(p || q) = KL over buckets + P(tail) KL(p(. | tail) || q(. | tail))
+    student, teacher, _, _ = make_batch(seed=11)
+    student, teacher = student.detach().double(), teacher.double()
+    sparse = SparseTeacher.from_logits(teacher, k=3)
+    labels, keep = torch.zeros(12, dtype=torch.long), torch.ones(12, dtype=torch.bool)
+    dense = distill_loss(student, teacher, labels, keep, loss="forward_kl").kd
+    bucketed = distill_loss(student, sparse, labels, keep, loss="forward_kl").kd
+    p, q = ref_probs(teacher), ref_probs(student)
+    tail = torch.ones_like(p, dtype=torch.bool).scatter_(-1, sparse.topk_ids, False)
+    p_tail, q_tail = p * tail, q * tail
+    p_mass = p_tail.sum(-1)
+    within = ref_kl(p_tail / p_mass[:, None], q_tail / q_tail.sum(-1, keepdim=True))
+    torch.testing.assert_close(dense - bucketed, (p_mass * within).sum(), rtol=1e-9, atol=1e-12)
+    assert (p_mass * within).sum() > 1e-2
+
+
+def test_sparse_teacher_needs_temperature_one():
+    student, teacher, labels, mask = make_batch()
+    with pytest.raises(ValueError, match="temperature=2.0.*SparseTeacher"):
+        distill_loss(student, SparseTeacher.from_logits(teacher, 4), labels, mask, loss="forward_kl",
+                     temperature=2.0)
+
+
+def test_sparse_teacher_ids_must_fit_the_student_vocabulary():
+    student, teacher, labels, mask = make_batch(student_vocab=10, teacher_vocab=12, seed=10)
+    sparse = SparseTeacher.from_logits(teacher, 4)
+    sparse.topk_ids[0, 0] = 11
+    with pytest.raises(ValueError, match=r"topk_ids must lie in \[0, 10\)"):
+        distill_loss(student, sparse, labels, mask, loss="forward_kl")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# chunked_distill_loss: hidden states and heads, chunk by chunk
+# ---------------------------------------------------------------------------------------------------------------
+
+HIDDEN, TEACHER_HIDDEN, STUDENT_VOCAB, TEACHER_VOCAB = 8, 6, 11, 13
+
+
+def make_hidden_batch(seed: int = 0):
+    """B=2, T=9 with 14 kept positions; float64 heads (teacher vocabulary padded by 2)."""
+    torch.manual_seed(seed)
+    student_head = torch.nn.Linear(HIDDEN, STUDENT_VOCAB, bias=False, dtype=torch.float64)
+    teacher_head = torch.nn.Linear(TEACHER_HIDDEN, TEACHER_VOCAB, bias=False, dtype=torch.float64)
+    student_hidden = (torch.randn(2, 9, HIDDEN, dtype=torch.float64) * 2).requires_grad_(True)
+    teacher_hidden = torch.randn(2, 9, TEACHER_HIDDEN, dtype=torch.float64) * 2
+    labels = torch.randint(0, STUDENT_VOCAB, (2, 9))
+    labels[0, 0] = labels[1, 4] = -100
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, 8] = mask[1, 7] = False
+    return student_hidden, student_head, teacher_hidden, teacher_head, labels, mask
+
+
+def assert_same_sums_and_grads(chunked: LossSums, reference: LossSums, params):
+    for field in ("loss", "kd", "ce", "tv"):
+        torch.testing.assert_close(getattr(chunked, field), getattr(reference, field), msg=field)
+    assert chunked.num_tokens == reference.num_tokens
+    got = torch.autograd.grad(chunked.loss, params)
+    want = torch.autograd.grad(reference.loss, params)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("chunk_size", [1, 4, 5, 14, 100])
+def test_chunked_equals_unchunked(loss, chunk_size):
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch()
+    options = dict(loss=loss, beta=0.3, temperature=1.5, ce_weight=0.25)
+    chunked = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask,
+                                   teacher_head=teacher_head, chunk_size=chunk_size, **options)
+    reference = distill_loss(student_head(student_hidden).flatten(0, 1), teacher_head(teacher_hidden).flatten(0, 1),
+                             labels.flatten(), mask.flatten(), **options)
+    assert reference.num_tokens == 14
+    assert_same_sums_and_grads(chunked, reference, [student_hidden, student_head.weight])
+
+
+@pytest.mark.parametrize("chunk_size", [3, 14])
+def test_chunked_with_a_sparse_teacher_equals_unchunked(chunk_size):
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=1)
+    with torch.no_grad():
+        sparse = SparseTeacher.from_logits(teacher_head(teacher_hidden).flatten(0, 1)[:, :STUDENT_VOCAB], k=4)
+    chunked = chunked_distill_loss(student_hidden, student_head, sparse, labels, mask, chunk_size=chunk_size,
+                                   loss="reverse_kl", ce_weight=0.1)
+    reference = distill_loss(student_head(student_hidden).flatten(0, 1), sparse, labels.flatten(), mask.flatten(),
+                             loss="reverse_kl", ce_weight=0.1)
+    assert_same_sums_and_grads(chunked, reference, [student_hidden, student_head.weight])
+
+
+def test_chunked_keeps_no_full_logits_for_backward():
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=2)
+    head_calls, teacher_head_calls = [], []
+    student_head.register_forward_hook(lambda module, args, out: head_calls.append(tuple(out.shape)))
+    teacher_head.register_forward_hook(lambda module, args, out: teacher_head_calls.append(tuple(out.shape)))
+    saved_shapes = []
+
+    def pack(tensor):
+        saved_shapes.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        sums = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask,
+                                    teacher_head=teacher_head, chunk_size=4, loss="forward_kl", ce_weight=0.5)
+    # outside the checkpoints autograd keeps only hidden-size tensors and indices, never [*, V] logits
+    assert saved_shapes and all(shape[-1:] not in ((STUDENT_VOCAB,), (TEACHER_VOCAB,)) for shape in saved_shapes)
+    assert head_calls == [(4, STUDENT_VOCAB)] * 3 + [(2, STUDENT_VOCAB)]
+    sums.loss.backward()
+    # backward recomputed each chunk's logits once, the teacher's too (none were kept alive between chunks)
+    assert len(head_calls) == 8 and sorted(head_calls[4:]) == sorted(head_calls[:4])
+    assert len(teacher_head_calls) == 8 and set(teacher_head_calls) == {(4, TEACHER_VOCAB), (2, TEACHER_VOCAB)}
+    assert torch.isfinite(student_hidden.grad).all()
+
+
+def test_chunked_gradient_accumulation_over_two_micro_batches():
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=3)
+    options = dict(teacher_head=teacher_head, chunk_size=3, loss="tv", ce_weight=0.3)
+    full = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask, **options)
+    parts = [chunked_distill_loss(student_hidden[b:b + 1], student_head, teacher_hidden[b:b + 1], labels[b:b + 1],
+                                  mask[b:b + 1], **options) for b in (0, 1)]
+    accumulated = parts[0] + parts[1]
+    assert accumulated.num_tokens == full.num_tokens == 14
+    torch.testing.assert_close(accumulated.loss / accumulated.num_tokens, full.loss / full.num_tokens)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad arguments
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(loss="kl"), r"unknown loss 'kl'; allowed values: forward_kl, reverse_kl, jsd, tv, ce"),
+    (dict(loss="jsd", beta=-0.1), r"beta must be in \[0, 1\], got -0.1"),
+    (dict(loss="jsd", beta=1.5), r"beta must be in \[0, 1\], got 1.5"),
+    (dict(loss="forward_kl", temperature=0.0), r"temperature must be > 0, got 0.0"),
+    (dict(loss="forward_kl", temperature=-1.0), r"temperature must be > 0, got -1.0"),
+    (dict(loss="forward_kl", ce_weight=1.5), r"ce_weight must be in \[0, 1\], got 1.5"),
+    (dict(loss="forward_kl", ce_weight=-0.1), r"ce_weight must be in \[0, 1\], got -0.1"),
+])
+def test_bad_arguments_raise_value_errors_naming_them(kwargs, message):
+    student, teacher, labels, mask = make_batch()
+    with pytest.raises(ValueError, match=message):
+        distill_loss(student, teacher, labels, mask, **kwargs)
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch()
+    with pytest.raises(ValueError, match=message):
+        chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask, teacher_head=teacher_head,
+                             **kwargs)
+
+
+def test_jsd_function_checks_beta():
+    logp = F.log_softmax(random_logits(2, 3, seed=0), -1)
+    with pytest.raises(ValueError, match="beta"):
+        jsd(logp, logp, 2.0)
+
+
+def test_missing_teacher_chunk_size_and_teacher_head_raise():
+    student, _, labels, mask = make_batch()
+    with pytest.raises(ValueError, match="loss='jsd' needs a teacher"):
+        distill_loss(student, None, labels, mask, loss="jsd")
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch()
+    with pytest.raises(ValueError, match="chunk_size must be >= 1, got 0"):
+        chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask, teacher_head=teacher_head,
+                             chunk_size=0, loss="tv")
+    with pytest.raises(ValueError, match="teacher_head"):
+        chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask, loss="tv")
