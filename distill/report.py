@@ -1,0 +1,285 @@
+"""Read measured results (eval_acceptance JSON, acceptance.jsonl) and present them: terminal tables and a report.
+
+    print(format_table(rows))
+    write_report(Path("report"), runs={"kl": Path("out/kl")}, evals={"kl-draft": Path("eval.json")},
+                 machine="1x H100 80GB")
+
+``write_report`` writes report.md and three PNG plots (matplotlib, Agg via ``Figure``; no pyplot state):
+acceptance_vs_step.png (acceptance_rate against training step, one line per run, at one gamma/temperature),
+per_position_acceptance.png (grouped bars per drafter) and speedup_vs_gamma.png (measured speedup solid,
+predicted dashed, one colour per drafter). A plot with nothing to draw is left out and the report says why.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+TABLE_COLUMNS = ("drafter", "gamma", "temperature", "acceptance_rate", "mean_accepted_tokens", "speedup",
+                 "predicted_speedup")
+_NUMBER_FORMATS = {"gamma": "d", "temperature": "g", "acceptance_rate": ".3f", "mean_accepted_tokens": ".2f",
+                   "speedup": ".2f", "predicted_speedup": ".2f"}
+
+STEP_PLOT = "acceptance_vs_step.png"
+POSITION_PLOT = "per_position_acceptance.png"
+SPEEDUP_PLOT = "speedup_vs_gamma.png"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading results
+# ---------------------------------------------------------------------------------------------------------------
+
+def read_eval_json(path: Path) -> dict:
+    """An eval_acceptance JSON: ``{"device", "dtype", "torch_version", "target", "draft", "results": [...]}``.
+
+    Raises FileNotFoundError if missing, ValueError if it is not JSON or has no ``results`` list.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"eval JSON {path} does not exist")
+    try:
+        payload = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"eval JSON {path} is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
+        raise ValueError(f"eval JSON {path} has no 'results' list (expected the output of specdistill-eval --output)")
+    return payload
+
+
+def read_acceptance_log(path: Path) -> list[dict]:
+    """Rows of an acceptance.jsonl (one JSON object per line with an integer ``step``); blank lines skipped.
+
+    Raises FileNotFoundError if missing, ValueError naming the line of a malformed row.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"acceptance log {path} does not exist")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number} is not valid JSON: {exc}") from None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise ValueError(f"{path}:{number} has no integer 'step' (expected a row written by the trainer)")
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Terminal table
+# ---------------------------------------------------------------------------------------------------------------
+
+def _cell(row: dict, column: str) -> str:
+    value = row.get(column)
+    if value is None:
+        return "-"
+    spec = _NUMBER_FORMATS.get(column)
+    if spec is None or isinstance(value, str):
+        return str(value)
+    text = f"{int(value):d}" if spec == "d" else f"{value:{spec}}"
+    return text + "x" if column.endswith("speedup") else text
+
+
+def format_table(rows: list[dict]) -> str:
+    """Fixed-width table of drafter, gamma, temperature, acceptance_rate, mean_accepted_tokens, speedup,
+    predicted_speedup (missing values shown as '-'); text left-aligned, numbers right-aligned."""
+    cells = [[_cell(row, column) for column in TABLE_COLUMNS] for row in rows]
+    widths = [max([len(column)] + [len(r[i]) for r in cells]) for i, column in enumerate(TABLE_COLUMNS)]
+
+    def line(values: list[str] | tuple[str, ...]) -> str:
+        parts = [v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths))]
+        return "  ".join(parts).rstrip()
+
+    out = [line(TABLE_COLUMNS), line(["-" * w for w in widths])]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------------------------
+
+def _new_figure(width: float = 7.0, height: float = 4.5) -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError("the report's plots need matplotlib: pip install 'specdistill[report]'") from exc
+    return Figure(figsize=(width, height), dpi=100, layout="tight")
+
+
+def choose_setting(runs: dict[str, list[dict]]) -> tuple[int, float] | None:
+    """The (gamma, temperature) logged by the most runs; ties go to the larger gamma, then the lower temperature."""
+    counts = Counter()
+    for rows in runs.values():
+        counts.update({(row["gamma"], row["temperature"]) for row in rows if "gamma" in row and "temperature" in row})
+    if not counts:
+        return None
+    return max(counts, key=lambda s: (counts[s], s[0], -s[1]))
+
+
+def plot_acceptance_vs_step(path: Path, runs: dict[str, list[dict]], gamma: int, temperature: float) -> list[str]:
+    """acceptance_rate against step, one line per run, at ``gamma``/``temperature``; returns the runs drawn."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    drawn = []
+    for name, rows in runs.items():
+        points = sorted((r["step"], r["acceptance_rate"]) for r in rows
+                        if r.get("gamma") == gamma and r.get("temperature") == temperature
+                        and r.get("acceptance_rate") is not None)
+        if not points:
+            continue
+        steps, rates = zip(*points)
+        ax.plot(steps, rates, marker="o", label=name)  # markers keep a single checkpoint visible
+        drawn.append(name)
+    ax.set(xlabel="training step", ylabel="acceptance_rate", ylim=(0, 1.02),
+           title=f"Acceptance during training (gamma={gamma}, temperature={temperature:g})")
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend()
+        fig.savefig(path)
+    return drawn
+
+
+def per_position_rows(evals: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per drafter, the result with the longest per_position_acceptance (lowest temperature first); drafters
+    without per-position data are left out."""
+    chosen = {}
+    for name, results in evals.items():
+        with_data = [r for r in results if r.get("per_position_acceptance")]
+        if with_data:
+            chosen[name] = max(with_data, key=lambda r: (len(r["per_position_acceptance"]), -r.get("temperature", 0)))
+    return chosen
+
+
+def plot_per_position(path: Path, chosen: dict[str, dict]) -> None:
+    """Grouped bars: P(draft token i accepted | tokens before it accepted) per position, one colour per drafter."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(chosen), 1)
+    for k, (name, row) in enumerate(chosen.items()):
+        rates = row["per_position_acceptance"]
+        xs = [i + 1 - 0.4 + width * (k + 0.5) for i in range(len(rates))]
+        ax.bar(xs, rates, width=width,
+               label=f"{name} (gamma={row.get('gamma')}, T={row.get('temperature', 0):g})")
+    n_positions = max(len(r["per_position_acceptance"]) for r in chosen.values())
+    ax.set_xticks(range(1, n_positions + 1))
+    ax.set(xlabel="draft position", ylabel="acceptance given earlier accepted", ylim=(0, 1.05),
+           title="Per-position acceptance")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.savefig(path)
+
+
+def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
+    """Measured speedup (solid) and predicted speedup (dashed) against gamma, one colour per drafter and
+    temperature; returns False when no result has a speedup."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    colours = iter(f"C{i}" for i in range(10_000))
+    drawn = False
+    for name, results in evals.items():
+        for temperature in sorted({r.get("temperature", 0.0) for r in results}):
+            rows = sorted((r for r in results if r.get("temperature", 0.0) == temperature), key=lambda r: r["gamma"])
+            label = name if len({r.get("temperature", 0.0) for r in results}) == 1 else f"{name} (T={temperature:g})"
+            colour = next(colours)
+            measured = [(r["gamma"], r["speedup"]) for r in rows if r.get("speedup") is not None]
+            predicted = [(r["gamma"], r["predicted_speedup"]) for r in rows if r.get("predicted_speedup") is not None]
+            if measured:
+                ax.plot(*zip(*measured), marker="o", color=colour, label=f"{label} measured")
+                drawn = True
+            if predicted:
+                ax.plot(*zip(*predicted), marker="x", linestyle="--", color=colour, label=f"{label} predicted")
+    if not drawn:
+        return False
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # gamma is a whole number of tokens
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="gamma (draft tokens per step)", ylabel="speedup over target alone", title="Speedup vs gamma")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------------
+
+def _eval_section(out_dir: Path, evals: dict[str, dict]) -> list[str]:
+    if not evals:
+        return ["## Evaluations", "", "No eval_acceptance JSON was given.", ""]
+    lines = ["## Evaluations", ""]
+    for name, payload in evals.items():
+        lines.append(f"- **{name}**: draft `{payload.get('draft', '?')}`, target `{payload.get('target', '?')}`, "
+                     f"measured on {payload.get('device', 'unrecorded device')}, dtype {payload.get('dtype', '?')}, "
+                     f"torch {payload.get('torch_version', '?')}")
+    rows = [{"drafter": name, **r} for name, payload in evals.items() for r in payload["results"]]
+    lines += ["", "```text", format_table(rows), "```", ""]
+    results = {name: payload["results"] for name, payload in evals.items()}
+    if plot_speedup_vs_gamma(out_dir / SPEEDUP_PLOT, results):
+        lines += [f"![speedup vs gamma]({SPEEDUP_PLOT})", "",
+                  "Solid: measured wall-clock speedup; dashed: predicted from mean_accepted_tokens and measured "
+                  "step costs. Below the dotted line speculative decoding is slower than the target alone.", ""]
+    else:
+        lines += ["No speedup was measured, so there is no speedup plot.", ""]
+    chosen = per_position_rows(results)
+    if chosen:
+        plot_per_position(out_dir / POSITION_PLOT, chosen)
+        lines += [f"![per-position acceptance]({POSITION_PLOT})", ""]
+    missing = [name for name in evals if name not in chosen]
+    if missing:
+        lines += [f"No per-position acceptance data for: {', '.join(missing)}.", ""]
+    return lines
+
+
+def _run_section(out_dir: Path, runs: dict[str, list[dict]], gamma: int | None,
+                 temperature: float | None) -> list[str]:
+    if not runs:
+        return ["## Training runs", "", "No training run was given.", ""]
+    lines = ["## Training runs", ""]
+    setting = choose_setting(runs)
+    if setting is None:
+        return lines + ["The acceptance logs hold no rows yet.", ""]
+    gamma = setting[0] if gamma is None else gamma
+    temperature = setting[1] if temperature is None else temperature
+    drawn = plot_acceptance_vs_step(out_dir / STEP_PLOT, runs, gamma, temperature)
+    table = []
+    for name, rows in runs.items():
+        picked = sorted((r for r in rows if r.get("gamma") == gamma and r.get("temperature") == temperature),
+                        key=lambda r: r["step"])
+        if picked:
+            table.append({"drafter": f"{name} @ step {picked[-1]['step']}", **picked[-1]})
+        lines.append(f"- **{name}**: {len({r['step'] for r in rows})} checkpoint(s) logged"
+                     + ("" if picked else f"; none at gamma={gamma}, temperature={temperature:g}"))
+    if table:
+        lines += ["", f"Last checkpoint of each run at gamma={gamma}, temperature={temperature:g}:", "",
+                  "```text", format_table(table), "```"]
+    if drawn:
+        lines += ["", f"![acceptance vs step]({STEP_PLOT})"]
+    return lines + [""]
+
+
+def write_report(out_dir: Path, *, runs: dict[str, Path], evals: dict[str, Path], machine: str,
+                 gamma: int | None = None, temperature: float | None = None) -> Path:
+    """Write ``out_dir/report.md`` and its PNG plots; return the report path.
+
+    ``runs`` maps a name to a training OUTPUT_DIR holding acceptance.jsonl; ``evals`` maps a drafter name to an
+    eval_acceptance JSON; ``machine`` says where the numbers were measured. ``gamma``/``temperature`` pick the
+    setting of the acceptance-vs-step plot (default: the one logged by the most runs). Raises FileNotFoundError /
+    ValueError for missing or malformed inputs, ImportError without matplotlib.
+    """
+    out_dir = Path(out_dir)
+    run_rows = {name: read_acceptance_log(Path(folder) / "acceptance.jsonl") for name, folder in runs.items()}
+    eval_payloads = {name: read_eval_json(Path(path)) for name, path in evals.items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["# specdistill report", "", f"Machine: **{machine}**", ""]
+    lines += _eval_section(out_dir, eval_payloads)
+    lines += _run_section(out_dir, run_rows, gamma, temperature)
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines).rstrip() + "\n")
+    return report

@@ -1,0 +1,57 @@
+"""Publish a trained draft model to the Hugging Face Hub with a model card built from measured numbers.
+
+    python scripts/push_to_hub.py outputs/draft --repo-id you/qwen2.5-0.5b-draft --eval-json eval.json
+    python scripts/push_to_hub.py outputs/draft --repo-id you/qwen2.5-0.5b-draft --dry-run   # stage, upload nothing
+
+(installed: ``specdistill-push outputs/draft --repo-id you/qwen2.5-0.5b-draft``). The token comes from HF_TOKEN or
+``hf auth login``; it is never printed. Errors print one line ``error: ...`` and exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from distill.hub import HubError, push_to_hub
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Upload a draft model folder with a generated model card.")
+    parser.add_argument("output_dir", type=Path, help="training OUTPUT_DIR holding the exported draft")
+    parser.add_argument("--repo-id", required=True, help="model repository, e.g. you/qwen2.5-0.5b-draft")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument("--dry-run", action="store_true", help="stage the folder and card; upload nothing")
+    parser.add_argument("--eval-json", type=Path, help="eval_acceptance JSON (default: OUTPUT_DIR/acceptance.jsonl)")
+    parser.add_argument("--staging-dir", type=Path, help="empty folder to stage in (default: a new temp folder)")
+    parser.add_argument("--target", help="target model id (default: from the eval JSON or recipe.yaml)")
+    parser.add_argument("--step", type=int,
+                        help="acceptance.jsonl step to report (default: the exported checkpoint's, else the last)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # ---- stage (and upload) ----
+    try:
+        folder = push_to_hub(args.output_dir, repo_id=args.repo_id, private=args.private, dry_run=args.dry_run,
+                             eval_json=args.eval_json, staging_dir=args.staging_dir, target=args.target,
+                             step=args.step)
+    except (HubError, ValueError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    # ---- tell the user what happened ----
+    if args.dry_run:
+        print(f"dry run: staged {folder} (nothing uploaded)")
+        for path in sorted(folder.iterdir()):
+            print(f"  {path.name}  {path.stat().st_size} bytes")
+    else:
+        print(f"uploaded {folder} to https://huggingface.co/{args.repo_id}")
+    return 0
+
+
+def cli() -> None:
+    raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    cli()
