@@ -1,11 +1,17 @@
+import sys
+from pathlib import Path
 import os
 
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py
+sys.path.insert(0, str(Path(__file__).parents[1]))  # scripts/
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)  # tiny models: one thread is faster and leaves the other core to subprocess tests
 
 
 def pytest_collection_modifyitems(config, items):

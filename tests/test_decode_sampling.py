@@ -1,0 +1,138 @@
+"""Speculative sampling is lossless: its tokens are distributed exactly as the (warped) target's.
+
+Tested by chi-square goodness of fit against distributions computed exactly from the target, for the first and
+later tokens, with temperature, top-k and top-p; a deliberately wrong rule (always accept) must be rejected.
+"""
+import itertools
+
+import pytest
+import torch
+from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
+
+import decode.speculative as spec
+from decode.sampling import SamplingConfig, probs_from_logits, warp_logits
+from tiny import tiny_model
+
+VOCAB = 8
+CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.8, top_k=5), SamplingConfig(1.3, top_p=0.85),
+           SamplingConfig(0.9, top_k=6, top_p=0.9)]
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness-of-fit p-value; cells expecting < 5 are pooled."""
+    n = counts.sum()
+    expected = probs.double() * n
+    small = expected < 5
+    if small.any():
+        counts = torch.cat([counts[~small], counts[small].sum().view(1)])
+        expected = torch.cat([expected[~small], expected[small].sum().view(1)])
+    if (expected == 0).any() and counts[expected == 0].sum() > 0:
+        return 0.0  # a token outside the support was produced
+    keep = expected > 0
+    stat = ((counts[keep].double() - expected[keep]) ** 2 / expected[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
+
+
+def accept_always(target_logits, drafts, q, cfg, generator):
+    """A wrong rule: keep every draft token, then a bonus from p. Its output follows q, not p."""
+    k = drafts.numel()
+    bonus = spec.draw(probs_from_logits(target_logits[k:], cfg), cfg, generator)
+    return spec.StepResult(k, int(bonus), [1.0] * k)
+
+
+# ---- the rule alone, on fixed distributions ----------------------------------------------------------------------
+def first_token_counts(rule, cfg: SamplingConfig, trials: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    target_logits = torch.randn(4, VOCAB, generator=g) * 1.5  # [k + 1, V]
+    draft_logits = torch.randn(3, VOCAB, generator=g) * 1.5   # [k, V]
+    q = probs_from_logits(draft_logits, cfg)
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    for _ in range(trials):
+        drafts = torch.multinomial(q, 1, generator=g).squeeze(-1)
+        step = rule(target_logits, drafts, q, cfg, g)
+        counts[int(drafts[0]) if step.num_accepted >= 1 else step.next_token] += 1
+    return counts, probs_from_logits(target_logits[0], cfg)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_acceptance_rule_reproduces_the_target_distribution(cfg):
+    counts, p = first_token_counts(spec.accept_sampled, cfg, trials=6000)
+    assert chi2_pvalue(counts, p) > 1e-4
+    assert counts[p == 0].sum() == 0  # nothing outside the warped support
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=str)
+def test_negative_control_always_accept_is_rejected(cfg):
+    counts, p = first_token_counts(accept_always, cfg, trials=2000)
+    assert chi2_pvalue(counts, p) < 1e-6
+
+
+def test_warping_matches_transformers_warpers():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g) * 3
+    for cfg in [SamplingConfig(0.7, top_k=10), SamplingConfig(1.0, top_p=0.8), SamplingConfig(1.5, 7, 0.6)]:
+        ref = TemperatureLogitsWarper(cfg.temperature)(None, logits.clone())
+        if cfg.top_k:
+            ref = TopKLogitsWarper(cfg.top_k)(None, ref)
+        if cfg.top_p:
+            ref = TopPLogitsWarper(cfg.top_p)(None, ref)
+        ours = warp_logits(logits, cfg)
+        assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+        torch.testing.assert_close(ours.softmax(-1), ref.softmax(-1))
+
+
+# ---- end to end, on models ---------------------------------------------------------------------------------------
+PROMPT = torch.tensor([[1, 3, 5]])
+
+
+def exact_marginals(target, cfg: SamplingConfig):
+    """Exact P(x1), P(x2), P(x3) and P(x1, x2) of the warped target after PROMPT, by enumeration."""
+    def dist(prefix):
+        with torch.no_grad():
+            return probs_from_logits(target(torch.tensor([prefix])).logits[0, -1], cfg).double()
+    base = PROMPT[0].tolist()
+    p1 = dist(base)
+    joint12 = torch.stack([p1[a] * dist(base + [a]) for a in range(VOCAB)])  # [V, V]
+    p3 = torch.zeros(VOCAB, dtype=torch.float64)
+    for a, b in itertools.product(range(VOCAB), repeat=2):
+        if joint12[a, b] > 0:
+            p3 += joint12[a, b] * dist(base + [a, b])
+    return p1, joint12.sum(0), p3, joint12.flatten()
+
+
+def sample_speculative(target, draft, cfg, runs, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    samples = torch.zeros(runs, 3, dtype=torch.long)
+    for i in range(runs):
+        out = spec.speculative_generate(target, draft, PROMPT, max_new_tokens=3, gamma=2, generator=g,
+                                        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+        samples[i] = out.sequences[0, -3:]
+    return samples
+
+
+def models():
+    target = tiny_model("llama", seed=0, vocab_size=VOCAB)
+    draft = tiny_model("llama", seed=5, vocab_size=VOCAB, layers=1)  # a different model: real rejections
+    return target, draft
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=str)
+def test_speculative_sampling_is_lossless_for_first_and_later_tokens(cfg):
+    target, draft = models()
+    p1, p2, p3, p12 = exact_marginals(target, cfg)
+    s = sample_speculative(target, draft, cfg, runs=1500)
+    for observed, expected in [(s[:, 0], p1), (s[:, 1], p2), (s[:, 2], p3), (s[:, 0] * VOCAB + s[:, 1], p12)]:
+        counts = torch.bincount(observed, minlength=expected.numel())
+        assert chi2_pvalue(counts, expected) > 1e-4  # 8 checks; fixed seeds make the test deterministic
+
+
+def test_end_to_end_negative_control(monkeypatch):
+    target, draft = models()
+    cfg = CONFIGS[0]
+    p1, p2, _, _ = exact_marginals(target, cfg)
+    monkeypatch.setattr(spec, "accept_sampled", accept_always)
+    s = sample_speculative(target, draft, cfg, runs=800)
+    pvalues = [chi2_pvalue(torch.bincount(s[:, j], minlength=VOCAB), p) for j, p in enumerate([p1, p2])]
+    assert min(pvalues) < 1e-6

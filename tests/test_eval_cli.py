@@ -1,0 +1,124 @@
+"""scripts/eval_acceptance.py end to end: valid JSON with every documented key; bad input is one clear line."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import eval_acceptance
+from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
+
+RESULT_KEYS = {"gamma", "temperature", "num_prompts", "new_tokens", "acceptance_rate", "draft_acceptance_rate",
+               "mean_accepted_tokens", "per_position_acceptance", "target_tokens_per_s",
+               "speculative_tokens_per_s", "speedup", "predicted_speedup", "draft_cost_ratio",
+               "verify_cost_ratio", "greedy_match", "hf_assisted_tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    tok = tiny_tokenizer()
+    target = tiny_model("llama", seed=0, vocab_size=len(tok))
+    save_and_load(target, root / "target", tok)
+    save_and_load(perturbed_copy(target, 0.1), root / "draft", tok)
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
+                                                ["def add(a, b):", "class Point:", "for i in range(10):"]))
+    (root / "prompts.txt").write_text("import os\nprint(i)\n")
+    return root
+
+
+def run_cli(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sys.argv = ["specdistill-eval", *argv]
+        eval_acceptance.cli()
+        raise SystemExit(0)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def test_cli_writes_valid_json_with_every_key(pair, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    outputs = tmp_path / "outputs.jsonl"
+    code, stdout, _ = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "draft"),
+                               "--prompts", str(pair / "prompts.jsonl"), "--gamma", "1", "3",
+                               "--max-new-tokens", "12", "--output", str(out), "--save-outputs", str(outputs),
+                               "--compare-hf", "--quiet"], capsys)
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert {"device", "dtype", "torch_version", "target", "draft", "results"} <= set(report)
+    assert [r["gamma"] for r in report["results"]] == [1, 3]
+    for r in report["results"]:
+        assert RESULT_KEYS <= set(r)
+        assert r["num_prompts"] == 3 and r["new_tokens"] == 36
+        assert r["greedy_match"] == 1.0
+        assert 0.0 <= r["acceptance_rate"] <= 1.0 and 1.0 <= r["mean_accepted_tokens"] <= r["gamma"] + 1
+        assert len(r["per_position_acceptance"]) == r["gamma"]
+        assert r["speedup"] > 0 and r["predicted_speedup"] > 0 and r["hf_assisted_tokens_per_s"] > 0
+    rows = [json.loads(line) for line in outputs.read_text().splitlines()]
+    assert len(rows) == 6 and all(row["plain_ids"] == row["speculative_ids"] for row in rows)
+    assert "acceptance" in stdout.splitlines()[0] or "accept" in stdout  # the table
+
+
+def test_prompt_lookup_and_txt_prompts_and_sampling(pair, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code, _, _ = run_cli(["--target", str(pair / "target"), "--draft", "prompt-lookup", "--prompts",
+                          str(pair / "prompts.txt"), "--gamma", "2", "--max-new-tokens", "10",
+                          "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--num-prompts", "1",
+                          "--output", str(out), "--quiet"], capsys)
+    assert code == 0
+    result = json.loads(out.read_text())["results"][0]
+    assert result["num_prompts"] == 1 and result["greedy_match"] is None and result["temperature"] == 0.8
+
+
+def other_tokenizer_draft(root: Path) -> Path:
+    tok = tiny_tokenizer(text=TINY_TEXT[::-1])  # trained on other text: other token ids
+    save_and_load(tiny_model("llama", seed=1, vocab_size=len(tok)), root / "other", tok)
+    return root / "other"
+
+
+@pytest.mark.parametrize("case", ["missing-model", "gamma0", "empty-prompts", "missing-prompts", "tokenizers"])
+def test_bad_input_is_one_clear_line(case, pair, tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    args = {"target": str(pair / "target"), "draft": str(pair / "draft"), "prompts": str(pair / "prompts.txt"),
+            "gamma": "2"}
+    expect = {"missing-model": "does-not-exist", "gamma0": "--gamma must be >= 1",
+              "empty-prompts": "contains no prompts", "missing-prompts": "does not exist",
+              "tokenizers": "does not match target tokenizer"}[case]
+    if case == "missing-model":
+        args["draft"] = str(tmp_path / "does-not-exist")
+    elif case == "gamma0":
+        args["gamma"] = "0"
+    elif case == "empty-prompts":
+        args["prompts"] = str(tmp_path / "empty.txt")
+    elif case == "missing-prompts":
+        args["prompts"] = str(tmp_path / "nope.jsonl")
+    else:
+        args["draft"] = str(other_tokenizer_draft(tmp_path))
+    argv = [x for k, v in args.items() for x in (f"--{k}", v)] + ["--max-new-tokens", "4", "--quiet"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 1
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and expect in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_batch_and_gamma_errors_in_the_library():
+    from decode import speculative_generate
+    import torch
+
+    target = tiny_model("llama", seed=0)
+    with pytest.raises(ValueError, match="batch size must be 1"):
+        speculative_generate(target, target, torch.ones(2, 3, dtype=torch.long), max_new_tokens=4)
+    with pytest.raises(ValueError, match="gamma"):
+        speculative_generate(target, target, torch.ones(1, 3, dtype=torch.long), max_new_tokens=4, gamma=0)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        speculative_generate(target, target, torch.ones(1, 0, dtype=torch.long), max_new_tokens=4)
+
+
+def test_a_real_process_exits_nonzero_without_traceback(pair, tmp_path):
+    proc = subprocess.run([sys.executable, "scripts/eval_acceptance.py", "--target", str(pair / "target"),
+                           "--draft", str(tmp_path / "missing"), "--prompts", str(pair / "prompts.txt")],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr and "error: could not load model" in proc.stderr

@@ -1,0 +1,295 @@
+"""Cached top-k teacher: same loss as the online teacher at k = V, close at small k; mismatches, reuse, resume."""
+from __future__ import annotations
+
+import copy
+import json
+
+import datasets
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from distill.data import IGNORE_INDEX, DistillCollator
+from distill.losses import chunked_distill_loss
+from distill.teacher_cache import (
+    METADATA_FILE,
+    TEACHER_COLUMNS,
+    CacheMismatchError,
+    TeacherCollator,
+    build_teacher_cache,
+    load_teacher_cache,
+    sparse_teacher_from_batch,
+    weights_hash,
+    with_teacher_columns,
+)
+from tiny import perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
+
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return save_and_load(tiny_model(vocab_size=VOCAB, seed=0), tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    return save_and_load(tiny_model(vocab_size=VOCAB, hidden=16, layers=1, seed=3), tmp_path_factory.mktemp("draft"))
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """Training rows of 6..20 random tokens; the first 3 labels are -100 (a prompt, as in chat data)."""
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(4, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(6, 21, (12,), generator=g)]
+    labels = [[IGNORE_INDEX] * 3 + row[3:] for row in ids]
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+
+
+@pytest.fixture(scope="module")
+def cache_k4(target, rows, tokenizer, tmp_path_factory):
+    return build_teacher_cache(target, rows, tmp_path_factory.mktemp("cache_k4"), k=4, batch_size=4,
+                               target_id="tiny-target", tokenizer=tokenizer, rows_per_shard=5, progress=False)
+
+
+def build(target, rows, tokenizer, path, **kwargs):
+    settings = dict(k=4, batch_size=4, target_id="tiny-target", tokenizer=tokenizer, rows_per_shard=5,
+                    progress=False)
+    return build_teacher_cache(target, rows, path, **{**settings, **kwargs})
+
+
+class ForwardCounter:
+    """Counts the target's base-model forward passes; raises on pass number `fail_at` (an interrupted build)."""
+
+    def __init__(self, model, fail_at: int | None = None):
+        self.calls, self.fail_at = 0, fail_at
+        self.handle = model.base_model.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt("simulated interruption")
+
+    def remove(self):
+        self.handle.remove()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loss from the cache against the online teacher (the trainer's computation)
+# ---------------------------------------------------------------------------------------------------------------
+
+def one_batch(rows, cache):
+    loader = DataLoader(with_teacher_columns(rows, cache), batch_size=len(rows),
+                        collate_fn=TeacherCollator(DistillCollator(pad_token_id=0)))
+    return next(iter(loader))
+
+
+def draft_hidden(draft, batch):
+    out = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+    return out.hidden_states[-1]  # [B, T, H]
+
+
+def online_loss(draft, target, batch, loss):
+    with torch.no_grad():
+        teacher_hidden = target.base_model(input_ids=batch["input_ids"],
+                                           attention_mask=batch["attention_mask"]).last_hidden_state
+    return chunked_distill_loss(draft_hidden(draft, batch)[:, :-1], draft.get_output_embeddings(),
+                                teacher_hidden[:, :-1], batch["labels"][:, 1:], batch["attention_mask"][:, 1:].bool(),
+                                teacher_head=target.get_output_embeddings(), chunk_size=16, loss=loss)
+
+
+def cached_loss(draft, batch, loss):
+    return chunked_distill_loss(draft_hidden(draft, batch)[:, :-1], draft.get_output_embeddings(),
+                                sparse_teacher_from_batch(batch), batch["labels"][:, 1:],
+                                batch["attention_mask"][:, 1:].bool(), chunk_size=16, loss=loss)
+
+
+def loss_and_grads(draft, compute):
+    draft.zero_grad()
+    sums = compute()
+    sums.loss.backward()
+    return sums, [p.grad.clone() for p in draft.parameters()]
+
+
+@pytest.mark.parametrize("loss", ["forward_kl", "tv"])
+def test_full_width_cache_gives_the_online_loss_and_gradients(target, draft, rows, tokenizer, tmp_path, loss):
+    cache = build(target, rows, tokenizer, tmp_path, k=VOCAB, logprob_dtype="float32")
+    batch = one_batch(rows, cache)
+    online, online_grads = loss_and_grads(draft, lambda: online_loss(draft, target, batch, loss))
+    cached, cached_grads = loss_and_grads(draft, lambda: cached_loss(draft, batch, loss))
+    assert cached.num_tokens == online.num_tokens == sum(len(r) - 3 for r in rows["input_ids"])
+    torch.testing.assert_close(cached.loss, online.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cached.tv, online.tv, rtol=1e-5, atol=1e-6)
+    for got, want in zip(cached_grads, online_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss, tolerance", [("forward_kl", 0.02), ("tv", 0.02)])
+def test_small_k_float16_cache_stays_close_to_the_online_loss(target, draft, rows, tokenizer, tmp_path, loss,
+                                                              tolerance):
+    # k = 16 of 96 tokens, float16 log-probs: the 80 tail tokens become one bucket. The tiny target is sharp
+    # (its top-16 mass is > 0.99 on these rows), so the loss moves by < 2% (measured: ~0.3% for both).
+    cache = build(target, rows, tokenizer, tmp_path, k=16, logprob_dtype="float16")
+    batch = one_batch(rows, cache)
+    with torch.no_grad():
+        online = online_loss(draft, target, batch, loss).loss
+        cached = cached_loss(draft, batch, loss).loss
+    assert abs(cached - online) / online < tolerance
+
+
+def test_cached_topk_is_the_top_of_the_targets_own_logits(target, rows, cache_k4):
+    for index in (0, 7):
+        ids = torch.tensor([rows[index]["input_ids"]])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(target(ids).logits[0].float(), dim=-1)  # [T, V]
+        want = logprobs.topk(4, dim=-1)
+        got_ids, got_logprobs = cache_k4.topk([index])
+        assert torch.equal(got_ids[0], want.indices)
+        # float16 storage: |error| <= |log p| * 2**-11
+        torch.testing.assert_close(got_logprobs[0], want.values, rtol=2 ** -10, atol=1e-6)
+
+
+def test_sparse_teacher_rows_are_flattened_positions_with_valid_pads(cache_k4, rows):
+    teacher = cache_k4.sparse_teacher([3, 0], width=25)
+    assert len(teacher) == 2 * 25
+    for b, index in enumerate((3, 0)):
+        ids, logprobs = cache_k4.topk([index])
+        n = len(rows[index]["input_ids"])
+        assert torch.equal(teacher.topk_ids[b * 25:b * 25 + n], ids[0])
+        assert torch.equal(teacher.topk_logprobs[b * 25:b * 25 + n], logprobs[0])
+        pads = teacher.topk_ids[b * 25 + n:(b + 1) * 25]
+        assert torch.equal(pads, torch.arange(4).expand_as(pads))
+
+
+def test_metadata_describes_the_cache(cache_k4, rows, tokenizer):
+    meta = json.loads((cache_k4.path / METADATA_FILE).read_text())
+    lengths = [len(r) for r in rows["input_ids"]]
+    assert meta["complete"] and meta["k"] == 4 and meta["vocab_size"] == VOCAB and meta["temperature"] == 1.0
+    assert (meta["num_rows"], meta["max_length"], meta["num_positions"]) == (12, max(lengths), sum(lengths))
+    assert (meta["target_id"], meta["logprob_dtype"], meta["num_shards"]) == ("tiny-target", "float16", 3)
+    assert meta["bytes_on_disk"] > sum(lengths) * 4 * (4 + 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [0, VOCAB + 1])
+def test_k_outside_the_vocabulary_is_refused_before_anything_runs(target, rows, tokenizer, tmp_path, k):
+    with pytest.raises(ValueError, match=rf"k={k} .*vocabulary has {VOCAB} tokens"):
+        build(target, rows, tokenizer, tmp_path, k=k)
+    assert not (tmp_path / METADATA_FILE).exists()
+
+
+def test_load_names_the_mismatched_target(cache_k4, target):
+    other_weights = perturbed_copy(target, 0.1)
+    with pytest.raises(CacheMismatchError, match="target weights") as err:
+        load_teacher_cache(cache_k4.path, target=other_weights)
+    assert "target config" not in str(err.value)
+    with pytest.raises(CacheMismatchError, match="target config"):
+        load_teacher_cache(cache_k4.path, target=tiny_model(vocab_size=VOCAB, layers=3))
+    with pytest.raises(CacheMismatchError, match="target \\(target_id\\): 'tiny-target' in the teacher cache, "
+                                                 "expected 'other/model'"):
+        load_teacher_cache(cache_k4.path, target_id="other/model")
+
+
+def test_load_names_the_mismatched_tokenizer_dataset_and_k(cache_k4, rows, tokenizer):
+    with pytest.raises(CacheMismatchError, match="tokenizer vocabulary"):
+        load_teacher_cache(cache_k4.path, tokenizer=tiny_tokenizer(vocab_size=300))
+    changed = rows.map(lambda row, i: {"input_ids": row["input_ids"][:-1] + [5] if i == 4 else row["input_ids"]},
+                       with_indices=True)
+    with pytest.raises(CacheMismatchError, match="dataset tokens") as err:
+        load_teacher_cache(cache_k4.path, dataset=changed)
+    assert "number of dataset rows" not in str(err.value)
+    with pytest.raises(CacheMismatchError, match="number of dataset rows"):
+        load_teacher_cache(cache_k4.path, dataset=rows.select(range(6)))
+    with pytest.raises(CacheMismatchError, match="k \\(top-k width\\)"):
+        load_teacher_cache(cache_k4.path, k=8)
+    # everything matching: opens
+    same = load_teacher_cache(cache_k4.path, target_id="tiny-target", tokenizer=tokenizer, dataset=rows, k=4)
+    assert len(same) == len(rows)
+
+
+def test_teacher_columns_refuse_a_reordered_dataset(cache_k4, rows):
+    with pytest.raises(CacheMismatchError, match="other order"):
+        with_teacher_columns(rows.shuffle(seed=0), cache_k4)
+    with pytest.raises(CacheMismatchError, match="12"):
+        with_teacher_columns(rows.select(range(5)), cache_k4)
+
+
+def test_collator_refuses_rows_whose_cache_has_another_length(cache_k4, rows):
+    row = with_teacher_columns(rows, cache_k4)[0]
+    row = {**row, "input_ids": row["input_ids"] + [7], "labels": row["labels"] + [7]}
+    with pytest.raises(ValueError, match="cached teacher positions"):
+        TeacherCollator(DistillCollator(pad_token_id=0))([row])
+
+
+def test_building_into_a_folder_of_another_cache_is_refused_unless_overwrite(target, rows, tokenizer, cache_k4):
+    with pytest.raises(CacheMismatchError, match="overwrite=True") as err:
+        build(target, rows, tokenizer, cache_k4.path, k=8)
+    assert "k (top-k width): 4 in the teacher cache, expected 8" in str(err.value)
+    assert load_teacher_cache(cache_k4.path).k == 4  # untouched
+
+
+def test_overwrite_replaces_another_cache(target, rows, tokenizer, tmp_path):
+    build(target, rows, tokenizer, tmp_path, k=4)
+    assert build(target, rows, tokenizer, tmp_path, k=8, overwrite=True).k == 8
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reuse and resume
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_rebuilding_with_the_same_inputs_reuses_the_cache(target, rows, tokenizer, cache_k4):
+    counter = ForwardCounter(target)
+    try:
+        again = build(target, rows, tokenizer, cache_k4.path, rows_per_shard=7)
+    finally:
+        counter.remove()
+    assert counter.calls == 0
+    assert torch.equal(again.topk(range(12))[0], cache_k4.topk(range(12))[0])
+
+
+def test_an_interrupted_build_resumes_after_its_last_complete_shard(target, rows, tokenizer, tmp_path, cache_k4):
+    # 12 rows, shards of 4 rows, batches of 2 rows: 6 forward passes; pass 4 (inside shard 2) is interrupted
+    counter = ForwardCounter(target, fail_at=4)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build(target, rows, tokenizer, tmp_path, batch_size=2, rows_per_shard=4)
+    finally:
+        counter.remove()
+    with pytest.raises(FileNotFoundError, match="unfinished"):
+        load_teacher_cache(tmp_path)
+
+    counter = ForwardCounter(target)
+    try:
+        resumed = build(target, rows, tokenizer, tmp_path, batch_size=2, rows_per_shard=4)
+    finally:
+        counter.remove()
+    assert counter.calls == 4  # shards 2 and 3 only
+    ids, logprobs = resumed.topk(range(12))
+    want_ids, want_logprobs = cache_k4.topk(range(12))
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(logprobs, want_logprobs, rtol=0, atol=1e-3)  # other batching: float noise only
+
+
+def test_weights_hash_ignores_the_load_dtype_but_not_the_values(target):
+    assert weights_hash(copy.deepcopy(target).to(torch.bfloat16)) == weights_hash(target)
+    assert weights_hash(perturbed_copy(target, 1e-2)) != weights_hash(target)
+
+
+def test_teacher_columns_travel_through_a_dataloader_with_shuffling(cache_k4, rows):
+    dataset = with_teacher_columns(rows, cache_k4)
+    loader = DataLoader(dataset, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(0),
+                        collate_fn=TeacherCollator(DistillCollator(pad_token_id=0)))
+    for batch in loader:
+        assert batch[TEACHER_COLUMNS[0]].shape[:2] == batch["input_ids"].shape
+        for b in range(batch["input_ids"].shape[0]):
+            n = int(batch["attention_mask"][b].sum())
+            index = [i for i, r in enumerate(rows["input_ids"]) if r == batch["input_ids"][b, :n].tolist()][0]
+            assert torch.equal(batch[TEACHER_COLUMNS[0]][b, :n], cache_k4.topk([index])[0][0])
