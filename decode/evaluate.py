@@ -136,6 +136,21 @@ def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, set
     return target.generate(prompt, assistant_model=draft, **kwargs)
 
 
+def quiet_transformers(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with transformers' generation warnings silenced (they repeat on every timed call)."""
+    from transformers.utils import logging
+
+    def run():
+        level = logging.get_verbosity()
+        logging.set_verbosity_error()
+        try:
+            return fn()
+        finally:
+            logging.set_verbosity(level)
+
+    return run
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # the evaluation
 # ----------------------------------------------------------------------------------------------------------------
@@ -186,7 +201,8 @@ def evaluate_acceptance(
                 plain_cache[(i, n_new)] = (plain.new_tokens, t_plain)
             plain_tokens, t_plain = plain_cache[(i, n_new)]
             if settings.compare_hf and n_new > 0:
-                _, t_hf = median_time(lambda: hf_assisted(target, draft, prompt, n_new, gamma, settings),
+                _, t_hf = median_time(quiet_transformers(lambda: hf_assisted(target, draft, prompt, n_new, gamma,
+                                                                               settings)),
                                       device, settings.repeats)
                 hf_s += t_hf
             stats = stats.merge(spec.stats)
