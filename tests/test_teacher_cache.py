@@ -8,6 +8,7 @@ import datasets
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from transformers import Trainer, TrainingArguments
 
 from distill.data import IGNORE_INDEX, DistillCollator
 from distill.losses import chunked_distill_loss
@@ -35,6 +36,15 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     return save_and_load(tiny_model(vocab_size=VOCAB, seed=0), tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def sharp_target(tmp_path_factory):
+    """The target with logits 6x larger: its top-16 tokens hold > 99% of the mass, like a trained LLM's."""
+    model = tiny_model(vocab_size=VOCAB, seed=0)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(6.0)
+    return save_and_load(model, tmp_path_factory.mktemp("sharp_target"))
 
 
 @pytest.fixture(scope="module")
@@ -129,17 +139,43 @@ def test_full_width_cache_gives_the_online_loss_and_gradients(target, draft, row
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("loss, tolerance", [("forward_kl", 0.02), ("tv", 0.02)])
-def test_small_k_float16_cache_stays_close_to_the_online_loss(target, draft, rows, tokenizer, tmp_path, loss,
-                                                              tolerance):
-    # k = 16 of 96 tokens, float16 log-probs: the 80 tail tokens become one bucket. The tiny target is sharp
-    # (its top-16 mass is > 0.99 on these rows), so the loss moves by < 2% (measured: ~0.3% for both).
-    cache = build(target, rows, tokenizer, tmp_path, k=16, logprob_dtype="float16")
+@pytest.mark.parametrize("loss", ["forward_kl", "tv"])
+def test_float16_log_probabilities_move_the_loss_by_less_than_1e4(target, draft, rows, tokenizer, tmp_path, loss):
+    # storage rounding only: |error of log p| <= |log p| * 2**-11, then renormalised (measured: ~1e-6 relative)
+    cache = build(target, rows, tokenizer, tmp_path, k=VOCAB, logprob_dtype="float16")
     batch = one_batch(rows, cache)
     with torch.no_grad():
         online = online_loss(draft, target, batch, loss).loss
         cached = cached_loss(draft, batch, loss).loss
-    assert abs(cached - online) / online < tolerance
+    torch.testing.assert_close(cached, online, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("loss", ["forward_kl", "tv"])
+def test_small_k_cache_of_a_sharp_target_stays_close_to_the_online_loss(sharp_target, draft, rows, tokenizer,
+                                                                         tmp_path, loss):
+    # k = 16 of 96 tokens, float16 log-probs. Merging the 80 tail tokens into one bucket can only lower an
+    # f-divergence; the gap scales with the teacher's tail mass, here ~0.3% (an LLM's top-16 is usually as sharp).
+    # Measured: -0.19% (forward_kl), -0.0004% (tv).
+    cache = build(sharp_target, rows, tokenizer, tmp_path, k=16, logprob_dtype="float16")
+    batch = one_batch(rows, cache)
+    with torch.no_grad():
+        online = online_loss(draft, sharp_target, batch, loss).loss
+        cached = cached_loss(draft, batch, loss).loss
+    assert online * (1 - 0.01) < cached < online * (1 + 1e-4)
+
+
+def test_small_k_total_variation_is_below_the_online_one_by_at_most_the_tail_mass(target, draft, rows, tokenizer,
+                                                                                    tmp_path):
+    # TV_dense - TV_buckets = (sum_tail |p - q| - |P_tail - Q_tail|) / 2, in [0, min(P_tail, Q_tail)] per token.
+    # The tiny random target is flat (top-16 mass ~0.46), so here the gap is large (~27%) but still bounded.
+    cache = build(target, rows, tokenizer, tmp_path, k=16, logprob_dtype="float32")
+    batch = one_batch(rows, cache)
+    with torch.no_grad():
+        online = online_loss(draft, target, batch, "tv").loss
+        cached = cached_loss(draft, batch, "tv").loss
+    keep = (batch["labels"][:, 1:] != IGNORE_INDEX) & batch["attention_mask"][:, 1:].bool()  # [B, T-1]
+    tail_mass = 1 - batch[TEACHER_COLUMNS[1]][:, :-1][keep].exp().sum(dim=-1)  # [n]
+    assert 0.1 * online < online - cached <= tail_mass.sum() + 1e-4
 
 
 def test_cached_topk_is_the_top_of_the_targets_own_logits(target, rows, cache_k4):
@@ -208,7 +244,7 @@ def test_load_names_the_mismatched_tokenizer_dataset_and_k(cache_k4, rows, token
     assert "number of dataset rows" not in str(err.value)
     with pytest.raises(CacheMismatchError, match="number of dataset rows"):
         load_teacher_cache(cache_k4.path, dataset=rows.select(range(6)))
-    with pytest.raises(CacheMismatchError, match="k \\(top-k width\\)"):
+    with pytest.raises(CacheMismatchError, match="top-k width \\(k\\)"):
         load_teacher_cache(cache_k4.path, k=8)
     # everything matching: opens
     same = load_teacher_cache(cache_k4.path, target_id="tiny-target", tokenizer=tokenizer, dataset=rows, k=4)
@@ -232,7 +268,7 @@ def test_collator_refuses_rows_whose_cache_has_another_length(cache_k4, rows):
 def test_building_into_a_folder_of_another_cache_is_refused_unless_overwrite(target, rows, tokenizer, cache_k4):
     with pytest.raises(CacheMismatchError, match="overwrite=True") as err:
         build(target, rows, tokenizer, cache_k4.path, k=8)
-    assert "k (top-k width): 4 in the teacher cache, expected 8" in str(err.value)
+    assert "top-k width (k): 4 in the teacher cache, expected 8" in str(err.value)
     assert load_teacher_cache(cache_k4.path).k == 4  # untouched
 
 
@@ -293,3 +329,36 @@ def test_teacher_columns_travel_through_a_dataloader_with_shuffling(cache_k4, ro
             n = int(batch["attention_mask"][b].sum())
             index = [i for i, r in enumerate(rows["input_ids"]) if r == batch["input_ids"][b, :n].tolist()][0]
             assert torch.equal(batch[TEACHER_COLUMNS[0]][b, :n], cache_k4.topk([index])[0][0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Through transformers.Trainer: the columns reach compute_loss and the draft learns without a target forward
+# ---------------------------------------------------------------------------------------------------------------
+
+class CachedKDTrainer(Trainer):
+    """The smallest Trainer that distils from cached teacher columns (what DistillTrainer does with a cache)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        hidden = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                       output_hidden_states=True).hidden_states[-1]  # [B, T, H]
+        sums = chunked_distill_loss(hidden[:, :-1], model.get_output_embeddings(), sparse_teacher_from_batch(inputs),
+                                    inputs["labels"][:, 1:], inputs["attention_mask"][:, 1:].bool(), loss="forward_kl")
+        return sums.loss / sums.num_tokens
+
+
+def test_trainer_distils_from_the_cache_without_running_the_target(target, rows, tokenizer, tmp_path):
+    cache = build(target, rows, tokenizer, tmp_path / "cache", k=16)
+    draft = tiny_model(vocab_size=VOCAB, hidden=16, layers=1, seed=3).train()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=30, per_device_train_batch_size=4,
+                             learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1, save_strategy="no",
+                             report_to="none", use_cpu=True, remove_unused_columns=False, seed=0)
+    trainer = CachedKDTrainer(model=draft, args=args, train_dataset=with_teacher_columns(rows, cache),
+                              data_collator=TeacherCollator(DistillCollator(pad_token_id=0)))
+    counter = ForwardCounter(target)
+    try:
+        trainer.train()
+    finally:
+        counter.remove()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert counter.calls == 0
+    assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5

@@ -1,0 +1,540 @@
+"""Cached teacher: the target's top-k next-token log-probabilities for every training position, computed once.
+
+Training from the cache skips the target's forward pass entirely (the target need not even be loaded):
+    cache = build_teacher_cache(target, train_rows, "cache/teacher-k32", k=32, batch_size=8,
+                                target_id="org/target", tokenizer=tokenizer)
+    train_dataset = with_teacher_columns(train_rows, cache)        # + teacher_topk_ids / teacher_topk_logprobs
+    collator = TeacherCollator(DistillCollator(tokenizer.pad_token_id))
+    teacher = sparse_teacher_from_batch(batch)                     # SparseTeacher for positions [:, :-1]
+
+Layout on disk (out_dir):
+    teacher_cache.json     what the cache was built from (CacheSpec) and how (shards, sizes, seconds)
+    shards/shard-00000/    `datasets` save_to_disk folders; row i = training row i, in the dataset's order:
+                           topk_ids [T_i, k] int32, topk_logprobs [T_i, k] float16 (or float32)
+Position t of a row holds log p_target(x_{t+1} = id | x_<=t) for the k most likely ids, sorted, at temperature 1,
+normalised over the target's full vocabulary (so 1 - sum exp(topk_logprobs) is the tail mass).
+
+float16 log-probabilities (the default) halve their bytes (6 instead of 8 bytes per cached (position, id)); a
+log-probability is then off by at most |log p| * 2**-11, i.e. p by < 0.05% relative where log p > -1 and < 0.5%
+where log p > -10; the tail mass 1 - sum p inherits about entropy * 5e-4 of absolute error. bucketize renormalises
+over the k + 1 buckets, so the loss sees a valid distribution either way. Use float32 where exactness matters
+(tests compare against the online teacher with it).
+
+A cache is tied to (target config + weights, tokenizer vocabulary, input_ids of every row in order, k, dtype):
+load_teacher_cache and build_teacher_cache raise CacheMismatchError (a ValueError) naming what differs.
+Labels are not part of it: the teacher's distributions depend on the tokens only.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from distill.losses import SparseTeacher
+
+FORMAT_VERSION = 1
+METADATA_FILE = "teacher_cache.json"
+SHARDS_DIR = "shards"
+TEACHER_COLUMNS = ("teacher_topk_ids", "teacher_topk_logprobs")
+LOGPROB_DTYPES = ("float16", "float32")
+# Config keys that say how a model was loaded or saved, not what it computes.
+_VOLATILE_CONFIG_KEYS = ("transformers_version", "dtype", "torch_dtype", "use_cache", "architectures")
+_SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+_SAMPLES_PER_TENSOR = 1024
+
+
+class CacheMismatchError(ValueError):
+    """A cache (or generated data) was built for another target, tokenizer, dataset or setting."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fingerprints (shared with distill.target_data)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _digest(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+def config_hash(model: nn.Module) -> str:
+    """Hash of the model's config, without keys that only describe loading (dtype, version, private keys)."""
+    values = {k: v for k, v in model.config.to_dict().items()
+              if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
+    return _digest(json.dumps(values, sort_keys=True, default=str))
+
+
+@torch.no_grad()
+def weights_hash(model: nn.Module) -> str:
+    """Hash of every parameter's name, shape and an evenly strided sample of up to 1024 of its values.
+
+    Values are hashed as bfloat16, so the same checkpoint loaded in float32, bfloat16 or float16 hashes alike
+    (the dtype a cache was built in is recorded separately). Reads ~1k values per tensor: cheap on any device.
+    """
+    parts: list[bytes | str] = []
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        flat = param.detach().reshape(-1)
+        step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
+        sample = flat[::step][:_SAMPLES_PER_TENSOR].to("cpu", torch.bfloat16).contiguous()
+        parts += [name, str(tuple(param.shape)), sample.view(torch.int16).numpy().tobytes()]
+    return _digest(*parts)
+
+
+def vocab_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Hash of the token -> id mapping and the special token ids."""
+    specials = {name: getattr(tokenizer, name, None) for name in _SPECIAL_TOKENS}
+    return _digest(json.dumps(sorted(tokenizer.get_vocab().items())), json.dumps(specials, sort_keys=True))
+
+
+def token_lists_hash(lists: Sequence[Sequence[int]]) -> str:
+    """Hash of a list of token-id lists (order, lengths and values)."""
+    lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+    values = np.fromiter((t for x in lists for t in x), dtype=np.int64, count=int(lengths.sum()))
+    return _digest(lengths.tobytes(), values.tobytes())
+
+
+def dataset_hash(dataset: datasets.Dataset, columns: Sequence[str] = ("input_ids", "attention_mask")) -> str:
+    """Hash of the token columns (those of `columns` present) of every row, in the dataset's order (arrow, fast)."""
+    present = [c for c in columns if c in dataset.column_names]
+    h = hashlib.sha256(json.dumps(present).encode())
+    for table in dataset.with_format("arrow").iter(batch_size=16384):
+        for column in present:
+            lists = table.column(column)
+            h.update(pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64).tobytes())
+            values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+            h.update(values.tobytes())
+    return h.hexdigest()[:16]
+
+
+def output_vocab_size(model: nn.Module) -> int:
+    """Rows of the model's lm_head: the width V of its logits (may exceed len(tokenizer) when padded)."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a cache depends on
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """Everything the cached values depend on; two builds with equal specs give the same cache."""
+
+    target_id: str
+    target_config_hash: str
+    target_weights_hash: str
+    tokenizer_vocab_hash: str
+    vocab_size: int  # V: rows of the target's lm_head
+    k: int
+    logprob_dtype: str
+    dataset_hash: str  # input_ids (and attention_mask) of every row, in order
+    num_rows: int
+    max_length: int  # longest row
+    temperature: float = 1.0
+    format_version: int = FORMAT_VERSION
+
+
+_SPEC_MEANING = {
+    "target_id": "target", "target_config_hash": "target config", "target_weights_hash": "target weights",
+    "tokenizer_vocab_hash": "tokenizer vocabulary", "vocab_size": "target vocabulary size (lm_head rows)",
+    "k": "top-k width", "logprob_dtype": "log-probability dtype", "dataset_hash": "dataset tokens",
+    "num_rows": "number of dataset rows", "max_length": "longest dataset row", "temperature": "temperature",
+    "format_version": "cache format version",
+}
+
+
+def spec_differences(stored: dict[str, Any], wanted: dict[str, Any], what: str) -> list[str]:
+    """One line per key whose stored value (from a {what}'s metadata) differs from the wanted one."""
+    return [f"{_SPEC_MEANING.get(key, key)} ({key}): {stored.get(key)!r} in the {what}, expected {value!r}"
+            for key, value in wanted.items() if stored.get(key) != value]
+
+
+def _row_lengths(dataset: datasets.Dataset) -> np.ndarray:
+    lengths = [pc.list_value_length(t.column("input_ids")).to_numpy(zero_copy_only=False)
+               for t in dataset.with_format("arrow").iter(batch_size=16384)]
+    return np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+
+
+def cache_spec(target: nn.Module, dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, *, k: int,
+               target_id: str, logprob_dtype: str = "float16") -> CacheSpec:
+    """The CacheSpec a cache of `dataset` under `target` would have. Raises ValueError for a bad k or dtype."""
+    vocab = output_vocab_size(target)
+    if not 1 <= k <= vocab:
+        raise ValueError(f"k={k} is not a valid top-k width: the target's vocabulary has {vocab} tokens "
+                         f"(lm_head rows), so k must be in [1, {vocab}]")
+    if logprob_dtype not in LOGPROB_DTYPES:
+        raise ValueError(f"logprob_dtype={logprob_dtype!r}; allowed values: {', '.join(LOGPROB_DTYPES)}")
+    if "input_ids" not in dataset.column_names:
+        raise ValueError(f"the dataset has no input_ids column (columns: {', '.join(dataset.column_names)})")
+    lengths = _row_lengths(dataset)
+    return CacheSpec(target_id=target_id, target_config_hash=config_hash(target),
+                     target_weights_hash=weights_hash(target), tokenizer_vocab_hash=vocab_hash(tokenizer),
+                     vocab_size=vocab, k=k, logprob_dtype=logprob_dtype, dataset_hash=dataset_hash(dataset),
+                     num_rows=len(dataset), max_length=int(lengths.max()) if lengths.size else 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The teacher's top-k, chunk by chunk
+# ---------------------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def teacher_topk(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int,
+                 chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k log-probabilities of the target at every position: ([B, T, k] int32 ids, [B, T, k] float32).
+
+    Hidden states come from the target's base model; the lm_head runs on chunk_size real (mask 1) positions at a
+    time, so at most [chunk_size, V] float32 logits exist at once. Padded positions hold ids 0 and -inf.
+    """
+    batch, width = input_ids.shape
+    hidden = target.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                               use_cache=False).last_hidden_state  # [B, T, H]
+    keep = attention_mask.reshape(-1).bool().nonzero(as_tuple=True)[0]  # [n]
+    rows = hidden.reshape(batch * width, -1)[keep]  # [n, H]
+    head = target.get_output_embeddings()
+    ids = torch.zeros(batch * width, k, dtype=torch.int32, device=hidden.device)  # [B*T, k]
+    logprobs = torch.full((batch * width, k), -math.inf, dtype=torch.float32, device=hidden.device)  # [B*T, k]
+    for start in range(0, rows.shape[0], chunk_size):
+        top = SparseTeacher.from_logits(head(rows[start:start + chunk_size]), k)  # log_softmax in float32, top-k
+        where = keep[start:start + chunk_size]
+        ids[where] = top.topk_ids.to(torch.int32)
+        logprobs[where] = top.topk_logprobs.float()
+    return ids.view(batch, width, k), logprobs.view(batch, width, k)
+
+
+def _batches(dataset: datasets.Dataset, rows: range, batch_size: int,
+             device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
+    """Right-padded (input_ids [B, T], attention_mask [B, T], lengths) over `rows` of the dataset."""
+    has_mask = "attention_mask" in dataset.column_names
+    dataset = dataset.with_format(None)  # python lists whatever the caller's format
+    for start in range(rows.start, rows.stop, batch_size):
+        chunk = dataset[start:min(start + batch_size, rows.stop)]
+        lengths = [len(ids) for ids in chunk["input_ids"]]
+        input_ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)  # [B, T]
+        attention_mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)  # [B, T]
+        for i, ids in enumerate(chunk["input_ids"]):
+            input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, :len(ids)] = torch.tensor(chunk["attention_mask"][i]) if has_mask else 1
+        yield input_ids.to(device), attention_mask.to(device), lengths
+
+
+def _shard_rows(target: nn.Module, dataset: datasets.Dataset, rows: range, k: int, batch_size: int,
+                chunk_size: int, logprob_dtype: str, bar: tqdm) -> Iterator[dict[str, np.ndarray]]:
+    device = next(target.parameters()).device
+    for input_ids, attention_mask, lengths in _batches(dataset, rows, batch_size, device):
+        ids, logprobs = teacher_topk(target, input_ids, attention_mask, k, chunk_size)
+        ids, logprobs = ids.cpu().numpy(), logprobs.cpu().numpy().astype(logprob_dtype)
+        for i, length in enumerate(lengths):
+            yield {"topk_ids": ids[i, :length], "topk_logprobs": logprobs[i, :length]}
+        bar.update(len(lengths))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Build, load
+# ---------------------------------------------------------------------------------------------------------------
+
+def _features(k: int, logprob_dtype: str) -> datasets.Features:
+    return datasets.Features({"topk_ids": datasets.Array2D((None, k), "int32"),
+                              "topk_logprobs": datasets.Array2D((None, k), logprob_dtype)})
+
+
+def shard_path(out_dir: Path, index: int) -> Path:
+    return out_dir / SHARDS_DIR / f"shard-{index:05d}"
+
+
+def write_json_atomic(path: Path, content: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_metadata(path: Path, file: str = METADATA_FILE) -> dict[str, Any] | None:
+    meta = Path(path) / file
+    return json.loads(meta.read_text()) if meta.is_file() else None
+
+
+def prepare_out_dir(out_dir: Path, spec: dict[str, Any], metadata_file: str, what: str,
+                    overwrite: bool) -> dict[str, Any] | None:
+    """The metadata already in out_dir when it was built from `spec` (to reuse or resume), else None.
+
+    Raises CacheMismatchError when out_dir holds a build from another spec and overwrite is False; with overwrite
+    the old build is deleted.
+    """
+    stored = read_metadata(out_dir, metadata_file)
+    if stored is None:
+        return None
+    differences = spec_differences(stored, spec, what)
+    if not differences:
+        return stored
+    if not overwrite:
+        raise CacheMismatchError(f"{out_dir} already holds a {what} built from other inputs; use another folder "
+                                 f"or overwrite=True. Differences:\n  " + "\n  ".join(differences))
+    shutil.rmtree(out_dir / SHARDS_DIR, ignore_errors=True)
+    (out_dir / metadata_file).unlink()
+    return None
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """No `datasets` progress bars inside (the callers show one bar of their own), restored after."""
+    were_off = datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not were_off:
+            datasets.enable_progress_bars()
+
+
+def write_shard(make: Callable[[], datasets.Dataset], out_dir: Path, index: int) -> None:
+    """Save the dataset `make()` returns as shard `index`, atomically (a half-written shard never looks done)."""
+    final = shard_path(out_dir, index)
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with quiet_datasets():
+        make().save_to_disk(str(partial))
+    os.replace(partial, final)
+
+
+def build_teacher_cache(
+    target: nn.Module,
+    dataset: datasets.Dataset,
+    out_dir: str | os.PathLike,
+    *,
+    k: int,
+    batch_size: int,
+    target_id: str,
+    tokenizer: PreTrainedTokenizerBase,
+    logprob_dtype: str = "float16",
+    chunk_size: int = 1024,
+    rows_per_shard: int = 1024,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> TeacherCache:
+    """Run the target once over every row of `dataset` (input_ids [+ attention_mask]) and store its top-k.
+
+    Returns the existing cache untouched when out_dir already holds a complete one built from the same inputs,
+    and resumes after the last complete shard (rows_per_shard rows each) when a build was interrupted.
+    Raises ValueError for k outside [1, V] (V = the target's lm_head rows), a bad dtype or batch size, and
+    CacheMismatchError when out_dir holds a cache of other inputs (unless overwrite=True, which deletes it).
+    """
+    if batch_size < 1 or rows_per_shard < 1 or chunk_size < 1:
+        raise ValueError(f"batch_size, rows_per_shard and chunk_size must be >= 1, got {batch_size}, "
+                         f"{rows_per_shard}, {chunk_size}")
+    spec = dataclasses.asdict(cache_spec(target, dataset, tokenizer, k=k, target_id=target_id,
+                                         logprob_dtype=logprob_dtype))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metadata = prepare_out_dir(out, spec, METADATA_FILE, "teacher cache", overwrite)
+    if metadata is not None and metadata["complete"]:
+        return load_teacher_cache(out)
+    rows_per_shard = metadata["rows_per_shard"] if metadata is not None else rows_per_shard
+    num_shards = math.ceil(len(dataset) / rows_per_shard)
+    metadata = {**spec, "complete": False, "rows_per_shard": rows_per_shard, "num_shards": num_shards,
+                "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+                "dataset_fingerprint": getattr(dataset, "_fingerprint", None)}
+    write_json_atomic(out / METADATA_FILE, metadata)
+
+    started, was_training = time.perf_counter(), target.training
+    target.eval()
+    bar = tqdm(total=len(dataset), desc=f"teacher top-{k}", unit="row", disable=not progress)
+    try:
+        for index in range(num_shards):
+            rows = range(index * rows_per_shard, min((index + 1) * rows_per_shard, len(dataset)))
+            if shard_path(out, index).is_dir():
+                bar.update(len(rows))
+                continue
+            generate = dict(target=target, dataset=dataset, rows=rows, k=k, batch_size=batch_size,
+                            chunk_size=chunk_size, logprob_dtype=logprob_dtype, bar=bar)
+            _write_cache_shard(out, index, generate, f"teacher-{spec['dataset_hash']}-{index}")
+    finally:
+        bar.close()
+        target.train(was_training)
+    metadata.update(complete=True, num_positions=int(_row_lengths(dataset).sum()),
+                    build_seconds=round(time.perf_counter() - started, 3), bytes_on_disk=_folder_bytes(out))
+    write_json_atomic(out / METADATA_FILE, metadata)
+    return _open(out, metadata)
+
+
+def _write_cache_shard(out: Path, index: int, generate: dict[str, Any], fingerprint: str) -> None:
+    """Shard `index` from _shard_rows(**generate), written by `datasets` in batches of rows, then saved."""
+    scratch = out / f".generator-{index:05d}"
+    shutil.rmtree(scratch, ignore_errors=True)  # left over by an interrupted build
+
+    def make() -> datasets.Dataset:
+        features = _features(generate["k"], generate["logprob_dtype"])
+        return datasets.Dataset.from_generator(_shard_rows, features=features, gen_kwargs=generate,
+                                               cache_dir=str(scratch), fingerprint=fingerprint)
+
+    write_shard(make, out, index)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _open(path: Path, metadata: dict[str, Any]) -> TeacherCache:
+    shards = [datasets.load_from_disk(str(shard_path(path, i))) for i in range(metadata["num_shards"])]
+    rows = datasets.concatenate_datasets(shards) if shards else datasets.Dataset.from_dict(
+        {"topk_ids": [], "topk_logprobs": []}, features=_features(metadata["k"], metadata["logprob_dtype"]))
+    return TeacherCache(path, metadata, rows)
+
+
+def load_teacher_cache(
+    path: str | os.PathLike,
+    *,
+    target: nn.Module | None = None,
+    target_id: str | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dataset: datasets.Dataset | None = None,
+    k: int | None = None,
+) -> TeacherCache:
+    """Open a complete cache (memory-mapped), checking it against whatever of target / target_id / tokenizer /
+    dataset / k is given. Raises FileNotFoundError (no cache, or an unfinished build) and CacheMismatchError
+    naming every difference."""
+    path = Path(path)
+    metadata = read_metadata(path)
+    if metadata is None:
+        raise FileNotFoundError(f"no teacher cache at {path} (missing {METADATA_FILE}); build it with "
+                                "build_teacher_cache")
+    if not metadata.get("complete"):
+        raise FileNotFoundError(f"the teacher cache at {path} is unfinished; run build_teacher_cache again with "
+                                "the same inputs to resume it")
+    wanted: dict[str, Any] = {"format_version": FORMAT_VERSION}
+    if target_id is not None:
+        wanted["target_id"] = target_id
+    if target is not None:
+        wanted.update(target_config_hash=config_hash(target), target_weights_hash=weights_hash(target),
+                      vocab_size=output_vocab_size(target))
+    if tokenizer is not None:
+        wanted["tokenizer_vocab_hash"] = vocab_hash(tokenizer)
+    if dataset is not None:
+        wanted.update(num_rows=len(dataset), dataset_hash=dataset_hash(dataset))
+    if k is not None:
+        wanted["k"] = k
+    differences = spec_differences(metadata, wanted, "teacher cache")
+    if differences:
+        raise CacheMismatchError(f"the teacher cache at {path} was built for other inputs:\n  "
+                                 + "\n  ".join(differences))
+    return _open(path, metadata)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading: batches of rows as SparseTeachers, and Trainer plumbing
+# ---------------------------------------------------------------------------------------------------------------
+
+def pad_topk(ids_rows: Sequence[Any], logprob_rows: Sequence[Any], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad rows of [T_i, k] top-k into ([B, width, k] long ids, [B, width, k] float32 log-probs).
+
+    Padded positions get ids 0..k-1 with log-probability -log k (a valid distribution, masked out by the loss).
+    Raises ValueError when a row is longer than width or the rows have different k.
+    """
+    ids_arrays = [np.asarray(r) for r in ids_rows]
+    logprob_arrays = [np.asarray(r, dtype=np.float32) for r in logprob_rows]
+    widths = {a.shape[-1] for a in ids_arrays if a.ndim == 2}
+    if len(widths) != 1:
+        raise ValueError(f"cached top-k rows must all be [T, k] with one k, got k values {sorted(widths)}")
+    k = widths.pop()
+    ids = torch.arange(k, dtype=torch.long).expand(len(ids_arrays), width, k).clone()  # [B, W, k]
+    logprobs = torch.full((len(ids_arrays), width, k), -math.log(k), dtype=torch.float32)  # [B, W, k]
+    for i, (row_ids, row_logprobs) in enumerate(zip(ids_arrays, logprob_arrays)):
+        if row_ids.shape[0] > width:
+            raise ValueError(f"cached row {i} has {row_ids.shape[0]} positions, more than the batch width {width}")
+        ids[i, :row_ids.shape[0]] = torch.from_numpy(row_ids.astype(np.int64))
+        logprobs[i, :row_ids.shape[0]] = torch.from_numpy(row_logprobs)
+    return ids, logprobs
+
+
+class TeacherCache:
+    """An opened cache: `rows` (a memory-mapped Dataset: topk_ids [T, k], topk_logprobs [T, k]) and `metadata`."""
+
+    def __init__(self, path: Path, metadata: dict[str, Any], rows: datasets.Dataset) -> None:
+        self.path, self.metadata, self.rows = Path(path), metadata, rows
+        self._numpy = rows.with_format("numpy")
+
+    @property
+    def k(self) -> int:
+        return self.metadata["k"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.metadata["vocab_size"]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def topk(self, indices: Sequence[int], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, W, k] long ids, [B, W, k] float32 log-probs) of rows `indices`, right-padded to width W
+        (default: the longest of them)."""
+        rows = [self._numpy[int(i)] for i in indices]
+        width = max((r["topk_ids"].shape[0] for r in rows), default=0) if width is None else width
+        return pad_topk([r["topk_ids"] for r in rows], [r["topk_logprobs"] for r in rows], width)
+
+    def sparse_teacher(self, indices: Sequence[int], width: int | None = None) -> SparseTeacher:
+        """SparseTeacher over the flattened [B * W] positions of rows `indices` (row b, position t at b * W + t;
+        position t predicts token t + 1). Pads need mask False in the loss."""
+        ids, logprobs = self.topk(indices, width)
+        return SparseTeacher(topk_ids=ids.reshape(-1, self.k), topk_logprobs=logprobs.reshape(-1, self.k))
+
+
+def with_teacher_columns(dataset: datasets.Dataset, cache: TeacherCache, *, check: bool = True) -> datasets.Dataset:
+    """`dataset` plus columns teacher_topk_ids / teacher_topk_logprobs ([T, k] numpy arrays per row), for the
+    Trainer's dataloader (needs remove_unused_columns=False). Rows are matched by position, so `dataset` must be
+    the one the cache was built from, in the same order (shuffling is the dataloader's job).
+    Raises CacheMismatchError when its rows differ from the cache's (checked by hashing unless check=False)."""
+    if len(dataset) != len(cache):
+        raise CacheMismatchError(f"the dataset has {len(dataset)} rows but the teacher cache at {cache.path} "
+                                 f"has {len(cache)}")
+    if check and dataset_hash(dataset) != cache.metadata["dataset_hash"]:
+        raise CacheMismatchError(f"the dataset's input_ids differ from those the teacher cache at {cache.path} "
+                                 "was built from (other rows, other order or other tokenisation)")
+    teacher = cache.rows.rename_columns(dict(zip(("topk_ids", "topk_logprobs"), TEACHER_COLUMNS)))
+    combined = datasets.concatenate_datasets([dataset, teacher], axis=1)
+    return combined.with_format("numpy", columns=list(TEACHER_COLUMNS), output_all_columns=True)
+
+
+@dataclass
+class TeacherCollator:
+    """Wraps the trainer's collator: adds teacher_topk_ids [B, T, k] long and teacher_topk_logprobs [B, T, k]
+    float32, padded to the batch's input_ids width. Raises ValueError when a row's cache and tokens differ in
+    length."""
+
+    base: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        for i, row in enumerate(rows):
+            if len(row[TEACHER_COLUMNS[0]]) != len(row["input_ids"]):
+                raise ValueError(f"row {i} of the batch has {len(row['input_ids'])} tokens but "
+                                 f"{len(row[TEACHER_COLUMNS[0]])} cached teacher positions")
+        batch = self.base([{k: v for k, v in row.items() if k not in TEACHER_COLUMNS} for row in rows])
+        ids, logprobs = pad_topk([r[TEACHER_COLUMNS[0]] for r in rows], [r[TEACHER_COLUMNS[1]] for r in rows],
+                                 batch["input_ids"].shape[1])
+        return {**batch, TEACHER_COLUMNS[0]: ids, TEACHER_COLUMNS[1]: logprobs}
+
+
+def sparse_teacher_from_batch(batch: dict[str, torch.Tensor], *, shift: bool = True) -> SparseTeacher:
+    """SparseTeacher from a batch made by TeacherCollator. shift=True keeps positions [:, :-1] (B * (T - 1) rows),
+    matching the trainer's draft_hidden[:, :-1] / labels[:, 1:]; shift=False keeps all B * T positions."""
+    ids, logprobs = batch[TEACHER_COLUMNS[0]], batch[TEACHER_COLUMNS[1]]  # [B, T, k]
+    if shift:
+        ids, logprobs = ids[:, :-1], logprobs[:, :-1]
+    k = ids.shape[-1]
+    return SparseTeacher(topk_ids=ids.reshape(-1, k), topk_logprobs=logprobs.reshape(-1, k))

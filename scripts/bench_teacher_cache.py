@@ -1,0 +1,265 @@
+"""Online teacher vs cached top-k teacher: time per training step, peak memory, cache build time and size.
+
+    .venv/bin/python scripts/bench_teacher_cache.py                # ~1-2 min on 2 CPU cores
+    .venv/bin/python scripts/bench_teacher_cache.py --device cuda --rows 1024 --batch-size 16 --seq-len 512
+
+A Llama target (hidden 256, 4 layers, vocab 4096; logits sharpened like a trained LM's) and draft (hidden 64,
+2 layers) are built from configs; the data are random tokens. Each training mode runs in its own subprocess so that
+its peak memory (max RSS on CPU, torch.cuda.max_memory_allocated on GPU) is its own:
+  online: draft forward + target forward (hidden states) + chunked_distill_loss with the target's lm_head, as the
+          trainer does it today;
+  cached: draft forward + chunked_distill_loss with a SparseTeacher read from the cache through
+          with_teacher_columns / TeacherCollator (the target is never loaded).
+One step = forward, backward, AdamW step. Prints a table; nothing is written outside a temporary folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python scripts/bench_teacher_cache.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import datasets  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from distill.data import DistillCollator  # noqa: E402
+from distill.losses import chunked_distill_loss  # noqa: E402
+from distill.teacher_cache import (  # noqa: E402
+    TeacherCollator,
+    build_teacher_cache,
+    load_teacher_cache,
+    sparse_teacher_from_batch,
+    with_teacher_columns,
+)
+
+VOCAB = 4096
+SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM
+
+
+def llama(hidden: int, layers: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=int(2.75 * hidden),
+                         num_hidden_layers=layers, num_attention_heads=max(hidden // 64, 1),
+                         num_key_value_heads=max(hidden // 128, 1), max_position_embeddings=4096,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def random_rows(rows: int, seq_len: int, seed: int) -> datasets.Dataset:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, VOCAB, (rows, seq_len), generator=g).tolist()
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
+def peak_memory_mb(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def current_memory_mb(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.memory_allocated() / 2 ** 20
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2 ** 20
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Workers (each in its own process)
+# ---------------------------------------------------------------------------------------------------------------
+
+def loss_sums(draft, batch, target, chunk_size: int):
+    """The trainer's loss: positions [:, :-1] predict labels[:, 1:]; online when target is given, else cached."""
+    hidden = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True,
+                   use_cache=False, logits_to_keep=1).hidden_states[-1]  # [B, T, H]
+    if target is None:
+        teacher, teacher_head = sparse_teacher_from_batch(batch), None
+    else:
+        with torch.no_grad():
+            teacher = target.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                        use_cache=False).last_hidden_state[:, :-1]  # [B, T-1, H']
+        teacher_head = target.get_output_embeddings()
+    return chunked_distill_loss(hidden[:, :-1], draft.get_output_embeddings(), teacher, batch["labels"][:, 1:],
+                                batch["attention_mask"][:, 1:].bool(), teacher_head=teacher_head,
+                                chunk_size=chunk_size, loss="forward_kl")
+
+
+def train_worker(args: argparse.Namespace) -> dict:
+    work = Path(args.work_dir)
+    device = args.device
+    rows = datasets.load_from_disk(str(work / "rows"))
+    if args.mode == "cached":
+        target = None
+        dataset = with_teacher_columns(rows, load_teacher_cache(work / "cache"))
+        collate = TeacherCollator(DistillCollator(pad_token_id=0))
+    else:
+        target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(device).eval()
+        target.requires_grad_(False)
+        dataset, collate = rows, DistillCollator(pad_token_id=0)
+    draft = AutoModelForCausalLM.from_pretrained(work / "draft", dtype=torch.float32).to(device).train()
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-3)
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, collate_fn=collate,
+                        generator=torch.Generator().manual_seed(0))
+    memory_before = current_memory_mb(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    times, cpu_times = [], []
+    batches = iter(loader)
+    for step in range(args.warmup + args.steps):
+        sync(device)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            batch = next(batches)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        sums = loss_sums(draft, batch, target, args.chunk_size)
+        (sums.loss / sums.num_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu_start)
+    return {"mode": args.mode, "step_s": statistics.median(times), "step_cpu_s": statistics.median(cpu_times),
+            "tokens_per_step": args.batch_size * args.seq_len,
+            "peak_mb": peak_memory_mb(device), "before_training_mb": memory_before}
+
+
+def build_worker(args: argparse.Namespace) -> dict:
+    work = Path(args.work_dir)
+    rows = datasets.load_from_disk(str(work / "rows"))
+    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(args.device).eval()
+    draft = AutoModelForCausalLM.from_pretrained(work / "draft", dtype=torch.float32).to(args.device).eval()
+    tokenizer = _StubTokenizer()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    cache = build_teacher_cache(target, rows, work / "cache", k=args.k, batch_size=args.batch_size,
+                                target_id="bench-target", tokenizer=tokenizer, progress=False)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    # how far the k-truncated loss is from the online one, for the untrained draft on one batch
+    batch = TeacherCollator(DistillCollator(0))([with_teacher_columns(rows, cache)[i] for i in range(8)])
+    batch = {k: v.to(args.device) for k, v in batch.items()}
+    with torch.no_grad():
+        online = loss_sums(draft, batch, target, args.chunk_size).loss.item()
+        cached = loss_sums(draft, batch, None, args.chunk_size).loss.item()
+    top_mass = batch["teacher_topk_logprobs"][:, :-1].exp().sum(-1).mean().item()
+    return {"build_s": seconds, "build_cpu_s": cpu_seconds, "bytes": cache.metadata["bytes_on_disk"],
+            "positions": cache.metadata["num_positions"], "rows": len(cache), "topk_mass": top_mass,
+            "loss_gap": (cached - online) / online}
+
+
+class _StubTokenizer:
+    """The cache records a vocabulary hash; random-token data need no real tokenizer."""
+
+    bos_token_id, eos_token_id, pad_token_id, unk_token_id = 1, 2, 0, None
+
+    def get_vocab(self) -> dict[str, int]:
+        return {f"<{i}>": i for i in range(VOCAB)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------------------------
+
+def run_worker(role: str, mode: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--mode", mode,
+               "--work-dir", args.work_dir, "--device", args.device, "--rows", str(args.rows),
+               "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--k", str(args.k),
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--chunk-size", str(args.chunk_size)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{role} worker ({mode}) failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(build: dict, online: dict, cached: dict, args: argparse.Namespace) -> str:
+    memory = "peak CUDA MiB allocated" if args.device == "cuda" else "peak RSS MiB"
+    lines = [f"device={args.device} rows={args.rows} seq_len={args.seq_len} batch={args.batch_size} k={args.k} "
+             f"steps={args.steps} (median; best of {args.repeats} runs) torch threads={torch.get_num_threads()}", "",
+             f"| mode | s/step (wall) | CPU s/step (all threads) | tokens/s | {memory} | MiB before training |",
+             "|---|---|---|---|---|---|"]
+    for r in (online, cached):
+        lines.append(f"| {r['mode']} | {r['step_s']:.3f} | {r['step_cpu_s']:.3f} | "
+                     f"{r['tokens_per_step'] / r['step_s']:.0f} | {r['peak_mb']:.0f} | {r['before_training_mb']:.0f} |")
+    lines += ["", f"step time online / cached: {online['step_s'] / cached['step_s']:.2f}x wall, "
+              f"{online['step_cpu_s'] / cached['step_cpu_s']:.2f}x CPU; "
+              f"peak memory online / cached: {online['peak_mb'] / cached['peak_mb']:.2f}x "
+              f"({online['peak_mb'] - cached['peak_mb']:+.0f} MiB)",
+              f"cache build: {build['build_s']:.1f} s ({build['build_cpu_s']:.1f} CPU s) for {build['rows']} rows / {build['positions']} positions "
+              f"({build['positions'] / build['build_s']:.0f} positions/s, "
+              f"{build['build_s'] / build['rows'] * 1000:.1f} ms/row) = "
+              f"{build['build_cpu_s'] / online['step_cpu_s'] * args.batch_size / build['rows']:.2f} online steps "
+              f"per batch of {args.batch_size} rows (CPU time)",
+              f"cache size: {build['bytes'] / 2 ** 20:.2f} MiB = {build['bytes'] / build['positions']:.0f} B/position "
+              f"(k={args.k}: int32 ids + float16 log-probs = {6 * args.k} B/position of payload)",
+              f"top-{args.k} mass of the target: {build['topk_mass']:.3f}; cached loss vs online (untrained draft, "
+              f"forward KL): {100 * build['loss_gap']:+.2f}%"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rows", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--chunk-size", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=2, help="train runs per mode, alternating; best is shown")
+    parser.add_argument("--role", choices=["driver", "build", "train"], default="driver", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["online", "cached"], default="online", help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    datasets.disable_progress_bars()
+
+    if args.role != "driver":
+        result = build_worker(args) if args.role == "build" else train_worker(args)
+        print(json.dumps(result))
+        return
+
+    with tempfile.TemporaryDirectory(prefix="bench_teacher_cache_") as work:
+        args.work_dir = work
+        # ---- models and data ------------------------------------------------------------------------------------
+        target = llama(hidden=256, layers=4, seed=0)
+        with torch.no_grad():
+            target.get_output_embeddings().weight.mul_(SHARPEN)
+        target.save_pretrained(Path(work) / "target")
+        llama(hidden=64, layers=2, seed=1).save_pretrained(Path(work) / "draft")
+        random_rows(args.rows, args.seq_len, seed=0).save_to_disk(str(Path(work) / "rows"))
+
+        # ---- cache build, then one process per training mode ---------------------------------------------------
+        load_before = os.getloadavg()[0]
+        build = run_worker("build", "cached", args)
+        runs: dict[str, list[dict]] = {"online": [], "cached": []}
+        for _ in range(args.repeats):  # alternating, best of: the 2 CPU cores may be shared with other jobs
+            for mode in runs:
+                runs[mode].append(run_worker("train", mode, args))
+        online, cached = (min(runs[mode], key=lambda r: r["step_cpu_s"]) for mode in ("online", "cached"))
+        print(report(build, online, cached, args))
+        print(f"load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f}; "
+              f"wall s/step of every run: " + ", ".join(f"{m} {[round(r['step_s'], 3) for r in rs]}"
+                                                  for m, rs in runs.items()))
+
+
+if __name__ == "__main__":
+    main()

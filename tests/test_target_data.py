@@ -1,0 +1,210 @@
+"""Sequence-level KD data: the target's responses, generated in resumable shards, reused, turned into rows."""
+from __future__ import annotations
+
+import datasets
+import pytest
+import torch
+
+import distill.target_data as target_data
+from distill.teacher_cache import CacheMismatchError
+from distill.target_data import (
+    IGNORE_INDEX,
+    generate_target_data,
+    load_target_data,
+    prompts_from_rows,
+    to_training_rows,
+)
+from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
+
+EOS = 2
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory, tokenizer):
+    return save_and_load(tiny_model(vocab_size=len(tokenizer), seed=0), tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    lines = [line for line in TINY_TEXT.splitlines() if line.strip()][:7]
+    return [tokenizer(line)["input_ids"] for line in lines]
+
+
+def run(target, tokenizer, prompts, path, **kwargs):
+    settings = dict(max_new_tokens=NEW_TOKENS, temperature=1.0, top_k=20, top_p=None, seed=0, shard_size=3,
+                    target_id="tiny-target", progress=False)
+    return generate_target_data(target, tokenizer, prompts, path, **{**settings, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def sampled_dir(target, tokenizer, prompts, tmp_path_factory):
+    """The folder of one uninterrupted sampled run (temperature 1, top-k 20, seed 0, shards of 3 prompts)."""
+    path = tmp_path_factory.mktemp("sampled")
+    run(target, tokenizer, prompts, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sampled(sampled_dir):
+    return load_target_data(sampled_dir)
+
+
+def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos: int) -> list[int]:
+    """Reference greedy decoding: the full sequence through the model at every step, no KV cache."""
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(token)
+        if token == eos:
+            break
+    return ids[len(prompt):]
+
+
+class CountingGenerate:
+    """Stands in for target_data.generate_response: counts calls and raises on call `fail_at` (an interruption)."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.calls, self.fail_at, self.real = 0, fail_at, target_data.generate_response
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt("simulated interruption")
+        return self.real(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What is generated
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_rows_hold_prompts_responses_and_their_text(sampled, prompts, tokenizer):
+    assert sampled.column_names == ["index", "prompt_ids", "response_ids", "prompt_text", "response_text",
+                                    "stopped_at_eos"]
+    assert sampled["index"] == list(range(len(prompts)))
+    assert sampled["prompt_ids"] == prompts
+    for row in sampled:
+        assert 0 < len(row["response_ids"]) <= NEW_TOKENS
+        assert row["response_text"] == tokenizer.decode(row["response_ids"], skip_special_tokens=True)
+        assert row["stopped_at_eos"] == (row["response_ids"][-1] == EOS)
+
+
+@pytest.mark.parametrize("use_draft", [False, True])
+def test_greedy_responses_equal_plain_greedy_decoding_of_the_target(target, tokenizer, prompts, tmp_path,
+                                                                    use_draft):
+    draft = perturbed_copy(target, 0.3) if use_draft else None
+    ds = run(target, tokenizer, prompts, tmp_path, temperature=0.0, top_k=None, draft=draft)
+    for row, prompt in zip(ds, prompts):
+        assert row["response_ids"] == plain_greedy(target, prompt, NEW_TOKENS, EOS)
+
+
+def test_decoding_stops_at_the_tokenizers_eos(target, tokenizer, prompts, tmp_path):
+    # Swap the lm_head rows of EOS and of the 4th greedy token X of prompt 0: greedy decoding now emits EOS where
+    # it emitted X before, so the response is the old one up to the first X, with EOS there, and nothing after.
+    before = plain_greedy(target, prompts[0], NEW_TOKENS, EOS)
+    x = before[3]
+    swapped = perturbed_copy(target, 0.0)
+    with torch.no_grad():
+        head = swapped.get_output_embeddings().weight
+        head[[EOS, x]] = head[[x, EOS]].clone()
+    ds = run(swapped, tokenizer, prompts[:1], tmp_path, temperature=0.0, top_k=None)
+    first_x = before.index(x)
+    assert ds[0]["response_ids"] == before[:first_x] + [EOS]
+    assert ds[0]["stopped_at_eos"] and first_x + 1 < NEW_TOKENS
+
+
+def test_a_seed_fixes_the_samples_whatever_the_sharding(sampled, target, tokenizer, prompts, tmp_path):
+    again = run(target, tokenizer, prompts, tmp_path / "again", shard_size=5)
+    assert again["response_ids"] == sampled["response_ids"]
+    other_seed = run(target, tokenizer, prompts, tmp_path / "seed1", seed=1)
+    assert other_seed["response_ids"] != sampled["response_ids"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resume and reuse
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_an_interrupted_run_resumes_after_its_last_complete_shard(sampled, target, tokenizer, prompts, tmp_path,
+                                                                  monkeypatch):
+    # 7 prompts in shards of 3: interrupted while generating prompt 4 (the second shard)
+    interrupted = CountingGenerate(fail_at=5)
+    monkeypatch.setattr(target_data, "generate_response", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(target, tokenizer, prompts, tmp_path)
+    with pytest.raises(FileNotFoundError, match="unfinished"):
+        load_target_data(tmp_path)
+
+    resumed = CountingGenerate()
+    monkeypatch.setattr(target_data, "generate_response", resumed)
+    ds = run(target, tokenizer, prompts, tmp_path)
+    assert resumed.calls == len(prompts) - 3  # the first shard was kept
+    assert ds.to_dict() == sampled.to_dict()
+
+
+def test_a_finished_run_is_reused_without_generating(sampled, sampled_dir, target, tokenizer, prompts,
+                                                     monkeypatch):
+    counter = CountingGenerate(fail_at=1)  # any generation would raise
+    monkeypatch.setattr(target_data, "generate_response", counter)
+    assert run(target, tokenizer, prompts, sampled_dir).to_dict() == sampled.to_dict()
+    assert counter.calls == 0
+
+
+def test_other_settings_in_the_same_folder_are_refused(sampled_dir, target, tokenizer, prompts):
+    out_dir = sampled_dir
+    with pytest.raises(CacheMismatchError, match="temperature") as err:
+        run(target, tokenizer, prompts, out_dir, temperature=0.5)
+    assert "seed" not in str(err.value)
+    with pytest.raises(CacheMismatchError, match="prompts_hash"):
+        run(target, tokenizer, prompts[:-1] + [prompts[-1] + [5]], out_dir)
+    with pytest.raises(CacheMismatchError, match="target_fingerprint"):
+        run(perturbed_copy(target, 0.1), tokenizer, prompts, out_dir)
+
+
+def test_prompts_can_be_a_dataset_column_and_empty_prompts_are_refused(sampled, target, tokenizer, prompts,
+                                                                       tmp_path):
+    ds = run(target, tokenizer, datasets.Dataset.from_dict({"prompt_ids": prompts}), tmp_path)
+    assert ds["response_ids"] == sampled["response_ids"]
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        run(target, tokenizer, [prompts[0], []], tmp_path / "empty")
+    with pytest.raises(ValueError, match="no 'prompt_ids' column"):
+        run(target, tokenizer, datasets.Dataset.from_dict({"text": ["a"]}), tmp_path / "column")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training rows
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_training_rows_mask_the_prompt_and_truncate():
+    responses = datasets.Dataset.from_dict({
+        "prompt_ids": [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34, 35]],
+        "response_ids": [[13, 14, EOS], [22, 23, 24, 25, 26], [36]],
+    })
+    rows = to_training_rows(responses, max_length=5)
+    assert rows.column_names == ["input_ids", "labels"]
+    assert rows["input_ids"] == [[10, 11, 12, 13, 14], [20, 21, 22, 23, 24]]  # third row: only prompt fits
+    assert rows["labels"] == [[IGNORE_INDEX] * 3 + [13, 14], [IGNORE_INDEX] * 2 + [22, 23, 24]]
+    assert to_training_rows(responses, max_length=64)["labels"][2] == [IGNORE_INDEX] * 6 + [36]
+    with pytest.raises(ValueError, match="max_length must be >= 2"):
+        to_training_rows(responses, max_length=1)
+
+
+def test_training_rows_from_generated_data(sampled):
+    rows = to_training_rows(sampled, max_length=256)
+    for row, source in zip(rows, sampled):
+        assert row["input_ids"] == source["prompt_ids"] + source["response_ids"]
+        assert row["labels"][len(source["prompt_ids"]):] == source["response_ids"]
+        assert set(row["labels"][:len(source["prompt_ids"])]) == {IGNORE_INDEX}
+
+
+def test_prompts_from_rows_end_before_the_first_trained_label():
+    rows = datasets.Dataset.from_dict({
+        "input_ids": [[5, 6, 7, 8, 9], [10, 11, 12, 13]],
+        "labels": [[IGNORE_INDEX, IGNORE_INDEX, 7, IGNORE_INDEX, 9], [10, 11, 12, 13]],  # chat row, packed text
+    })
+    assert prompts_from_rows(rows, prompt_tokens=3)["prompt_ids"] == [[5, 6], [10, 11, 12]]
