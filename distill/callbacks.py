@@ -1,0 +1,184 @@
+"""Acceptance measured at every checkpoint, the best checkpoint, and its export as a ready-to-use draft folder.
+
+AcceptanceCallback runs decode.evaluate.evaluate_acceptance on rank 0 at every save (and at the end of training if
+the last step was not measured); the other ranks wait at a barrier that every rank reaches, so no collective is
+ever called from one rank alone. Each result becomes one line of OUTPUT_DIR/acceptance.jsonl
+(`{"step", "checkpoint", <result keys>}`, docs/INTERFACES.md) and TensorBoard scalars such as
+`acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance).
+
+The best checkpoint is the record with the highest measured speedup at the first eval temperature (ties: higher
+mean_accepted_tokens); its gamma becomes the exported draft's `generation_config.num_assistant_tokens`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from accelerate import PartialState
+from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback,
+                          TrainerControl, TrainerState, TrainingArguments)
+
+from distill.config import EvalConfig
+
+logger = logging.getLogger(__name__)
+
+ACCEPTANCE_LOG = "acceptance.jsonl"
+# (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.evaluate.evaluate_acceptance or a fake
+Evaluate = Callable[..., list[dict]]
+
+
+def read_records(output_dir: str | Path) -> list[dict]:
+    """The lines of OUTPUT_DIR/acceptance.jsonl (empty if there is none)."""
+    path = Path(output_dir) / ACCEPTANCE_LOG
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def best_record(records: Sequence[dict], temperature: float) -> dict | None:
+    """The (checkpoint, gamma) record with the highest speedup at `temperature` (tie: mean_accepted_tokens)."""
+    candidates = [r for r in records if r["temperature"] == temperature]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda r: (r["speedup"], r["mean_accepted_tokens"]))
+
+
+def _default_evaluate() -> Evaluate:
+    from decode.evaluate import evaluate_acceptance
+    return evaluate_acceptance
+
+
+class AcceptanceCallback(TrainerCallback):
+    """Measures acceptance of the draft against the target on rank 0 at every checkpoint; see module docstring."""
+
+    def __init__(self, target: PreTrainedModel, prompts: list[torch.Tensor], cfg: EvalConfig,
+                 evaluate: Evaluate | None = None, tensorboard: bool = True):
+        self.target, self.prompts, self.cfg = target, prompts, cfg
+        self.evaluate = evaluate or _default_evaluate()
+        self.tensorboard = tensorboard
+        self._writer = None
+        self.measured_steps: set[int] = set()
+
+    # ---- Trainer events ---------------------------------------------------------------------------------------
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        """Keep the records of steps this run has already done (resume) and drop those of an abandoned future."""
+        if state.is_world_process_zero:
+            kept = [r for r in read_records(args.output_dir) if r["step"] <= state.global_step]
+            os.makedirs(args.output_dir, exist_ok=True)
+            (Path(args.output_dir) / ACCEPTANCE_LOG).write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self.measured_steps = {r["step"] for r in kept}
+            self._protect_best(args, state, kept)
+        PartialState().wait_for_everyone()
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                model: PreTrainedModel | None = None, **kwargs):
+        if self.cfg.at_checkpoints:
+            self._measure_on_rank_zero(args, state, model, f"checkpoint-{state.global_step}")
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     model: PreTrainedModel | None = None, **kwargs):
+        if state.global_step not in self.measured_steps:
+            self._measure_on_rank_zero(args, state, model, "final")
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # ---- measuring --------------------------------------------------------------------------------------------
+
+    def _measure_on_rank_zero(self, args: TrainingArguments, state: TrainerState, model: PreTrainedModel | None,
+                              checkpoint: str) -> None:
+        """Rank 0 measures and records; every rank (this is called on all of them) then meets at one barrier."""
+        if state.is_world_process_zero and self.prompts and model is not None:
+            records = [{"step": state.global_step, "checkpoint": checkpoint, **r} for r in self.measure(model)]
+            with open(Path(args.output_dir) / ACCEPTANCE_LOG, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+            self._write_tensorboard(args, state.global_step, records)
+            for r in records:
+                logger.info("step %d gamma %d temperature %g: acceptance_rate %.3f, mean_accepted_tokens %.2f, "
+                            "speedup %.2f", r["step"], r["gamma"], r["temperature"], r["acceptance_rate"],
+                            r["mean_accepted_tokens"], r["speedup"])
+            self._protect_best(args, state, read_records(args.output_dir))
+        self.measured_steps.add(state.global_step)
+        PartialState().wait_for_everyone()
+
+    def measure(self, draft: PreTrainedModel) -> list[dict]:
+        """Result dicts (one per gamma and temperature) of `draft` against the target; draft in eval mode meanwhile."""
+        from decode.evaluate import EvalSettings
+
+        was_training = draft.training
+        draft.eval()
+        try:
+            results = []
+            for temperature in self.cfg.temperatures:
+                settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
+                                        max_new_tokens=self.cfg.max_new_tokens, top_k=self.cfg.top_k,
+                                        top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats)
+                results += self.evaluate(self.target, draft, self.prompts, settings, progress=False)
+            return results
+        finally:
+            draft.train(was_training)
+
+    def _write_tensorboard(self, args: TrainingArguments, step: int, records: list[dict]) -> None:
+        if not self.tensorboard:
+            return
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+            self._writer = SummaryWriter(log_dir=os.path.join(args.output_dir, "runs", "acceptance"))
+        several = len(self.cfg.temperatures) > 1
+        for record in records:
+            prefix = f"acceptance/temperature{record['temperature']}/" if several else "acceptance/"
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "gamma"):
+                    self._writer.add_scalar(f"{prefix}gamma{record['gamma']}/{key}", value, step)
+        self._writer.flush()
+
+    def _protect_best(self, args: TrainingArguments, state: TrainerState, records: list[dict]) -> None:
+        """Point state.best_model_checkpoint at the best folder so save_total_limit never deletes it."""
+        best = best_record(records, self.cfg.temperatures[0])
+        folder = os.path.join(args.output_dir, best["checkpoint"]) if best else None
+        state.best_model_checkpoint = folder if folder and os.path.isdir(folder) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Export
+# ---------------------------------------------------------------------------------------------------------------
+
+def set_assisted_generation(draft: PreTrainedModel, gamma: int) -> None:
+    """Make transformers' assisted generation draft exactly `gamma` tokens per step, as measured.
+
+    A constant schedule with confidence threshold 0 reproduces the measured setting; the defaults (20 tokens,
+    'constant', threshold 0.4) would stop drafting early on low-confidence tokens and draft far more than measured.
+    """
+    draft.generation_config.num_assistant_tokens = gamma
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+
+
+def export_draft(output_dir: str | Path, best: dict | None, final_draft: PreTrainedModel,
+                 tokenizer: PreTrainedTokenizerBase, default_gamma: int) -> dict:
+    """Write the best draft to OUTPUT_DIR as a standard model folder (safetensors, config, generation config,
+    tokenizer) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)` load.
+
+    `best` is a record from best_record (None: export `final_draft` with `default_gamma`). Returns what was
+    exported: {"checkpoint", "step", "gamma"} plus the record's speedup numbers.
+    """
+    output_dir = Path(output_dir)
+    folder = output_dir / best["checkpoint"] if best else None
+    if folder is not None and folder.is_dir():
+        draft = AutoModelForCausalLM.from_pretrained(folder, dtype=next(final_draft.parameters()).dtype)
+    else:
+        draft = final_draft
+    gamma = best["gamma"] if best else default_gamma
+    set_assisted_generation(draft, gamma)
+    draft.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
+               "gamma": gamma}
+    if best:
+        summary.update({k: best[k] for k in ("temperature", "speedup", "acceptance_rate", "mean_accepted_tokens")})
+    return summary

@@ -1,0 +1,285 @@
+"""Training rows and acceptance prompts, through `datasets` (tokenisation is cached by `Dataset.map`).
+
+- text: each document is tokenised (the tokenizer's own special tokens, then eos), documents are concatenated and
+  cut into blocks of `max_length` tokens; every token is a training target.
+- chat: each row's `messages` go through `tokenizer.apply_chat_template`; only assistant tokens (including the
+  end-of-turn tokens the template puts after them) are training targets, the rest get label -100.
+- eval prompts: a file of prompts, or `num_eval_prompts` rows held out of the dataset before training.
+
+Every problem raises DataError naming the file, the column or the setting at fault.
+"""
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from distill.config import DataConfig
+
+IGNORE_INDEX = -100
+BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+class DataError(ValueError):
+    """The dataset or the prompts cannot be used; the message names the file, column or key at fault."""
+
+
+@dataclass
+class DistillData:
+    """What training needs from the data: tokenised rows (input_ids, labels) and acceptance prompts."""
+
+    train: datasets.Dataset
+    eval_prompts: list[torch.Tensor]  # 1-D token ids, one per prompt
+    format: Literal["text", "chat"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Raw rows
+# ---------------------------------------------------------------------------------------------------------------
+
+def local_data_files(spec: str) -> tuple[str, list[str]] | None:
+    """(datasets builder, files) when `spec` names local data; None when it is a hub id.
+
+    A file, a folder (its .txt/.json/.jsonl/.parquet files) or a glob. Raises DataError naming the path when it
+    looks like a path (has a data-file extension, a glob or a path prefix) but nothing is there.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        files = sorted(str(p) for p in path.iterdir() if p.suffix in BUILDERS)
+    elif path.is_file():
+        files = [str(path)]
+    elif any(c in spec for c in "*?["):
+        files = sorted(glob.glob(str(path), recursive=True))
+        if not files:
+            raise DataError(f"data.dataset: no file matches {spec!r}")
+    elif path.suffix in BUILDERS or spec.startswith((".", "/", "~")):
+        raise DataError(f"data.dataset: file not found: {spec}")
+    else:
+        return None
+    if not files:
+        raise DataError(f"data.dataset: folder {spec} holds no {'/'.join(BUILDERS)} files")
+    builders = {BUILDERS.get(Path(f).suffix) for f in files}
+    if None in builders or len(builders) != 1:
+        raise DataError(f"data.dataset: {spec} must hold files of one kind among {', '.join(BUILDERS)}; "
+                        f"got {sorted({Path(f).suffix for f in files})}")
+    return builders.pop(), files
+
+
+def load_rows(cfg: DataConfig) -> datasets.Dataset:
+    """The raw rows of `data.dataset` / `data.split`, at most `data.max_samples` of them."""
+    local = local_data_files(cfg.dataset)
+    try:
+        if local is not None:
+            builder, files = local
+            rows = datasets.load_dataset(builder, data_files=files, split=cfg.split)
+        else:
+            rows = datasets.load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.split)
+    except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError) as err:
+        raise DataError(f"data.dataset: cannot load {cfg.dataset!r} (split {cfg.split!r}): "
+                        f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    if cfg.max_samples is not None:
+        rows = rows.select(range(min(cfg.max_samples, len(rows))))
+    return rows
+
+
+def resolve_format(cfg: DataConfig, columns: list[str]) -> Literal["text", "chat"]:
+    """'chat' or 'text' for these columns; raises DataError naming the missing field and the columns there are."""
+    if cfg.format == "chat" or (cfg.format == "auto" and cfg.messages_field in columns):
+        fmt, key, name = "chat", "data.messages_field", cfg.messages_field
+    else:
+        fmt, key, name = "text", "data.text_field", cfg.text_field
+    if name not in columns:
+        raise DataError(f"{key}: column {name!r} is not in dataset {cfg.dataset}; available columns: "
+                        f"{', '.join(columns)}")
+    return fmt
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text: tokenise, then pack into max_length blocks
+# ---------------------------------------------------------------------------------------------------------------
+
+def tokenize_documents(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, field: str) -> dict[str, list]:
+    """Token ids of each non-empty document, ending in eos."""
+    eos = tokenizer.eos_token_id
+    texts = [t for t in batch[field] if isinstance(t, str) and t.strip()]
+    ids = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
+    return {"input_ids": [doc if doc and doc[-1] == eos else doc + [eos] for doc in ids]}
+
+
+def pack_blocks(batch: dict[str, list], block_size: int) -> dict[str, list]:
+    """Concatenate the documents of the batch and cut them into blocks of block_size; the remainder is dropped."""
+    stream = [token for doc in batch["input_ids"] for token in doc]
+    blocks = [stream[i:i + block_size] for i in range(0, len(stream) - block_size + 1, block_size)]
+    return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+
+
+def text_rows(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedTokenizerBase) -> datasets.Dataset:
+    """Packed blocks {input_ids, labels} of exactly max_length tokens."""
+    documents = rows.map(tokenize_documents, batched=True, remove_columns=rows.column_names, num_proc=cfg.num_proc,
+                         fn_kwargs={"tokenizer": tokenizer, "field": cfg.text_field}, desc="tokenize")
+    return documents.map(pack_blocks, batched=True, num_proc=cfg.num_proc, fn_kwargs={"block_size": cfg.max_length},
+                         desc=f"pack into {cfg.max_length}-token blocks")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Chat: template, then labels on assistant tokens only
+# ---------------------------------------------------------------------------------------------------------------
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict], generation_prompt: bool) -> str:
+    if not messages:
+        return ""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def assistant_spans(messages: list[dict], tokenizer: PreTrainedTokenizerBase) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans [start, end) of its assistant turns.
+
+    A turn starts after the generation prompt that precedes it and ends where the conversation up to and including
+    it ends (so the template's end-of-turn tokens are targets too). Raises DataError if the template renders a
+    conversation differently from its prefixes (then spans cannot be found by rendering prefixes).
+    """
+    text = _render(tokenizer, messages, generation_prompt=False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], generation_prompt=True)
+        through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        if not (text.startswith(before) and text.startswith(through)):
+            raise DataError("the chat template renders a conversation differently from its prefixes, so assistant "
+                            "tokens cannot be located; use a prefix-stable template (data.format=text avoids it)")
+        spans.append((len(before), len(through)))
+    return text, spans
+
+
+def chat_example(messages: list[dict], tokenizer: PreTrainedTokenizerBase, max_length: int) -> dict[str, list]:
+    """{input_ids, labels} of one conversation, truncated to max_length; labels -100 outside assistant turns."""
+    text, spans = assistant_spans(messages, tokenizer)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
+                         max_length=max_length)
+    ids = encoding["input_ids"]
+    in_assistant = [any(start <= a < end for start, end in spans) for a, _ in encoding["offset_mapping"]]
+    return {"input_ids": ids, "labels": [t if keep else IGNORE_INDEX for t, keep in zip(ids, in_assistant)]}
+
+
+def _chat_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, field: str,
+                max_length: int) -> dict[str, list]:
+    examples = [chat_example(m or [], tokenizer, max_length) for m in batch[field]]
+    return {"input_ids": [e["input_ids"] for e in examples], "labels": [e["labels"] for e in examples]}
+
+
+def chat_rows(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedTokenizerBase) -> datasets.Dataset:
+    """One {input_ids, labels} row per conversation that keeps at least one assistant token after truncation."""
+    if tokenizer.chat_template is None:
+        raise DataError(f"data.format is chat but tokenizer {tokenizer.name_or_path!r} has no chat template")
+    examples = rows.map(_chat_batch, batched=True, remove_columns=rows.column_names, num_proc=cfg.num_proc,
+                        fn_kwargs={"tokenizer": tokenizer, "field": cfg.messages_field, "max_length": cfg.max_length},
+                        desc="apply chat template")
+    return examples.filter(lambda labels: any(t != IGNORE_INDEX for t in labels), input_columns="labels",
+                           num_proc=cfg.num_proc, desc="keep rows with assistant tokens")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Acceptance prompts
+# ---------------------------------------------------------------------------------------------------------------
+
+def read_prompt_file(path: str) -> list[str]:
+    """Prompts from .jsonl (field 'prompt') or .txt (one per non-empty line). Raises DataError naming the file."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataError(f"data.eval_prompts: file not found: {path}")
+    if file.suffix == ".txt":
+        return [line for line in file.read_text().splitlines() if line.strip()]
+    if file.suffix != ".jsonl":
+        raise DataError(f"data.eval_prompts: {path} must be a .jsonl (field 'prompt') or .txt file")
+    prompts = []
+    for number, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "prompt" not in row:
+            raise DataError(f"data.eval_prompts: {path} line {number} has no 'prompt' field "
+                            f"(fields: {', '.join(row)})")
+        prompts.append(row["prompt"])
+    return prompts
+
+
+def prompt_ids(item: Any, fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> torch.Tensor:
+    """1-D token ids of one prompt: text keeps its first max_tokens tokens; a chat (messages before the first
+    assistant turn, then the generation prompt) keeps its last max_tokens so the generation prompt survives."""
+    if fmt == "text":
+        ids = tokenizer(item, add_special_tokens=True)["input_ids"][:max_tokens]
+    else:
+        messages = [{"role": "user", "content": item}] if isinstance(item, str) else item
+        first_reply = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+        ids = tokenizer(_render(tokenizer, messages[:first_reply], generation_prompt=True),
+                        add_special_tokens=False)["input_ids"][-max_tokens:]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def eval_prompts(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> list[torch.Tensor]:
+    """Token-id prompts for decode.evaluate.evaluate_acceptance; empty prompts are dropped."""
+    prompts = [prompt_ids(item, fmt, tokenizer, max_tokens) for item in items]
+    return [p for p in prompts if p.numel() > 0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Everything
+# ---------------------------------------------------------------------------------------------------------------
+
+def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> DistillData:
+    """Tokenised training rows and acceptance prompts for a recipe's data section.
+
+    Raises DataError: missing file (named), missing column (named, with the available ones), no usable rows.
+    """
+    rows = load_rows(cfg)
+    fmt = resolve_format(cfg, rows.column_names)
+    field = cfg.messages_field if fmt == "chat" else cfg.text_field
+    if cfg.eval_prompts is not None:
+        held_out = read_prompt_file(cfg.eval_prompts)[: cfg.num_eval_prompts]
+    elif cfg.num_eval_prompts > 0:
+        if len(rows) <= cfg.num_eval_prompts:
+            raise DataError(f"data.num_eval_prompts: cannot hold out {cfg.num_eval_prompts} prompts from "
+                            f"{len(rows)} rows of {cfg.dataset}; lower it or give data.eval_prompts")
+        split = rows.train_test_split(test_size=cfg.num_eval_prompts, shuffle=True, seed=seed)
+        rows, held_out = split["train"], split["test"][field]
+    else:
+        held_out = []
+    train = chat_rows(rows, cfg, tokenizer) if fmt == "chat" else text_rows(rows, cfg, tokenizer)
+    if len(train) == 0:
+        what = ("no conversation keeps an assistant token" if fmt == "chat"
+                else f"the text does not fill one {cfg.max_length}-token block")
+        raise DataError(f"no usable rows in {cfg.dataset}: {what} (data.max_length={cfg.max_length}, "
+                        f"{len(rows)} rows)")
+    return DistillData(train=train, eval_prompts=eval_prompts(held_out, fmt, tokenizer, cfg.eval_prompt_tokens),
+                       format=fmt)
+
+
+def padding_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id that fills padded positions: pad, else eos (Llama 3 has no pad token); padding is masked anyway."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+@dataclass
+class DistillCollator:
+    """Right-pads rows {input_ids, labels} into a batch {input_ids, attention_mask, labels} [B, T]."""
+
+    pad_token_id: int
+
+    def __call__(self, rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        width = max(len(r["input_ids"]) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)  # [B, T]
+        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)  # [B, T]
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, T]
+        for i, row in enumerate(rows):
+            n = len(row["input_ids"])
+            input_ids[i, :n] = torch.tensor(row["input_ids"])
+            labels[i, :n] = torch.tensor(row["labels"])
+            attention_mask[i, :n] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}

@@ -1,0 +1,219 @@
+"""The frozen target, the trainable draft, and the checks that they can work together.
+
+The draft comes from exactly one of (see ModelConfig):
+- `model.draft`: an existing model (local folder or hub id), fine-tuned as it is;
+- `model.draft_layers`: the target with only these decoder layers kept (embeddings, final norm, lm_head copied);
+- `model.draft_config`: a fresh model with the target's config and these keys overridden (trained from scratch).
+
+`check_model_plan` reads only configs and tokenizers, so its errors come before any weights are loaded.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedTokenizerBase
+from transformers.initialization import no_init_weights
+
+from decode.vocab import check_tokenizers_compatible
+from distill.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Config entries with one value per decoder layer; kept in step with num_hidden_layers when layers are dropped.
+PER_LAYER_CONFIG_KEYS = ("layer_types",)
+
+
+class ModelSetupError(ValueError):
+    """Target and draft cannot be used together (bad layer list, unknown config key, too small a vocabulary)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------------------------
+
+def _load(key: str, name: str, loader: Any, **kwargs: Any) -> Any:
+    """loader.from_pretrained(name), turning "not found / no network" into a ModelSetupError naming the recipe key."""
+    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
+        raise ModelSetupError(f"{key}: no such folder: {name}")
+    try:
+        return loader.from_pretrained(name, **kwargs)
+    except OSError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelSetupError(f"{key}: cannot load {name!r} (a local folder or hub id): {reason}") from None
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer for training data and prompts: `model.tokenizer`, else the target's (exported unchanged)."""
+    key = "model.tokenizer" if cfg.tokenizer else "model.target"
+    return _load(key, cfg.tokenizer or cfg.target, AutoTokenizer, trust_remote_code=cfg.trust_remote_code)
+
+
+def load_draft_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase | None:
+    """The tokenizer saved with `model.draft`, or None (drafts built from the target share its tokenizer)."""
+    if cfg.draft is None:
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(cfg.draft, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        logger.warning("draft %s has no loadable tokenizer (%s); assuming it uses the target's", cfg.draft, err)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pre-flight: configs and tokenizers only
+# ---------------------------------------------------------------------------------------------------------------
+
+def _config_overrides(target_config: PretrainedConfig, overrides: dict[str, Any]) -> PretrainedConfig:
+    """The target's config with `overrides` applied; head_dim and per-layer lists follow the new shape."""
+    base = target_config.to_dict()
+    unknown = [k for k in overrides if k not in base]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(base), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModelSetupError(f"model.draft_config: {unknown[0]!r} is not a key of the target's "
+                              f"{type(target_config).__name__}{hint}")
+    values = {**base, **overrides}
+    if "head_dim" in base and "head_dim" not in overrides and (
+            {"hidden_size", "num_attention_heads"} & set(overrides)):
+        # head_dim = hidden_size / num_attention_heads unless set explicitly
+        values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    if "num_hidden_layers" in overrides:
+        for key in PER_LAYER_CONFIG_KEYS:
+            if key in values and key not in overrides:
+                values[key] = None  # the config class recomputes its default for the new depth
+    return type(target_config).from_dict(values)
+
+
+def _layer_config(target_config: PretrainedConfig, layers: list[int]) -> PretrainedConfig:
+    """The target's config for a model made of `layers` of its decoder layers."""
+    num_layers = target_config.num_hidden_layers
+    if layers[-1] >= num_layers:
+        raise ModelSetupError(f"model.draft_layers: layer {layers[-1]} does not exist; the target has "
+                              f"{num_layers} layers (0..{num_layers - 1})")
+    config = copy.deepcopy(target_config)
+    config.num_hidden_layers = len(layers)
+    for key in PER_LAYER_CONFIG_KEYS:
+        per_layer = getattr(config, key, None)
+        if isinstance(per_layer, list) and len(per_layer) == num_layers:
+            setattr(config, key, [per_layer[i] for i in layers])
+    return config
+
+
+def draft_config(cfg: ModelConfig, target_config: PretrainedConfig) -> PretrainedConfig:
+    """The config the draft will have (raises ModelSetupError for a bad layer list or config key)."""
+    if cfg.draft is not None:
+        return _load("model.draft", cfg.draft, AutoConfig, trust_remote_code=cfg.trust_remote_code)
+    if cfg.draft_layers is not None:
+        return _layer_config(target_config, cfg.draft_layers)
+    return _config_overrides(target_config, cfg.draft_config or {})
+
+
+def count_parameters(config: PretrainedConfig, trust_remote_code: bool = False) -> int:
+    """Parameters of a model with this config, counted on the meta device (no memory, no weights)."""
+    with torch.device("meta"), no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Everything that can be checked before loading weights.
+
+    Raises ModelSetupError (bad draft_layers / draft_config, draft vocabulary smaller than the tokenizer) and
+    decode.vocab.TokenizerMismatchError (the draft's tokenizer differs from the target's). Logs a warning when
+    the draft has more parameters than the target.
+    """
+    target_config = _load("model.target", cfg.target, AutoConfig, trust_remote_code=cfg.trust_remote_code)
+    planned = draft_config(cfg, target_config)
+    draft_tokenizer = load_draft_tokenizer(cfg)
+    if draft_tokenizer is not None:
+        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    if planned.get_text_config().vocab_size < len(tokenizer):
+        raise ModelSetupError(f"the draft's vocabulary ({planned.get_text_config().vocab_size} rows) is smaller "
+                              f"than the tokenizer ({len(tokenizer)} tokens)")
+    draft_params = count_parameters(planned, cfg.trust_remote_code)
+    target_params = count_parameters(target_config, cfg.trust_remote_code)
+    if draft_params > target_params:
+        logger.warning("the draft has more parameters (%s) than the target (%s): it will not speed decoding up",
+                       f"{draft_params:,}", f"{target_params:,}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading weights
+# ---------------------------------------------------------------------------------------------------------------
+
+def _load_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation is not None:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    return kwargs
+
+
+def freeze(model: PreTrainedModel) -> PreTrainedModel:
+    """Eval mode and no gradients, in place; returns the model."""
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def load_target(cfg: ModelConfig) -> PreTrainedModel:
+    """The frozen target in `model.target_dtype` ("auto" = the dtype of its checkpoint)."""
+    dtype = "auto" if cfg.target_dtype == "auto" else TORCH_DTYPES[cfg.target_dtype]
+    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, **_load_kwargs(cfg))
+    return freeze(target)
+
+
+def decoder_layers_name(model: PreTrainedModel) -> str:
+    """Qualified name of the ModuleList holding the decoder layers (e.g. 'model.layers', 'transformer.h')."""
+    num_layers = model.config.get_text_config().num_hidden_layers
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == num_layers and name:
+            return name
+    raise ModelSetupError(f"cannot find the {num_layers} decoder layers of {type(model).__name__}")
+
+
+def draft_from_layers(target: PreTrainedModel, layers: list[int], dtype: torch.dtype,
+                      **load_kwargs: Any) -> PreTrainedModel:
+    """A copy of the target keeping only `layers` (renumbered 0..len-1); embeddings, norm and lm_head copied.
+
+    Raises ModelSetupError for a layer index the target does not have.
+    """
+    config = _layer_config(target.config, layers)
+    draft = AutoModelForCausalLM.from_config(config, dtype=dtype, **load_kwargs)
+    prefix = decoder_layers_name(target) + "."
+    renumber = {old: new for new, old in enumerate(layers)}
+    state = {}
+    for key, tensor in target.state_dict().items():
+        if key.startswith(prefix):
+            index, rest = key[len(prefix):].split(".", 1)
+            if int(index) not in renumber:
+                continue
+            key = f"{prefix}{renumber[int(index)]}.{rest}"
+        state[key] = tensor
+    draft.load_state_dict(state, strict=True)
+    return draft
+
+
+def load_draft(cfg: ModelConfig, target: PreTrainedModel) -> PreTrainedModel:
+    """The trainable draft in `model.draft_dtype`, in train mode with gradients on."""
+    dtype = TORCH_DTYPES[cfg.draft_dtype]
+    if cfg.draft is not None:
+        draft = AutoModelForCausalLM.from_pretrained(cfg.draft, dtype=dtype, **_load_kwargs(cfg))
+    elif cfg.draft_layers is not None:
+        draft = draft_from_layers(target, cfg.draft_layers, dtype, **_load_kwargs(cfg))
+    else:
+        config = _config_overrides(target.config, cfg.draft_config or {})
+        draft = AutoModelForCausalLM.from_config(config, dtype=dtype, **_load_kwargs(cfg))
+    draft.requires_grad_(True)
+    return draft.train()
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,194 @@
+"""DistillTrainer: a transformers.Trainer that trains the draft toward a frozen target, for 1..N processes.
+
+Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
+  get_batch_samples  -> the G micro-batches and N = number of loss tokens summed over all processes and micro-batches
+  compute_loss       -> draft and target final hidden states; chunked_distill_loss gives S_pg (a sum over tokens);
+                        the returned loss is S_pg * P / N
+  backward           -> DDP / DeepSpeed / FSDP average gradients over the P processes, so the update follows
+                        (1/P) sum_p sum_g grad(S_pg * P / N) = grad(sum_pg S_pg) / N: the per-token mean over the
+                        whole optimizer batch, identical for (P processes x G micro-batches) = (1 x P*G).
+  log                -> loss (per token), kd (per-token divergence), tv (per-token total variation of the batch at
+                        temperature 1), ce, tokens_per_s (all processes' input tokens per second of training
+                        steps); learning_rate and grad_norm come from Trainer.
+
+The target is never wrapped or trained: it is frozen, moved to this process's device and used under no_grad.
+Device modes (single process, DDP, DeepSpeed ZeRO-1/2) come from the accelerate config, not from this file;
+modes that shard the draft (ZeRO-3, FSDP) are refused by check_device_mode before any weights load.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from accelerate.utils import parse_flag_from_env
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+
+from distill.config import DistillConfig, TrainConfig
+from distill.data import IGNORE_INDEX
+from distill.losses import LossSums, chunked_distill_loss
+
+
+def training_arguments(cfg: TrainConfig) -> TrainingArguments:
+    """transformers.TrainingArguments for a recipe's train section (checkpoints every save_steps, no Trainer eval)."""
+    return TrainingArguments(
+        output_dir=cfg.output_dir,
+        max_steps=cfg.max_steps,
+        num_train_epochs=cfg.num_train_epochs,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_ratio,  # a float in [0, 1) is a fraction of the total steps
+        weight_decay=cfg.weight_decay,
+        optim=cfg.optim,
+        max_grad_norm=cfg.max_grad_norm,
+        logging_steps=cfg.logging_steps,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        seed=cfg.seed,
+        bf16=cfg.bf16,
+        fp16=cfg.fp16,
+        activation_checkpointing=cfg.gradient_checkpointing,  # transformers' new name for gradient checkpointing
+        report_to=cfg.report_to or "none",
+        dataloader_num_workers=cfg.dataloader_num_workers,
+        ddp_timeout=cfg.ddp_timeout,
+        eval_strategy="no",
+        remove_unused_columns=False,  # the collator already yields exactly input_ids, attention_mask, labels
+        average_tokens_across_devices=True,
+        ddp_find_unused_parameters=False,
+    )
+
+
+class UnsupportedModeError(ValueError):
+    """The launch configuration shards the draft (DeepSpeed ZeRO-3 or FSDP), which DistillTrainer does not do yet."""
+
+
+def check_device_mode(args: TrainingArguments) -> None:
+    """Raise UnsupportedModeError for ZeRO-3 and FSDP: the target is replicated on every process and acceptance is
+    measured on the in-memory draft on rank 0, both of which need whole (unsharded) weights."""
+    if args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == 3:
+        raise UnsupportedModeError("DeepSpeed ZeRO-3 is not supported yet (the draft would be sharded); use ZeRO-1/2 "
+                                   "or DDP (recipes/accelerate/ddp.yaml)")
+    if args.fsdp or parse_flag_from_env("ACCELERATE_USE_FSDP"):
+        raise UnsupportedModeError("FSDP is not supported yet (the draft would be sharded); use DDP "
+                                   "(recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-1/2")
+
+
+class StepClock(TrainerCallback):
+    """Seconds spent inside optimizer steps (forward, backward, update); logging, saving and acceptance
+    measurements at checkpoints are left out, so tokens_per_s is the training throughput."""
+
+    def __init__(self) -> None:
+        self.seconds, self._start = 0.0, 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+
+class DistillTrainer(Trainer):
+    """Trains `model` (the draft) to match `target` on the training rows; see the module docstring for the maths."""
+
+    # compute_loss already divides by the token count of the whole optimizer step: Trainer must not divide by G.
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        target: PreTrainedModel,
+        args: TrainingArguments,
+        distill: DistillConfig,
+        train_dataset: Any,
+        data_collator: Any,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+    ):
+        super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator,
+                         processing_class=processing_class, callbacks=callbacks)
+        self.distill = distill
+        self.target = target.to(self.args.device)  # frozen by distill.models.load_target; never prepared
+        self._draft_takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # [kd, tv, ce, loss tokens, input tokens] summed on this process since the last log
+        self._log_sums = torch.zeros(5, dtype=torch.float64, device=self.args.device)
+        self._clock = StepClock()
+        self.add_callback(self._clock)
+
+    # ---- the global token count N of one optimizer step ----------------------------------------------------
+
+    def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int,
+                          device: torch.device) -> tuple[list, torch.Tensor]:
+        """The next `num_batches` micro-batches and N, their loss tokens summed over every process."""
+        batches = list(itertools.islice(epoch_iterator, num_batches))
+        # position t predicts token t+1, so the loss tokens are the labels[:, 1:] that are not -100
+        local = sum((b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in batches) if batches else torch.tensor(0)
+        local = torch.as_tensor(local, device=device).reshape(1)
+        return batches, self.accelerator.gather(local).sum() if self.accelerator.num_processes > 1 else local[0]
+
+    # ---- the loss ---------------------------------------------------------------------------------------------
+
+    def draft_hidden_states(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Final (normed) hidden states of the draft [B, T, H], through the wrapped model so DDP hooks run."""
+        extra = {"logits_to_keep": 1} if self._draft_takes_logits_to_keep else {}
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                        output_hidden_states=True, use_cache=False, **extra)
+        return outputs.hidden_states[-1]
+
+    @torch.no_grad()
+    def target_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Final (normed) hidden states of the target [B, T, H'] from its base model (no logits)."""
+        outputs = self.target.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                         use_cache=False)
+        return outputs.last_hidden_state
+
+    def distill_sums(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> LossSums:
+        """Loss sums of one micro-batch: the divergence between the models at every position t whose next token
+        labels[t + 1] is a target, computed chunk by chunk from hidden states (full logits are never built)."""
+        draft_hidden = self.draft_hidden_states(model, inputs)  # [B, T, H]
+        if self.distill.loss == "ce":  # plain cross-entropy on the data: the target is not run (kd = tv = 0)
+            target_hidden, target_head = None, None
+        else:
+            target_hidden = self.target_hidden_states(inputs)[:, :-1]  # [B, T-1, H']
+            target_head = self.target.get_output_embeddings()
+        labels = inputs["labels"][:, 1:]  # [B, T-1]: the token each position predicts
+        return chunked_distill_loss(
+            draft_hidden[:, :-1], self.accelerator.unwrap_model(model).get_output_embeddings(),
+            target_hidden, labels, inputs["attention_mask"][:, 1:].bool(),
+            teacher_head=target_head, chunk_size=self.distill.chunk_size,
+            loss=self.distill.loss, beta=self.distill.beta, temperature=self.distill.temperature,
+            ce_weight=self.distill.ce_weight,
+        )
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """S * P / N for the training loop (see module docstring); S / (its own token count) when called alone."""
+        sums = self.distill_sums(model, inputs)
+        if num_items_in_batch is None:
+            loss = sums.loss / max(sums.num_tokens, 1)
+        else:
+            # loss = S_pg * P / N: DDP's gradient average over P processes then yields grad(sum S) / N
+            loss = sums.loss * self.accelerator.num_processes / torch.as_tensor(num_items_in_batch).clamp(min=1)
+        num_tokens = torch.tensor(sums.num_tokens, device=self._log_sums.device)
+        logged = (sums.kd, sums.tv, sums.ce, num_tokens, inputs["attention_mask"].sum())
+        self._log_sums += torch.stack([value.double() for value in logged])
+        return (loss, sums) if return_outputs else loss
+
+    # ---- logging ----------------------------------------------------------------------------------------------
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Adds kd, tv, ce and tokens_per_s to the periodic training log (the one with 'loss', on every rank)."""
+        if "loss" in logs:
+            totals = self.accelerator.reduce(self._log_sums, reduction="sum") if self.accelerator.num_processes > 1 \
+                else self._log_sums
+            kd, tv, ce, loss_tokens, input_tokens = totals.tolist()
+            logs.update(kd=kd / max(loss_tokens, 1), tv=tv / max(loss_tokens, 1), ce=ce / max(loss_tokens, 1),
+                        tokens_per_s=input_tokens / max(self._clock.seconds, 1e-9))
+            self._log_sums.zero_()
+            self._clock.seconds = 0.0
+        super().log(logs, start_time)

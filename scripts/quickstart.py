@@ -1,0 +1,143 @@
+"""The offline quickstart: the whole product on a laptop CPU, no network, in about 20 minutes.
+
+    make quickstart                   # = .venv/bin/python scripts/quickstart.py
+    python scripts/quickstart.py --out quickstart_out --fast   # a much shorter run (smoke test)
+
+1. corpus: the Python standard library's source on this machine, split by file into train / held-out, and a
+   byte-level BPE tokenizer (4096 tokens) trained on the train split;
+2. target: a small Llama (hidden 256, 4 layers) pre-trained on it with cross-entropy (recipes/quickstart/target.yaml);
+3. drafts: two identical small drafts (hidden 128, 2 layers), same data and steps: one with plain cross-entropy
+   (recipes/quickstart/draft_ce.yaml), one distilled from the target (recipes/quickstart/draft_kd.yaml);
+4. eval-acceptance of both drafts and of prompt lookup against the target on held-out prompts;
+5. a comparison table here and a report folder (report.md + PNG plots).
+Every step reuses what an earlier run left in --out, so a re-run only redoes what is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from distill.corpus import build_corpus, train_tokenizer  # noqa: E402
+
+RECIPES = ROOT / "recipes" / "quickstart"
+DRAFTS = ("draft_ce", "draft_kd")
+GAMMAS = ["1", "2", "3", "4"]
+
+
+def banner(title: str) -> None:
+    print(f"\n{'=' * 100}\n== {title}\n{'=' * 100}", flush=True)
+
+
+def seed_target(out: Path, tokenizer) -> Path:
+    """A randomly initialised target (config, weights, tokenizer) whose architecture the target recipe trains."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = out / "seed_target"
+    if (folder / "config.json").is_file():
+        return folder
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def train(recipe: str, output_dir: Path, overrides: list[str], fast: bool) -> None:
+    """scripts/train.py in its own process (skipped when output_dir already holds an exported model)."""
+    if (output_dir / "train_results.json").is_file():
+        print(f"reusing {output_dir}")
+        return
+    if fast:
+        overrides += ["train.max_steps=8", "train.save_steps=4", "train.logging_steps=2",
+                      "train.per_device_train_batch_size=4", "data.max_samples=40", "eval.max_new_tokens=12"]
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), str(RECIPES / recipe),
+           f"train.output_dir={output_dir}", *overrides]
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def evaluate(out: Path, target: Path, drafter: str, name: str, prompts: Path, fast: bool) -> Path:
+    from scripts.eval_acceptance import main as eval_main
+
+    result = out / "eval" / f"{name}.json"
+    if result.is_file():
+        print(f"reusing {result}")
+        return result
+    eval_main(["--target", str(target), "--draft", drafter, "--prompts", str(prompts), "--gamma", *GAMMAS,
+               "--num-prompts", "4" if fast else "16", "--max-new-tokens", "16" if fast else "64",
+               "--max-prompt-tokens", "64", "--device", "cpu", "--output", str(result)])
+    return result
+
+
+def machine() -> str:
+    import torch
+
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+            f"(CPU, float32), Python {platform.python_version()}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=ROOT / "quickstart_out")
+    p.add_argument("--fast", action="store_true", help="a few steps of everything (a smoke test, ~2 minutes)")
+    args = p.parse_args(argv)
+    out, fast = args.out.resolve(), args.fast
+    start = time.time()
+
+    # ---- 1. corpus and tokenizer ----------------------------------------------------------------------------
+    banner("1/5 corpus (the Python standard library on this machine) and tokenizer")
+    corpus = build_corpus(out / "data")
+    tokenizer = train_tokenizer(corpus, out / "tokenizer", vocab_size=4096)
+    manifest = json.loads(corpus.manifest.read_text())
+    print(f"corpus: {manifest.get('counts', manifest.get('num_files', ''))}; tokenizer: {len(tokenizer)} tokens")
+
+    # ---- 2. the target ----------------------------------------------------------------------------------------
+    banner("2/5 pre-training the target with cross-entropy")
+    data = [f"data.dataset={corpus.train}"]
+    train("target.yaml", out / "target", [f"model.target={seed_target(out, tokenizer)}", *data], fast)
+
+    # ---- 3. two drafts: plain CE vs distilled -------------------------------------------------------------------
+    for name in DRAFTS:
+        banner(f"3/5 training {name} ({'plain cross-entropy' if name == 'draft_ce' else 'distilled from the target'})")
+        train(f"{name}.yaml", out / name,
+              [f"model.target={out / 'target'}", *data, f"data.eval_prompts={corpus.eval_prompts}"], fast)
+
+    # ---- 4. eval-acceptance on held-out prompts -----------------------------------------------------------------
+    banner("4/5 eval-acceptance against the target on held-out prompts")
+    evals = {name: evaluate(out, out / "target", str(out / name), name, corpus.eval_prompts, fast)
+             for name in DRAFTS}
+    evals["prompt_lookup"] = evaluate(out, out / "target", "prompt-lookup", "prompt_lookup", corpus.eval_prompts,
+                                      fast)
+
+    # ---- 5. comparison table and report -------------------------------------------------------------------------
+    banner("5/5 comparison and report")
+    from decode.table import format_table
+    from distill.report import write_report
+
+    rows = [{"drafter": name, **r} for name, path in evals.items()
+            for r in json.loads(path.read_text())["results"]]
+    print(format_table(rows))
+    report = write_report(out / "report", runs={name: out / name for name in DRAFTS}, evals=evals,
+                          machine=machine())
+    print(f"\nreport: {report}\nTensorBoard: .venv/bin/tensorboard --logdir {out}\n"
+          f"done in {(time.time() - start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

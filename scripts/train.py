@@ -1,0 +1,152 @@
+"""Distil a draft model from a frozen target LLM, measuring speculative-decoding acceptance at every checkpoint.
+
+One process (CPU or one GPU):
+    python scripts/train.py recipes/tiny_distill.yaml model.target=TARGET_DIR data.dataset=TEXT_FILE
+Several GPUs (DDP), the same code:
+    accelerate launch --config_file recipes/accelerate/ddp.yaml scripts/train.py recipes/qwen2.5-7b-to-0.5b.yaml
+Two CPU processes (gloo), e.g. to check multi-process maths without GPUs:
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
+        --mixed_precision no --dynamo_backend no scripts/train.py RECIPE.yaml key=value ...
+Installed console script: specdistill-train RECIPE.yaml key=value ...
+
+OUTPUT_DIR (train.output_dir) ends up holding the best draft (by measured speedup) as a model folder,
+recipe.yaml (the resolved recipe), acceptance.jsonl, train_results.json, checkpoint-*/ and runs/ (TensorBoard).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from accelerate import PartialState
+from transformers import set_seed
+from transformers.trainer_utils import get_last_checkpoint
+
+if __package__ in (None, ""):  # `python scripts/train.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from decode.vocab import TokenizerMismatchError  # noqa: E402
+from distill.callbacks import AcceptanceCallback, best_record, export_draft, read_records  # noqa: E402
+from distill.config import Recipe, RecipeError, load_recipe, save_recipe  # noqa: E402
+from distill.data import DataError, DistillCollator, build_data, padding_id  # noqa: E402
+from distill.models import ModelSetupError, check_model_plan, load_draft, load_target, load_tokenizer  # noqa: E402
+from distill.trainer import DistillTrainer, UnsupportedModeError, check_device_mode, training_arguments  # noqa: E402
+
+logger = logging.getLogger("specdistill.train")
+
+# Errors in what the user gave us: reported as one line, exit status 1, no traceback.
+class PushError(RuntimeError):
+    """The hub push at the end failed (the trained draft is safe in train.output_dir)."""
+
+
+USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
+               FileNotFoundError, PushError)
+
+
+def resume_argument(recipe: Recipe) -> str | None:
+    """train.resume_from_checkpoint as a checkpoint folder for Trainer.train (true = the latest in output_dir)."""
+    resume = recipe.train.resume_from_checkpoint
+    if resume is True:
+        latest = get_last_checkpoint(recipe.train.output_dir) if Path(recipe.train.output_dir).is_dir() else None
+        if latest is None:
+            raise FileNotFoundError(f"train.resume_from_checkpoint is true but {recipe.train.output_dir} holds no "
+                                    "checkpoint-* folder")
+        return latest
+    if isinstance(resume, str) and not Path(resume).is_dir():
+        raise FileNotFoundError(f"train.resume_from_checkpoint: no checkpoint folder at {resume}")
+    return resume
+
+
+def check_hub_settings(recipe: Recipe, source: str) -> None:
+    """A bad hub.repo_id fails now, not after training."""
+    if recipe.hub.push_to_hub:
+        from distill.hub import check_repo_id
+        try:
+            check_repo_id(recipe.hub.repo_id)
+        except ValueError as err:
+            raise RecipeError("hub.repo_id", str(err), source) from None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the recipe given as argv = [RECIPE.yaml, key=value, ...]; returns the exported draft's summary."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return {}
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    # ---- recipe: every key checked before anything heavy -----------------------------------------------------
+    recipe = load_recipe(argv[0], argv[1:])
+    resume = resume_argument(recipe)
+    check_hub_settings(recipe, argv[0])
+    args = training_arguments(recipe.train)  # also sets up the processes (accelerate launch / torchrun)
+    check_device_mode(args)
+    state = PartialState()
+    set_seed(recipe.train.seed)
+
+    # ---- tokenizer and model plan: configs only, no weights yet ----------------------------------------------
+    tokenizer = load_tokenizer(recipe.model)
+    check_model_plan(recipe.model, tokenizer)
+
+    # ---- data: tokenised once on rank 0 (datasets cache), read by the others ---------------------------------
+    with args.main_process_first(desc="tokenise dataset"):
+        data = build_data(recipe.data, tokenizer, seed=recipe.train.seed)
+    logger.info("%d training rows (%s), %d acceptance prompts", len(data.train), data.format, len(data.eval_prompts))
+
+    # ---- models: frozen target, trainable draft --------------------------------------------------------------
+    target = load_target(recipe.model)
+    draft = load_draft(recipe.model, target)
+
+    # ---- train, measuring acceptance at every checkpoint -----------------------------------------------------
+    if state.is_main_process:
+        Path(recipe.train.output_dir).mkdir(parents=True, exist_ok=True)
+        save_recipe(recipe, Path(recipe.train.output_dir) / "recipe.yaml")
+    acceptance = AcceptanceCallback(target.to(args.device), data.eval_prompts, recipe.eval,
+                                    tensorboard="tensorboard" in recipe.train.report_to)
+    trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill, train_dataset=data.train,
+                             data_collator=DistillCollator(padding_id(tokenizer)), processing_class=tokenizer,
+                             callbacks=[acceptance])
+    metrics = trainer.train(resume_from_checkpoint=resume).metrics
+
+    # ---- export the best draft (rank 0), then every rank finishes together -----------------------------------
+    summary: dict = {}
+    if state.is_main_process:
+        best = best_record(read_records(recipe.train.output_dir), recipe.eval.temperatures[0])
+        summary = export_draft(recipe.train.output_dir, best, trainer.accelerator.unwrap_model(trainer.model),
+                               tokenizer, default_gamma=max(recipe.eval.gammas))
+        results = {**metrics, "best": summary}
+        (Path(recipe.train.output_dir) / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
+        logger.info("exported %s (gamma %s) to %s", summary["checkpoint"], summary["gamma"],
+                    recipe.train.output_dir)
+        if recipe.hub.push_to_hub:
+            push(recipe, step=summary["step"])
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
+    return summary
+
+
+def push(recipe: Recipe, step: int | None) -> None:
+    """distill.hub.push_to_hub on the exported folder, its card showing the exported checkpoint's numbers."""
+    try:
+        from distill.hub import push_to_hub
+    except ImportError as err:
+        raise RuntimeError(f"hub.push_to_hub is true but distill.hub cannot be imported: {err}") from err
+    from distill.hub import HubError
+    try:
+        push_to_hub(Path(recipe.train.output_dir), repo_id=recipe.hub.repo_id, private=recipe.hub.private, step=step)
+    except HubError as err:
+        raise PushError(f"{err} (the exported draft is in {recipe.train.output_dir})") from None
+
+
+def cli() -> None:
+    """Console entry point `specdistill-train`: user errors exit 1 with one line, no traceback."""
+    try:
+        main()
+    except USER_ERRORS as err:
+        print(f"specdistill-train: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,189 @@
+"""Recipes: every shipped one loads with the command its header gives; bad keys, types and ranges are named."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill.config import (OVERRIDE_SOURCE, DistillConfig, Recipe, RecipeError, TrainConfig, load_recipe,
+                            parse_override, recipe_to_dict, reference_markdown, save_recipe, with_overrides)
+
+ROOT = Path(__file__).resolve().parents[1]
+# every training recipe, in sub-folders too (recipes/accelerate/ holds accelerate launch configs, not recipes)
+RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate" not in p.relative_to(ROOT).parts)
+README = ROOT / "recipes" / "README.md"
+BEGIN, END = "<!-- BEGIN RECIPE KEYS (python -m distill.config) -->", "<!-- END RECIPE KEYS -->"
+
+
+def header_command(path: Path) -> list[str]:
+    """The arguments after scripts/train.py in the recipe's opening comment (lines ending in \\ continue)."""
+    comments = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        comments.append(line.lstrip("#").strip())
+    text = "\n".join(comments).replace("\\\n", " ")
+    for line in text.splitlines():
+        if "scripts/train.py" in line:
+            words = shlex.split(line)
+            return words[words.index("scripts/train.py") + 1:]
+    raise AssertionError(f"{path.name} does not open with a comment giving the command that runs it")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+MINIMAL = "model:\n  target: t\n  draft: d\ndata:\n  dataset: data.txt\n"
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_shipped_recipe_loads_with_its_header_command(path):
+    args = header_command(path)
+    assert args[0] == str(path.relative_to(ROOT))
+    recipe = load_recipe(path, args[1:])
+    assert isinstance(recipe, Recipe)
+    assert recipe.model.target and recipe.data.dataset
+    # the resolved recipe round-trips through YAML
+    assert load_recipe_from_dict(recipe) == recipe
+
+
+def load_recipe_from_dict(recipe: Recipe) -> Recipe:
+    from distill.config import build_recipe
+    return build_recipe(yaml.safe_load(yaml.safe_dump(recipe_to_dict(recipe))))
+
+
+def test_accelerate_configs_are_yaml_with_a_command():
+    for name in ("ddp.yaml", "single_process.yaml"):
+        path = ROOT / "recipes" / "accelerate" / name
+        assert "accelerate launch --config_file recipes/accelerate/" + name in path.read_text()
+        assert yaml.safe_load(path.read_text())["num_machines"] == 1
+
+
+def test_defaults_live_in_the_dataclasses(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL))
+    assert recipe.distill == DistillConfig()
+    assert recipe.train.report_to == ["tensorboard"] and recipe.eval.gammas == [1, 2, 4]
+    assert recipe.eval.temperatures == [0.0] and recipe.hub.push_to_hub is False
+    # mutable defaults are not shared between instances
+    assert TrainConfig().report_to is not TrainConfig().report_to
+
+
+def test_unknown_key_names_key_file_and_closest_valid_key(tmp_path):
+    path = write(tmp_path, MINIMAL + "train:\n  learning_rat: 0.1\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    message = str(err.value)
+    assert "train.learning_rat" in message and str(path) in message and "train.learning_rate" in message
+
+
+def test_unknown_section_is_named_with_a_suggestion(tmp_path):
+    with pytest.raises(RecipeError, match=r"distil.*did you mean 'distill'"):
+        load_recipe(write(tmp_path, MINIMAL + "distil:\n  loss: tv\n"))
+
+
+@pytest.mark.parametrize("line, key, allowed", [
+    ("train:\n  max_steps: ten\n", "train.max_steps", "an integer"),
+    ("train:\n  bf16: 'yes'\n", "train.bf16", "true/false"),
+    ("eval:\n  gammas: 4\n", "eval.gammas", "a list of integers"),
+    ("model:\n  target: t\n  draft: d\n  target_dtype: fp8\n", "model.target_dtype", "'bfloat16'"),
+])
+def test_wrong_type_names_key_file_value_and_allowed(tmp_path, line, key, allowed):
+    text = line + "data:\n  dataset: x.txt\n" if line.startswith("model") else MINIMAL + line
+    path = write(tmp_path, text)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    message = str(err.value)
+    assert key in message and str(path) in message and allowed in message and "got" in message
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("train.learning_rate=-1", "train.learning_rate", "> 0"),
+    ("distill.beta=1.5", "distill.beta", "[0, 1]"),
+    ("distill.loss=kl", "distill.loss", "forward_kl"),
+    ("eval.gammas=[0, 2]", "eval.gammas", "> 0"),
+    ("train.warmup_ratio=1.0", "train.warmup_ratio", "[0, 1)"),
+    ("data.max_length=1", "data.max_length", ">= 2"),
+    ("model.draft_layers=[0, 2]", "model.draft", "exactly one of"),
+    ("hub.push_to_hub=true", "hub.repo_id", "hub repository id"),
+])
+def test_out_of_range_is_named_as_an_override(tmp_path, override, key, allowed):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, MINIMAL), [override])
+    assert key in str(err.value) and allowed in str(err.value)
+
+
+def test_out_of_range_in_file_names_the_file(tmp_path):
+    path = write(tmp_path, MINIMAL + "distill:\n  temperature: 0\n")
+    with pytest.raises(RecipeError, match=re.escape(f"{path}: distill.temperature: got 0.0; allowed: a number > 0")):
+        load_recipe(path)
+
+
+def test_override_error_names_the_command_line(tmp_path):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, MINIMAL), ["train.learning_rate=-1"])
+    assert str(err.value).startswith(OVERRIDE_SOURCE)
+
+
+def test_overrides_parse_values_as_yaml(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL), [
+        "train.learning_rate=1e-4", "train.max_steps=7", "eval.gammas=[2, 3]", "train.bf16=true",
+        "model.draft=null", "model.draft_config.num_hidden_layers=1", "train.report_to=[]", "hub.repo_id=a/b"])
+    assert recipe.train.learning_rate == pytest.approx(1e-4) and isinstance(recipe.train.learning_rate, float)
+    assert recipe.train.max_steps == 7 and recipe.eval.gammas == [2, 3] and recipe.train.bf16 is True
+    assert recipe.model.draft is None and recipe.model.draft_config == {"num_hidden_layers": 1}
+    assert recipe.train.report_to == [] and recipe.hub.repo_id == "a/b"
+
+
+def test_override_into_an_empty_section(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL + "train:\n"), ["train.max_steps=3"]).train.max_steps == 3
+
+
+def test_yaml_1e_minus_4_without_dot_is_read_as_a_number(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL + "train:\n  learning_rate: 1e-4\n"))
+    assert recipe.train.learning_rate == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("bad", ["train.learning_rate", "learning_rate=1", "train..x=1"])
+def test_malformed_override(bad):
+    with pytest.raises(RecipeError, match="section.key=value"):
+        parse_override(bad)
+
+
+def test_unknown_override_key_suggests(tmp_path):
+    with pytest.raises(RecipeError, match=r"train\.lerning_rate.*did you mean 'train\.learning_rate'"):
+        load_recipe(write(tmp_path, MINIMAL), ["train.lerning_rate=1"])
+
+
+def test_with_overrides_never_mutates_the_callers_recipe(tmp_path):
+    recipe = load_recipe(
+        write(tmp_path, "model:\n  target: t\n  draft_config: {num_hidden_layers: 2}\ndata:\n  dataset: x.txt\n"))
+    before = recipe_to_dict(recipe)
+    changed = with_overrides(recipe, ["model.draft_config.num_hidden_layers=1", "eval.gammas=[3]"])
+    assert changed.model.draft_config == {"num_hidden_layers": 1} and changed.eval.gammas == [3]
+    assert recipe_to_dict(recipe) == before
+
+
+def test_missing_required_keys_are_named(tmp_path):
+    with pytest.raises(RecipeError, match=r"model\.target"):
+        load_recipe(write(tmp_path, "model:\n  draft: d\ndata:\n  dataset: x.txt\n"))
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_saved_recipe_loads_back(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL), ["train.learning_rate=1e-4"])
+    save_recipe(recipe, tmp_path / "resolved.yaml")
+    assert load_recipe(tmp_path / "resolved.yaml") == recipe
+
+
+def test_readme_documents_every_key_with_its_default():
+    text = README.read_text()
+    assert BEGIN in text and END in text, "recipes/README.md lacks the generated key table markers"
+    table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert table == reference_markdown().strip(), "recipes/README.md is stale: paste `python -m distill.config`"
