@@ -74,7 +74,8 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
                 except json.JSONDecodeError as err:
                     raise LoadError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
                 if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                    raise LoadError(f"{path}:{line_no}: each line needs a string field 'prompt'")
+                    fields = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+                    raise LoadError(f"{path}:{line_no}: each line needs a string field 'prompt' (found: {fields})")
                 prompts.append(row["prompt"])
             else:
                 prompts.append(line.rstrip("\n").replace("\\n", "\n"))

@@ -20,6 +20,7 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from decode.loading import LoadError, read_prompts
 from distill.config import DataConfig
 
 IGNORE_INDEX = -100
@@ -190,24 +191,12 @@ def chat_rows(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedToke
 # ---------------------------------------------------------------------------------------------------------------
 
 def read_prompt_file(path: str) -> list[str]:
-    """Prompts from .jsonl (field 'prompt') or .txt (one per non-empty line). Raises DataError naming the file."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise DataError(f"data.eval_prompts: file not found: {path}")
-    if file.suffix == ".txt":
-        return [line for line in file.read_text().splitlines() if line.strip()]
-    if file.suffix != ".jsonl":
-        raise DataError(f"data.eval_prompts: {path} must be a .jsonl (field 'prompt') or .txt file")
-    prompts = []
-    for number, line in enumerate(file.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if "prompt" not in row:
-            raise DataError(f"data.eval_prompts: {path} line {number} has no 'prompt' field "
-                            f"(fields: {', '.join(row)})")
-        prompts.append(row["prompt"])
-    return prompts
+    """Prompts from .jsonl (field 'prompt') or .txt (one per non-empty line), read as eval_acceptance reads them.
+    Raises DataError naming the key and the file."""
+    try:
+        return read_prompts(path)
+    except LoadError as err:
+        raise DataError(f"data.eval_prompts: {err}") from None
 
 
 def prompt_ids(item: Any, fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> torch.Tensor:

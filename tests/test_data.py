@@ -108,9 +108,9 @@ def test_prompt_files(tmp_path, tokenizer):
     assert read_prompt_file(str(jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b c"}]))) == ["a", "b c"]
     (tmp_path / "p.txt").write_text("one\n\ntwo\n")
     assert read_prompt_file(str(tmp_path / "p.txt")) == ["one", "two"]
-    with pytest.raises(DataError, match=r"line 1 has no 'prompt' field \(fields: text\)"):
+    with pytest.raises(DataError, match=r"bad.jsonl:1: each line needs a string field 'prompt' \(found: text\)"):
         read_prompt_file(str(jsonl(tmp_path / "bad.jsonl", [{"text": "a"}])))
-    with pytest.raises(DataError, match="file not found: .*missing.jsonl"):
+    with pytest.raises(DataError, match="data.eval_prompts: prompts file .*missing.jsonl' does not exist"):
         read_prompt_file(str(tmp_path / "missing.jsonl"))
 
 
