@@ -8,9 +8,15 @@ ever called from one rank alone. Each result becomes one line of OUTPUT_DIR/acce
 
 The best checkpoint is the record with the highest measured speedup at the first eval temperature (ties: higher
 mean_accepted_tokens); its gamma becomes the exported draft's `generation_config.num_assistant_tokens`.
+
+What is measured is what gets exported: a LoRA draft is measured as a merged copy, and under DeepSpeed ZeRO-3 rank 0
+measures whole copies of draft and target gathered from every rank's partitions (all ranks take part in the
+gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 the last step is always
+saved as a checkpoint, so the export reads whole weights from disk.
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -19,10 +25,13 @@ from typing import Callable, Sequence
 
 import torch
 from accelerate import PartialState
+from torch import nn
 from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback,
                           TrainerControl, TrainerState, TrainingArguments)
+from transformers.trainer_utils import get_last_checkpoint
 
 from distill.config import EvalConfig
+from distill.models import is_lora, is_partitioned, outside_zero3_init, plain_copy
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +71,8 @@ class AcceptanceCallback(TrainerCallback):
         self.tensorboard = tensorboard
         self._writer = None
         self.measured_steps: set[int] = set()
+        self._whole_target: PreTrainedModel | None = None  # ZeRO-3: rank 0's gathered copy (CPU), made once
+        self._target_gathered = False  # on every rank: whether that (collective) gathering has happened
 
     # ---- Trainer events ---------------------------------------------------------------------------------------
 
@@ -74,6 +85,12 @@ class AcceptanceCallback(TrainerCallback):
             self.measured_steps = {r["step"] for r in kept}
             self._protect_best(args, state, kept)
         PartialState().wait_for_everyone()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: PreTrainedModel | None = None, **kwargs):
+        """Under ZeRO-3 save the last step too: the export then loads whole weights from that checkpoint."""
+        if model is not None and state.global_step >= state.max_steps and is_partitioned(model):
+            control.should_save = True
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 model: PreTrainedModel | None = None, **kwargs):
@@ -92,9 +109,22 @@ class AcceptanceCallback(TrainerCallback):
 
     def _measure_on_rank_zero(self, args: TrainingArguments, state: TrainerState, model: PreTrainedModel | None,
                               checkpoint: str) -> None:
-        """Rank 0 measures and records; every rank (this is called on all of them) then meets at one barrier."""
-        if state.is_world_process_zero and self.prompts and model is not None:
-            records = [{"step": state.global_step, "checkpoint": checkpoint, **r} for r in self.measure(model)]
+        """Rank 0 measures and records; every rank (this is called on all of them) then meets at one barrier.
+        Under ZeRO-3 every rank first takes part in gathering the whole draft (and, once, the target)."""
+        if not self.prompts or model is None:
+            draft = None
+        elif is_partitioned(model):  # ZeRO-3: a collective, the gathered copy lands on rank 0 (None elsewhere)
+            draft = plain_copy(model)
+            if is_partitioned(self.target) and not self._target_gathered:
+                self._whole_target = plain_copy(self.target)
+                self._target_gathered = True
+        elif not state.is_world_process_zero:
+            draft = None
+        else:
+            draft = plain_copy(model) if is_lora(model) else model  # LoRA: measure the merged draft, as exported
+        if state.is_world_process_zero and draft is not None:
+            records = [{"step": state.global_step, "checkpoint": checkpoint, **r}
+                       for r in self.measure(draft, device=args.device)]
             with open(Path(args.output_dir) / ACCEPTANCE_LOG, "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
             self._write_tensorboard(args, state.global_step, records)
@@ -106,10 +136,20 @@ class AcceptanceCallback(TrainerCallback):
         self.measured_steps.add(state.global_step)
         PartialState().wait_for_everyone()
 
-    def measure(self, draft: PreTrainedModel) -> list[dict]:
-        """Result dicts (one per gamma and temperature) of `draft` against the target; draft in eval mode meanwhile."""
+    def measure(self, draft: PreTrainedModel, device: torch.device | str | None = None) -> list[dict]:
+        """Result dicts (one per gamma and temperature) of `draft` against the target; draft in eval mode meanwhile.
+
+        `device`: where copies of the models (LoRA merged, ZeRO-3 gathered) are measured; the draft itself is
+        measured where it is. A partitioned target is replaced by its gathered copy, moved there and back.
+        """
         from decode.evaluate import EvalSettings
 
+        target = self.target
+        if is_partitioned(target):
+            if self._whole_target is None:
+                raise RuntimeError("the ZeRO-3 target was not gathered before measuring (see _measure_on_rank_zero)")
+            target = self._whole_target.to(device)
+            draft = draft.to(device)
         was_training = draft.training
         draft.eval()
         try:
@@ -118,10 +158,12 @@ class AcceptanceCallback(TrainerCallback):
                 settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
                                         max_new_tokens=self.cfg.max_new_tokens, top_k=self.cfg.top_k,
                                         top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats)
-                results += self.evaluate(self.target, draft, self.prompts, settings, progress=False)
+                results += self.evaluate(target, draft, self.prompts, settings, progress=False)
             return results
         finally:
             draft.train(was_training)
+            if target is not self.target:
+                self._whole_target.to("cpu")
 
     def _write_tensorboard(self, args: TrainingArguments, step: int, records: list[dict]) -> None:
         if not self.tensorboard:
@@ -159,18 +201,43 @@ def set_assisted_generation(draft: PreTrainedModel, gamma: int) -> None:
     draft.generation_config.assistant_confidence_threshold = 0.0
 
 
-def export_draft(output_dir: str | Path, best: dict | None, final_draft: PreTrainedModel,
+def _draft_at(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
+    """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
+    that are put on a copy of `final_draft` (its frozen base is the same at every step) and merged."""
+    if (folder / "adapter_config.json").is_file():
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        adapted = copy.deepcopy(final_draft)
+        weights = load_file(folder / "adapter_model.safetensors", device=str(next(adapted.parameters()).device))
+        set_peft_model_state_dict(adapted, weights)
+        return adapted.merge_and_unload()
+    with outside_zero3_init():  # export runs on rank 0 alone: no partitioning (a collective) while loading
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=next(final_draft.parameters()).dtype)
+
+
+def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Module,
                  tokenizer: PreTrainedTokenizerBase, default_gamma: int) -> dict:
     """Write the best draft to OUTPUT_DIR as a standard model folder (safetensors, config, generation config,
-    tokenizer) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)` load.
+    tokenizer) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)` load, with no peft
+    files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
 
-    `best` is a record from best_record (None: export `final_draft` with `default_gamma`). Returns what was
-    exported: {"checkpoint", "step", "gamma"} plus the record's speedup numbers.
+    `best` is a record from best_record (None: export `final_draft` with `default_gamma`). A ZeRO-3-partitioned
+    `final_draft` is read back from the last checkpoint instead (AcceptanceCallback saves the last step under
+    ZeRO-3). Returns what was exported: {"checkpoint", "step", "gamma"} plus the record's speedup numbers.
     """
     output_dir = Path(output_dir)
     folder = output_dir / best["checkpoint"] if best else None
     if folder is not None and folder.is_dir():
-        draft = AutoModelForCausalLM.from_pretrained(folder, dtype=next(final_draft.parameters()).dtype)
+        draft = _draft_at(folder, final_draft)
+    elif is_partitioned(final_draft):
+        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        if last is None:
+            raise RuntimeError(f"the final draft is ZeRO-3-partitioned and {output_dir} holds no checkpoint to "
+                               "export it from")
+        draft = _draft_at(Path(last), final_draft)
+    elif is_lora(final_draft):
+        draft = plain_copy(final_draft)
     else:
         draft = final_draft
     gamma = best["gamma"] if best else default_gamma

@@ -1,4 +1,4 @@
-"""Typed recipes: one dataclass per concern (model, data, distill, train, eval, hub) under `Recipe`.
+"""Typed recipes: one dataclass per concern (model, lora, data, distill, train, eval, hub) under `Recipe`.
 
 A recipe YAML file holds the fields of these dataclasses; defaults live here and nowhere else.
 `load_recipe(path, overrides)` reads the file, applies `section.key=value` overrides and builds the dataclasses,
@@ -23,7 +23,7 @@ from distill.losses import LOSSES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DATA_FORMATS = ("auto", "text", "chat")
-SECTIONS = ("model", "data", "distill", "train", "eval", "hub")
+SECTIONS = ("model", "lora", "data", "distill", "train", "eval", "hub")
 OVERRIDE_SOURCE = "command-line override"
 
 
@@ -169,9 +169,53 @@ class ModelConfig:
                     "a non-empty, strictly increasing list of layer indices >= 0")
 
 
+LORA_ALL_LINEAR = "all-linear"
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters on the draft (peft): only the adapters (and modules_to_save) train; the export is merged."""
+
+    enabled: bool = option(False, "Train LoRA adapters instead of every draft weight (needs model.draft or "
+                                  "model.draft_layers: pre-trained weights to adapt).")
+    r: int = option(16, "Rank of each adapter, > 0.")
+    alpha: float = option(32.0, "Scaling: the update is (alpha / r) * B @ A, > 0.")
+    dropout: float = option(0.0, "Dropout on the adapters' input, in [0, 1).")
+    target_modules: list[str] | str = option(
+        ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "Linear layers to adapt (names or name suffixes), or 'all-linear' (every linear layer but the lm_head).")
+    modules_to_save: list[str] | None = option(
+        None, "Modules trained in full next to the adapters (e.g. [lm_head]); null = none.")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.r > 0, "r", self.r, "an integer > 0")
+        require(self.alpha > 0, "alpha", self.alpha, "a number > 0")
+        require(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a number in [0, 1)")
+        if isinstance(self.target_modules, str):
+            require(self.target_modules == LORA_ALL_LINEAR, "target_modules", self.target_modules,
+                    f"a non-empty list of module names, or {LORA_ALL_LINEAR!r}")
+        else:
+            require(len(self.target_modules) > 0 and all(self.target_modules), "target_modules",
+                    self.target_modules, f"a non-empty list of module names, or {LORA_ALL_LINEAR!r}")
+        require(self.modules_to_save is None or (len(self.modules_to_save) > 0 and all(self.modules_to_save)),
+                "modules_to_save", self.modules_to_save, "null or a non-empty list of module names")
+
+
+def _check_across_sections(sections: dict[str, Any], source: str, override_keys: typing.Collection[str]) -> None:
+    """Rules that involve two sections (each section has already checked its own keys)."""
+    lora, model = sections["lora"], sections["model"]
+    if lora.enabled and model.draft_config is not None:
+        where = OVERRIDE_SOURCE if {"lora.enabled", "model.draft_config"} & set(override_keys) else source
+        raise RecipeError("lora.enabled", "got true with model.draft_config; allowed: false for a draft built from "
+                          "scratch (LoRA adapts pre-trained weights, the random base would stay frozen); use "
+                          "model.draft or model.draft_layers with LoRA", where)
+
+
 @dataclass
 class DataConfig:
-    """Where the training text comes from and how it becomes token blocks; which prompts measure acceptance."""
+    """Where the training rows come from (the dataset, the target's responses, mixed by weight), how they become
+    token blocks, and which prompts measure acceptance."""
 
     dataset: str = option("", "Hub id, or local .txt/.json/.jsonl/.parquet file, folder or glob (required).")
     dataset_config: str | None = option(None, "Hub dataset configuration name.")
@@ -189,6 +233,26 @@ class DataConfig:
               "num_eval_prompts rows of the dataset.")
     num_eval_prompts: int = option(16, "How many prompts to measure acceptance on.")
     eval_prompt_tokens: int = option(128, "Prompts are truncated to this many tokens.")
+    prompt_tokens: int = option(
+        32, "Prompt of a row trained from its first token (packed text): its first prompt_tokens tokens, at most "
+            "max_length - 1 (chat rows: the conversation before the first assistant turn). Used by target responses "
+            "and on-policy samples.")
+    # sources of training rows (recipes/README.md, "Where the training rows come from")
+    dataset_weight: float = option(1.0, "Mixing weight of source 'dataset': the dataset's own rows, >= 0.")
+    target_weight: float = option(
+        0.0, "Mixing weight of source 'target': the target's responses to the rows' prompts (sequence-level KD), "
+             ">= 0. Rows are drawn from the sources at random in proportion to the weights.")
+    target_data_dir: str | None = option(
+        None, "Folder of the target's responses: generated on first use, resumed if interrupted, reused by later "
+              "runs with the same inputs (required when target_weight > 0).")
+    target_max_new_tokens: int = option(256, "Tokens the target generates per response (stops earlier at eos).")
+    target_temperature: float = option(0.0, "Sampling temperature of the target's responses; 0 = greedy.")
+    target_top_k: int | None = option(None, "Top-k filter of the target's responses (target_temperature > 0).")
+    target_top_p: float | None = option(None, "Top-p filter of the target's responses (target_temperature > 0).")
+    target_seed: int = option(0, "Response i is sampled with seed target_seed + i.")
+    target_gamma: int | None = option(
+        None, "Generate the responses with the speculative decoder, the initial draft proposing this many tokens "
+              "per target pass (greedy: the same tokens; sampled: the same distribution); null = the target alone.")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -198,6 +262,22 @@ class DataConfig:
         require(self.num_proc is None or self.num_proc > 0, "num_proc", self.num_proc, "null or > 0")
         require(self.num_eval_prompts >= 0, "num_eval_prompts", self.num_eval_prompts, "an integer >= 0")
         require(self.eval_prompt_tokens > 0, "eval_prompt_tokens", self.eval_prompt_tokens, "an integer > 0")
+        require(self.prompt_tokens > 0, "prompt_tokens", self.prompt_tokens, "an integer > 0")
+        for key in ("dataset_weight", "target_weight"):
+            require(getattr(self, key) >= 0, key, getattr(self, key), "a number >= 0")
+        require(self.dataset_weight + self.target_weight > 0, "target_weight", self.target_weight,
+                "weights with data.dataset_weight + data.target_weight > 0 (at least one source)")
+        require(self.target_weight == 0 or bool(self.target_data_dir), "target_data_dir", self.target_data_dir,
+                "a folder for the target's responses when data.target_weight > 0")
+        require(self.target_max_new_tokens > 0, "target_max_new_tokens", self.target_max_new_tokens,
+                "an integer > 0")
+        require(self.target_temperature >= 0, "target_temperature", self.target_temperature, "a number >= 0")
+        require(self.target_top_k is None or self.target_top_k > 0, "target_top_k", self.target_top_k,
+                "null or an integer > 0")
+        require(self.target_top_p is None or 0 < self.target_top_p <= 1, "target_top_p", self.target_top_p,
+                "null or a number in (0, 1]")
+        require(self.target_gamma is None or self.target_gamma > 0, "target_gamma", self.target_gamma,
+                "null or an integer > 0")
 
 
 @dataclass
@@ -209,6 +289,21 @@ class DistillConfig:
     temperature: float = option(1.0, "Softmax temperature applied to both models' logits, > 0.")
     ce_weight: float = option(0.0, "w in loss = (1 - w) * divergence + w * cross-entropy on data tokens, in [0, 1].")
     chunk_size: int = option(1024, "Token positions per chunk when computing logits (bounds memory), > 0.")
+    # cached teacher (recipes/README.md, "Cached teacher")
+    teacher_cache: str | None = option(
+        None, "Folder of the target's top-k log-probabilities (plus tail mass) at every training position: built "
+              "on first use (resumable), reused while target, tokenizer and rows are unchanged; training then never "
+              "runs the target. Needs temperature 1; null = run the target at every step.")
+    teacher_topk: int = option(32, "k: cached tokens per position, in [1, the target's vocabulary size].")
+    teacher_cache_dtype: Literal["float16", "float32"] = option(
+        "float16", "dtype of the cached log-probabilities (float16: half the bytes, ~5e-4 relative error).")
+    # on-policy source (recipes/README.md, "On-policy")
+    on_policy_fraction: float = option(
+        0.0, "lambda in [0, 1]: each training row is, with this probability, replaced by the draft's own "
+             "continuation of its prompt (source 'draft', on-policy distillation); 0 = off.")
+    on_policy_max_new_tokens: int = option(
+        128, "Tokens the draft samples per on-policy row (stops earlier at eos; the row stays <= data.max_length).")
+    on_policy_temperature: float = option(1.0, "Sampling temperature of the draft's on-policy samples; 0 = greedy.")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -217,6 +312,21 @@ class DistillConfig:
         require(self.temperature > 0, "temperature", self.temperature, "a number > 0")
         require(0.0 <= self.ce_weight <= 1.0, "ce_weight", self.ce_weight, "a number in [0, 1]")
         require(self.chunk_size > 0, "chunk_size", self.chunk_size, "an integer > 0")
+        require(self.teacher_topk > 0, "teacher_topk", self.teacher_topk, "an integer > 0")
+        require(0.0 <= self.on_policy_fraction <= 1.0, "on_policy_fraction", self.on_policy_fraction,
+                "a number in [0, 1]")
+        require(self.on_policy_max_new_tokens > 0, "on_policy_max_new_tokens", self.on_policy_max_new_tokens,
+                "an integer > 0")
+        require(self.on_policy_temperature >= 0, "on_policy_temperature", self.on_policy_temperature,
+                "a number >= 0")
+        require(self.on_policy_fraction == 0 or self.loss != "ce", "on_policy_fraction", self.on_policy_fraction,
+                "0 with distill.loss ce (cross-entropy on the draft's own samples teaches nothing)")
+        if self.teacher_cache is not None:
+            require(self.temperature == 1.0, "temperature", self.temperature,
+                    "1.0 with distill.teacher_cache (cached log-probabilities are at temperature 1)")
+            require(self.loss != "ce", "teacher_cache", self.teacher_cache, "null with distill.loss ce (no teacher)")
+            require(self.on_policy_fraction == 0, "on_policy_fraction", self.on_policy_fraction,
+                    "0 with distill.teacher_cache (the draft's samples are not in the cache)")
 
 
 @dataclass
@@ -238,9 +348,10 @@ class TrainConfig:
     save_steps: int = option(500, "Save a checkpoint (and measure acceptance) every this many steps.")
     save_total_limit: int | None = option(3, "Keep at most this many checkpoints (the best is always kept).")
     seed: int = option(42, "Random seed (model init, data order, held-out prompts).")
-    bf16: bool = option(False, "bfloat16 mixed precision.")
-    fp16: bool = option(False, "float16 mixed precision.")
-    gradient_checkpointing: bool = option(False, "Recompute draft activations in the backward pass.")
+    bf16: bool = option(False, "bfloat16 mixed precision (needs a GPU with bfloat16: Ampere or newer).")
+    fp16: bool = option(False, "float16 mixed precision with loss scaling (needs a GPU; refused on CPU).")
+    gradient_checkpointing: bool = option(
+        False, "Recompute draft activations in the backward pass (less activation memory, ~30% more compute).")
     resume_from_checkpoint: str | bool | None = option(
         None, "A checkpoint folder, or true for the latest checkpoint in output_dir.")
     report_to: list[str] = option(["tensorboard"], "Trackers (tensorboard, wandb, ...); [] = none.")
@@ -265,6 +376,30 @@ class TrainConfig:
                 "null, true or a checkpoint folder")
         require(self.dataloader_num_workers >= 0, "dataloader_num_workers", self.dataloader_num_workers, ">= 0")
         require(self.ddp_timeout > 0, "ddp_timeout", self.ddp_timeout, "an integer > 0")
+
+
+def check_precision(cfg: TrainConfig, source: str | None = None) -> None:
+    """Refuse mixed precision this machine cannot run, before TrainingArguments sees it.
+
+    Raises RecipeError naming train.fp16 on a CPU-only run (accelerate would silently train in float32 there) and
+    train.bf16 without a bfloat16-capable GPU (transformers refuses it with use_cpu unset, as train.py leaves it).
+    """
+    import torch
+    from accelerate.utils import parse_flag_from_env
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: cuda, xpu, mps, ...
+    has_gpu = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+    on_cpu = not has_gpu or parse_flag_from_env("ACCELERATE_USE_CPU")
+    if cfg.fp16 and on_cpu:
+        raise RecipeError("train.fp16", "got true on a CPU-only run; allowed: false. float16 mixed precision needs "
+                          "a GPU (on CPU accelerate would silently train in float32); leave train.fp16 and "
+                          "train.bf16 false on CPU", source)
+    if cfg.bf16 and (on_cpu or not is_torch_bf16_gpu_available()):
+        raise RecipeError("train.bf16", "got true without a bfloat16-capable GPU; allowed: false. bfloat16 mixed "
+                          "precision needs an Ampere-or-newer GPU here (transformers refuses it on CPU unless "
+                          "TrainingArguments(use_cpu=True)); on CPU leave it false, or load bfloat16 weights with "
+                          "model.draft_dtype / model.target_dtype", source)
 
 
 @dataclass
@@ -308,7 +443,7 @@ class HubConfig:
 
 
 SECTION_TYPES: dict[str, type] = {
-    "model": ModelConfig, "data": DataConfig, "distill": DistillConfig,
+    "model": ModelConfig, "lora": LoraConfig, "data": DataConfig, "distill": DistillConfig,
     "train": TrainConfig, "eval": EvalConfig, "hub": HubConfig,
 }
 
@@ -319,6 +454,7 @@ class Recipe:
 
     model: ModelConfig
     data: DataConfig
+    lora: LoraConfig = field(default_factory=LoraConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -391,6 +527,7 @@ def build_recipe(raw: dict[str, Any], source: str = "<dict>", override_keys: typ
             key = f"{name}.{err.key}"
             where = OVERRIDE_SOURCE if any(key == k or key.startswith(k + ".") for k in override_keys) else source
             raise err.located(name, where) from None
+    _check_across_sections(sections, source, override_keys)
     return Recipe(**sections)
 
 

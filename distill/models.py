@@ -5,15 +5,23 @@ The draft comes from exactly one of (see ModelConfig):
 - `model.draft_layers`: the target with only these decoder layers kept (embeddings, final norm, lm_head copied);
 - `model.draft_config`: a fresh model with the target's config and these keys overridden (trained from scratch).
 
+With `lora.enabled` the draft is wrapped by peft (`apply_lora`): only the adapters train, and `plain_copy` merges
+them into a plain transformers model for measuring and export.
+
+Under DeepSpeed ZeRO-3 (`zero3_enabled`) both models are partitioned as they load (transformers' zero.Init): the
+target gets DeepSpeed's inference hooks (`shard_for_inference`, every forward gathers one layer at a time) instead
+of a replica per process, and `plain_copy` gathers a whole copy onto rank 0 (a collective: every rank calls it).
+
 `check_model_plan` reads only configs and tokenizers, so its errors come before any weights are loaded.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -22,7 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
 
 from decode.vocab import check_tokenizers_compatible
-from distill.config import ModelConfig
+from distill.config import LORA_ALL_LINEAR, LoraConfig, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +127,7 @@ def draft_config(cfg: ModelConfig, target_config: PretrainedConfig) -> Pretraine
 
 def count_parameters(config: PretrainedConfig, trust_remote_code: bool = False) -> int:
     """Parameters of a model with this config, counted on the meta device (no memory, no weights)."""
-    with torch.device("meta"), no_init_weights():
+    with torch.device("meta"), no_init_weights(), outside_zero3_init():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     return sum(p.numel() for p in model.parameters())
 
@@ -164,10 +172,16 @@ def freeze(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def load_target(cfg: ModelConfig) -> PreTrainedModel:
-    """The frozen target in `model.target_dtype` ("auto" = the dtype of its checkpoint)."""
+    """The frozen target in `model.target_dtype` ("auto" = the dtype of its checkpoint).
+
+    Under DeepSpeed ZeRO-3 it is loaded partitioned and given inference hooks (`shard_for_inference`): each process
+    holds 1/P of it, and every process must run each of its forward passes (they gather weights together).
+    """
     dtype = "auto" if cfg.target_dtype == "auto" else TORCH_DTYPES[cfg.target_dtype]
-    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, **_load_kwargs(cfg))
-    return freeze(target)
+    target = freeze(AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, **_load_kwargs(cfg)))
+    if zero3_enabled():
+        shard_for_inference(target)
+    return target
 
 
 def decoder_layers_name(model: PreTrainedModel) -> str:
@@ -189,20 +203,40 @@ def draft_from_layers(target: PreTrainedModel, layers: list[int], dtype: torch.d
     draft = AutoModelForCausalLM.from_config(config, dtype=dtype, **load_kwargs)
     prefix = decoder_layers_name(target) + "."
     renumber = {old: new for new, old in enumerate(layers)}
-    state = {}
-    for key, tensor in target.state_dict().items():
-        if key.startswith(prefix):
-            index, rest = key[len(prefix):].split(".", 1)
-            if int(index) not in renumber:
+
+    def draft_key(key: str) -> str | None:
+        """The draft's name for the target's weight `key`; None for a dropped layer."""
+        if not key.startswith(prefix):
+            return key
+        index, rest = key[len(prefix):].split(".", 1)
+        return f"{prefix}{renumber[int(index)]}.{rest}" if int(index) in renumber else None
+
+    if is_partitioned(target):  # ZeRO-3: copy one gathered weight at a time; rank 0's copy is re-partitioned
+        import deepspeed
+        draft_params = dict(draft.named_parameters())
+        for key, source in target.named_parameters():
+            name = draft_key(key)
+            if name is None or name not in draft_params:
                 continue
-            key = f"{prefix}{renumber[int(index)]}.{rest}"
-        state[key] = tensor
+            with deepspeed.zero.GatheredParameters([source, draft_params[name]], modifier_rank=0):
+                if torch.distributed.get_rank() == 0:
+                    draft_params[name].data.copy_(source.data)
+        return draft
+    state = {draft_key(k): v for k, v in target.state_dict().items() if draft_key(k) is not None}
     draft.load_state_dict(state, strict=True)
     return draft
 
 
-def load_draft(cfg: ModelConfig, target: PreTrainedModel) -> PreTrainedModel:
-    """The trainable draft in `model.draft_dtype`, in train mode with gradients on."""
+def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | None = None) -> nn.Module:
+    """The trainable draft in `model.draft_dtype`, in train mode: every weight trains, or with `lora.enabled` only
+    the LoRA adapters (a peft PeftModel, see apply_lora).
+
+    Raises ModelSetupError for LoRA under DeepSpeed ZeRO-3 (not supported: LoRA drafts fit ZeRO-2 or DDP) and for
+    lora.target_modules / lora.modules_to_save naming no module of the draft.
+    """
+    if lora is not None and lora.enabled and zero3_enabled():
+        raise ModelSetupError("lora.enabled: LoRA drafts are not supported under DeepSpeed ZeRO-3 (the adapters "
+                              "are small: use DDP or ZeRO-2, recipes/accelerate/deepspeed_zero2.yaml)")
     dtype = TORCH_DTYPES[cfg.draft_dtype]
     if cfg.draft is not None:
         draft = AutoModelForCausalLM.from_pretrained(cfg.draft, dtype=dtype, **_load_kwargs(cfg))
@@ -212,8 +246,168 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel) -> PreTrainedModel:
         config = _config_overrides(target.config, cfg.draft_config or {})
         draft = AutoModelForCausalLM.from_config(config, dtype=dtype, **_load_kwargs(cfg))
     draft.requires_grad_(True)
+    if lora is not None and lora.enabled:
+        draft = apply_lora(draft, lora)
     return draft.train()
 
 
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LoRA (peft)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _check_module_names(draft: nn.Module, key: str, names: list[str], linear_only: bool) -> None:
+    """ModelSetupError naming `key` for an entry of `names` that matches no module (by name or dotted suffix)."""
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+    linear = (nn.Linear, Conv1D)
+    modules = [(n, m) for n, m in draft.named_modules() if n and (not linear_only or isinstance(m, linear))]
+    for wanted in names:
+        if not any(n == wanted or n.endswith("." + wanted) for n, _ in modules):
+            choices = sorted({n.rsplit(".", 1)[-1] for n, _ in modules})
+            close = difflib.get_close_matches(wanted, choices, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            kind = "linear layer" if linear_only else "module"
+            raise ModelSetupError(f"{key}: {wanted!r} names no {kind} of the draft ({type(draft).__name__}); "
+                                  f"{hint}its {kind}s are named: {', '.join(choices)}")
+
+
+def apply_lora(draft: PreTrainedModel, cfg: LoraConfig) -> nn.Module:
+    """`draft` wrapped by peft.get_peft_model with LoRA adapters (changed in place): W x + (alpha / r) B A x on each
+    target module, B = 0 at the start so the draft's function is unchanged. Only the adapters and
+    `cfg.modules_to_save` require gradients. Raises ModelSetupError for a target or saved module the draft lacks.
+    """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    if cfg.target_modules != LORA_ALL_LINEAR:
+        _check_module_names(draft, "lora.target_modules", list(cfg.target_modules), linear_only=True)
+    if cfg.modules_to_save:
+        _check_module_names(draft, "lora.modules_to_save", cfg.modules_to_save, linear_only=False)
+    peft_config = PeftLoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias="none", task_type="CAUSAL_LM",
+        target_modules=cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules),
+        modules_to_save=list(cfg.modules_to_save) if cfg.modules_to_save else None)
+    model = get_peft_model(draft, peft_config)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.info("LoRA draft: %s of %s parameters train (r %d, alpha %g)", f"{trainable:,}",
+                f"{parameter_count(model):,}", cfg.r, cfg.alpha)
+    return model
+
+
+def is_lora(model: nn.Module) -> bool:
+    """True for a peft model (LoRA adapters on a base model)."""
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DeepSpeed ZeRO-3: partitioned weights
+# ---------------------------------------------------------------------------------------------------------------
+
+def zero3_enabled() -> bool:
+    """True when the TrainingArguments of this process configured DeepSpeed ZeRO-3."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    return is_deepspeed_zero3_enabled()
+
+
+def is_partitioned(model: nn.Module) -> bool:
+    """True when some weight of `model` is a ZeRO-3 partition (only 1/P of it lives in this process)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+@contextlib.contextmanager
+def outside_zero3_init() -> Iterator[None]:
+    """Build models whole in this process even under ZeRO-3 (transformers would otherwise partition them)."""
+    if not zero3_enabled():
+        yield
+        return
+    from transformers.modeling_utils import set_zero3_state
+    with set_zero3_state():
+        yield
+
+
+def zero3_inference_config(train_config: dict[str, Any], hidden_size: int | None,
+                           dtype: torch.dtype) -> dict[str, Any]:
+    """The DeepSpeed config for a frozen model under ZeRO-3, from the training run's config (not changed).
+
+    No optimizer, scheduler or optimizer offload; the batch keys are placeholders (no training step is taken);
+    precision follows the model's own dtype, so DeepSpeed never casts it; "auto" bucket sizes get TRL's values for
+    `hidden_size` (the Trainer fills them for the draft only). Parameter offload is kept.
+    """
+    config = copy.deepcopy(train_config)
+    for key in ("optimizer", "scheduler", "train_batch_size", "gradient_clipping"):
+        config.pop(key, None)
+    config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1,
+                  bf16={"enabled": dtype == torch.bfloat16}, fp16={"enabled": dtype == torch.float16})
+    zero = config.setdefault("zero_optimization", {})
+    zero["stage"] = 3
+    zero.pop("offload_optimizer", None)
+    if hidden_size:
+        for key, value in (("reduce_bucket_size", hidden_size * hidden_size),
+                           ("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
+                           ("stage3_param_persistence_threshold", 10 * hidden_size)):
+            if zero.get(key, "auto") == "auto":
+                zero[key] = value
+    return config
+
+
+def shard_for_inference(model: PreTrainedModel) -> PreTrainedModel:
+    """Give a frozen, ZeRO-3-partitioned model DeepSpeed's inference hooks (as TRL does for its reference model):
+    each forward gathers a layer's weights, runs it and frees them. Every process must run every forward. Returns
+    `model` itself (hooked in place) in eval mode."""
+    import deepspeed
+    from transformers.integrations.deepspeed import deepspeed_config
+
+    hidden_size = getattr(model.config.get_text_config(), "hidden_size", None)
+    config = zero3_inference_config(deepspeed_config(), hidden_size, next(model.parameters()).dtype)
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    return engine.module.eval()
+
+
+def _gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """Every parameter of a ZeRO-3 model, whole and on the CPU, on rank 0 (None elsewhere). A collective: every rank
+    calls it; one weight is gathered at a time, so no process ever holds more than one whole weight extra.
+    Buffers are left out: ZeRO-3 does not partition them and a model's buffers follow from its config."""
+    import deepspeed
+
+    state: dict[str, torch.Tensor] = {}
+    rank_zero = torch.distributed.get_rank() == 0
+    for name, param in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+            if rank_zero:
+                state[name] = param.data.detach().to("cpu", copy=True)
+    return state if rank_zero else None
+
+
+def _empty_like(model: PreTrainedModel) -> PreTrainedModel:
+    """A whole (unpartitioned) model on the CPU with `model`'s architecture and dtype; weights not initialised."""
+    with outside_zero3_init(), no_init_weights():
+        return AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
+
+
+def plain_copy(model: nn.Module) -> PreTrainedModel | None:
+    """A plain transformers model equal to `model`, which is left unchanged: LoRA adapters are merged into the
+    weights (merge_and_unload), ZeRO-3 partitions gathered. The copy is on the CPU when gathered, else on the
+    model's device.
+
+    A collective when `model` is partitioned (every rank must call it; the copy is returned on rank 0, None
+    elsewhere); otherwise a local copy.
+    """
+    if is_partitioned(model):
+        state = _gathered_state_dict(model)
+        if state is None:
+            return None
+        copied = _empty_like(model)  # LoRA under ZeRO-3 is refused by load_draft: no adapters here
+        missing, unexpected = copied.load_state_dict(state, strict=False)
+        named = dict(copied.named_parameters())
+        if unexpected or any(key in named for key in missing):
+            raise RuntimeError(f"gathered weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        copied.tie_weights()
+    else:
+        copied = copy.deepcopy(model)
+    if is_lora(copied):
+        copied = copied.merge_and_unload()
+    return copied.eval()

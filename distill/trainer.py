@@ -1,15 +1,19 @@
 """DistillTrainer: a transformers.Trainer that trains the draft toward a frozen target, for 1..N processes.
 
 Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
-  get_batch_samples  -> the G micro-batches and N = number of loss tokens summed over all processes and micro-batches
-  compute_loss       -> draft and target final hidden states; chunked_distill_loss gives S_pg (a sum over tokens);
-                        the returned loss is S_pg * P / N
+  get_batch_samples  -> the G micro-batches, with on-policy rows (distill.onpolicy) put in first when
+                        distill.on_policy_fraction > 0, and N = number of loss tokens of those rows summed over all
+                        processes and micro-batches
+  compute_loss       -> draft and target final hidden states (or the cached top-k teacher of the batch, when the
+                        rows carry one: the target is then not run); chunked_distill_loss gives S_pg (a sum over
+                        tokens); the returned loss is S_pg * P / N
   backward           -> DDP / DeepSpeed / FSDP average gradients over the P processes, so the update follows
                         (1/P) sum_p sum_g grad(S_pg * P / N) = grad(sum_pg S_pg) / N: the per-token mean over the
                         whole optimizer batch, identical for (P processes x G micro-batches) = (1 x P*G).
   log                -> loss (per token), kd (per-token divergence), tv (per-token total variation of the batch at
                         temperature 1), ce, tokens_per_s (all processes' input tokens per second of training
-                        steps); learning_rate and grad_norm come from Trainer.
+                        steps), on_policy (share of rows that were the draft's samples, when on); learning_rate and
+                        grad_norm come from Trainer.
 
 The target is never wrapped or trained: it is frozen, moved to this process's device and used under no_grad.
 Device modes (single process, DDP, DeepSpeed ZeRO-1/2) come from the accelerate config, not from this file;
@@ -17,7 +21,6 @@ modes that shard the draft (ZeRO-3, FSDP) are refused by check_device_mode befor
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import time
 from typing import Any, Iterator
@@ -30,6 +33,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, Trai
 from distill.config import DistillConfig, TrainConfig
 from distill.data import IGNORE_INDEX
 from distill.losses import LossSums, chunked_distill_loss
+from distill.onpolicy import OnPolicySettings, accepts_logits_to_keep, micro_batch_generator, on_policy_batch
+from distill.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
 
 
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
@@ -69,14 +74,19 @@ class UnsupportedModeError(ValueError):
 
 
 def check_device_mode(args: TrainingArguments) -> None:
-    """Raise UnsupportedModeError for ZeRO-3 and FSDP: the target is replicated on every process and acceptance is
-    measured on the in-memory draft on rank 0, both of which need whole (unsharded) weights."""
+    """Raise UnsupportedModeError for FSDP, and for ZeRO-3 unless checkpoints hold whole weights (the export and
+    acceptance read them). ZeRO-3 shards the target too (distill.models.shard_for_inference); FSDP would need the
+    loss to call the draft's lm_head inside its wrapped forward, which DistillTrainer does not do."""
     if args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == 3:
-        raise UnsupportedModeError("DeepSpeed ZeRO-3 is not supported yet (the draft would be sharded); use ZeRO-1/2 "
-                                   "or DDP (recipes/accelerate/ddp.yaml)")
+        zero = args.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+        if zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
+            raise UnsupportedModeError(
+                "DeepSpeed ZeRO-3 needs whole weights in every checkpoint: set zero3_save_16bit_model: true in the "
+                "accelerate config (recipes/accelerate/deepspeed_zero3.yaml), or "
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save: true in a DeepSpeed JSON config")
     if args.fsdp or parse_flag_from_env("ACCELERATE_USE_FSDP"):
-        raise UnsupportedModeError("FSDP is not supported yet (the draft would be sharded); use DDP "
-                                   "(recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-1/2")
+        raise UnsupportedModeError("FSDP is not supported yet (docs/memory.md); use DDP (recipes/accelerate/ddp.yaml)"
+                                   " or DeepSpeed ZeRO-2/3 (recipes/accelerate/deepspeed_zero*.yaml)")
 
 
 class StepClock(TrainerCallback):
@@ -109,14 +119,16 @@ class DistillTrainer(Trainer):
         data_collator: Any,
         processing_class: PreTrainedTokenizerBase | None = None,
         callbacks: list[TrainerCallback] | None = None,
+        on_policy: OnPolicySettings | None = None,
     ):
         super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator,
                          processing_class=processing_class, callbacks=callbacks)
         self.distill = distill
+        self.on_policy = on_policy  # None: no on-policy rows
         self.target = target.to(self.args.device)  # frozen by distill.models.load_target; never prepared
-        self._draft_takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        # [kd, tv, ce, loss tokens, input tokens] summed on this process since the last log
-        self._log_sums = torch.zeros(5, dtype=torch.float64, device=self.args.device)
+        self._draft_takes_logits_to_keep = accepts_logits_to_keep(model)
+        # [kd, tv, ce, loss tokens, input tokens, rows, on-policy rows] summed on this process since the last log
+        self._log_sums = torch.zeros(7, dtype=torch.float64, device=self.args.device)
         self._clock = StepClock()
         self.add_callback(self._clock)
 
@@ -124,12 +136,26 @@ class DistillTrainer(Trainer):
 
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int,
                           device: torch.device) -> tuple[list, torch.Tensor]:
-        """The next `num_batches` micro-batches and N, their loss tokens summed over every process."""
+        """The next `num_batches` micro-batches (on-policy rows in place) and N, their loss tokens summed over every
+        process. The replacement comes first, so N counts the tokens the loss is actually taken on."""
         batches = list(itertools.islice(epoch_iterator, num_batches))
+        if self.on_policy is not None:
+            batches = [self.with_on_policy_rows(batch, micro) for micro, batch in enumerate(batches)]
         # position t predicts token t+1, so the loss tokens are the labels[:, 1:] that are not -100
         local = sum((b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in batches) if batches else torch.tensor(0)
         local = torch.as_tensor(local, device=device).reshape(1)
         return batches, self.accelerator.gather(local).sum() if self.accelerator.num_processes > 1 else local[0]
+
+    def with_on_policy_rows(self, batch: dict[str, torch.Tensor], micro_batch: int) -> dict[str, torch.Tensor]:
+        """The micro-batch with a lambda share of its rows replaced by the current draft's samples (no collective:
+        each process samples its own rows, from a generator seeded by seed, process, step and micro-batch)."""
+        generator = micro_batch_generator(self.on_policy.seed, self.args.process_index, self.state.global_step,
+                                          micro_batch)
+        draft = self.accelerator.unwrap_model(self.model)
+        batch, rows = on_policy_batch(batch, draft, self.on_policy, generator)
+        self._log_sums[5] += batch["input_ids"].shape[0]
+        self._log_sums[6] += len(rows.selected)
+        return batch
 
     # ---- the loss ---------------------------------------------------------------------------------------------
 
@@ -151,16 +177,18 @@ class DistillTrainer(Trainer):
         """Loss sums of one micro-batch: the divergence between the models at every position t whose next token
         labels[t + 1] is a target, computed chunk by chunk from hidden states (full logits are never built)."""
         draft_hidden = self.draft_hidden_states(model, inputs)  # [B, T, H]
-        if self.distill.loss == "ce":  # plain cross-entropy on the data: the target is not run (kd = tv = 0)
-            target_hidden, target_head = None, None
+        if TEACHER_COLUMNS[0] in inputs:  # cached top-k teacher (distill.teacher_cache): the target is not run
+            teacher, teacher_head = sparse_teacher_from_batch(inputs), None  # SparseTeacher, B * (T-1) positions
+        elif self.distill.loss == "ce":  # plain cross-entropy on the data: the target is not run (kd = tv = 0)
+            teacher, teacher_head = None, None
         else:
-            target_hidden = self.target_hidden_states(inputs)[:, :-1]  # [B, T-1, H']
-            target_head = self.target.get_output_embeddings()
+            teacher = self.target_hidden_states(inputs)[:, :-1]  # [B, T-1, H']
+            teacher_head = self.target.get_output_embeddings()
         labels = inputs["labels"][:, 1:]  # [B, T-1]: the token each position predicts
         return chunked_distill_loss(
             draft_hidden[:, :-1], self.accelerator.unwrap_model(model).get_output_embeddings(),
-            target_hidden, labels, inputs["attention_mask"][:, 1:].bool(),
-            teacher_head=target_head, chunk_size=self.distill.chunk_size,
+            teacher, labels, inputs["attention_mask"][:, 1:].bool(),
+            teacher_head=teacher_head, chunk_size=self.distill.chunk_size,
             loss=self.distill.loss, beta=self.distill.beta, temperature=self.distill.temperature,
             ce_weight=self.distill.ce_weight,
         )
@@ -176,7 +204,7 @@ class DistillTrainer(Trainer):
             loss = sums.loss * self.accelerator.num_processes / torch.as_tensor(num_items_in_batch).clamp(min=1)
         num_tokens = torch.tensor(sums.num_tokens, device=self._log_sums.device)
         logged = (sums.kd, sums.tv, sums.ce, num_tokens, inputs["attention_mask"].sum())
-        self._log_sums += torch.stack([value.double() for value in logged])
+        self._log_sums[:5] += torch.stack([value.double() for value in logged])
         return (loss, sums) if return_outputs else loss
 
     # ---- logging ----------------------------------------------------------------------------------------------
@@ -186,9 +214,11 @@ class DistillTrainer(Trainer):
         if "loss" in logs:
             totals = self.accelerator.reduce(self._log_sums, reduction="sum") if self.accelerator.num_processes > 1 \
                 else self._log_sums
-            kd, tv, ce, loss_tokens, input_tokens = totals.tolist()
+            kd, tv, ce, loss_tokens, input_tokens, rows, on_policy_rows = totals.tolist()
             logs.update(kd=kd / max(loss_tokens, 1), tv=tv / max(loss_tokens, 1), ce=ce / max(loss_tokens, 1),
                         tokens_per_s=input_tokens / max(self._clock.seconds, 1e-9))
+            if self.on_policy is not None:
+                logs["on_policy"] = on_policy_rows / max(rows, 1)
             self._log_sums.zero_()
             self._clock.seconds = 0.0
         super().log(logs, start_time)

@@ -9,6 +9,10 @@ Two CPU processes (gloo), e.g. to check multi-process maths without GPUs:
         --mixed_precision no --dynamo_backend no scripts/train.py RECIPE.yaml key=value ...
 Installed console script: specdistill-train RECIPE.yaml key=value ...
 
+Training rows come from the dataset, the target's responses (data.target_weight, generated once into
+data.target_data_dir) and the draft's own samples (distill.on_policy_fraction); distill.teacher_cache caches the
+target's top-k once so that training never runs it (recipes/README.md).
+
 OUTPUT_DIR (train.output_dir) ends up holding the best draft (by measured speedup) as a model folder,
 recipe.yaml (the resolved recipe), acceptance.jsonl, train_results.json, checkpoint-*/ and runs/ (TensorBoard).
 """
@@ -28,8 +32,12 @@ if __package__ in (None, ""):  # `python scripts/train.py`: make the repository 
 
 from decode.vocab import TokenizerMismatchError  # noqa: E402
 from distill.callbacks import AcceptanceCallback, best_record, export_draft, read_records  # noqa: E402
-from distill.config import Recipe, RecipeError, load_recipe, save_recipe  # noqa: E402
+from distill.config import (OVERRIDE_SOURCE, Recipe, RecipeError, check_precision, load_recipe,  # noqa: E402
+                            save_recipe)
 from distill.data import DataError, DistillCollator, build_data, padding_id  # noqa: E402
+from distill.sources import (check_teacher_topk, mix_sources, on_policy_settings, target_response_rows,  # noqa: E402
+                             with_teacher_cache)
+from distill.teacher_cache import CacheMismatchError  # noqa: E402
 from distill.models import ModelSetupError, check_model_plan, load_draft, load_target, load_tokenizer  # noqa: E402
 from distill.trainer import DistillTrainer, UnsupportedModeError, check_device_mode, training_arguments  # noqa: E402
 
@@ -41,7 +49,7 @@ class PushError(RuntimeError):
 
 
 USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
-               FileNotFoundError, PushError)
+               FileNotFoundError, PushError, CacheMismatchError)
 
 
 def resume_argument(recipe: Recipe) -> str | None:
@@ -80,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     recipe = load_recipe(argv[0], argv[1:])
     resume = resume_argument(recipe)
     check_hub_settings(recipe, argv[0])
+    check_precision(recipe.train)  # fp16 on CPU, bf16 without a bf16 GPU: named before TrainingArguments sees them
     args = training_arguments(recipe.train)  # also sets up the processes (accelerate launch / torchrun)
     check_device_mode(args)
     state = PartialState()
@@ -88,6 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- tokenizer and model plan: configs only, no weights yet ----------------------------------------------
     tokenizer = load_tokenizer(recipe.model)
     check_model_plan(recipe.model, tokenizer)
+    topk_from_override = any(a.startswith("distill.teacher_topk=") for a in argv[1:])
+    check_teacher_topk(recipe, OVERRIDE_SOURCE if topk_from_override else argv[0])  # k <= the target's vocabulary
 
     # ---- data: tokenised once on rank 0 (datasets cache), read by the others ---------------------------------
     with args.main_process_first(desc="tokenise dataset"):
@@ -96,17 +107,34 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- models: frozen target, trainable draft --------------------------------------------------------------
     target = load_target(recipe.model)
-    draft = load_draft(recipe.model, target)
+    draft = load_draft(recipe.model, target, recipe.lora)  # lora.enabled: a peft model, only adapters train
+
+    # ---- training rows: the dataset's and the target's responses (generated once, main process first), mixed ---
+    target.to(args.device)
+    train_rows, target_rows = data.train, None
+    if recipe.data.target_weight > 0:
+        with args.main_process_first(desc="target responses"):
+            target_rows = target_response_rows(recipe.data, data.train, target, draft, tokenizer,
+                                               target_id=recipe.model.target, progress=state.is_main_process)
+        train_rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
+        logger.info("%d training rows: %d of the dataset and %d target responses mixed %g : %g", len(train_rows),
+                    len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
+    collator = DistillCollator(padding_id(tokenizer))
+    if recipe.distill.teacher_cache is not None:  # the target's top-k once; training then never runs the target
+        with args.main_process_first(desc="teacher cache"):
+            train_rows, collator = with_teacher_cache(
+                train_rows, collator, recipe.distill, target, tokenizer, target_id=recipe.model.target,
+                batch_size=recipe.train.per_device_train_batch_size, progress=state.is_main_process)
 
     # ---- train, measuring acceptance at every checkpoint -----------------------------------------------------
     if state.is_main_process:
         Path(recipe.train.output_dir).mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, Path(recipe.train.output_dir) / "recipe.yaml")
-    acceptance = AcceptanceCallback(target.to(args.device), data.eval_prompts, recipe.eval,
+    acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval,
                                     tensorboard="tensorboard" in recipe.train.report_to)
-    trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill, train_dataset=data.train,
-                             data_collator=DistillCollator(padding_id(tokenizer)), processing_class=tokenizer,
-                             callbacks=[acceptance])
+    trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill, train_dataset=train_rows,
+                             data_collator=collator, processing_class=tokenizer, callbacks=[acceptance],
+                             on_policy=on_policy_settings(recipe, tokenizer, target))
     metrics = trainer.train(resume_from_checkpoint=resume).metrics
 
     # ---- export the best draft (rank 0), then every rank finishes together -----------------------------------
@@ -144,7 +172,9 @@ def cli() -> None:
     try:
         main()
     except USER_ERRORS as err:
-        print(f"specdistill-train: error: {err}", file=sys.stderr)
+        first, *details = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+        message = " ".join([first, "; ".join(details)]).strip()  # one line, details (if any) separated by ;
+        print(f"specdistill-train: error: {message}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -1,0 +1,107 @@
+"""Where the training rows come from (recipes/README.md, "Where the training rows come from").
+
+  dataset   the dataset's own rows (distill.data.build_data), weight data.dataset_weight
+  target    the target's responses to those rows' prompts (sequence-level KD), generated once into
+            data.target_data_dir (distill.target_data), weight data.target_weight
+  draft     the draft's own samples, put in during training by DistillTrainer (distill.onpolicy), a per-row
+            fraction distill.on_policy_fraction of whatever the first two give
+The first two are mixed row by row: datasets.interleave_datasets draws each row from a source with probability
+weight / sum of weights (seeded with train.seed) until one source runs out. Optionally the target's top-k
+log-probabilities of the mixed rows are cached (distill.teacher_cache) and travel with the rows, so that training
+never runs the target.
+
+The callers run whatever here uses the target on the main process first (TrainingArguments.main_process_first);
+the other processes then find the stored result complete and read it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import datasets
+from torch import nn
+from transformers import AutoConfig, PreTrainedTokenizerBase
+
+from distill.config import DataConfig, DistillConfig, Recipe, RecipeError
+from distill.data import padding_id
+from distill.onpolicy import OnPolicySettings
+from distill.target_data import generate_target_data, prompts_from_rows, to_training_rows
+from distill.teacher_cache import (CacheMismatchError, TeacherCollator, build_teacher_cache, output_vocab_size,
+                                   with_teacher_columns)
+
+
+def check_teacher_topk(recipe: Recipe, source: str) -> None:
+    """distill.teacher_topk must not exceed the target's vocabulary (read from its config: no weights loaded).
+    Raises RecipeError naming the key."""
+    if recipe.distill.teacher_cache is None:
+        return
+    config = AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=recipe.model.trust_remote_code)
+    vocab = config.get_text_config().vocab_size
+    k = recipe.distill.teacher_topk
+    if k > vocab:
+        raise RecipeError("distill.teacher_topk", f"got {k}; allowed: an integer in [1, {vocab}] (the target's "
+                                                  "vocabulary size)", source)
+
+
+def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,
+                         tokenizer: PreTrainedTokenizerBase, *, target_id: str, progress: bool) -> datasets.Dataset:
+    """Training rows {input_ids, labels} = prompt + the target's response (labels on the response) for every row of
+    `rows`; the responses are generated into cfg.target_data_dir on first use and read back afterwards.
+    Raises CacheMismatchError when that folder holds responses of other inputs."""
+    prompts = prompts_from_rows(rows, prompt_tokens=min(cfg.prompt_tokens, cfg.max_length - 1))
+    # with target_gamma the draft proposes tokens for the speculative decoder (on the target's device, eval mode)
+    decoder_draft = draft.to(next(target.parameters()).device) if cfg.target_gamma is not None else None
+    was_training = draft.training
+    draft.eval()
+    try:
+        responses = generate_target_data(
+            target, tokenizer, prompts, cfg.target_data_dir, max_new_tokens=cfg.target_max_new_tokens,
+            temperature=cfg.target_temperature, top_k=cfg.target_top_k, top_p=cfg.target_top_p,
+            seed=cfg.target_seed, draft=decoder_draft, gamma=cfg.target_gamma or 1, target_id=target_id,
+            progress=progress)
+    except CacheMismatchError as err:
+        raise CacheMismatchError(f"data.target_data_dir: {err}") from None
+    finally:
+        draft.train(was_training)
+    return to_training_rows(responses, cfg.max_length, num_proc=cfg.num_proc)
+
+
+def mix_sources(dataset_rows: datasets.Dataset, target_rows: datasets.Dataset | None, cfg: DataConfig,
+                seed: int) -> datasets.Dataset:
+    """The rows of the sources with weight > 0; two sources are interleaved at random in proportion to their
+    weights (seeded), stopping when one runs out."""
+    weighted = [(rows, weight) for rows, weight in ((dataset_rows, cfg.dataset_weight),
+                                                    (target_rows, cfg.target_weight)) if weight > 0]
+    if len(weighted) == 1:
+        return weighted[0][0]
+    total = sum(weight for _, weight in weighted)
+    aligned = [rows.cast(dataset_rows.features) for rows, _ in weighted]
+    return datasets.interleave_datasets(aligned, probabilities=[weight / total for _, weight in weighted],
+                                        seed=seed, stopping_strategy="first_exhausted")
+
+
+def with_teacher_cache(rows: datasets.Dataset, collator: Callable[[list[dict]], Any], cfg: DistillConfig,
+                       target: nn.Module, tokenizer: PreTrainedTokenizerBase, *, target_id: str, batch_size: int,
+                       progress: bool) -> tuple[datasets.Dataset, TeacherCollator]:
+    """The rows with the target's cached top-k columns attached, and a collator that pads them; the cache is built
+    into cfg.teacher_cache on first use (resumed if interrupted). Raises CacheMismatchError when the folder holds
+    a cache of another target, tokenizer or other rows."""
+    try:
+        cache = build_teacher_cache(target, rows, cfg.teacher_cache, k=cfg.teacher_topk, batch_size=batch_size,
+                                    target_id=target_id, tokenizer=tokenizer, logprob_dtype=cfg.teacher_cache_dtype,
+                                    chunk_size=cfg.chunk_size, progress=progress)
+    except CacheMismatchError as err:
+        raise CacheMismatchError(f"distill.teacher_cache: {err}") from None
+    # build_teacher_cache has just checked (or made) the cache against these very rows: no second hash
+    return with_teacher_columns(rows, cache, check=False), TeacherCollator(collator)
+
+
+def on_policy_settings(recipe: Recipe, tokenizer: PreTrainedTokenizerBase,
+                       target: nn.Module) -> OnPolicySettings | None:
+    """What DistillTrainer needs to put in on-policy rows; None when distill.on_policy_fraction is 0."""
+    if recipe.distill.on_policy_fraction == 0:
+        return None
+    return OnPolicySettings(
+        fraction=recipe.distill.on_policy_fraction, max_new_tokens=recipe.distill.on_policy_max_new_tokens,
+        temperature=recipe.distill.on_policy_temperature, prompt_tokens=recipe.data.prompt_tokens,
+        max_length=recipe.data.max_length, eos_token_id=tokenizer.eos_token_id, pad_token_id=padding_id(tokenizer),
+        vocab_size=output_vocab_size(target), seed=recipe.train.seed)
