@@ -389,9 +389,12 @@ def chunked_distill_loss(
 
     student_hidden [B, T, H]; student_head maps [c, H] -> [c, Vs]. teacher: hidden states [B, T, H'] together
     with teacher_head ([c, H'] -> [c, Vt]), a SparseTeacher with B*T rows (flattened positions), or None for
-    loss="ce". labels, mask [B, T]. Each chunk's logits live only inside a non-reentrant checkpoint: the teacher's
-    under no_grad, the student's recomputed in backward, so at most one chunk's [c, V] logits exist at a time
-    (the teacher head runs again in the recompute; that is the price of not keeping its logits).
+    loss="ce". labels, mask [B, T]. At most one chunk's [c, V] logits exist at a time:
+    - a plain nn.Linear student head (the usual lm_head) takes the fused path (distill/fused.py): each chunk's
+      gradient with respect to its logits is written in closed form and turned into the hidden states' and the
+      head's gradients at once, so each head runs once per chunk and autograd keeps no logits;
+    - any other head (a peft wrapper, a ZeRO-3-partitioned weight) runs inside a non-reentrant checkpoint per
+      chunk: the teacher's logits under no_grad, the student's recomputed in backward (both heads run twice).
     Raises ValueError like distill_loss, and for chunk_size < 1 or a missing teacher_head.
     """
     options = _LossOptions(loss, beta, temperature, ce_weight)
@@ -410,6 +413,13 @@ def chunked_distill_loss(
     teacher_rows = _kept_teacher_rows(teacher, teacher_head, student_hidden.shape[:2], keep)
     if isinstance(teacher, SparseTeacher):
         teacher_head = None  # cached teacher: no head to run
+
+    from distill.fused import fusable_head, fused_head_loss
+
+    if fusable_head(student_head):  # closed-form gradients, each head runs once per chunk (distill/fused.py)
+        total, kd, ce, tv = fused_head_loss(options, hidden, student_head, teacher_rows, teacher_head, targets,
+                                            chunk_size)
+        return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()))
 
     chunk_sums = partial(_head_chunk_sums, options, student_head, teacher_head)
     totals = []

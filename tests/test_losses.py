@@ -412,12 +412,18 @@ def assert_same_sums_and_grads(chunked: LossSums, reference: LossSums, params):
         torch.testing.assert_close(g, w)
 
 
+# the two ways chunked_distill_loss runs a head: a plain nn.Linear takes the fused path (closed-form gradients,
+# distill/fused.py), anything else (here the same Linear inside a Sequential) the checkpointed one
+HEAD_PATHS = {"fused": lambda head: head, "checkpointed": lambda head: torch.nn.Sequential(head)}
+
+
+@pytest.mark.parametrize("path", sorted(HEAD_PATHS))
 @pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("chunk_size", [1, 4, 5, 14, 100])
-def test_chunked_equals_unchunked(loss, chunk_size):
+def test_chunked_equals_unchunked(loss, chunk_size, path):
     student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch()
     options = dict(loss=loss, beta=0.3, temperature=1.5, ce_weight=0.25)
-    chunked = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask,
+    chunked = chunked_distill_loss(student_hidden, HEAD_PATHS[path](student_head), teacher_hidden, labels, mask,
                                    teacher_head=teacher_head, chunk_size=chunk_size, **options)
     reference = distill_loss(student_head(student_hidden).flatten(0, 1), teacher_head(teacher_hidden).flatten(0, 1),
                              labels.flatten(), mask.flatten(), **options)
@@ -425,19 +431,106 @@ def test_chunked_equals_unchunked(loss, chunk_size):
     assert_same_sums_and_grads(chunked, reference, [student_hidden, student_head.weight])
 
 
-@pytest.mark.parametrize("chunk_size", [3, 14])
-def test_chunked_with_a_sparse_teacher_equals_unchunked(chunk_size):
+@pytest.mark.parametrize("loss,beta,temperature,ce_weight", [
+    ("forward_kl", 0.5, 1.0, 0.0), ("reverse_kl", 0.5, 1.0, 0.0), ("jsd", 0.0, 1.0, 0.0), ("jsd", 1.0, 2.0, 0.5),
+    ("jsd", 0.9, 1.0, 0.0), ("tv", 0.5, 0.7, 0.0), ("ce", 0.5, 1.0, 0.0), ("forward_kl", 0.5, 1.0, 1.0),
+])
+def test_fused_gradients_with_a_bias_match_autograd(loss, beta, temperature, ce_weight):
+    """Closed-form gradients against autograd through the plain formulas, for the hidden states, the weight and
+    the bias, at both JSD endpoints, other temperatures and a pure-ce mix."""
+    student_hidden, _, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=4)
+    torch.manual_seed(4)
+    head = torch.nn.Linear(HIDDEN, STUDENT_VOCAB, bias=True, dtype=torch.float64)
+    options = dict(loss=loss, beta=beta, temperature=temperature, ce_weight=ce_weight)
+    fused = chunked_distill_loss(student_hidden, head, teacher_hidden, labels, mask, teacher_head=teacher_head,
+                                 chunk_size=5, **options)
+    reference = distill_loss(head(student_hidden).flatten(0, 1), teacher_head(teacher_hidden).flatten(0, 1),
+                             labels.flatten(), mask.flatten(), **options)
+    assert_same_sums_and_grads(fused, reference, [student_hidden, head.weight, head.bias])
+
+
+def test_fused_path_with_a_frozen_head_gives_hidden_gradients_only():
+    """A LoRA draft's lm_head is frozen: only the hidden states get a gradient, and it is the same."""
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=5)
+    reference = distill_loss(student_head(student_hidden).flatten(0, 1), teacher_head(teacher_hidden).flatten(0, 1),
+                             labels.flatten(), mask.flatten(), loss="jsd", beta=0.4)
+    (want,) = torch.autograd.grad(reference.loss, student_hidden)
+    student_head.weight.requires_grad_(False)
+    fused = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask,
+                                 teacher_head=teacher_head, chunk_size=4, loss="jsd", beta=0.4)
+    fused.loss.backward()
+    assert student_head.weight.grad is None
+    torch.testing.assert_close(student_hidden.grad, want)
+
+
+def test_fused_path_under_no_grad_gives_the_same_sums():
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=6)
+    options = dict(teacher_head=teacher_head, chunk_size=4, loss="reverse_kl", ce_weight=0.2)
+    with_grad = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask, **options)
+    with torch.no_grad():
+        without = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask, **options)
+    assert not without.loss.requires_grad
+    for field in ("loss", "kd", "ce", "tv"):
+        torch.testing.assert_close(getattr(without, field), getattr(with_grad, field).detach(), msg=field)
+
+
+@pytest.mark.parametrize("path", sorted(HEAD_PATHS))
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("k", [4, STUDENT_VOCAB])
+def test_chunked_with_a_sparse_teacher_equals_unchunked(loss, k, path):
     student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=1)
     with torch.no_grad():
-        sparse = SparseTeacher.from_logits(teacher_head(teacher_hidden).flatten(0, 1)[:, :STUDENT_VOCAB], k=4)
-    chunked = chunked_distill_loss(student_hidden, student_head, sparse, labels, mask, chunk_size=chunk_size,
-                                   loss="reverse_kl", ce_weight=0.1)
+        sparse = SparseTeacher.from_logits(teacher_head(teacher_hidden).flatten(0, 1)[:, :STUDENT_VOCAB], k=k)
+    options = dict(loss=loss, beta=0.3, ce_weight=0.1)
+    chunked = chunked_distill_loss(student_hidden, HEAD_PATHS[path](student_head), sparse, labels, mask,
+                                   chunk_size=3, **options)
     reference = distill_loss(student_head(student_hidden).flatten(0, 1), sparse, labels.flatten(), mask.flatten(),
-                             loss="reverse_kl", ce_weight=0.1)
+                             **options)
     assert_same_sums_and_grads(chunked, reference, [student_hidden, student_head.weight])
 
 
-def test_chunked_keeps_no_full_logits_for_backward():
+@pytest.mark.parametrize("loss", KD_LOSSES)
+def test_fused_sparse_tail_from_the_top_k_alone_is_accurate_in_float32(loss):
+    """The fused path takes the student's tail mass as 1 - sum_topk q (no [n, V] mask); with a peaked teacher
+    (tail ~5e-4) in float32 it still matches the exact masked logsumexp of `bucketize`, values and gradients."""
+    torch.manual_seed(12)
+    n, hidden_size, vocab, k = 24, 16, 64, 8
+    head = torch.nn.Linear(hidden_size, vocab, bias=False)
+    hidden = torch.randn(1, n, hidden_size).requires_grad_(True)
+    teacher_logits = head(hidden).detach()[0] + torch.randn(n, vocab)
+    teacher_logits[torch.arange(n), torch.randint(0, vocab, (n,))] += 12.0
+    sparse = SparseTeacher.from_logits(teacher_logits, k)
+    labels, mask = torch.randint(0, vocab, (1, n)), torch.ones(1, n, dtype=torch.bool)
+    fused = chunked_distill_loss(hidden, head, sparse, labels, mask, chunk_size=10, loss=loss, beta=0.5)
+    reference = distill_loss(head(hidden)[0], sparse, labels[0], mask[0], loss=loss, beta=0.5)
+    torch.testing.assert_close(fused.kd, reference.kd, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(fused.tv, reference.tv, rtol=1e-4, atol=1e-6)
+    for got, want in zip(torch.autograd.grad(fused.loss, [hidden, head.weight]),
+                         torch.autograd.grad(reference.loss, [hidden, head.weight])):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_fused_path_runs_each_head_once_and_keeps_no_logits():
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=2)
+    teacher_head_calls = []
+    teacher_head.register_forward_hook(lambda module, args, out: teacher_head_calls.append(tuple(out.shape)))
+    saved_shapes = []
+
+    def pack(tensor):
+        saved_shapes.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        sums = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask,
+                                    teacher_head=teacher_head, chunk_size=4, loss="forward_kl", ce_weight=0.5)
+    # autograd keeps the gradients computed on the way ([n, H] and [V, H]) and indices, never [*, V] logits
+    assert saved_shapes and all(shape[-1:] not in ((STUDENT_VOCAB,), (TEACHER_VOCAB,)) for shape in saved_shapes)
+    sums.loss.backward()
+    assert teacher_head_calls == [(4, TEACHER_VOCAB)] * 3 + [(2, TEACHER_VOCAB)]  # once per chunk, not again
+    assert torch.isfinite(student_hidden.grad).all()
+
+
+def test_checkpointed_path_keeps_no_full_logits_for_backward():
     student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=2)
     head_calls, teacher_head_calls = [], []
     student_head.register_forward_hook(lambda module, args, out: head_calls.append(tuple(out.shape)))
@@ -449,7 +542,7 @@ def test_chunked_keeps_no_full_logits_for_backward():
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        sums = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask,
+        sums = chunked_distill_loss(student_hidden, torch.nn.Sequential(student_head), teacher_hidden, labels, mask,
                                     teacher_head=teacher_head, chunk_size=4, loss="forward_kl", ce_weight=0.5)
     # outside the checkpoints autograd keeps only hidden-size tensors and indices, never [*, V] logits
     assert saved_shapes and all(shape[-1:] not in ((STUDENT_VOCAB,), (TEACHER_VOCAB,)) for shape in saved_shapes)

@@ -1,0 +1,593 @@
+"""DistillTrainer vs TRL's GKDTrainer on one tiny pair: training tokens/s and peak memory, in one run.
+
+    .venv/bin/python scripts/bench_trainer.py                                  # ~3 min on 2 CPU cores
+    .venv/bin/python scripts/bench_trainer.py --markdown /tmp/trainer_vs_gkd.md
+    .venv/bin/python scripts/bench_trainer.py --loss jsd --beta 0.5            # both trainers on JSD(beta=0.5)
+    .venv/bin/python scripts/bench_trainer.py --profile                        # where each trainer spends its time
+    .venv/bin/python scripts/bench_trainer.py --device cuda --rows 512 --steps 50   # GPU (untested)
+
+Modes, each in its own subprocess (so its peak memory is its own), alternated --repeats times:
+  gkd     TRL GKDTrainer (trl.experimental.gkd) with lmbda=0 (never generates: supervised distillation on the
+          data, like ours), seq_kd=False, beta=0 (TRL's forward KL(p_target || q_draft)) or --beta for --loss jsd;
+          gradient_checkpointing and bf16 switched off (SFTConfig turns both on by default);
+  online  our DistillTrainer with the frozen target run on every batch (loss forward_kl, or jsd with --beta);
+  cached  our DistillTrainer with a cached top-k teacher (k=32, float16 log-probs, built before timing; the
+          build time is reported on its own): with_teacher_columns + TeacherCollator put the teacher in the batch,
+          so the target is never loaded (a weightless nn.Module stands in for it).
+All three train the same draft (Llama, hidden 128, 2 layers) toward the same target (Llama, hidden 256, 4 layers,
+vocab 4096, lm_head sharpened x16 so its distributions look like a trained LM's) on the same random-token rows
+(max length 256, every row full), with the same collator (distill.data.DistillCollator; GKDTrainer takes any
+collator, and with lmbda=0 it needs no prompts), per-device batch 8, AdamW, constant learning rate, fp32, 1 process.
+
+Timing: a TrainerCallback takes the wall clock at every on_step_end; a step is the interval between two of them
+(data loading + forward + backward + clipping + optimizer step). tokens/s = batch x seq_len / the median of the
+--steps timed steps (after --warmup untimed ones), from the fastest of --repeats runs: the cores are shared, and
+a median of a fastest run is what survives other people's jobs (timed tokens / timed seconds is shown too; runs
+with a step over twice their median are listed as disturbed).
+
+Memory, per mode (smallest over its runs): the tensor peak, i.e. weights + gradients + optimizer state alive at the
+start of one extra step after the timed ones, plus the peak of the tensors that step allocates on top (CPU: from
+torch.profiler's allocation events, replayed; CUDA: torch.cuda.max_memory_allocated). This is the number the goal
+is judged on: peak RSS (ru_maxrss, also shown) adds ~0.5 GiB of libraries that every worker holds (each imports
+trl, so the baseline is the same) and depends on glibc keeping freed pages of tensors under its 32 MiB mmap
+threshold, which makes it track tensor sizes rather than the trainer.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import itertools
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python scripts/bench_trainer.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded; also silences TRL's telemetry
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import datasets  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from torch import nn  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
+
+import distill.trainer as distill_trainer  # noqa: E402
+from distill.config import DistillConfig, TrainConfig  # noqa: E402
+from distill.data import DistillCollator  # noqa: E402
+from distill.models import freeze  # noqa: E402
+from distill.teacher_cache import (  # noqa: E402
+    TeacherCollator,
+    build_teacher_cache,
+    load_teacher_cache,
+    with_teacher_columns,
+)
+from distill.trainer import DistillTrainer, training_arguments  # noqa: E402
+
+MODES = ("gkd", "online", "cached")
+VOCAB = 4096
+SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM
+PAD, BOS, EOS = 0, 1, 2
+LEARNING_RATE = 1e-4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models, tokenizer, data (built in the driver, saved to a temporary folder, loaded by every worker)
+# ---------------------------------------------------------------------------------------------------------------
+
+def llama(hidden: int, layers: int, seed: int) -> nn.Module:
+    """A randomly initialised Llama with `hidden` width and `layers` decoder layers over VOCAB tokens."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=int(2.75 * hidden),
+                         num_hidden_layers=layers, num_attention_heads=max(hidden // 64, 1),
+                         num_key_value_heads=max(hidden // 128, 1), max_position_embeddings=4096,
+                         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def word_level_tokenizer() -> PreTrainedTokenizerFast:
+    """A real fast tokenizer over VOCAB tokens "<pad>", "<s>", "</s>", "t3", ... (GKDTrainer needs one for its
+    generation config's pad id; the teacher cache records its vocabulary hash)."""
+    vocab = {"<pad>": PAD, "<s>": BOS, "</s>": EOS, **{f"t{i}": i for i in range(3, VOCAB)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def random_rows(rows: int, seq_len: int, seed: int) -> datasets.Dataset:
+    """{input_ids, labels} rows of exactly seq_len random tokens; every position is a training target."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (rows, seq_len), generator=generator).tolist()
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------------------------------------------
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory_mib(device: str) -> float:
+    """High-water mark of the process: torch.cuda.max_memory_allocated, or max RSS (Linux reports KiB)."""
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class StepTimer(TrainerCallback):
+    """Wall and CPU seconds of every optimizer step, taken between consecutive on_step_end calls (the first
+    interval starts at on_train_begin), so data loading is included. Also vetoes checkpoint saving."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self._last = (0.0, 0.0)
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        sync(self.device)
+        self._last = (time.perf_counter(), time.process_time())
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        sync(self.device)
+        now = (time.perf_counter(), time.process_time())
+        self.wall.append(now[0] - self._last[0])
+        self.cpu.append(now[1] - self._last[1])
+        self._last = now
+        control.should_save = False  # the final-step checkpoint would land outside the timing anyway
+
+
+def tensor_bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+class TensorMemoryProbe(TrainerCallback):
+    """Peak bytes held by tensors during one optimizer step (step `at`), as the allocator sees them.
+
+    CUDA: torch.cuda.max_memory_allocated over that step. CPU: the step is run under torch.profiler with
+    profile_memory=True and its allocation events are replayed, so the peak is exact and free of malloc's habit
+    of keeping freed pages (which makes RSS depend on tensor sizes); the bytes live at the step's start are counted
+    as the weights, gradients and optimizer state then alive. Run after the timed steps (the profiler slows it).
+    """
+
+    def __init__(self, device: str, at: int, models: list[nn.Module]) -> None:
+        self.device, self.at, self.models = device, at, models
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.resident_mib = self.step_peak_mib = 0.0
+        self._profiler: torch.profiler.profile | None = None
+
+    def _resident_bytes(self) -> int:
+        tensors = [t for m in self.models for t in itertools.chain(m.parameters(), m.buffers())]
+        tensors += [p.grad for m in self.models for p in m.parameters() if p.grad is not None]
+        if self.optimizer is not None:
+            tensors += [v for s in self.optimizer.state.values() for v in s.values()]
+        return tensor_bytes({id(t): t for t in tensors}.values())
+
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs) -> None:
+        if state.global_step + 1 != self.at:
+            return
+        self.optimizer = optimizer
+        self.resident_mib = self._resident_bytes() / 2 ** 20
+        if self.device == "cuda":
+            sync(self.device)
+            torch.cuda.reset_peak_memory_stats()
+            self._start_cuda = torch.cuda.memory_allocated()
+            return
+        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+        self._profiler.__enter__()
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if state.global_step != self.at:
+            return
+        if self.device == "cuda":
+            sync(self.device)
+            self.step_peak_mib = (torch.cuda.max_memory_allocated() - self._start_cuda) / 2 ** 20
+            return
+        self._profiler.__exit__(None, None, None)
+        events = [e for e in self._profiler.profiler.kineto_results.events()
+                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+        live = peak = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            live += event.nbytes()
+            peak = max(peak, live)
+        self.step_peak_mib = peak / 2 ** 20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The trainers
+# ---------------------------------------------------------------------------------------------------------------
+
+def gkd_trainer(args: argparse.Namespace, work: Path, draft: nn.Module, target: nn.Module,
+                rows: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, timer: StepTimer):
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    config = GKDConfig(
+        output_dir=str(work / "out-gkd"), max_steps=total_steps(args),
+        per_device_train_batch_size=args.batch_size, learning_rate=LEARNING_RATE, lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.0, optim="adamw_torch", max_grad_norm=1.0, seed=0,
+        logging_steps=total_steps(args), save_strategy="no", report_to="none", dataloader_num_workers=0,
+        gradient_checkpointing=False, bf16=False, fp16=False,  # SFTConfig defaults both to True
+        lmbda=0.0, seq_kd=False, beta=gkd_beta(args), temperature=1.0, max_length=args.seq_len,
+    )
+    return GKDTrainer(model=draft, teacher_model=target, args=config, train_dataset=rows,
+                      data_collator=DistillCollator(PAD), processing_class=tokenizer, callbacks=[timer])
+
+
+def our_trainer(args: argparse.Namespace, work: Path, draft: nn.Module, target: nn.Module | None,
+                rows: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, timer: StepTimer) -> DistillTrainer:
+    train = TrainConfig(output_dir=str(work / f"out-{args.mode}"), max_steps=total_steps(args),
+                        per_device_train_batch_size=args.batch_size, learning_rate=LEARNING_RATE,
+                        lr_scheduler_type="constant", warmup_ratio=0.0, logging_steps=total_steps(args),
+                        save_steps=total_steps(args), report_to=[], seed=0)
+    distill = DistillConfig(loss=args.loss, beta=args.beta, chunk_size=args.chunk_size)
+    if args.mode == "online":
+        return DistillTrainer(model=draft, target=target, args=training_arguments(train), distill=distill,
+                              train_dataset=rows, data_collator=DistillCollator(PAD), processing_class=tokenizer,
+                              callbacks=[timer])
+    cache = load_teacher_cache(work / "cache")
+    # DistillTrainer takes the teacher from the batch when TeacherCollator put the cached columns there; the
+    # target is never run, so a weightless stand-in saves loading it
+    return DistillTrainer(model=draft, target=nn.Module(), args=training_arguments(train), distill=distill,
+                          train_dataset=with_teacher_columns(rows, cache),
+                          data_collator=TeacherCollator(DistillCollator(PAD)), processing_class=tokenizer,
+                          callbacks=[timer])
+
+
+def total_steps(args: argparse.Namespace) -> int:
+    """Warm-up steps, timed steps, then one step whose tensor memory is measured (under the profiler on CPU)."""
+    return args.warmup + args.steps + 1
+
+
+def gkd_beta(args: argparse.Namespace) -> float:
+    """GKD's beta for our loss: TRL's generalized JSD is forward KL at beta=0 and uses the same beta otherwise."""
+    return 0.0 if args.loss == "forward_kl" else args.beta
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Profiling (--profile): named ranges around each trainer's phases, then torch.profiler's op table
+# ---------------------------------------------------------------------------------------------------------------
+
+def labelled(name: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        with torch.profiler.record_function(name):
+            return fn(*a, **k)
+    return wrapper
+
+
+def add_profile_ranges(trainer: Any, mode: str) -> None:
+    """Wrap the phases of one step in record_function ranges (this process only; no file is changed)."""
+    trainer.accelerator.backward = labelled("## backward", trainer.accelerator.backward)
+    trainer.compute_loss = labelled("## compute_loss (forwards + loss)", trainer.compute_loss)
+    if mode == "gkd":
+        trainer.generalized_jsd_loss = labelled("## gkd: generalized_jsd_loss", trainer.generalized_jsd_loss)
+        trainer.teacher_model.forward = labelled("## gkd: target forward (with lm_head)", trainer.teacher_model.forward)
+        trainer.model.forward = labelled("## gkd: draft forward (with lm_head)", trainer.model.forward)
+        return
+    trainer.draft_hidden_states = labelled("## ours: draft forward (hidden states)", trainer.draft_hidden_states)
+    if mode == "online":
+        trainer.target_hidden_states = labelled("## ours: target forward (hidden states)",
+                                                trainer.target_hidden_states)
+    distill_trainer.chunked_distill_loss = labelled("## ours: chunked_distill_loss (forward)",
+                                                    distill_trainer.chunked_distill_loss)
+
+
+class ProfileSteps(TrainerCallback):
+    """torch.profiler over the timed steps (after the warm-up ones)."""
+
+    def __init__(self, device: str, start: int, stop: int) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler = torch.profiler.profile(activities=activities)
+        self.start, self.stop = start, stop
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if state.global_step == self.start:
+            self.profiler.__enter__()
+        elif state.global_step == self.stop:
+            self.profiler.__exit__(None, None, None)
+
+    def table(self, device: str, rows: int) -> str:
+        key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+        averages = self.profiler.key_averages()
+        ranges = [e for e in averages if e.key.startswith("## ")]
+        ranges.sort(key=lambda e: -e.cpu_time_total)
+        lines = ["phase | total ms (CPU, incl. children) | calls", "---|---|---"]
+        lines += [f"{e.key[3:]} | {e.cpu_time_total / 1e3:.0f} | {e.count}" for e in ranges]
+        ops = averages.table(sort_by=key, row_limit=rows, max_name_column_width=48)
+        return "\n".join(lines) + "\n\n" + ops
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Workers (one process per mode and repeat)
+# ---------------------------------------------------------------------------------------------------------------
+
+def train_worker(args: argparse.Namespace) -> dict:
+    work, device = Path(args.work_dir), args.device
+    transformers.logging.set_verbosity_error()
+    import trl.experimental.gkd  # noqa: F401  (every mode pays the same imports, so RSS baselines match)
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(work / "tokenizer")
+    rows = datasets.load_from_disk(str(work / "rows"))
+    target = None
+    if args.mode != "cached":
+        target = freeze(AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32)).to(device)
+    draft = AutoModelForCausalLM.from_pretrained(work / "draft", dtype=torch.float32).to(device).train()
+    timer = StepTimer(device)
+    build = gkd_trainer if args.mode == "gkd" else our_trainer
+    trainer = build(args, work, draft, target, rows, tokenizer, timer)
+    profile = probe = None
+    if args.profile:
+        profile = ProfileSteps(device, args.warmup, args.warmup + args.steps)
+        trainer.add_callback(profile)
+        add_profile_ranges(trainer, args.mode)
+    else:
+        probe = TensorMemoryProbe(device, total_steps(args), [m for m in (draft, target) if m is not None])
+        trainer.add_callback(probe)
+
+    trainer.train()
+
+    wall, cpu = timer.wall[args.warmup:args.warmup + args.steps], timer.cpu[args.warmup:args.warmup + args.steps]
+    tokens = len(wall) * args.batch_size * args.seq_len  # every row is exactly seq_len tokens
+    result = {"mode": args.mode, "steps": len(wall), "tokens": tokens, "seconds": sum(wall),
+              "tokens_per_s": args.batch_size * args.seq_len / statistics.median(wall),
+              "total_tokens_per_s": tokens / sum(wall), "median_step_s": statistics.median(wall),
+              "cpu_s_per_step": sum(cpu) / len(cpu), "peak_rss_mib": peak_memory_mib("cpu"),
+              "step_s": [round(t, 4) for t in wall]}
+    if device == "cuda":
+        result["peak_cuda_mib"] = peak_memory_mib(device)
+    if probe is not None:
+        result.update(resident_mib=probe.resident_mib, step_peak_mib=probe.step_peak_mib,
+                      tensor_peak_mib=probe.resident_mib + probe.step_peak_mib)
+    if profile is not None:
+        result["profile"] = profile.table(device, args.profile_rows)
+    return result
+
+
+def build_worker(args: argparse.Namespace) -> dict:
+    """Build the k-sparse teacher cache of the rows (timed) and measure how much of the target's mass it keeps."""
+    work = Path(args.work_dir)
+    transformers.logging.set_verbosity_error()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(work / "tokenizer")
+    rows = datasets.load_from_disk(str(work / "rows"))
+    target = freeze(AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32)).to(args.device)
+    sync(args.device)
+    start = time.perf_counter()
+    cache = build_teacher_cache(target, rows, work / "cache", k=args.k, batch_size=args.batch_size,
+                                target_id="bench-target", tokenizer=tokenizer, progress=False)
+    sync(args.device)
+    seconds = time.perf_counter() - start
+    top_mass = cache.topk(range(min(8, len(cache))))[1].exp().sum(-1).mean().item()
+    return {"build_s": seconds, "rows": len(cache), "positions": cache.metadata["num_positions"],
+            "bytes": cache.metadata["bytes_on_disk"], "topk_mass": top_mass}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------------------------
+
+def run_worker(role: str, mode: str, args: argparse.Namespace, profile: bool = False) -> dict:
+    command = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--mode", mode,
+               "--work-dir", args.work_dir, "--device", args.device, "--rows", str(args.rows),
+               "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--k", str(args.k),
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--chunk-size", str(args.chunk_size),
+               "--loss", args.loss, "--beta", str(args.beta), "--profile-rows", str(args.profile_rows)]
+    if args.threads is not None:
+        command += ["--threads", str(args.threads)]
+    if profile:
+        command.append("--profile")
+    env = dict(os.environ)
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the Trainers pick CPU
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{role} worker ({mode}) failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def machine(device: str) -> str:
+    if device == "cuda":
+        what = torch.cuda.get_device_name(0)
+    else:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), platform.processor() or "unknown CPU")
+        what = f"{model}, {os.cpu_count()} cores visible, {torch.get_num_threads()} torch threads"
+    import trl
+    return (f"{what}; Python {platform.python_version()}, torch {torch.__version__}, transformers "
+            f"{transformers.__version__}, trl {trl.__version__}")
+
+
+def code_version() -> str:
+    """Short hashes of the files under test (the trainer is still changing; numbers belong to these versions)."""
+    root = Path(__file__).resolve().parents[1]
+    files = ("distill/trainer.py", "distill/losses.py", "distill/fused.py", "distill/teacher_cache.py")
+    return ", ".join(f"{f} {hashlib.sha256((root / f).read_bytes()).hexdigest()[:12]}" for f in files)
+
+
+def best(runs: list[dict]) -> dict:
+    """The fastest run of a mode (least disturbed by other work on shared cores)."""
+    return max(runs, key=lambda r: r["tokens_per_s"])
+
+
+def least(runs: list[dict], key: str) -> float:
+    """Memory of a mode: the smallest over its runs (they differ only by noise)."""
+    return min(r[key] for r in runs)
+
+
+NAMES = {"gkd": "TRL GKDTrainer (lmbda=0)", "online": "DistillTrainer, online target",
+         "cached": "DistillTrainer, cached top-k"}
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict]], build: dict | None, command: str,
+           load: str) -> str:
+    divergence = "forward KL" if args.loss == "forward_kl" else f"JSD beta={args.beta}"
+    rss = "peak RSS MiB" if args.device == "cpu" else "peak CUDA allocated MiB"
+    rss_key = "peak_rss_mib" if args.device == "cpu" else "peak_cuda_mib"
+    gkd_speed = best(runs["gkd"])["tokens_per_s"]
+    gkd_tensor, gkd_rss = least(runs["gkd"], "tensor_peak_mib"), least(runs["gkd"], rss_key)
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine(args.device)}",
+        "",
+        f"Code (sha256): {code_version()}",
+        "",
+        f"Setup: target Llama hidden 256 x 4 layers, draft Llama hidden 128 x 2 layers, vocab {VOCAB} (target "
+        f"lm_head x{SHARPEN:g}); {args.rows} random-token rows of {args.seq_len} tokens; per-device batch "
+        f"{args.batch_size}; {divergence} (GKD beta={gkd_beta(args)}, lmbda=0, seq_kd=False); AdamW lr "
+        f"{LEARNING_RATE:g} constant, max_grad_norm 1; {args.warmup} warm-up + {args.steps} timed steps, then 1 "
+        f"memory-probe step; fp32, 1 process, device {args.device}; ours: chunk_size {args.chunk_size}; cached: "
+        f"k={args.k}, float16 log-probs. {args.repeats} runs per mode, modes alternated, each run a fresh process. "
+        f"tokens/s = batch x seq_len / median step time of the timed steps, from the fastest run (spread = "
+        f"slowest..fastest run; 'all steps' = timed tokens / timed seconds of that run); memory: the smallest run.",
+        "",
+        f"| mode | tokens/s | spread | tokens/s, all steps | median s/step | CPU s/step | tensor peak MiB "
+        f"| = weights+grads+optim | + step temporaries | {rss} | tokens/s vs GKD | tensor peak vs GKD "
+        f"| {rss.split(' MiB')[0]} vs GKD |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode in runs:
+        r, speeds = best(runs[mode]), sorted(x["tokens_per_s"] for x in runs[mode])
+        tensor, resident, temporaries = (least(runs[mode], k) for k in
+                                         ("tensor_peak_mib", "resident_mib", "step_peak_mib"))
+        name = NAMES[mode].replace("top-k", f"top-{args.k}")
+        lines.append(
+            f"| {name} | {r['tokens_per_s']:.0f} | {speeds[0]:.0f}..{speeds[-1]:.0f} | "
+            f"{r['total_tokens_per_s']:.0f} | {r['median_step_s']:.3f} | {r['cpu_s_per_step']:.2f} | {tensor:.0f} | "
+            f"{resident:.0f} | {temporaries:.0f} | {least(runs[mode], rss_key):.0f} | "
+            f"{r['tokens_per_s'] / gkd_speed:.2f}x | {tensor / gkd_tensor:.2f}x | "
+            f"{least(runs[mode], rss_key) / gkd_rss:.2f}x |")
+    disturbed = [f"{mode} run {i + 1}" for mode in runs for i, r in enumerate(runs[mode])
+                 if max(r["step_s"]) > 2 * r["median_step_s"]]
+    lines += ["", "Runs with a step over twice their median (other work on the cores): "
+              + (", ".join(disturbed) if disturbed else "none") + f". Load average at start/end: {load}."]
+    if build is not None:
+        gkd_step_s = args.batch_size * args.seq_len / gkd_speed
+        lines += [
+            "",
+            f"Cache build (before timing, not in the table): {build['build_s']:.1f} s for {build['rows']} rows / "
+            f"{build['positions']} positions ({build['positions'] / build['build_s']:.0f} positions/s, the time of "
+            f"{build['build_s'] / gkd_step_s:.1f} GKD steps); {build['bytes'] / 2 ** 20:.1f} MiB on disk; "
+            f"top-{args.k} mass of the target {build['topk_mass']:.3f}.",
+        ]
+    lines += [
+        "",
+        "Goal (issue): >= 1.5x GKDTrainer's tokens/s at <= 0.7x its peak memory (judged on the tensor peak; the "
+        "RSS column adds the ~0.5 GiB of libraries every process holds):",
+    ]
+    for mode in [m for m in ("online", "cached") if m in runs]:
+        speed = best(runs[mode])["tokens_per_s"] / gkd_speed
+        memory = least(runs[mode], "tensor_peak_mib") / gkd_tensor
+        verdict = "meets the goal" if speed >= 1.5 and memory <= 0.7 else "does not meet the goal"
+        lines.append(f"- {NAMES[mode].replace('top-k', f'top-{args.k}')}: {speed:.2f}x tokens/s "
+                     f"({'ok' if speed >= 1.5 else 'short of 1.5x'}), {memory:.2f}x tensor peak "
+                     f"({'ok' if memory <= 0.7 else 'over 0.7x'}): {verdict}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--rows", type=int, default=128, help="training rows (>= (warmup + steps) * batch)")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12, help="timed optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps before them")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode, alternating modes; best is shown")
+    parser.add_argument("--loss", default="forward_kl", choices=["forward_kl", "jsd"])
+    parser.add_argument("--beta", type=float, default=0.5, help="JSD beta for --loss jsd (both trainers)")
+    parser.add_argument("--k", type=int, default=32, help="top-k width of the cached teacher")
+    parser.add_argument("--chunk-size", type=int, default=1024, help="DistillConfig.chunk_size")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated subset of gkd,online,cached to run (gkd is the reference, always run)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: torch's)")
+    parser.add_argument("--markdown", default=None, help="also write the report to this file")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of timing: one profiled run per mode, phase and op tables")
+    parser.add_argument("--profile-rows", type=int, default=20, help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["driver", "build", "train"], default="driver", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, default="gkd", help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    datasets.disable_progress_bars()
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.role != "driver":
+        result = build_worker(args) if args.role == "build" else train_worker(args)
+        print(json.dumps(result))
+        return
+    args.modes = ["gkd"] + [m for m in MODES[1:] if m in args.modes.split(",")]
+    if args.rows < (args.warmup + args.steps) * args.batch_size:
+        parser.error(f"--rows {args.rows} < (warmup + steps) * batch-size: one epoch must cover the run")
+    command = " ".join([".venv/bin/python", "scripts/bench_trainer.py", *sys.argv[1:]])
+
+    with tempfile.TemporaryDirectory(prefix="bench_trainer_") as work_dir:
+        args.work_dir, work = work_dir, Path(work_dir)
+        # ---- models, tokenizer, data ----------------------------------------------------------------------------
+        target = llama(hidden=256, layers=4, seed=0)
+        with torch.no_grad():
+            target.get_output_embeddings().weight.mul_(SHARPEN)
+        target.save_pretrained(work / "target")
+        llama(hidden=128, layers=2, seed=1).save_pretrained(work / "draft")
+        word_level_tokenizer().save_pretrained(work / "tokenizer")
+        random_rows(args.rows, args.seq_len, seed=0).save_to_disk(str(work / "rows"))
+
+        # ---- the cached teacher, built (and timed) before any training run ------------------------------------
+        started = time.perf_counter()
+        build = None
+        if "cached" in args.modes:
+            build = run_worker("build", "cached", args)
+            print(f"cache built in {build['build_s']:.1f} s", file=sys.stderr)
+
+        # ---- profile instead of timing -------------------------------------------------------------------------
+        if args.profile:
+            sections = []
+            for mode in args.modes:
+                result = run_worker("train", mode, args, profile=True)
+                sections.append(f"### {mode} (profiled; {result['median_step_s']:.3f} s/step under the profiler)"
+                                f"\n\n{result['profile']}")
+                print(sections[-1], flush=True)
+            if args.markdown:
+                Path(args.markdown).write_text(f"Command: `{command}`\n\n" + "\n\n".join(sections) + "\n")
+            return
+
+        load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        # ---- training runs: modes alternated, each in a fresh process -----------------------------------------
+        runs: dict[str, list[dict]] = {mode: [] for mode in args.modes}
+        for repeat in range(args.repeats):
+            order = args.modes if repeat % 2 == 0 else args.modes[::-1]
+            for mode in order:
+                run_started = time.perf_counter()
+                result = run_worker("train", mode, args)
+                runs[mode].append(result)
+                print(f"run {repeat + 1}/{args.repeats} {mode}: {result['tokens_per_s']:.0f} tokens/s, tensor peak "
+                      f"{result['tensor_peak_mib']:.0f} MiB, peak RSS {result['peak_rss_mib']:.0f} MiB "
+                      f"({time.perf_counter() - run_started:.0f} s; steps {min(result['step_s']):.2f}.."
+                      f"{max(result['step_s']):.2f} s)", file=sys.stderr)
+        load = f"{load_start} / " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+        text = report(args, runs, build, command, load)
+        text += f"\n\nWhole benchmark: {time.perf_counter() - started:.0f} s."
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
