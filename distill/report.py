@@ -257,8 +257,11 @@ def _run_section(out_dir: Path, runs: dict[str, list[dict]], gamma: int | None,
         lines.append(f"- **{name}**: {len({r['step'] for r in rows})} checkpoint(s) logged"
                      + ("" if picked else f"; none at gamma={gamma}, temperature={temperature:g}"))
     if table:
-        lines += ["", f"Last checkpoint of each run at gamma={gamma}, temperature={temperature:g}:", "",
-                  "```text", format_table(table), "```"]
+        measured = "; ".join(f"{row['drafter']}: {row.get('num_prompts', '?')} prompts, "
+                             f"{row.get('new_tokens', '?')} new tokens in all" for row in table)
+        lines += ["", f"Last checkpoint of each run at gamma={gamma}, temperature={temperature:g}, as the trainer "
+                  f"measured it on its own eval prompts ({measured}); these can differ from the evaluations above, "
+                  "which may use other prompts and lengths:", "", "```text", format_table(table), "```"]
     if drawn:
         lines += ["", f"![acceptance vs step]({STEP_PLOT})"]
     return lines + [""]

@@ -34,6 +34,7 @@ from distill.sources import mix_sources
 from distill.target_data import load_target_data
 from distill.trainer import DistillTrainer
 from scripts import train as train_script
+from helpers import cli_error
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,19 +75,6 @@ def run(workdir: Path, out: str, *overrides: str, target: str = "target") -> Pat
 def logged(out: Path, key: str) -> list[float]:
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     return [entry[key] for entry in state["log_history"] if key in entry and "train_runtime" not in entry]
-
-
-def cli_error(monkeypatch, capsys, *argv: str) -> str:
-    """The one line specdistill-train prints for a user error (exit status 1, no traceback)."""
-    monkeypatch.setattr(sys, "argv", ["specdistill-train", *argv])
-    with pytest.raises(SystemExit) as exit_info:
-        train_script.cli()
-    assert exit_info.value.code == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    last = err.strip().splitlines()[-1]  # earlier lines: progress bars and logs
-    assert last.startswith("specdistill-train: error: "), err
-    return last
 
 
 class TargetForwards:

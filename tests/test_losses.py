@@ -1,6 +1,7 @@
 """Distillation losses against plain float64 references written from the formulas."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -489,6 +490,17 @@ def test_chunked_with_a_sparse_teacher_equals_unchunked(loss, k, path):
     assert_same_sums_and_grads(chunked, reference, [student_hidden, student_head.weight])
 
 
+@contextlib.contextmanager
+def recording_saved_shapes(shapes: list):
+    """Append the shape of every tensor autograd saves for the backward pass to `shapes`."""
+    def pack(tensor):
+        shapes.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield
+
+
 @pytest.mark.parametrize("loss", KD_LOSSES)
 def test_fused_sparse_tail_from_the_top_k_alone_is_accurate_in_float32(loss):
     """The fused path takes the student's tail mass as 1 - sum_topk q (no [n, V] mask); with a peaked teacher
@@ -515,12 +527,7 @@ def test_fused_path_runs_each_head_once_and_keeps_no_logits():
     teacher_head_calls = []
     teacher_head.register_forward_hook(lambda module, args, out: teacher_head_calls.append(tuple(out.shape)))
     saved_shapes = []
-
-    def pack(tensor):
-        saved_shapes.append(tuple(tensor.shape))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with recording_saved_shapes(saved_shapes):
         sums = chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask,
                                     teacher_head=teacher_head, chunk_size=4, loss="forward_kl", ce_weight=0.5)
     # autograd keeps the gradients computed on the way ([n, H] and [V, H]) and indices, never [*, V] logits
@@ -536,12 +543,7 @@ def test_checkpointed_path_keeps_no_full_logits_for_backward():
     student_head.register_forward_hook(lambda module, args, out: head_calls.append(tuple(out.shape)))
     teacher_head.register_forward_hook(lambda module, args, out: teacher_head_calls.append(tuple(out.shape)))
     saved_shapes = []
-
-    def pack(tensor):
-        saved_shapes.append(tuple(tensor.shape))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with recording_saved_shapes(saved_shapes):
         sums = chunked_distill_loss(student_hidden, torch.nn.Sequential(student_head), teacher_hidden, labels, mask,
                                     teacher_head=teacher_head, chunk_size=4, loss="forward_kl", ce_weight=0.5)
     # outside the checkpoints autograd keeps only hidden-size tensors and indices, never [*, V] logits

@@ -25,6 +25,7 @@ from distill.config import EvalConfig, ModelConfig, load_recipe
 from distill.models import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
 from distill.trainer import DistillTrainer
 from scripts import train as train_script
+from helpers import cli_error
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,18 +234,6 @@ def no_weights(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("model weights were loaded before the error")
     monkeypatch.setattr(train_script, "load_target", refuse)
-
-
-def cli_error(monkeypatch, capsys, *argv: str) -> str:
-    monkeypatch.setattr(sys, "argv", ["specdistill-train", *argv])
-    with pytest.raises(SystemExit) as exit_info:
-        train_script.cli()
-    assert exit_info.value.code == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    last = err.strip().splitlines()[-1]  # earlier lines: datasets progress bars
-    assert last.startswith("specdistill-train: error: "), err
-    return last
 
 
 def test_cli_unknown_key_and_wrong_type(monkeypatch, capsys, no_weights, workdir):
