@@ -61,7 +61,8 @@ def synthetic_pair(args, device, dtype):
     draft.config.num_hidden_layers = args.draft_layers
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, args.vocab, (48,), generator=g) for _ in range(args.num_prompts)]
-    name = f"synthetic llama {args.hidden}x{args.layers} (vocab {args.vocab}) / first {args.draft_layers} layer(s)"
+    name = (f"synthetic llama {args.hidden}x{args.layers} (vocab {args.vocab}, depth scale {args.depth_scale})"
+            f" / first {args.draft_layers} layer(s)")
     return target.to(device, dtype), draft.to(device, dtype), prompts, name
 
 
