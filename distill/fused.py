@@ -54,9 +54,10 @@ def fusable_head(head: nn.Module) -> bool:
 # ----------------------------------------------------------------------------------------------------------------
 
 def divergence_and_grad(loss: str, beta: float, logq: torch.Tensor, logp: torch.Tensor,
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(per-row divergence [c], its gradient with respect to the student logits [c, W]) for one of
-    forward_kl / reverse_kl / jsd / tv, from log-probabilities logq (student), logp (teacher) over W columns."""
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-row divergence [c], its gradient with respect to the student logits [c, W], per-row total variation
+    0.5 sum |q - p| [c]) for one of forward_kl / reverse_kl / jsd / tv, from log-probabilities logq (student),
+    logp (teacher) over W columns. The total variation (logged) reuses q and p: no second exp of either."""
     logp = logp.clamp_min(torch.finfo(logp.dtype).min)  # a teacher zero: p log p = 0, never 0 * inf = nan
     q, p = logq.exp(), logp.exp()
     if loss == "jsd" and beta == 0.0:
@@ -65,12 +66,22 @@ def divergence_and_grad(loss: str, beta: float, logq: torch.Tensor, logp: torch.
         loss = "reverse_kl"
     if loss == "forward_kl":
         # KL(p || q) = sum p (log p - log q);  d/ds = q - p
-        return (p * (logp - logq)).sum(-1), q - p
+        value = (p * (logp - logq)).sum(-1)
+        grad = q.sub_(p)  # q is ours: no second [c, W] buffer
+        del p
+        return value, grad, 0.5 * grad.abs().sum(-1)
+    if loss == "tv":
+        diff = q - p
+        g = 0.5 * diff.sign()  # d TV / dq
+        # d/ds_j = q_j (g_j - sum_i q_i g_i)
+        value = 0.5 * diff.abs_().sum(-1)
+        return value, q * (g - (q * g).sum(-1, keepdim=True)), value
+    tv = 0.5 * (q - p).abs_().sum(-1)
     if loss == "reverse_kl":
         # KL(q || p) = sum q (log q - log p);  d/ds = q (log q - log p - KL)
         log_ratio = logq - logp
         value = (q * log_ratio).sum(-1)
-        return value, q * (log_ratio - value[:, None])
+        return value, q * (log_ratio - value[:, None]), tv
     if loss == "jsd":
         # log m = log(beta p + (1 - beta) q)
         logm = torch.logaddexp(logp + math.log(beta), logq + math.log1p(-beta))
@@ -78,12 +89,7 @@ def divergence_and_grad(loss: str, beta: float, logq: torch.Tensor, logp: torch.
         log_ratio = logq - logm
         kl_qm = (q * log_ratio).sum(-1)
         # d/ds = (1 - beta) q (log q - log m - KL(q || m))
-        return beta * kl_pm + (1.0 - beta) * kl_qm, (1.0 - beta) * q * (log_ratio - kl_qm[:, None])
-    if loss == "tv":
-        diff = q - p
-        g = 0.5 * diff.sign()  # d TV / dq
-        # d/ds_j = q_j (g_j - sum_i q_i g_i)
-        return 0.5 * diff.abs().sum(-1), q * (g - (q * g).sum(-1, keepdim=True))
+        return beta * kl_pm + (1.0 - beta) * kl_qm, (1.0 - beta) * q * (log_ratio - kl_qm[:, None]), tv
     raise ValueError(f"no divergence named {loss!r}")
 
 
@@ -127,16 +133,19 @@ def _dense_chunk(options: _LossOptions, z: torch.Tensor, teacher_logits: torch.T
     if options.loss != "ce":
         logq = F.log_softmax(z[:, :shared] / options.temperature, dim=-1)  # [c, W]
         logp = F.log_softmax(t / options.temperature, dim=-1)  # [c, W]
-        values, g = divergence_and_grad(options.loss, options.beta, logq, logp)
+        values, g, tv_rows = divergence_and_grad(options.loss, options.beta, logq, logp)
         kd = values.sum()
         if options.temperature == 1.0:
-            tv = 0.5 * (logq.exp() - logp.exp()).abs().sum()
+            tv = tv_rows.sum()
     if options.loss == "ce" or options.temperature != 1.0:  # tv is logged at temperature 1
         tv = 0.5 * (F.softmax(z[:, :shared], dim=-1) - F.softmax(t, dim=-1)).abs().sum()
     if need_grad:
-        grad = torch.zeros_like(z)
-        if a != 0.0:
-            grad[:, :shared] = g.mul_(a / options.temperature)  # ds/dz = 1 / T
+        if a != 0.0 and shared == z.shape[-1]:  # the KD gradient covers every column: scale it in place
+            grad = g if a == options.temperature else g.mul_(a / options.temperature)  # ds/dz = 1 / T
+        else:
+            grad = torch.zeros_like(z)
+            if a != 0.0:
+                grad[:, :shared] = g.mul_(a / options.temperature)
         if w != 0.0:
             grad.add_((z - lse[:, None]).exp_(), alpha=w)
             grad[torch.arange(len(labels)), labels] -= w
@@ -169,9 +178,11 @@ def _sparse_chunk(options: _LossOptions, z: torch.Tensor, teacher: SparseTeacher
     kd = z.new_zeros(())
     g = None
     if options.loss != "ce":
-        values, g = divergence_and_grad(options.loss, options.beta, logq, logp)
+        values, g, tv_rows = divergence_and_grad(options.loss, options.beta, logq, logp)
         kd = values.sum()
-    tv = 0.5 * (logq.exp() - logp.exp()).abs().sum()
+        tv = tv_rows.sum()
+    else:
+        tv = 0.5 * (logq.exp() - logp.exp()).abs().sum()
     grad = None
     if need_grad:
         q = (z - lse).exp_()  # [c, V]
