@@ -2,10 +2,22 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
 from scripts import train as train_script
+
+TINY_RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny_distill.yaml")
+
+
+def run_train(workdir: Path, out: str, *overrides: str, target: str = "target") -> Path:
+    """scripts/train.py main() on the tiny recipe with workdir's target and code.txt, in this process; returns the
+    output folder."""
+    output_dir = workdir / out
+    train_script.main([TINY_RECIPE, f"model.target={workdir / target}", f"data.dataset={workdir / 'code.txt'}",
+                       f"train.output_dir={output_dir}", *overrides])
+    return output_dir
 
 
 def cli_error(monkeypatch, capsys, *argv: str) -> str:

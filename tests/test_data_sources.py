@@ -34,11 +34,11 @@ from distill.sources import mix_sources
 from distill.target_data import load_target_data
 from distill.trainer import DistillTrainer
 from scripts import train as train_script
-from helpers import cli_error
+from helpers import TINY_RECIPE, cli_error
+from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPE = str(ROOT / "recipes" / "tiny_distill.yaml")
 VOCAB = 320
 EOS, PAD = 2, 0
 # short runs, nothing measured (the acceptance callback would run the target)
@@ -62,14 +62,6 @@ def workdir(tmp_path_factory) -> Path:
         tok.save_pretrained(root / name)
     (root / "code.txt").write_text(TINY_TEXT)
     return root
-
-
-def run(workdir: Path, out: str, *overrides: str, target: str = "target") -> Path:
-    """scripts/train.py main() on the tiny recipe, in this process; returns the output folder."""
-    output_dir = workdir / out
-    train_script.main([TINY_RECIPE, f"model.target={workdir / target}", f"data.dataset={workdir / 'code.txt'}",
-                       f"train.output_dir={output_dir}", *overrides])
-    return output_dir
 
 
 def logged(out: Path, key: str) -> list[float]:

@@ -29,10 +29,10 @@ from distill.config import LoraConfig, RecipeError, TrainConfig, check_precision
 from distill.models import ModelSetupError, apply_lora, is_lora, plain_copy, zero3_inference_config
 from distill.trainer import UnsupportedModeError, check_device_mode
 from scripts import train as train_script
+from helpers import TINY_RECIPE, run_train
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPE = str(ROOT / "recipes" / "tiny_distill.yaml")
 ACCELERATE = ROOT / "recipes" / "accelerate"
 VOCAB = 320
 CHAT_TEMPLATE = (
@@ -72,11 +72,7 @@ def workdir(tmp_path_factory) -> Path:
 
 def run(workdir: Path, out: str, *overrides: str) -> Path:
     """scripts/train.py main() on the tiny recipe with the pre-trained draft, in this process."""
-    output_dir = workdir / out
-    train_script.main([TINY_RECIPE, f"model.target={workdir / 'target'}", f"data.dataset={workdir / 'code.txt'}",
-                       "model.draft_config=null", f"model.draft={workdir / 'draft'}", f"train.output_dir={output_dir}",
-                       *overrides])
-    return output_dir
+    return run_train(workdir, out, "model.draft_config=null", f"model.draft={workdir / 'draft'}", *overrides)
 
 
 def logged_losses(checkpoint: Path) -> list[float]:

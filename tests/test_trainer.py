@@ -25,11 +25,11 @@ from distill.config import EvalConfig, ModelConfig, load_recipe
 from distill.models import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
 from distill.trainer import DistillTrainer
 from scripts import train as train_script
-from helpers import cli_error
+from helpers import TINY_RECIPE, cli_error
+from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPE = str(ROOT / "recipes" / "tiny_distill.yaml")
 VOCAB = 320
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
@@ -85,14 +85,6 @@ def workdir(tmp_path_factory) -> Path:
                           {"role": "assistant", "content": "\n".join(LINES[: 1 + i % 4])}]} for i in range(36)]
     (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
-
-
-def run(workdir: Path, out: str, *overrides: str) -> Path:
-    """scripts/train.py main() on the tiny recipe, in this process; returns the output folder."""
-    output_dir = workdir / out
-    train_script.main([TINY_RECIPE, f"model.target={workdir / 'target'}", f"data.dataset={workdir / 'code.txt'}",
-                       f"train.output_dir={output_dir}", *overrides])
-    return output_dir
 
 
 def checkpoint_state(folder: Path) -> dict:
