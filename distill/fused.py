@@ -1,6 +1,6 @@
 """The chunked distillation loss fused with the student's lm_head, with closed-form gradients.
 
-`chunked_distill_loss` (distill/losses.py) uses this path when the student head is a plain `nn.Linear` whose
+`chunked_distill_loss` (distill/distill_loss.py) uses this path when the student head is a plain `nn.Linear` whose
 weight is whole (not ZeRO-3-partitioned). For each chunk of c kept positions the forward pass
 
     z  = h W^T + b                       student logits [c, V] (float32 or wider)
@@ -13,7 +13,7 @@ so the backward only scales the saved grad_h / grad_W / grad_b by the incoming g
 outlives its chunk and no head runs twice (the checkpointed path recomputes both heads in the backward).
 
 Gradients with respect to the student's logits s = z / T over a support of W columns (q = softmax(s), p the
-teacher's distribution on the same support; `divergence_and_grad`):
+teacher's distribution on the same support; each `Divergence.value_and_grad` in distill/losses.py):
 
     forward KL   KL(p || q)                           dL/ds = q - p
     reverse KL   KL(q || p)                           dL/ds = q (log q - log p - KL(q || p))
@@ -30,14 +30,13 @@ dense one.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distill.losses import _TAIL_FLOOR, SparseTeacher, _LossOptions, _take_rows, _upcast
+from distill.losses import TAIL_FLOOR, LossOptions, SparseTeacher, take_rows, upcast
 
 
 def fusable_head(head: nn.Module) -> bool:
@@ -53,44 +52,12 @@ def fusable_head(head: nn.Module) -> bool:
 # Divergence values and their gradients with respect to the student's logits, per row
 # ----------------------------------------------------------------------------------------------------------------
 
-def divergence_and_grad(loss: str, beta: float, logq: torch.Tensor, logp: torch.Tensor,
+def divergence_and_grad(options: LossOptions, logq: torch.Tensor, logp: torch.Tensor,
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-row divergence [c], its gradient with respect to the student logits [c, W], per-row total variation
-    0.5 sum |q - p| [c]) for one of forward_kl / reverse_kl / jsd / tv, from log-probabilities logq (student),
-    logp (teacher) over W columns. The total variation (logged) reuses q and p: no second exp of either."""
+    0.5 sum |q - p| [c]) of options.loss, from log-probabilities logq (student), logp (teacher) over W columns."""
     logp = logp.clamp_min(torch.finfo(logp.dtype).min)  # a teacher zero: p log p = 0, never 0 * inf = nan
-    q, p = logq.exp(), logp.exp()
-    if loss == "jsd" and beta == 0.0:
-        loss = "forward_kl"
-    if loss == "jsd" and beta == 1.0:
-        loss = "reverse_kl"
-    if loss == "forward_kl":
-        # KL(p || q) = sum p (log p - log q);  d/ds = q - p
-        value = (p * (logp - logq)).sum(-1)
-        grad = q.sub_(p)  # q is ours: no second [c, W] buffer
-        del p
-        return value, grad, 0.5 * grad.abs().sum(-1)
-    if loss == "tv":
-        diff = q - p
-        g = 0.5 * diff.sign()  # d TV / dq
-        # d/ds_j = q_j (g_j - sum_i q_i g_i)
-        value = 0.5 * diff.abs_().sum(-1)
-        return value, q * (g - (q * g).sum(-1, keepdim=True)), value
-    tv = 0.5 * (q - p).abs_().sum(-1)
-    if loss == "reverse_kl":
-        # KL(q || p) = sum q (log q - log p);  d/ds = q (log q - log p - KL)
-        log_ratio = logq - logp
-        value = (q * log_ratio).sum(-1)
-        return value, q * (log_ratio - value[:, None]), tv
-    if loss == "jsd":
-        # log m = log(beta p + (1 - beta) q)
-        logm = torch.logaddexp(logp + math.log(beta), logq + math.log1p(-beta))
-        kl_pm = (p * (logp - logm)).sum(-1)
-        log_ratio = logq - logm
-        kl_qm = (q * log_ratio).sum(-1)
-        # d/ds = (1 - beta) q (log q - log m - KL(q || m))
-        return beta * kl_pm + (1.0 - beta) * kl_qm, (1.0 - beta) * q * (log_ratio - kl_qm[:, None]), tv
-    raise ValueError(f"no divergence named {loss!r}")
+    return options.divergence.value_and_grad(logq, logp, options.beta)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -106,17 +73,10 @@ class ChunkResult:
     grad_logits: torch.Tensor | None  # [c, V] dL/dz, None when no gradient was asked for
 
 
-def _weights(options: _LossOptions) -> tuple[float, float]:
-    """(a, w): the loss is a * kd + w * ce."""
-    if options.loss == "ce":
-        return 0.0, 1.0
-    return 1.0 - options.ce_weight, options.ce_weight
-
-
-def _dense_chunk(options: _LossOptions, z: torch.Tensor, teacher_logits: torch.Tensor | None, labels: torch.Tensor,
+def _dense_chunk(options: LossOptions, z: torch.Tensor, teacher_logits: torch.Tensor | None, labels: torch.Tensor,
                  need_grad: bool) -> ChunkResult:
     """Student logits z [c, V] against dense teacher logits [c, V'] (shared first min(V, V') columns) or None."""
-    a, w = _weights(options)
+    a, w = options.weights()
     lse = torch.logsumexp(z, dim=-1)  # [c]
     ce = (lse - z.gather(1, labels[:, None])[:, 0]).sum()  # -log q(y) at temperature 1
     zero = z.new_zeros(())
@@ -128,12 +88,12 @@ def _dense_chunk(options: _LossOptions, z: torch.Tensor, teacher_logits: torch.T
         return ChunkResult(ce, zero, ce, zero, grad)
 
     shared = min(z.shape[-1], teacher_logits.shape[-1])
-    t = _upcast(teacher_logits[:, :shared]).to(z.dtype)
+    t = upcast(teacher_logits[:, :shared]).to(z.dtype)
     kd = tv = zero
     if options.loss != "ce":
         logq = F.log_softmax(z[:, :shared] / options.temperature, dim=-1)  # [c, W]
         logp = F.log_softmax(t / options.temperature, dim=-1)  # [c, W]
-        values, g, tv_rows = divergence_and_grad(options.loss, options.beta, logq, logp)
+        values, g, tv_rows = divergence_and_grad(options, logq, logp)
         kd = values.sum()
         if options.temperature == 1.0:
             tv = tv_rows.sum()
@@ -152,10 +112,10 @@ def _dense_chunk(options: _LossOptions, z: torch.Tensor, teacher_logits: torch.T
     return ChunkResult(a * kd + w * ce, kd, ce, tv, grad)
 
 
-def _sparse_chunk(options: _LossOptions, z: torch.Tensor, teacher: SparseTeacher, labels: torch.Tensor,
+def _sparse_chunk(options: LossOptions, z: torch.Tensor, teacher: SparseTeacher, labels: torch.Tensor,
                   need_grad: bool) -> ChunkResult:
     """Student logits z [c, V] against a cached top-k teacher: k + 1 buckets (top-k, tail); temperature 1."""
-    a, w = _weights(options)
+    a, w = options.weights()
     ids = teacher.topk_ids.long()  # [c, k]
     vocab = z.shape[-1]
     if ids.numel() > 0 and (ids.min() < 0 or ids.max() >= vocab):
@@ -170,7 +130,7 @@ def _sparse_chunk(options: _LossOptions, z: torch.Tensor, teacher: SparseTeacher
         # Q_tail = 1 - sum_topk q, from the top-k alone (float64 sum against cancellation)
         q_tail = (1.0 - logq_top.double().exp().sum(-1)).clamp_min(torch.finfo(z.dtype).tiny).to(z.dtype)
         # P_tail = 1 - sum_topk p, floored so that rounding in the cache cannot make reverse KL infinite
-        p_tail = (-torch.expm1(torch.logsumexp(teacher_top, dim=-1))).clamp_min(_TAIL_FLOOR)
+        p_tail = (-torch.expm1(torch.logsumexp(teacher_top, dim=-1))).clamp_min(TAIL_FLOOR)
         logq = torch.cat([logq_top, q_tail.log()[:, None]], dim=-1)  # [c, k+1]
         logp = F.log_softmax(torch.cat([teacher_top, p_tail.log()[:, None]], dim=-1), dim=-1)  # renormalised
     else:  # k = V: the buckets are the tokens
@@ -178,7 +138,7 @@ def _sparse_chunk(options: _LossOptions, z: torch.Tensor, teacher: SparseTeacher
     kd = z.new_zeros(())
     g = None
     if options.loss != "ce":
-        values, g, tv_rows = divergence_and_grad(options.loss, options.beta, logq, logp)
+        values, g, tv_rows = divergence_and_grad(options, logq, logp)
         kd = values.sum()
         tv = tv_rows.sum()
     else:
@@ -200,7 +160,7 @@ def _sparse_chunk(options: _LossOptions, z: torch.Tensor, teacher: SparseTeacher
 # All chunks, and the autograd Function that hands back the gradients computed on the way
 # ----------------------------------------------------------------------------------------------------------------
 
-def _run_chunks(options: _LossOptions, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def _run_chunks(options: LossOptions, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 teacher_rows: torch.Tensor | SparseTeacher | None, teacher_head: nn.Module | None,
                 targets: torch.Tensor, chunk_size: int, need: tuple[bool, bool, bool]):
     """Sums over all kept rows and the gradients asked for by `need` = (hidden, weight, bias)."""
@@ -212,8 +172,8 @@ def _run_chunks(options: _LossOptions, hidden: torch.Tensor, weight: torch.Tenso
     for start in range(0, hidden.shape[0], chunk_size):
         rows = slice(start, start + chunk_size)
         h = hidden[rows]
-        z = _upcast(F.linear(h, weight, bias))  # [c, V]
-        teacher = _take_rows(teacher_rows, rows)
+        z = upcast(F.linear(h, weight, bias))  # [c, V]
+        teacher = take_rows(teacher_rows, rows)
         if isinstance(teacher, SparseTeacher):
             result = _sparse_chunk(options, z, teacher, targets[rows], any(need))
         else:
@@ -255,7 +215,7 @@ class _FusedHeadLoss(torch.autograd.Function):
                 None, None, None, None, None, None)
 
 
-def fused_head_loss(options: _LossOptions, hidden: torch.Tensor, head: nn.Linear,
+def fused_head_loss(options: LossOptions, hidden: torch.Tensor, head: nn.Linear,
                     teacher_rows: torch.Tensor | SparseTeacher | None, teacher_head: nn.Module | None,
                     targets: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, ...]:
     """(loss, kd, ce, tv) sums over the kept rows: hidden [n, H], targets [n], teacher_rows hidden states [n, H']

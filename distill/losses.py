@@ -1,10 +1,12 @@
 """Distillation losses: per-token divergences between the draft (student) and the target (teacher).
 
-Pure functions over tensors. N = tokens, V = vocabulary, k = width of a cached top-k teacher, H = hidden size.
+Pure functions over tensors, and the one table `DIVERGENCES` that the loss names of a recipe (`distill.loss`)
+resolve through. N = tokens, V = vocabulary, k = width of a cached top-k teacher, W = width of a shared support.
 p is the teacher distribution, q the student's; both arrive as log-probabilities over the same support.
 
-Reductions return SUMS over tokens (`LossSums`), never means: the caller divides by the global token count,
-so gradient accumulation and several processes give the same update as one large batch.
+Each entry of DIVERGENCES holds the divergence's value per token and, for the fused chunked path
+(distill/fused.py), the same value with its gradient with respect to the student's logits in closed form.
+The batch-level sums (masking, temperature, the ce mix, chunking) are in distill/distill_loss.py.
 
 Temperature T softens both models: log_softmax(logits / T). No T**2 factor is applied (Hinton et al. scale the
 soft loss by T**2 to keep its gradient size comparable across T); fold such a factor into the learning rate.
@@ -12,21 +14,15 @@ soft loss by T**2 to keep its gradient size comparable across T); fold such a fa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
-
-LOSSES = ("forward_kl", "reverse_kl", "jsd", "tv", "ce")
-
-IGNORE_INDEX = -100
 
 # A cached teacher's tail mass 1 - sum_topk p is only known to float32 resolution. Where the student has a tail,
 # the teacher's tail is floored here so that rounding cannot make reverse KL infinite.
-_TAIL_FLOOR = torch.finfo(torch.float32).eps
+TAIL_FLOOR = torch.finfo(torch.float32).eps
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -88,6 +84,86 @@ def total_variation(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> t
     return 0.5 * (teacher_logp.exp() - student_logp.exp()).abs().sum(dim=-1)
 
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# The same divergences with their gradients with respect to the student's logits s (q = softmax(s)), per token:
+# (value [N], dL/ds [N, W], total variation 0.5 sum |q - p| [N] for logging, reusing q and p)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _forward_kl_and_grad(logq: torch.Tensor, logp: torch.Tensor, beta: float):
+    q, p = logq.exp(), logp.exp()  # [N, W]
+    # KL(p || q) = sum p (log p - log q);  d/ds = q - p
+    value = (p * (logp - logq)).sum(-1)
+    grad = q.sub_(p)  # q is ours: no second [N, W] buffer
+    return value, grad, 0.5 * grad.abs().sum(-1)
+
+
+def _reverse_kl_and_grad(logq: torch.Tensor, logp: torch.Tensor, beta: float):
+    q, p = logq.exp(), logp.exp()  # [N, W]
+    tv = 0.5 * (q - p).abs_().sum(-1)
+    # KL(q || p) = sum q (log q - log p);  d/ds = q (log q - log p - KL)
+    log_ratio = logq - logp
+    value = (q * log_ratio).sum(-1)
+    return value, q * (log_ratio - value[:, None]), tv
+
+
+def _jsd_and_grad(logq: torch.Tensor, logp: torch.Tensor, beta: float):
+    _check_beta(beta)
+    if beta == 0.0:  # the endpoints are the KLs exactly, as in jsd()
+        return _forward_kl_and_grad(logq, logp, beta)
+    if beta == 1.0:
+        return _reverse_kl_and_grad(logq, logp, beta)
+    q, p = logq.exp(), logp.exp()  # [N, W]
+    tv = 0.5 * (q - p).abs_().sum(-1)
+    # log m = log(beta p + (1 - beta) q)
+    logm = torch.logaddexp(logp + math.log(beta), logq + math.log1p(-beta))
+    kl_pm = (p * (logp - logm)).sum(-1)
+    log_ratio = logq - logm
+    kl_qm = (q * log_ratio).sum(-1)
+    # d/ds = (1 - beta) q (log q - log m - KL(q || m))
+    return beta * kl_pm + (1.0 - beta) * kl_qm, (1.0 - beta) * q * (log_ratio - kl_qm[:, None]), tv
+
+
+def _total_variation_and_grad(logq: torch.Tensor, logp: torch.Tensor, beta: float):
+    q, p = logq.exp(), logp.exp()  # [N, W]
+    diff = q - p
+    g = 0.5 * diff.sign()  # d TV / dq
+    value = 0.5 * diff.abs_().sum(-1)
+    # d/ds_j = q_j (g_j - sum_i q_i g_i)
+    return value, q * (g - (q * g).sum(-1, keepdim=True)), value
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The table: loss name -> divergence
+# ----------------------------------------------------------------------------------------------------------------
+
+PerToken = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+PerTokenWithGrad = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One divergence D(p, q) of the student q from the teacher p, both given as log-probabilities [N, W].
+
+    value(student_logp, teacher_logp, beta) -> [N]; value_and_grad(student_logp, teacher_logp, beta) ->
+    (value [N], dD/ds [N, W] with s the student's logits, total variation [N]). beta is used by jsd only.
+    """
+
+    value: PerToken
+    value_and_grad: PerTokenWithGrad
+
+
+DIVERGENCES: dict[str, Divergence] = {
+    "forward_kl": Divergence(lambda s, t, beta: forward_kl(s, t), _forward_kl_and_grad),  # KL(p || q)
+    "reverse_kl": Divergence(lambda s, t, beta: reverse_kl(s, t), _reverse_kl_and_grad),  # KL(q || p)
+    "jsd": Divergence(jsd, _jsd_and_grad),  # beta KL(p || m) + (1 - beta) KL(q || m), m = beta p + (1 - beta) q
+    "tv": Divergence(lambda s, t, beta: total_variation(s, t), _total_variation_and_grad),  # 0.5 sum |p - q|
+}
+
+# Recipe values of distill.loss: a divergence, or "ce" (hard-label cross-entropy alone, no teacher term).
+LOSSES = (*DIVERGENCES, "ce")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Sparse (cached top-k) teacher
 # ----------------------------------------------------------------------------------------------------------------
@@ -112,7 +188,7 @@ class SparseTeacher:
     @classmethod
     def from_logits(cls, logits: torch.Tensor, k: int) -> SparseTeacher:
         """Keep the k most likely tokens of teacher logits [N, V] (temperature 1; at least float32)."""
-        logprobs = F.log_softmax(_upcast(logits.detach()), dim=-1)  # [N, V]
+        logprobs = F.log_softmax(upcast(logits.detach()), dim=-1)  # [N, V]
         top = logprobs.topk(k, dim=-1)
         return cls(topk_ids=top.indices, topk_logprobs=top.values)
 
@@ -152,39 +228,16 @@ def bucketize(student_logits: torch.Tensor, teacher: SparseTeacher) -> tuple[tor
     # p(tail) = 1 - sum_topk p = -expm1(logsumexp(log p_topk)), clamped at 0 against rounding
     tail_mass = (-torch.expm1(torch.logsumexp(teacher_topk, dim=-1))).clamp_min(0.0)  # [N]
     student_has_tail = student_tail > -math.inf
-    tail_mass = torch.where(student_has_tail, tail_mass.clamp_min(_TAIL_FLOOR), 0.0)
+    tail_mass = torch.where(student_has_tail, tail_mass.clamp_min(TAIL_FLOOR), 0.0)
     # renormalise over the k + 1 buckets so that rounding in the cache cannot leave a mass above 1
     teacher_logp = F.log_softmax(torch.cat([teacher_topk, tail_mass.log()[:, None]], dim=-1), dim=-1)
     return student_logp, teacher_logp
 
 
+
 # ----------------------------------------------------------------------------------------------------------------
-# Distillation loss: options, per-batch sums, chunked over the vocabulary projection
+# Options shared by every path that sums a loss over a batch
 # ----------------------------------------------------------------------------------------------------------------
-
-@dataclass
-class LossSums:
-    """Sums over the kept tokens of one batch; divide by the global `num_tokens` to get means.
-
-    loss: scalar with grad, (1 - ce_weight) * kd + ce_weight * ce. kd, ce, tv: detached sums for logging;
-    tv is measured at temperature 1 (0 without a teacher).
-    """
-
-    loss: torch.Tensor
-    kd: torch.Tensor
-    ce: torch.Tensor
-    tv: torch.Tensor
-    num_tokens: int
-
-    def __add__(self, other: LossSums) -> LossSums:
-        return LossSums(
-            loss=self.loss + other.loss,
-            kd=self.kd + other.kd,
-            ce=self.ce + other.ce,
-            tv=self.tv + other.tv,
-            num_tokens=self.num_tokens + other.num_tokens,
-        )
-
 
 def _check_beta(beta: float) -> None:
     if not 0.0 <= beta <= 1.0:
@@ -192,7 +245,9 @@ def _check_beta(beta: float) -> None:
 
 
 @dataclass(frozen=True)
-class _LossOptions:
+class LossOptions:
+    """A validated (loss, beta, temperature, ce_weight); raises ValueError naming a bad value."""
+
     loss: str
     beta: float
     temperature: float
@@ -207,6 +262,17 @@ class _LossOptions:
         if not 0.0 <= self.ce_weight <= 1.0:
             raise ValueError(f"ce_weight must be in [0, 1], got {self.ce_weight!r}")
 
+    @property
+    def divergence(self) -> Divergence | None:
+        """The teacher term's divergence; None for loss="ce"."""
+        return DIVERGENCES.get(self.loss)
+
+    def weights(self) -> tuple[float, float]:
+        """(a, w): the loss is a * kd + w * ce; loss="ce" is ce alone."""
+        if self.loss == "ce":
+            return 0.0, 1.0
+        return 1.0 - self.ce_weight, self.ce_weight
+
     def check_teacher(self, teacher: torch.Tensor | SparseTeacher | None) -> None:
         if teacher is None and self.loss != "ce":
             raise ValueError(f"loss={self.loss!r} needs a teacher (logits or a SparseTeacher), got None")
@@ -218,219 +284,14 @@ class _LossOptions:
             )
 
 
-def _upcast(logits: torch.Tensor) -> torch.Tensor:
+def upcast(logits: torch.Tensor) -> torch.Tensor:
     """Half-precision logits to float32 (float64 stays float64)."""
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-def _paired_logprobs(
-    student_logits: torch.Tensor, teacher: torch.Tensor | SparseTeacher, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Student and teacher log-probs over a shared support: [n, W] x [n, W]."""
-    if isinstance(teacher, SparseTeacher):
-        return bucketize(student_logits, teacher)  # W = k + 1
-    # padded lm_head rows: compare on the shared first min(Vs, Vt) columns, each renormalised there
-    shared = min(student_logits.shape[-1], teacher.shape[-1])
-    student_logp = F.log_softmax(student_logits[:, :shared] / temperature, dim=-1)  # [n, W]
-    teacher_logp = F.log_softmax(_upcast(teacher.detach()[:, :shared]) / temperature, dim=-1)  # [n, W]
-    return student_logp, teacher_logp.to(student_logp.dtype)
-
-
-def _divergence(options: _LossOptions, student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
-    if options.loss == "forward_kl":
-        return forward_kl(student_logp, teacher_logp)
-    if options.loss == "reverse_kl":
-        return reverse_kl(student_logp, teacher_logp)
-    if options.loss == "jsd":
-        return jsd(student_logp, teacher_logp, options.beta)
-    return total_variation(student_logp, teacher_logp)
-
-
-def _token_sums(
-    options: _LossOptions,
-    student_logits: torch.Tensor,
-    teacher: torch.Tensor | SparseTeacher | None,
-    labels: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, kd, ce, tv) summed over rows that are all kept. student_logits [n, Vs], labels [n]."""
-    student_logits = _upcast(student_logits)  # [n, Vs]
-    zero = student_logits.new_zeros(())
-    ce_in_loss = options.loss == "ce" or options.ce_weight > 0.0
-    with torch.set_grad_enabled(torch.is_grad_enabled() and ce_in_loss):
-        # ce = -sum_i log q(y_i)   (hard labels, temperature 1, full student vocabulary)
-        ce = F.cross_entropy(student_logits, labels, reduction="sum")
-    if teacher is None:
-        return ce, zero, ce.detach(), zero
-
-    kd = zero
-    if options.loss != "ce":
-        student_logp, teacher_logp = _paired_logprobs(student_logits, teacher, options.temperature)  # [n, W]
-        kd = _divergence(options, student_logp, teacher_logp).sum()
-    with torch.no_grad():
-        if options.loss == "ce" or options.temperature != 1.0:
-            student_logp, teacher_logp = _paired_logprobs(student_logits, teacher, 1.0)  # [n, W]
-        tv = total_variation(student_logp, teacher_logp).sum()
-
-    if options.loss == "ce":
-        loss = ce
-    elif options.ce_weight == 0.0:
-        loss = kd
-    else:
-        # total = (1 - w) kd + w ce
-        loss = (1.0 - options.ce_weight) * kd + options.ce_weight * ce
-    return loss, kd.detach(), ce.detach(), tv
-
-
-def _take_rows(
-    teacher: torch.Tensor | SparseTeacher | None, rows: torch.Tensor | slice
-) -> torch.Tensor | SparseTeacher | None:
+def take_rows(teacher: torch.Tensor | SparseTeacher | None,
+              rows: torch.Tensor | slice) -> torch.Tensor | SparseTeacher | None:
+    """The teacher's rows at `rows` (dense rows [n, ...] or a SparseTeacher with n rows); None stays None."""
     if teacher is None:
         return None
     return teacher.take(rows) if isinstance(teacher, SparseTeacher) else teacher[rows]
-
-
-def _kept_positions(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Indices [n] of the positions with mask True and a label other than -100."""
-    if labels.shape != mask.shape:
-        raise ValueError(f"labels and mask must have one shape, got {tuple(labels.shape)} and {tuple(mask.shape)}")
-    keep = mask.bool() & (labels != IGNORE_INDEX)
-    return keep.nonzero(as_tuple=True)[0]
-
-
-def distill_loss(
-    student_logits: torch.Tensor,
-    teacher: torch.Tensor | SparseTeacher | None,
-    labels: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    loss: str,
-    beta: float = 0.5,
-    temperature: float = 1.0,
-    ce_weight: float = 0.0,
-) -> LossSums:
-    """Distillation loss summed over the kept tokens.
-
-    student_logits [N, Vs]; teacher: logits [N, Vt] (compared on the shared first min(Vs, Vt) columns),
-    a SparseTeacher with N rows (temperature 1 only), or None for loss="ce"; labels [N] long (-100 = ignore);
-    mask [N] bool. loss: one of LOSSES; beta: JSD mixing weight; temperature softens both models (no T**2);
-    ce_weight mixes in hard-label cross-entropy: loss = (1 - ce_weight) kd + ce_weight ce; loss="ce" is ce alone.
-    Positions with mask False or label -100 contribute nothing (not even NaNs).
-    Raises ValueError on a bad option or inconsistent shapes.
-    """
-    options = _LossOptions(loss, beta, temperature, ce_weight)
-    options.check_teacher(teacher)
-    if student_logits.dim() != 2 or labels.shape != student_logits.shape[:1]:
-        raise ValueError(
-            f"student_logits must be [N, V] and labels [N], got {tuple(student_logits.shape)} "
-            f"and {tuple(labels.shape)}"
-        )
-    if isinstance(teacher, torch.Tensor) and teacher.shape[0] != student_logits.shape[0]:
-        raise ValueError(f"teacher logits have {teacher.shape[0]} rows, student logits {student_logits.shape[0]}")
-    if isinstance(teacher, SparseTeacher) and len(teacher) != student_logits.shape[0]:
-        raise ValueError(f"SparseTeacher has {len(teacher)} rows, student logits {student_logits.shape[0]}")
-
-    keep = _kept_positions(labels, mask)  # [n]
-    total, kd, ce, tv = _token_sums(options, student_logits[keep], _take_rows(teacher, keep), labels[keep])
-    return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()))
-
-
-def _head_chunk_sums(
-    options: _LossOptions,
-    student_head: nn.Module,
-    teacher_head: nn.Module | None,
-    student_hidden: torch.Tensor,
-    teacher_chunk: torch.Tensor | SparseTeacher | None,
-    labels: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """_token_sums of one chunk, projecting hidden states [c, H] to logits [c, V] inside."""
-    if teacher_head is not None and teacher_chunk is not None:
-        with torch.no_grad():
-            teacher_chunk = teacher_head(teacher_chunk)  # [c, Vt]
-    student_logits = student_head(student_hidden)  # [c, Vs]
-    return _token_sums(options, student_logits, teacher_chunk, labels)
-
-
-def _kept_teacher_rows(
-    teacher: torch.Tensor | SparseTeacher | None,
-    teacher_head: nn.Module | None,
-    batch_shape: torch.Size,
-    keep: torch.Tensor,
-) -> torch.Tensor | SparseTeacher | None:
-    """The teacher's rows at the kept flattened positions: hidden states [n, H'] or a SparseTeacher with n rows."""
-    positions = math.prod(batch_shape)
-    if teacher is None:
-        return None
-    if isinstance(teacher, SparseTeacher):
-        if len(teacher) != positions:
-            raise ValueError(f"SparseTeacher has {len(teacher)} rows, expected B*T = {positions}")
-        return teacher.take(keep)
-    if teacher_head is None:
-        raise ValueError("teacher hidden states need a teacher_head to project them to logits")
-    if teacher.shape[:2] != batch_shape:
-        raise ValueError(f"teacher hidden states {tuple(teacher.shape)} do not match [B, T] = {tuple(batch_shape)}")
-    return teacher.detach().reshape(positions, -1)[keep]  # [n, H']
-
-
-def chunked_distill_loss(
-    student_hidden: torch.Tensor,
-    student_head: nn.Module,
-    teacher: torch.Tensor | SparseTeacher | None,
-    labels: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    teacher_head: nn.Module | None = None,
-    chunk_size: int = 1024,
-    loss: str,
-    beta: float = 0.5,
-    temperature: float = 1.0,
-    ce_weight: float = 0.0,
-) -> LossSums:
-    """distill_loss from final hidden states, chunk_size kept tokens at a time; same value and gradients.
-
-    student_hidden [B, T, H]; student_head maps [c, H] -> [c, Vs]. teacher: hidden states [B, T, H'] together
-    with teacher_head ([c, H'] -> [c, Vt]), a SparseTeacher with B*T rows (flattened positions), or None for
-    loss="ce". labels, mask [B, T]. At most one chunk's [c, V] logits exist at a time:
-    - a plain nn.Linear student head (the usual lm_head) takes the fused path (distill/fused.py): each chunk's
-      gradient with respect to its logits is written in closed form and turned into the hidden states' and the
-      head's gradients at once, so each head runs once per chunk and autograd keeps no logits;
-    - any other head (a peft wrapper, a ZeRO-3-partitioned weight) runs inside a non-reentrant checkpoint per
-      chunk: the teacher's logits under no_grad, the student's recomputed in backward (both heads run twice).
-    Raises ValueError like distill_loss, and for chunk_size < 1 or a missing teacher_head.
-    """
-    options = _LossOptions(loss, beta, temperature, ce_weight)
-    options.check_teacher(teacher)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
-    if student_hidden.dim() != 3 or labels.shape != student_hidden.shape[:2]:
-        raise ValueError(
-            f"student_hidden must be [B, T, H] and labels [B, T], got {tuple(student_hidden.shape)} "
-            f"and {tuple(labels.shape)}"
-        )
-    positions = labels.numel()
-    keep = _kept_positions(labels.reshape(-1), mask.reshape(-1))  # [n]
-    hidden = student_hidden.reshape(positions, -1)[keep]  # [n, H]
-    targets = labels.reshape(-1)[keep]  # [n]
-    teacher_rows = _kept_teacher_rows(teacher, teacher_head, student_hidden.shape[:2], keep)
-    if isinstance(teacher, SparseTeacher):
-        teacher_head = None  # cached teacher: no head to run
-
-    from distill.fused import fusable_head, fused_head_loss
-
-    if fusable_head(student_head):  # closed-form gradients, each head runs once per chunk (distill/fused.py)
-        total, kd, ce, tv = fused_head_loss(options, hidden, student_head, teacher_rows, teacher_head, targets,
-                                            chunk_size)
-        return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()))
-
-    chunk_sums = partial(_head_chunk_sums, options, student_head, teacher_head)
-    totals = []
-    # at least one (possibly empty) chunk, so the loss stays connected to the student head's parameters
-    for start in range(0, max(keep.numel(), 1), chunk_size):
-        rows = slice(start, start + chunk_size)
-        teacher_chunk = _take_rows(teacher_rows, rows)
-        args = (hidden[rows], teacher_chunk, targets[rows])
-        if torch.is_grad_enabled():
-            totals.append(checkpoint(chunk_sums, *args, use_reentrant=False))
-        else:
-            totals.append(chunk_sums(*args))
-    total, kd, ce, tv = (torch.stack(values).sum() for values in zip(*totals))
-    return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()))

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, Trai
 
 from distill.config import DistillConfig, TrainConfig
 from distill.data import IGNORE_INDEX
-from distill.losses import LossSums, chunked_distill_loss
+from distill.distill_loss import LossSums, chunked_distill_loss
 from distill.onpolicy import OnPolicySettings, accepts_logits_to_keep, micro_batch_generator, on_policy_batch
 from distill.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
 

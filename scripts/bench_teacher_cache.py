@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from distill.data import DistillCollator  # noqa: E402
-from distill.losses import chunked_distill_loss  # noqa: E402
+from distill.distill_loss import chunked_distill_loss  # noqa: E402
 from distill.teacher_cache import (  # noqa: E402
     TeacherCollator,
     build_teacher_cache,

@@ -416,7 +416,7 @@ def machine(device: str) -> str:
 def code_version() -> str:
     """Short hashes of the files under test (the trainer is still changing; numbers belong to these versions)."""
     root = Path(__file__).resolve().parents[1]
-    files = ("distill/trainer.py", "distill/losses.py", "distill/fused.py", "distill/teacher_cache.py")
+    files = ("distill/trainer.py", "distill/losses.py", "distill/distill_loss.py", "distill/fused.py", "distill/teacher_cache.py")
     return ", ".join(f"{f} {hashlib.sha256((root / f).read_bytes()).hexdigest()[:12]}" for f in files)
 
 

@@ -8,13 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from distill.distill_loss import LossSums, chunked_distill_loss, distill_loss
 from distill.losses import (
+    DIVERGENCES,
     LOSSES,
-    LossSums,
     SparseTeacher,
     bucketize,
-    chunked_distill_loss,
-    distill_loss,
     forward_kl,
     jsd,
     reverse_kl,
@@ -48,15 +47,18 @@ def ref_tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64)
 
 
+# the references, by loss name: student probabilities q, teacher probabilities p [N, V] -> [N]
+REFERENCES = {
+    "forward_kl": lambda q, p, beta: ref_kl(p, q),
+    "reverse_kl": lambda q, p, beta: ref_kl(q, p),
+    "jsd": lambda q, p, beta: ref_jsd(p, q, beta),
+    "tv": lambda q, p, beta: ref_tv(p, q),
+}
+
+
 def ref_divergence(name: str, q: torch.Tensor, p: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
     """Per-token divergence of student probabilities q from teacher probabilities p."""
-    if name == "forward_kl":
-        return ref_kl(p, q)
-    if name == "reverse_kl":
-        return ref_kl(q, p)
-    if name == "jsd":
-        return ref_jsd(p, q, beta)
-    return ref_tv(p, q)
+    return REFERENCES[name](q, p, beta)
 
 
 def ref_probs(logits: torch.Tensor, temperature: float = 1.0, vocab: int | None = None) -> torch.Tensor:
@@ -67,13 +69,7 @@ def ref_probs(logits: torch.Tensor, temperature: float = 1.0, vocab: int | None 
 
 
 def call_divergence(name: str, student_logp, teacher_logp, beta: float = 0.5):
-    if name == "forward_kl":
-        return forward_kl(student_logp, teacher_logp)
-    if name == "reverse_kl":
-        return reverse_kl(student_logp, teacher_logp)
-    if name == "jsd":
-        return jsd(student_logp, teacher_logp, beta)
-    return total_variation(student_logp, teacher_logp)
+    return DIVERGENCES[name].value(student_logp, teacher_logp, beta)
 
 
 def random_logits(*shape: int, seed: int, scale: float = 3.0, dtype=torch.float32) -> torch.Tensor:
@@ -103,6 +99,24 @@ def test_divergence_matches_reference(name, beta, dtype, rtol):
 def test_identical_distributions_give_zero(name, beta):
     logp = F.log_softmax(random_logits(5, 13, seed=2), -1)
     torch.testing.assert_close(call_divergence(name, logp, logp.clone(), beta), torch.zeros(5), rtol=0, atol=1e-6)
+
+
+def test_the_divergence_table_names_every_kd_loss_and_a_reference():
+    assert tuple(DIVERGENCES) == KD_LOSSES == tuple(REFERENCES) and LOSSES == (*KD_LOSSES, "ce")
+
+
+@pytest.mark.parametrize("name,beta", DIVERGENCE_CASES + [("jsd", 0.0), ("jsd", 1.0)])
+def test_closed_form_gradients_match_autograd_of_the_value(name, beta):
+    """value_and_grad (the fused path's) against autograd through value, in float64: dD/ds for s the logits."""
+    s = random_logits(5, 12, seed=8, dtype=torch.float64).requires_grad_(True)
+    teacher_logp = F.log_softmax(random_logits(5, 12, seed=9, dtype=torch.float64), -1)
+    value = DIVERGENCES[name].value(F.log_softmax(s, -1), teacher_logp, beta)
+    (want_grad,) = torch.autograd.grad(value.sum(), s)
+    got, grad, tv = DIVERGENCES[name].value_and_grad(F.log_softmax(s, -1).detach(), teacher_logp, beta)
+    torch.testing.assert_close(got, value.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(tv, total_variation(F.log_softmax(s, -1), teacher_logp).detach(), rtol=1e-10,
+                               atol=1e-12)
 
 
 def test_jsd_endpoints_are_exactly_the_kls():

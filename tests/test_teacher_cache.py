@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 
 from distill.data import IGNORE_INDEX, DistillCollator
-from distill.losses import chunked_distill_loss
+from distill.distill_loss import chunked_distill_loss
 from distill.teacher_cache import (
     METADATA_FILE,
     TEACHER_COLUMNS,

@@ -1,0 +1,26 @@
+"""Small things several modules share: the ignored-label id, eval mode for a while, parameter counts."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch import nn
+
+# labels equal to this id are not trained on (transformers' and torch's cross-entropy convention)
+IGNORE_INDEX = -100
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` in eval mode inside the block; its previous train/eval mode is restored after (also on error)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def parameter_count(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameters of `model` (only those that require gradients with trainable_only)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
