@@ -31,7 +31,9 @@ from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedToken
 from transformers.trainer_utils import get_last_checkpoint
 
 from distill.config import EvalConfig
-from distill.models import is_lora, is_partitioned, outside_zero3_init, plain_copy
+from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
+from distill.lora import is_lora
+from distill.utils import eval_mode
 
 logger = logging.getLogger(__name__)
 
@@ -150,18 +152,16 @@ class AcceptanceCallback(TrainerCallback):
                 raise RuntimeError("the ZeRO-3 target was not gathered before measuring (see _measure_on_rank_zero)")
             target = self._whole_target.to(device)
             draft = draft.to(device)
-        was_training = draft.training
-        draft.eval()
         try:
             results = []
             for temperature in self.cfg.temperatures:
                 settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
                                         max_new_tokens=self.cfg.max_new_tokens, top_k=self.cfg.top_k,
                                         top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats)
-                results += self.evaluate(target, draft, self.prompts, settings, progress=False)
+                with eval_mode(draft):
+                    results += self.evaluate(target, draft, self.prompts, settings, progress=False)
             return results
         finally:
-            draft.train(was_training)
             if target is not self.target:
                 self._whole_target.to("cpu")
 

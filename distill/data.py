@@ -22,8 +22,8 @@ from transformers import PreTrainedTokenizerBase
 
 from decode.loading import LoadError, read_prompts
 from distill.config import DataConfig
+from distill.utils import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 

@@ -5,23 +5,18 @@ The draft comes from exactly one of (see ModelConfig):
 - `model.draft_layers`: the target with only these decoder layers kept (embeddings, final norm, lm_head copied);
 - `model.draft_config`: a fresh model with the target's config and these keys overridden (trained from scratch).
 
-With `lora.enabled` the draft is wrapped by peft (`apply_lora`): only the adapters train, and `plain_copy` merges
-them into a plain transformers model for measuring and export.
-
-Under DeepSpeed ZeRO-3 (`zero3_enabled`) both models are partitioned as they load (transformers' zero.Init): the
-target gets DeepSpeed's inference hooks (`shard_for_inference`, every forward gathers one layer at a time) instead
-of a replica per process, and `plain_copy` gathers a whole copy onto rank 0 (a collective: every rank calls it).
+With `lora.enabled` the draft is wrapped by peft (distill/lora.py). Under DeepSpeed ZeRO-3 both models are
+partitioned as they load and the target is hooked for inference (distill/distributed.py).
 
 `check_model_plan` reads only configs and tokenizers, so its errors come before any weights are loaded.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import difflib
 import logging
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,19 +24,17 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 from transformers import PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
 
+from decode.loading import DTYPES
 from decode.vocab import check_tokenizers_compatible
-from distill.config import LORA_ALL_LINEAR, LoraConfig, ModelConfig
+from distill.config import LoraConfig, ModelConfig
+from distill.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
+from distill.lora import apply_lora
+from distill.utils import ModelSetupError, parameter_count
 
 logger = logging.getLogger(__name__)
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 # Config entries with one value per decoder layer; kept in step with num_hidden_layers when layers are dropped.
 PER_LAYER_CONFIG_KEYS = ("layer_types",)
-
-
-class ModelSetupError(ValueError):
-    """Target and draft cannot be used together (bad layer list, unknown config key, too small a vocabulary)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -129,7 +122,7 @@ def count_parameters(config: PretrainedConfig, trust_remote_code: bool = False) 
     """Parameters of a model with this config, counted on the meta device (no memory, no weights)."""
     with torch.device("meta"), no_init_weights(), outside_zero3_init():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    return sum(p.numel() for p in model.parameters())
+    return parameter_count(model)
 
 
 def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -177,7 +170,7 @@ def load_target(cfg: ModelConfig) -> PreTrainedModel:
     Under DeepSpeed ZeRO-3 it is loaded partitioned and given inference hooks (`shard_for_inference`): each process
     holds 1/P of it, and every process must run each of its forward passes (they gather weights together).
     """
-    dtype = "auto" if cfg.target_dtype == "auto" else TORCH_DTYPES[cfg.target_dtype]
+    dtype = DTYPES[cfg.target_dtype]  # "auto": the checkpoint's own dtype
     target = freeze(AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, **_load_kwargs(cfg)))
     if zero3_enabled():
         shard_for_inference(target)
@@ -237,7 +230,7 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | Non
     if lora is not None and lora.enabled and zero3_enabled():
         raise ModelSetupError("lora.enabled: LoRA drafts are not supported under DeepSpeed ZeRO-3 (the adapters "
                               "are small: use DDP or ZeRO-2, recipes/accelerate/deepspeed_zero2.yaml)")
-    dtype = TORCH_DTYPES[cfg.draft_dtype]
+    dtype = DTYPES[cfg.draft_dtype]
     if cfg.draft is not None:
         draft = AutoModelForCausalLM.from_pretrained(cfg.draft, dtype=dtype, **_load_kwargs(cfg))
     elif cfg.draft_layers is not None:
@@ -249,165 +242,3 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | Non
     if lora is not None and lora.enabled:
         draft = apply_lora(draft, lora)
     return draft.train()
-
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# LoRA (peft)
-# ---------------------------------------------------------------------------------------------------------------
-
-def _check_module_names(draft: nn.Module, key: str, names: list[str], linear_only: bool) -> None:
-    """ModelSetupError naming `key` for an entry of `names` that matches no module (by name or dotted suffix)."""
-    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
-
-    linear = (nn.Linear, Conv1D)
-    modules = [(n, m) for n, m in draft.named_modules() if n and (not linear_only or isinstance(m, linear))]
-    for wanted in names:
-        if not any(n == wanted or n.endswith("." + wanted) for n, _ in modules):
-            choices = sorted({n.rsplit(".", 1)[-1] for n, _ in modules})
-            close = difflib.get_close_matches(wanted, choices, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            kind = "linear layer" if linear_only else "module"
-            raise ModelSetupError(f"{key}: {wanted!r} names no {kind} of the draft ({type(draft).__name__}); "
-                                  f"{hint}its {kind}s are named: {', '.join(choices)}")
-
-
-def apply_lora(draft: PreTrainedModel, cfg: LoraConfig) -> nn.Module:
-    """`draft` wrapped by peft.get_peft_model with LoRA adapters (changed in place): W x + (alpha / r) B A x on each
-    target module, B = 0 at the start so the draft's function is unchanged. Only the adapters and
-    `cfg.modules_to_save` require gradients. Raises ModelSetupError for a target or saved module the draft lacks.
-    """
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
-    if cfg.target_modules != LORA_ALL_LINEAR:
-        _check_module_names(draft, "lora.target_modules", list(cfg.target_modules), linear_only=True)
-    if cfg.modules_to_save:
-        _check_module_names(draft, "lora.modules_to_save", cfg.modules_to_save, linear_only=False)
-    peft_config = PeftLoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias="none", task_type="CAUSAL_LM",
-        target_modules=cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules),
-        modules_to_save=list(cfg.modules_to_save) if cfg.modules_to_save else None)
-    model = get_peft_model(draft, peft_config)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    logger.info("LoRA draft: %s of %s parameters train (r %d, alpha %g)", f"{trainable:,}",
-                f"{parameter_count(model):,}", cfg.r, cfg.alpha)
-    return model
-
-
-def is_lora(model: nn.Module) -> bool:
-    """True for a peft model (LoRA adapters on a base model)."""
-    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# DeepSpeed ZeRO-3: partitioned weights
-# ---------------------------------------------------------------------------------------------------------------
-
-def zero3_enabled() -> bool:
-    """True when the TrainingArguments of this process configured DeepSpeed ZeRO-3."""
-    from transformers.integrations import is_deepspeed_zero3_enabled
-    return is_deepspeed_zero3_enabled()
-
-
-def is_partitioned(model: nn.Module) -> bool:
-    """True when some weight of `model` is a ZeRO-3 partition (only 1/P of it lives in this process)."""
-    return any(hasattr(p, "ds_id") for p in model.parameters())
-
-
-@contextlib.contextmanager
-def outside_zero3_init() -> Iterator[None]:
-    """Build models whole in this process even under ZeRO-3 (transformers would otherwise partition them)."""
-    if not zero3_enabled():
-        yield
-        return
-    from transformers.modeling_utils import set_zero3_state
-    with set_zero3_state():
-        yield
-
-
-def zero3_inference_config(train_config: dict[str, Any], hidden_size: int | None,
-                           dtype: torch.dtype) -> dict[str, Any]:
-    """The DeepSpeed config for a frozen model under ZeRO-3, from the training run's config (not changed).
-
-    No optimizer, scheduler or optimizer offload; the batch keys are placeholders (no training step is taken);
-    precision follows the model's own dtype, so DeepSpeed never casts it; "auto" bucket sizes get TRL's values for
-    `hidden_size` (the Trainer fills them for the draft only). Parameter offload is kept.
-    """
-    config = copy.deepcopy(train_config)
-    for key in ("optimizer", "scheduler", "train_batch_size", "gradient_clipping"):
-        config.pop(key, None)
-    config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1,
-                  bf16={"enabled": dtype == torch.bfloat16}, fp16={"enabled": dtype == torch.float16})
-    zero = config.setdefault("zero_optimization", {})
-    zero["stage"] = 3
-    zero.pop("offload_optimizer", None)
-    if hidden_size:
-        for key, value in (("reduce_bucket_size", hidden_size * hidden_size),
-                           ("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
-                           ("stage3_param_persistence_threshold", 10 * hidden_size)):
-            if zero.get(key, "auto") == "auto":
-                zero[key] = value
-    return config
-
-
-def shard_for_inference(model: PreTrainedModel) -> PreTrainedModel:
-    """Give a frozen, ZeRO-3-partitioned model DeepSpeed's inference hooks (as TRL does for its reference model):
-    each forward gathers a layer's weights, runs it and frees them. Every process must run every forward. Returns
-    `model` itself (hooked in place) in eval mode."""
-    import deepspeed
-    from transformers.integrations.deepspeed import deepspeed_config
-
-    hidden_size = getattr(model.config.get_text_config(), "hidden_size", None)
-    config = zero3_inference_config(deepspeed_config(), hidden_size, next(model.parameters()).dtype)
-    engine, *_ = deepspeed.initialize(model=model, config=config)
-    return engine.module.eval()
-
-
-def _gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
-    """Every parameter of a ZeRO-3 model, whole and on the CPU, on rank 0 (None elsewhere). A collective: every rank
-    calls it; one weight is gathered at a time, so no process ever holds more than one whole weight extra.
-    Buffers are left out: ZeRO-3 does not partition them and a model's buffers follow from its config."""
-    import deepspeed
-
-    state: dict[str, torch.Tensor] = {}
-    rank_zero = torch.distributed.get_rank() == 0
-    for name, param in model.named_parameters():
-        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
-            if rank_zero:
-                state[name] = param.data.detach().to("cpu", copy=True)
-    return state if rank_zero else None
-
-
-def _empty_like(model: PreTrainedModel) -> PreTrainedModel:
-    """A whole (unpartitioned) model on the CPU with `model`'s architecture and dtype; weights not initialised."""
-    with outside_zero3_init(), no_init_weights():
-        return AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
-
-
-def plain_copy(model: nn.Module) -> PreTrainedModel | None:
-    """A plain transformers model equal to `model`, which is left unchanged: LoRA adapters are merged into the
-    weights (merge_and_unload), ZeRO-3 partitions gathered. The copy is on the CPU when gathered, else on the
-    model's device.
-
-    A collective when `model` is partitioned (every rank must call it; the copy is returned on rank 0, None
-    elsewhere); otherwise a local copy.
-    """
-    if is_partitioned(model):
-        state = _gathered_state_dict(model)
-        if state is None:
-            return None
-        copied = _empty_like(model)  # LoRA under ZeRO-3 is refused by load_draft: no adapters here
-        missing, unexpected = copied.load_state_dict(state, strict=False)
-        named = dict(copied.named_parameters())
-        if unexpected or any(key in named for key in missing):
-            raise RuntimeError(f"gathered weights do not fit the model: missing {missing}, unexpected {unexpected}")
-        copied.tie_weights()
-    else:
-        copied = copy.deepcopy(model)
-    if is_lora(copied):
-        copied = copied.merge_and_unload()
-    return copied.eval()

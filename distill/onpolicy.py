@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from decode.sampling import SamplingConfig, next_token
-from distill.data import IGNORE_INDEX, DistillCollator
+from distill.data import DistillCollator
+from distill.utils import IGNORE_INDEX, eval_mode
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels")
 
@@ -132,9 +133,7 @@ def sample_continuations(draft: nn.Module, prompts: list[torch.Tensor], *, max_n
     generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
     input_ids, attention_mask = _left_pad(prompts, pad_token_id, device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # [B, L]: pads do not advance positions
-    was_training = draft.training
-    draft.eval()
-    try:
+    with eval_mode(draft):
         last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(draft) else {}  # no [B, L, V] prefill logits
         out = draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
                     **last_only)
@@ -153,8 +152,6 @@ def sample_continuations(draft: nn.Module, prompts: list[torch.Tensor], *, max_n
             out = draft(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1, :vocab_size]  # [B, V]
-    finally:
-        draft.train(was_training)
     rows = torch.stack(tokens, dim=1).tolist()  # [B, n]
     return [_cut_at_eos(row, eos_token_id) for row in rows]
 

@@ -17,7 +17,8 @@ Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
 
 The target is never wrapped or trained: it is frozen, moved to this process's device and used under no_grad.
 Device modes (single process, DDP, DeepSpeed ZeRO-1/2) come from the accelerate config, not from this file;
-modes that shard the draft (ZeRO-3, FSDP) are refused by check_device_mode before any weights load.
+modes DistillTrainer cannot run (FSDP, ZeRO-3 without whole-weight checkpoints) are refused by
+distill.distributed.check_device_mode before any weights load.
 """
 from __future__ import annotations
 
@@ -27,14 +28,15 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
-from accelerate.utils import parse_flag_from_env
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 
 from distill.config import DistillConfig, TrainConfig
-from distill.data import IGNORE_INDEX
 from distill.distill_loss import LossSums, chunked_distill_loss
+# check_device_mode and UnsupportedModeError live in distill.distributed; scripts/train.py still imports them here
+from distill.distributed import UnsupportedModeError, check_device_mode  # noqa: F401
 from distill.onpolicy import OnPolicySettings, accepts_logits_to_keep, micro_batch_generator, on_policy_batch
 from distill.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
+from distill.utils import IGNORE_INDEX
 
 
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
@@ -67,26 +69,6 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         average_tokens_across_devices=True,
         ddp_find_unused_parameters=False,
     )
-
-
-class UnsupportedModeError(ValueError):
-    """The launch configuration shards the draft (DeepSpeed ZeRO-3 or FSDP), which DistillTrainer does not do yet."""
-
-
-def check_device_mode(args: TrainingArguments) -> None:
-    """Raise UnsupportedModeError for FSDP, and for ZeRO-3 unless checkpoints hold whole weights (the export and
-    acceptance read them). ZeRO-3 shards the target too (distill.models.shard_for_inference); FSDP would need the
-    loss to call the draft's lm_head inside its wrapped forward, which DistillTrainer does not do."""
-    if args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == 3:
-        zero = args.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
-        if zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
-            raise UnsupportedModeError(
-                "DeepSpeed ZeRO-3 needs whole weights in every checkpoint: set zero3_save_16bit_model: true in the "
-                "accelerate config (recipes/accelerate/deepspeed_zero3.yaml), or "
-                "zero_optimization.stage3_gather_16bit_weights_on_model_save: true in a DeepSpeed JSON config")
-    if args.fsdp or parse_flag_from_env("ACCELERATE_USE_FSDP"):
-        raise UnsupportedModeError("FSDP is not supported yet (docs/memory.md); use DDP (recipes/accelerate/ddp.yaml)"
-                                   " or DeepSpeed ZeRO-2/3 (recipes/accelerate/deepspeed_zero*.yaml)")
 
 
 class StepClock(TrainerCallback):

@@ -1,4 +1,5 @@
-"""Small things several modules share: the ignored-label id, eval mode for a while, parameter counts."""
+"""Small things several modules share: the ignored-label id, eval mode for a while, parameter counts, and the
+error for a target and draft that cannot be set up together."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +9,10 @@ from torch import nn
 
 # labels equal to this id are not trained on (transformers' and torch's cross-entropy convention)
 IGNORE_INDEX = -100
+
+
+class ModelSetupError(ValueError):
+    """Target and draft cannot be used together (bad layer list, unknown config key, too small a vocabulary)."""
 
 
 @contextlib.contextmanager

@@ -26,8 +26,9 @@ from transformers.models.llama import modeling_llama
 
 from distill.callbacks import export_draft
 from distill.config import LoraConfig, RecipeError, TrainConfig, check_precision, load_recipe
-from distill.models import ModelSetupError, apply_lora, is_lora, plain_copy, zero3_inference_config
-from distill.trainer import UnsupportedModeError, check_device_mode
+from distill.distributed import UnsupportedModeError, check_device_mode, plain_copy, zero3_inference_config
+from distill.lora import apply_lora, is_lora
+from distill.models import ModelSetupError
 from scripts import train as train_script
 from helpers import TINY_RECIPE, run_train
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
