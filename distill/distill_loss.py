@@ -120,7 +120,8 @@ def distill_loss(
     student_logits [N, Vs]; teacher: logits [N, Vt] (compared on the shared first min(Vs, Vt) columns),
     a SparseTeacher with N rows (temperature 1 only), or None for loss="ce"; labels [N] long (-100 = ignore);
     mask [N] bool. loss: one of distill.losses.LOSSES; beta: JSD mixing weight; temperature softens both models
-    (no T**2); ce_weight mixes in hard-label cross-entropy: loss = (1 - ce_weight) kd + ce_weight ce; loss="ce" is ce alone.
+    (no T**2); ce_weight mixes in hard-label cross-entropy: loss = (1 - ce_weight) kd + ce_weight ce;
+    loss="ce" is ce alone.
     Positions with mask False or label -100 contribute nothing (not even NaNs).
     Raises ValueError on a bad option or inconsistent shapes.
     """

@@ -17,7 +17,6 @@ responses of other inputs raises CacheMismatchError (a ValueError) naming what d
 """
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,21 +30,15 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from decode import autoregressive_generate, speculative_generate
-from distill.teacher_cache import (
-    config_hash,
-    prepare_out_dir,
-    read_metadata,
-    shard_path,
-    token_lists_hash,
-    vocab_hash,
-    weights_hash,
-    write_json_atomic,
-    write_shard,
-)
+from distill.fingerprints import config_hash, token_lists_hash, vocab_hash, weights_hash
+from distill.shard_store import ShardStore
+from distill.utils import IGNORE_INDEX, eval_mode
 
 FORMAT_VERSION = 1
 METADATA_FILE = "target_data.json"
-IGNORE_INDEX = -100
+# plain names of spec keys in mismatch messages (those target data shares with a teacher cache)
+SPEC_MEANINGS = {"target_id": "target", "tokenizer_vocab_hash": "tokenizer vocabulary",
+                 "format_version": "cache format version"}
 FEATURES = datasets.Features({
     "index": datasets.Value("int64"),
     "prompt_ids": datasets.List(datasets.Value("int64")),
@@ -162,37 +155,29 @@ def generate_target_data(
     prompt_ids = prompt_lists(prompts, prompt_column)
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, gamma)
     spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    metadata = prepare_out_dir(out, spec, METADATA_FILE, "target data", overwrite)
-    if metadata is not None and metadata["complete"]:
-        return load_target_data(out)
-    shard_size = metadata["shard_size"] if metadata is not None else shard_size
-    metadata = {**spec, "complete": False, "shard_size": shard_size,
-                "num_shards": math.ceil(len(prompt_ids) / shard_size)}
-    write_json_atomic(out / METADATA_FILE, metadata)
+    store = _store(out_dir)
+    metadata = store.start(spec, num_rows=len(prompt_ids), rows_per_shard=shard_size, size_key="shard_size",
+                           overwrite=overwrite)
+    if metadata["complete"]:
+        return load_target_data(store.root)
 
-    was_training = target.training
-    target.eval()
-    bar = tqdm(total=len(prompt_ids), desc="target responses", unit="prompt", disable=not progress)
-    try:
-        for shard in range(metadata["num_shards"]):
-            indices = range(shard * shard_size, min((shard + 1) * shard_size, len(prompt_ids)))
-            if shard_path(out, shard).is_dir():
-                bar.update(len(indices))
-                continue
-            rows = []
-            for i in indices:
-                response = generate_response(target, draft, prompt_ids[i], sampling, tokenizer.eos_token_id, i)
-                rows.append(_row(tokenizer, i, prompt_ids[i], response))
-                bar.update(1)
-            write_shard(lambda: datasets.Dataset.from_list(rows, features=FEATURES), out, shard)
-    finally:
-        bar.close()
-        target.train(was_training)
-    metadata["complete"] = True
-    write_json_atomic(out / METADATA_FILE, metadata)
-    return load_target_data(out)
+    def make(shard: int, indices: range, scratch: Path) -> datasets.Dataset:
+        rows = []
+        for i in indices:
+            response = generate_response(target, draft, prompt_ids[i], sampling, tokenizer.eos_token_id, i)
+            rows.append(_row(tokenizer, i, prompt_ids[i], response))
+            bar.update(1)
+        return datasets.Dataset.from_list(rows, features=FEATURES)
+
+    with eval_mode(target), tqdm(total=len(prompt_ids), desc="target responses", unit="prompt",
+                                 disable=not progress) as bar:
+        store.fill(metadata, len(prompt_ids), make, bar, size_key="shard_size")
+    store.finish(metadata)
+    return load_target_data(store.root)
+
+
+def _store(out_dir: str | os.PathLike) -> ShardStore:
+    return ShardStore(Path(out_dir), METADATA_FILE, "target data", SPEC_MEANINGS)
 
 
 def _row(tokenizer: PreTrainedTokenizerBase, index: int, prompt: list[int], response: list[int]) -> dict[str, Any]:
@@ -204,12 +189,12 @@ def _row(tokenizer: PreTrainedTokenizerBase, index: int, prompt: list[int], resp
 
 def load_target_data(out_dir: str | os.PathLike) -> datasets.Dataset:
     """The responses of a finished generate_target_data run (memory-mapped); FileNotFoundError otherwise."""
-    out = Path(out_dir)
-    metadata = read_metadata(out, METADATA_FILE)
+    store = _store(out_dir)
+    out, metadata = store.root, store.read_metadata()
     if metadata is None or not metadata.get("complete"):
         state = "no" if metadata is None else "unfinished"
         raise FileNotFoundError(f"{state} target data at {out}; run generate_target_data (it resumes)")
-    shards = [datasets.load_from_disk(str(shard_path(out, i))) for i in range(metadata["num_shards"])]
+    shards = store.load_shards(metadata)
     return datasets.concatenate_datasets(shards) if shards else datasets.Dataset.from_list([], features=FEATURES)
 
 

@@ -26,13 +26,9 @@ Labels are not part of it: the teacher's distributions depend on the tokens only
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -47,82 +43,15 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from distill.fingerprints import config_hash, dataset_hash, vocab_hash, weights_hash
 from distill.losses import SparseTeacher
+from distill.shard_store import CacheMismatchError, ShardStore
+from distill.utils import eval_mode
 
 FORMAT_VERSION = 1
 METADATA_FILE = "teacher_cache.json"
-SHARDS_DIR = "shards"
 TEACHER_COLUMNS = ("teacher_topk_ids", "teacher_topk_logprobs")
 LOGPROB_DTYPES = ("float16", "float32")
-# Config keys that say how a model was loaded or saved, not what it computes.
-_VOLATILE_CONFIG_KEYS = ("transformers_version", "dtype", "torch_dtype", "use_cache", "architectures")
-_SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
-_SAMPLES_PER_TENSOR = 1024
-
-
-class CacheMismatchError(ValueError):
-    """A cache (or generated data) was built for another target, tokenizer, dataset or setting."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Fingerprints (shared with distill.target_data)
-# ---------------------------------------------------------------------------------------------------------------
-
-def _digest(*parts: bytes | str) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode() if isinstance(part, str) else part)
-        h.update(b"\x00")
-    return h.hexdigest()[:16]
-
-
-def config_hash(model: nn.Module) -> str:
-    """Hash of the model's config, without keys that only describe loading (dtype, version, private keys)."""
-    values = {k: v for k, v in model.config.to_dict().items()
-              if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
-    return _digest(json.dumps(values, sort_keys=True, default=str))
-
-
-@torch.no_grad()
-def weights_hash(model: nn.Module) -> str:
-    """Hash of every parameter's name, shape and an evenly strided sample of up to 1024 of its values.
-
-    Values are hashed as bfloat16, so the same checkpoint loaded in float32, bfloat16 or float16 hashes alike
-    (the dtype a cache was built in is recorded separately). Reads ~1k values per tensor: cheap on any device.
-    """
-    parts: list[bytes | str] = []
-    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-        flat = param.detach().reshape(-1)
-        step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
-        sample = flat[::step][:_SAMPLES_PER_TENSOR].to("cpu", torch.bfloat16).contiguous()
-        parts += [name, str(tuple(param.shape)), sample.view(torch.int16).numpy().tobytes()]
-    return _digest(*parts)
-
-
-def vocab_hash(tokenizer: PreTrainedTokenizerBase) -> str:
-    """Hash of the token -> id mapping and the special token ids."""
-    specials = {name: getattr(tokenizer, name, None) for name in _SPECIAL_TOKENS}
-    return _digest(json.dumps(sorted(tokenizer.get_vocab().items())), json.dumps(specials, sort_keys=True))
-
-
-def token_lists_hash(lists: Sequence[Sequence[int]]) -> str:
-    """Hash of a list of token-id lists (order, lengths and values)."""
-    lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
-    values = np.fromiter((t for x in lists for t in x), dtype=np.int64, count=int(lengths.sum()))
-    return _digest(lengths.tobytes(), values.tobytes())
-
-
-def dataset_hash(dataset: datasets.Dataset, columns: Sequence[str] = ("input_ids", "attention_mask")) -> str:
-    """Hash of the token columns (those of `columns` present) of every row, in the dataset's order (arrow, fast)."""
-    present = [c for c in columns if c in dataset.column_names]
-    h = hashlib.sha256(json.dumps(present).encode())
-    for table in dataset.with_format("arrow").iter(batch_size=16384):
-        for column in present:
-            lists = table.column(column)
-            h.update(pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64).tobytes())
-            values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.int64)
-            h.update(values.tobytes())
-    return h.hexdigest()[:16]
 
 
 def output_vocab_size(model: nn.Module) -> int:
@@ -159,12 +88,6 @@ _SPEC_MEANING = {
     "num_rows": "number of dataset rows", "max_length": "longest dataset row", "temperature": "temperature",
     "format_version": "cache format version",
 }
-
-
-def spec_differences(stored: dict[str, Any], wanted: dict[str, Any], what: str) -> list[str]:
-    """One line per key whose stored value (from a {what}'s metadata) differs from the wanted one."""
-    return [f"{_SPEC_MEANING.get(key, key)} ({key}): {stored.get(key)!r} in the {what}, expected {value!r}"
-            for key, value in wanted.items() if stored.get(key) != value]
 
 
 def _row_lengths(dataset: datasets.Dataset) -> np.ndarray:
@@ -255,64 +178,6 @@ def _features(k: int, logprob_dtype: str) -> datasets.Features:
                               "topk_logprobs": datasets.Array2D((None, k), logprob_dtype)})
 
 
-def shard_path(out_dir: Path, index: int) -> Path:
-    return out_dir / SHARDS_DIR / f"shard-{index:05d}"
-
-
-def write_json_atomic(path: Path, content: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def read_metadata(path: Path, file: str = METADATA_FILE) -> dict[str, Any] | None:
-    meta = Path(path) / file
-    return json.loads(meta.read_text()) if meta.is_file() else None
-
-
-def prepare_out_dir(out_dir: Path, spec: dict[str, Any], metadata_file: str, what: str,
-                    overwrite: bool) -> dict[str, Any] | None:
-    """The metadata already in out_dir when it was built from `spec` (to reuse or resume), else None.
-
-    Raises CacheMismatchError when out_dir holds a build from another spec and overwrite is False; with overwrite
-    the old build is deleted.
-    """
-    stored = read_metadata(out_dir, metadata_file)
-    if stored is None:
-        return None
-    differences = spec_differences(stored, spec, what)
-    if not differences:
-        return stored
-    if not overwrite:
-        raise CacheMismatchError(f"{out_dir} already holds a {what} built from other inputs; use another folder "
-                                 f"or overwrite=True. Differences:\n  " + "\n  ".join(differences))
-    shutil.rmtree(out_dir / SHARDS_DIR, ignore_errors=True)
-    (out_dir / metadata_file).unlink()
-    return None
-
-
-@contextlib.contextmanager
-def quiet_datasets() -> Iterator[None]:
-    """No `datasets` progress bars inside (the callers show one bar of their own), restored after."""
-    were_off = datasets.utils.are_progress_bars_disabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if not were_off:
-            datasets.enable_progress_bars()
-
-
-def write_shard(make: Callable[[], datasets.Dataset], out_dir: Path, index: int) -> None:
-    """Save the dataset `make()` returns as shard `index`, atomically (a half-written shard never looks done)."""
-    final = shard_path(out_dir, index)
-    partial = final.with_name(final.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    with quiet_datasets():
-        make().save_to_disk(str(partial))
-    os.replace(partial, final)
-
-
 def build_teacher_cache(
     target: nn.Module,
     dataset: datasets.Dataset,
@@ -340,62 +205,38 @@ def build_teacher_cache(
                          f"{rows_per_shard}, {chunk_size}")
     spec = dataclasses.asdict(cache_spec(target, dataset, tokenizer, k=k, target_id=target_id,
                                          logprob_dtype=logprob_dtype))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    metadata = prepare_out_dir(out, spec, METADATA_FILE, "teacher cache", overwrite)
-    if metadata is not None and metadata["complete"]:
-        return load_teacher_cache(out)
-    rows_per_shard = metadata["rows_per_shard"] if metadata is not None else rows_per_shard
-    num_shards = math.ceil(len(dataset) / rows_per_shard)
-    metadata = {**spec, "complete": False, "rows_per_shard": rows_per_shard, "num_shards": num_shards,
-                "target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
-                "dataset_fingerprint": getattr(dataset, "_fingerprint", None)}
-    write_json_atomic(out / METADATA_FILE, metadata)
+    store = _store(out_dir)
+    metadata = store.start(spec, num_rows=len(dataset), rows_per_shard=rows_per_shard, overwrite=overwrite,
+                           extra={"target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+                                  "dataset_fingerprint": getattr(dataset, "_fingerprint", None)})
+    if metadata["complete"]:
+        return load_teacher_cache(store.root)
 
-    started, was_training = time.perf_counter(), target.training
-    target.eval()
-    bar = tqdm(total=len(dataset), desc=f"teacher top-{k}", unit="row", disable=not progress)
-    try:
-        for index in range(num_shards):
-            rows = range(index * rows_per_shard, min((index + 1) * rows_per_shard, len(dataset)))
-            if shard_path(out, index).is_dir():
-                bar.update(len(rows))
-                continue
-            generate = dict(target=target, dataset=dataset, rows=rows, k=k, batch_size=batch_size,
-                            chunk_size=chunk_size, logprob_dtype=logprob_dtype, bar=bar)
-            _write_cache_shard(out, index, generate, f"teacher-{spec['dataset_hash']}-{index}")
-    finally:
-        bar.close()
-        target.train(was_training)
-    metadata.update(complete=True, num_positions=int(_row_lengths(dataset).sum()),
-                    build_seconds=round(time.perf_counter() - started, 3), bytes_on_disk=_folder_bytes(out))
-    write_json_atomic(out / METADATA_FILE, metadata)
-    return _open(out, metadata)
+    def make(index: int, rows: range, scratch: Path) -> datasets.Dataset:
+        """Shard `index` from _shard_rows, written by `datasets` in batches of rows into `scratch`."""
+        generate = dict(target=target, dataset=dataset, rows=rows, k=k, batch_size=batch_size,
+                        chunk_size=chunk_size, logprob_dtype=logprob_dtype, bar=bar)
+        fingerprint = f"teacher-{spec['dataset_hash']}-{index}"
+        return datasets.Dataset.from_generator(_shard_rows, features=_features(k, logprob_dtype),
+                                               gen_kwargs=generate, cache_dir=str(scratch), fingerprint=fingerprint)
+
+    started = time.perf_counter()
+    with eval_mode(target), tqdm(total=len(dataset), desc=f"teacher top-{k}", unit="row", disable=not progress) as bar:
+        store.fill(metadata, len(dataset), make, bar)
+    store.finish(metadata, num_positions=int(_row_lengths(dataset).sum()),
+                 build_seconds=round(time.perf_counter() - started, 3), bytes_on_disk=store.bytes_on_disk())
+    return _open(store, metadata)
 
 
-def _write_cache_shard(out: Path, index: int, generate: dict[str, Any], fingerprint: str) -> None:
-    """Shard `index` from _shard_rows(**generate), written by `datasets` in batches of rows, then saved."""
-    scratch = out / f".generator-{index:05d}"
-    shutil.rmtree(scratch, ignore_errors=True)  # left over by an interrupted build
-
-    def make() -> datasets.Dataset:
-        features = _features(generate["k"], generate["logprob_dtype"])
-        return datasets.Dataset.from_generator(_shard_rows, features=features, gen_kwargs=generate,
-                                               cache_dir=str(scratch), fingerprint=fingerprint)
-
-    write_shard(make, out, index)
-    shutil.rmtree(scratch, ignore_errors=True)
+def _store(path: str | os.PathLike) -> ShardStore:
+    return ShardStore(Path(path), METADATA_FILE, "teacher cache", _SPEC_MEANING)
 
 
-def _folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def _open(path: Path, metadata: dict[str, Any]) -> TeacherCache:
-    shards = [datasets.load_from_disk(str(shard_path(path, i))) for i in range(metadata["num_shards"])]
+def _open(store: ShardStore, metadata: dict[str, Any]) -> TeacherCache:
+    shards = store.load_shards(metadata)
     rows = datasets.concatenate_datasets(shards) if shards else datasets.Dataset.from_dict(
         {"topk_ids": [], "topk_logprobs": []}, features=_features(metadata["k"], metadata["logprob_dtype"]))
-    return TeacherCache(path, metadata, rows)
+    return TeacherCache(store.root, metadata, rows)
 
 
 def load_teacher_cache(
@@ -410,8 +251,8 @@ def load_teacher_cache(
     """Open a complete cache (memory-mapped), checking it against whatever of target / target_id / tokenizer /
     dataset / k is given. Raises FileNotFoundError (no cache, or an unfinished build) and CacheMismatchError
     naming every difference."""
-    path = Path(path)
-    metadata = read_metadata(path)
+    store = _store(path)
+    path, metadata = store.root, store.read_metadata()
     if metadata is None:
         raise FileNotFoundError(f"no teacher cache at {path} (missing {METADATA_FILE}); build it with "
                                 "build_teacher_cache")
@@ -430,11 +271,11 @@ def load_teacher_cache(
         wanted.update(num_rows=len(dataset), dataset_hash=dataset_hash(dataset))
     if k is not None:
         wanted["k"] = k
-    differences = spec_differences(metadata, wanted, "teacher cache")
+    differences = store.differences(metadata, wanted)
     if differences:
         raise CacheMismatchError(f"the teacher cache at {path} was built for other inputs:\n  "
                                  + "\n  ".join(differences))
-    return _open(path, metadata)
+    return _open(store, metadata)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,79 @@
+"""Fingerprints of what stored data depend on: a model's config and weights, a tokenizer's vocabulary, token lists.
+
+Short sha256 hex digests, stable across processes and dtypes; the shard stores (distill/shard_store.py) compare
+them to decide whether a folder can be reused or resumed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+# Config keys that say how a model was loaded or saved, not what it computes.
+_VOLATILE_CONFIG_KEYS = ("transformers_version", "dtype", "torch_dtype", "use_cache", "architectures")
+_SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+_SAMPLES_PER_TENSOR = 1024
+
+
+def _digest(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+def config_hash(model: nn.Module) -> str:
+    """Hash of the model's config, without keys that only describe loading (dtype, version, private keys)."""
+    values = {k: v for k, v in model.config.to_dict().items()
+              if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
+    return _digest(json.dumps(values, sort_keys=True, default=str))
+
+
+@torch.no_grad()
+def weights_hash(model: nn.Module) -> str:
+    """Hash of every parameter's name, shape and an evenly strided sample of up to 1024 of its values.
+
+    Values are hashed as bfloat16, so the same checkpoint loaded in float32, bfloat16 or float16 hashes alike
+    (the dtype a cache was built in is recorded separately). Reads ~1k values per tensor: cheap on any device.
+    """
+    parts: list[bytes | str] = []
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        flat = param.detach().reshape(-1)
+        step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
+        sample = flat[::step][:_SAMPLES_PER_TENSOR].to("cpu", torch.bfloat16).contiguous()
+        parts += [name, str(tuple(param.shape)), sample.view(torch.int16).numpy().tobytes()]
+    return _digest(*parts)
+
+
+def vocab_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Hash of the token -> id mapping and the special token ids."""
+    specials = {name: getattr(tokenizer, name, None) for name in _SPECIAL_TOKENS}
+    return _digest(json.dumps(sorted(tokenizer.get_vocab().items())), json.dumps(specials, sort_keys=True))
+
+
+def token_lists_hash(lists: Sequence[Sequence[int]]) -> str:
+    """Hash of a list of token-id lists (order, lengths and values)."""
+    lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+    values = np.fromiter((t for x in lists for t in x), dtype=np.int64, count=int(lengths.sum()))
+    return _digest(lengths.tobytes(), values.tobytes())
+
+
+def dataset_hash(dataset: datasets.Dataset, columns: Sequence[str] = ("input_ids", "attention_mask")) -> str:
+    """Hash of the token columns (those of `columns` present) of every row, in the dataset's order (arrow, fast)."""
+    present = [c for c in columns if c in dataset.column_names]
+    h = hashlib.sha256(json.dumps(present).encode())
+    for table in dataset.with_format("arrow").iter(batch_size=16384):
+        for column in present:
+            lists = table.column(column)
+            h.update(pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64).tobytes())
+            values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+            h.update(values.tobytes())
+    return h.hexdigest()[:16]
