@@ -1,14 +1,23 @@
-"""Helpers shared by the trainer's tests (the tiny models themselves are in tiny.py)."""
+"""Helpers shared by the trainer's tests: runs of scripts/train.py in this process or in 2 CPU processes, and
+weight comparisons (the tiny models themselves are in tiny.py)."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from scripts import train as train_script
 
-TINY_RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny_distill.yaml")
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RECIPE = str(ROOT / "recipes" / "tiny_distill.yaml")
+# a child process: one thread each (2 processes share 2 cores), nothing from the network
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+             "TOKENIZERS_PARALLELISM": "false"}
 
 
 def run_train(workdir: Path, out: str, *overrides: str, target: str = "target") -> Path:
@@ -31,3 +40,35 @@ def cli_error(monkeypatch, capsys, *argv: str) -> str:
     last = err.strip().splitlines()[-1]  # earlier lines: progress bars and logs
     assert last.startswith("specdistill-train: error: "), err
     return last
+
+
+def run_process(command: list[str], *, timeout: float, env: dict[str, str] | None = None,
+                cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run `command` with this environment + CHILD_ENV + `env`; fails the test (stderr's tail) unless it exits 0."""
+    done = subprocess.run(command, env={**os.environ, **CHILD_ENV, **(env or {})}, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def accelerate_launch(script: Path | str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`script` in 2 CPU processes under `accelerate launch` (DDP over gloo; shared/ENVIRONMENT.md); must exit 0."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *args]
+    return run_process(command, timeout=timeout, env={"ACCELERATE_USE_CPU": "true"})
+
+
+def torchrun(script: Path | str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`script` in 2 CPU processes under torch.distributed.run (the scripts that set DeepSpeed up themselves);
+    must exit 0."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), *args]
+    return run_process(command, timeout=timeout, env={"DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)})
+
+
+def assert_same_weights(expected_file: Path, got_file: Path, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """The two safetensors files hold the same tensor names and values within rtol / atol (naming the tensor)."""
+    expected, got = load_file(expected_file), load_file(got_file)
+    assert set(got) == set(expected), (got_file, sorted(set(got) ^ set(expected)))
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=rtol, atol=atol,
+                                   msg=lambda m: f"{got_file} {key}: {m}")

@@ -7,9 +7,6 @@ target saved to a temporary folder; the rest are unit tests of the pieces.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -34,11 +31,10 @@ from distill.sources import mix_sources
 from distill.target_data import load_target_data
 from distill.trainer import DistillTrainer
 from scripts import train as train_script
-from helpers import TINY_RECIPE, cli_error
+from helpers import ROOT, TINY_RECIPE, accelerate_launch, cli_error
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 320
 EOS, PAD = 2, 0
 # short runs, nothing measured (the acceptance callback would run the target)
@@ -425,16 +421,10 @@ def test_on_policy_rows_are_the_drafts_seeded_samples(workdir, monkeypatch):
 @pytest.mark.integration
 def test_on_policy_on_two_processes_finishes(workdir, tmp_path):
     out = tmp_path / "two_processes"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(ROOT / "scripts" / "train.py"), TINY_RECIPE, f"model.target={workdir / 'target'}",
-               f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={out}", *QUICK,
-               "distill.on_policy_fraction=0.5", "distill.on_policy_max_new_tokens=6",
-               "train.per_device_train_batch_size=3"]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=55)
-    assert done.returncode == 0, done.stderr[-3000:]
+    accelerate_launch(ROOT / "scripts" / "train.py", TINY_RECIPE, f"model.target={workdir / 'target'}",
+                      f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={out}", *QUICK,
+                      "distill.on_policy_fraction=0.5", "distill.on_policy_max_new_tokens=6",
+                      "train.per_device_train_batch_size=3", timeout=55)
     shares = logged(out, "on_policy")
     assert len(shares) == 2 and all(0.0 <= s <= 1.0 for s in shares)
     assert (out / "model.safetensors").is_file()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 import types
@@ -30,10 +29,9 @@ from distill.distributed import UnsupportedModeError, check_device_mode, plain_c
 from distill.lora import apply_lora, is_lora
 from distill.models import ModelSetupError
 from scripts import train as train_script
-from helpers import TINY_RECIPE, run_train
+from helpers import ROOT, TINY_RECIPE, assert_same_weights, run_process, run_train, torchrun
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = ROOT / "recipes" / "accelerate"
 VOCAB = 320
 CHAT_TEMPLATE = (
@@ -278,9 +276,7 @@ def test_lora_draft_trains_adapters_and_exports_a_plain_model(workdir, tmp_path)
         torch.testing.assert_close(exported[key], value, rtol=1e-6, atol=1e-6)
 
     # loads and drafts for transformers' assisted generation with peft unimportable
-    done = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PEFT, str(out), str(workdir / "target")],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_process([sys.executable, "-c", LOAD_WITHOUT_PEFT, str(out), str(workdir / "target")], timeout=120)
     assert done.stdout.split()[-2:] == ["LlamaForCausalLM", str(summary["gamma"])]
 
 
@@ -294,9 +290,7 @@ def test_lora_run_resumes_from_its_adapter_checkpoint(workdir):
     shutil.copytree(whole / "checkpoint-2", resumed / "checkpoint-2")  # interrupted after step 2
     run(workdir, "lora_resumed", *common, "train.resume_from_checkpoint=true")
     assert logged_losses(resumed / "checkpoint-4") == pytest.approx(logged_losses(whole / "checkpoint-4"), rel=1e-5)
-    final_whole, final_resumed = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
-    for key in final_whole:
-        torch.testing.assert_close(final_resumed[key], final_whole[key], rtol=1e-5, atol=1e-6)
+    assert_same_weights(whole / "model.safetensors", resumed / "model.safetensors")
 
 
 def test_export_of_a_final_lora_draft_is_merged(tmp_path):
@@ -450,22 +444,10 @@ def test_zero3_on_two_processes_matches_one_process(workdir, tmp_path):
     launcher = tmp_path / "zero3_on_cpu.py"
     launcher.write_text(ZERO3_ON_CPU)
     out = tmp_path / "zero3"
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(launcher), TINY_RECIPE,
-               f"model.target={workdir / 'target'}", f"train.output_dir={out}", *args,
-               "train.per_device_train_batch_size=3"]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun(launcher, TINY_RECIPE, f"model.target={workdir / 'target'}", f"train.output_dir={out}", *args,
+             "train.per_device_train_batch_size=3", timeout=240)
 
     assert logged_losses(out / "checkpoint-4") == pytest.approx(logged_losses(reference / "checkpoint-4"), rel=2e-5)
-
-    def assert_same_weights(expected_file: Path, got_file: Path) -> None:
-        expected, got = load_file(expected_file), load_file(got_file)
-        assert set(got) == set(expected)
-        for key in expected:
-            torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"{got_file} {key}: {m}")
 
     for name in ("checkpoint-3", "checkpoint-4"):
         assert_same_weights(reference / name / "model.safetensors", out / name / "model.safetensors")

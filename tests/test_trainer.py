@@ -8,10 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,11 +22,10 @@ from distill.config import EvalConfig, ModelConfig, load_recipe
 from distill.models import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
 from distill.trainer import DistillTrainer
 from scripts import train as train_script
-from helpers import TINY_RECIPE, cli_error
+from helpers import ROOT, TINY_RECIPE, accelerate_launch, assert_same_weights, cli_error, torchrun
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 320
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
@@ -340,24 +336,15 @@ def test_two_processes_match_one_process_with_double_accumulation(workdir, one_b
     args = chat_run_args(workdir)
     single = run(workdir, "one_process", *args, "train.gradient_accumulation_steps=2")
     big, two = one_big_batch, workdir / "two_processes"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(ROOT / "scripts" / "train.py"), TINY_RECIPE, f"model.target={workdir / 'target'}",
-               f"train.output_dir={two}", *args, "train.gradient_accumulation_steps=1"]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    accelerate_launch(ROOT / "scripts" / "train.py", TINY_RECIPE, f"model.target={workdir / 'target'}",
+                      f"train.output_dir={two}", *args, "train.gradient_accumulation_steps=1", timeout=300)
 
     reference = losses(big / "checkpoint-4")
     assert len(reference) == 4
     assert losses(single / "checkpoint-4") == pytest.approx(reference, rel=2e-5)
     assert losses(two / "checkpoint-4") == pytest.approx(reference, rel=2e-5)
-    reference_weights = load_file(big / "model.safetensors")
     for folder in (single, two):
-        weights = load_file(folder / "model.safetensors")
-        for key in reference_weights:
-            torch.testing.assert_close(weights[key], reference_weights[key], rtol=1e-5, atol=1e-6)
+        assert_same_weights(big / "model.safetensors", folder / "model.safetensors")
 
 
 @pytest.mark.integration
@@ -405,16 +392,10 @@ def test_deepspeed_zero2_on_two_processes_matches_one_big_batch(workdir, one_big
     launcher = tmp_path / "deepspeed_on_cpu.py"
     launcher.write_text(DEEPSPEED_ON_CPU)
     out = tmp_path / "zero2"
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(launcher), TINY_RECIPE,
-               f"model.target={workdir / 'target'}", f"train.output_dir={out}", *args]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun(launcher, TINY_RECIPE, f"model.target={workdir / 'target'}", f"train.output_dir={out}", *args,
+             timeout=300)
     assert losses(out / "checkpoint-4") == pytest.approx(losses(big / "checkpoint-4"), rel=2e-5)
-    reference, weights = load_file(big / "model.safetensors"), load_file(out / "model.safetensors")
-    for key in reference:
-        torch.testing.assert_close(weights[key], reference[key], rtol=1e-5, atol=1e-6)
+    assert_same_weights(big / "model.safetensors", out / "model.safetensors")
 
 
 @pytest.mark.integration
@@ -436,7 +417,5 @@ def test_resume_continues_the_same_run(workdir, monkeypatch):
     run(workdir, "resumed", *common, "train.resume_from_checkpoint=true")
     assert micro_batches == [3, 4, 5]  # only the steps after the checkpoint were trained
     assert losses(resumed / "checkpoint-6") == pytest.approx(losses(whole / "checkpoint-6"), rel=1e-5)
-    final_whole, final_resumed = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
-    for key in final_whole:
-        torch.testing.assert_close(final_resumed[key], final_whole[key], rtol=1e-5, atol=1e-6)
+    assert_same_weights(whole / "model.safetensors", resumed / "model.safetensors")
     assert not (resumed / ACCEPTANCE_LOG).read_text()  # no prompts: nothing measured, the file is still there

@@ -1,0 +1,106 @@
+"""The project's module structure: no import cycle among decode/, distill/ and scripts/, and every module imports
+on its own (in a fresh interpreter, with no other project module imported first)."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+from helpers import ROOT, run_process
+
+PACKAGES = ("decode", "distill", "scripts")
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted name -> file of every module inside the packages (folders without __init__.py are not packages)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if not all((ROOT.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))):
+                continue
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `path` imports anywhere in its body (functions included): `import a.b`, `from a.b import
+    c` (c itself when it is a module) and relative imports."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x / from .a import x
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found |= {name for name in names if name in modules}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imported_modules(path, modules) - {name} for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle [a, b, ..., a] of the graph, or None (depth-first search, colouring the nodes)."""
+    state: dict[str, str] = {}  # "open" on the current path, "done" after
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for child in sorted(graph[node]):
+            if state.get(child) == "open":
+                return path[path.index(child):] + [child]
+            if child not in state and (cycle := visit(child, path + [child])):
+                return cycle
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_accepts_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_module_level_function_level_and_package_imports():
+    graph = import_graph()
+    assert "distill.losses" in graph["distill.fused"]  # from distill.losses import ...
+    assert "decode" in graph["distill.target_data"]  # from decode import speculative_generate
+    assert "distill.hub" in graph["scripts.train"]  # imported inside a function
+    assert "decode.stats" in graph["decode"]  # a package's __init__
+
+
+def test_no_import_cycle_among_project_modules():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_imports_alone():
+    """One interpreter; before each module every project module is dropped from sys.modules, so each import starts
+    from nothing of the project (third-party libraries stay loaded: they are not what is tested)."""
+    names = sorted(project_modules())
+    program = (
+        "import importlib, sys, traceback\n"
+        f"packages, failed = {PACKAGES!r}, []\n"
+        f"for name in {names!r}:\n"
+        "    for loaded in [m for m in sys.modules if m.split('.')[0] in packages]:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception:\n"
+        "        failed.append(name + ': ' + traceback.format_exc().strip().splitlines()[-1])\n"
+        "print('\\n'.join(failed), file=sys.stderr)\n"
+        "sys.exit(1 if failed else 0)\n"
+    )
+    run_process([sys.executable, "-c", program], timeout=300, env={"PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"})
