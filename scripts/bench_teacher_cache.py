@@ -17,12 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python scripts/bench_teacher_cache.py`: make the repository importable
@@ -31,7 +28,7 @@ if __package__ in (None, ""):  # `python scripts/bench_teacher_cache.py`: make t
 import datasets  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 from distill.data import DistillCollator  # noqa: E402
 from distill.distill_loss import chunked_distill_loss  # noqa: E402
@@ -42,42 +39,12 @@ from distill.teacher_cache import (  # noqa: E402
     sparse_teacher_from_batch,
     with_teacher_columns,
 )
+from scripts.benchmark import (arguments, command_line, current_memory_mib, header, markdown_table,  # noqa: E402
+                               peak_memory_mib, random_llama, random_rows, run_worker, sharpen, timed, worker_args)
 
 VOCAB = 4096
 SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM
-
-
-def llama(hidden: int, layers: int, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=int(2.75 * hidden),
-                         num_hidden_layers=layers, num_attention_heads=max(hidden // 64, 1),
-                         num_key_value_heads=max(hidden // 128, 1), max_position_embeddings=4096,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
-    return AutoModelForCausalLM.from_config(config)
-
-
-def random_rows(rows: int, seq_len: int, seed: int) -> datasets.Dataset:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, VOCAB, (rows, seq_len), generator=g).tolist()
-    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-
-
-def peak_memory_mb(device: str) -> float:
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated() / 2 ** 20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def current_memory_mb(device: str) -> float:
-    if device == "cuda":
-        return torch.cuda.memory_allocated() / 2 ** 20
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2 ** 20
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+FILES = ("distill/teacher_cache.py", "distill/shard_store.py", "distill/distill_loss.py", "distill/fused.py")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -116,32 +83,30 @@ def train_worker(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-3)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, collate_fn=collate,
                         generator=torch.Generator().manual_seed(0))
-    memory_before = current_memory_mb(device)
+    memory_before = current_memory_mib(device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
     times, cpu_times = [], []
     batches = iter(loader)
     for step in range(args.warmup + args.steps):
-        sync(device)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        try:
-            batch = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            batch = next(batches)
-        batch = {k: v.to(device) for k, v in batch.items()}
-        sums = loss_sums(draft, batch, target, args.chunk_size)
-        (sums.loss / sums.num_tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync(device)
+        with timed(device) as elapsed:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                batch = next(batches)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            sums = loss_sums(draft, batch, target, args.chunk_size)
+            (sums.loss / sums.num_tokens).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         if step >= args.warmup:
-            times.append(time.perf_counter() - start)
-            cpu_times.append(time.process_time() - cpu_start)
+            times.append(elapsed.wall)
+            cpu_times.append(elapsed.cpu)
     return {"mode": args.mode, "step_s": statistics.median(times), "step_cpu_s": statistics.median(cpu_times),
             "tokens_per_step": args.batch_size * args.seq_len,
-            "peak_mb": peak_memory_mb(device), "before_training_mb": memory_before}
+            "peak_mb": peak_memory_mib(device), "before_training_mb": memory_before}
 
 
 def build_worker(args: argparse.Namespace) -> dict:
@@ -150,10 +115,10 @@ def build_worker(args: argparse.Namespace) -> dict:
     target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(args.device).eval()
     draft = AutoModelForCausalLM.from_pretrained(work / "draft", dtype=torch.float32).to(args.device).eval()
     tokenizer = _StubTokenizer()
-    start, cpu_start = time.perf_counter(), time.process_time()
-    cache = build_teacher_cache(target, rows, work / "cache", k=args.k, batch_size=args.batch_size,
-                                target_id="bench-target", tokenizer=tokenizer, progress=False)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    with timed(args.device) as elapsed:
+        cache = build_teacher_cache(target, rows, work / "cache", k=args.k, batch_size=args.batch_size,
+                                    target_id="bench-target", tokenizer=tokenizer, progress=False)
+    seconds, cpu_seconds = elapsed.wall, elapsed.cpu
     # how far the k-truncated loss is from the online one, for the untrained draft on one batch
     batch = TeacherCollator(DistillCollator(0))([with_teacher_columns(rows, cache)[i] for i in range(8)])
     batch = {k: v.to(args.device) for k, v in batch.items()}
@@ -179,31 +144,22 @@ class _StubTokenizer:
 # Driver
 # ---------------------------------------------------------------------------------------------------------------
 
-def run_worker(role: str, mode: str, args: argparse.Namespace) -> dict:
-    command = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--mode", mode,
-               "--work-dir", args.work_dir, "--device", args.device, "--rows", str(args.rows),
-               "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--k", str(args.k),
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--chunk-size", str(args.chunk_size)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{role} worker ({mode}) failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def report(build: dict, online: dict, cached: dict, args: argparse.Namespace) -> str:
     memory = "peak CUDA MiB allocated" if args.device == "cuda" else "peak RSS MiB"
-    lines = [f"device={args.device} rows={args.rows} seq_len={args.seq_len} batch={args.batch_size} k={args.k} "
-             f"steps={args.steps} (median; best of {args.repeats} runs) torch threads={torch.get_num_threads()}", "",
-             f"| mode | s/step (wall) | CPU s/step (all threads) | tokens/s | {memory} | MiB before training |",
-             "|---|---|---|---|---|---|"]
-    for r in (online, cached):
-        lines.append(f"| {r['mode']} | {r['step_s']:.3f} | {r['step_cpu_s']:.3f} | "
-                     f"{r['tokens_per_step'] / r['step_s']:.0f} | {r['peak_mb']:.0f} | {r['before_training_mb']:.0f} |")
+    lines = [*header(command_line(__file__), args.device, FILES),
+             f"device={args.device} rows={args.rows} seq_len={args.seq_len} batch={args.batch_size} k={args.k} "
+             f"steps={args.steps} (median; best of {args.repeats} runs) torch threads={torch.get_num_threads()}", ""]
+    lines += markdown_table(["mode", "s/step (wall)", "CPU s/step (all threads)", "tokens/s", memory,
+                             "MiB before training"],
+                            [[r["mode"], f"{r['step_s']:.3f}", f"{r['step_cpu_s']:.3f}",
+                              f"{r['tokens_per_step'] / r['step_s']:.0f}", f"{r['peak_mb']:.0f}",
+                              f"{r['before_training_mb']:.0f}"] for r in (online, cached)])
     lines += ["", f"step time online / cached: {online['step_s'] / cached['step_s']:.2f}x wall, "
               f"{online['step_cpu_s'] / cached['step_cpu_s']:.2f}x CPU; "
               f"peak memory online / cached: {online['peak_mb'] / cached['peak_mb']:.2f}x "
               f"({online['peak_mb'] - cached['peak_mb']:+.0f} MiB)",
-              f"cache build: {build['build_s']:.1f} s ({build['build_cpu_s']:.1f} CPU s) for {build['rows']} rows / {build['positions']} positions "
+              f"cache build: {build['build_s']:.1f} s ({build['build_cpu_s']:.1f} CPU s) for {build['rows']} rows / "
+              f"{build['positions']} positions "
               f"({build['positions'] / build['build_s']:.0f} positions/s, "
               f"{build['build_s'] / build['rows'] * 1000:.1f} ms/row) = "
               f"{build['build_cpu_s'] / online['step_cpu_s'] * args.batch_size / build['rows']:.2f} online steps "
@@ -216,23 +172,12 @@ def report(build: dict, online: dict, cached: dict, args: argparse.Namespace) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rows", type=int, default=128)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--k", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--chunk-size", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=2, help="train runs per mode, alternating; best is shown")
-    parser.add_argument("--role", choices=["driver", "build", "train"], default="driver", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=["online", "cached"], default="online", help=argparse.SUPPRESS)
-    parser.add_argument("--work-dir", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    # --device --rows --seq-len --batch-size --k --steps --warmup --repeats --chunk-size
+    args = arguments(__doc__, device="cuda" if torch.cuda.is_available() else "cpu").parse_args()
     datasets.disable_progress_bars()
 
     if args.role != "driver":
+        args = worker_args(args)
         result = build_worker(args) if args.role == "build" else train_worker(args)
         print(json.dumps(result))
         return
@@ -240,20 +185,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_teacher_cache_") as work:
         args.work_dir = work
         # ---- models and data ------------------------------------------------------------------------------------
-        target = llama(hidden=256, layers=4, seed=0)
-        with torch.no_grad():
-            target.get_output_embeddings().weight.mul_(SHARPEN)
-        target.save_pretrained(Path(work) / "target")
-        llama(hidden=64, layers=2, seed=1).save_pretrained(Path(work) / "draft")
-        random_rows(args.rows, args.seq_len, seed=0).save_to_disk(str(Path(work) / "rows"))
+        sharpen(random_llama(hidden=256, layers=4, seed=0, vocab=VOCAB), SHARPEN).save_pretrained(Path(work) / "target")
+        random_llama(hidden=64, layers=2, seed=1, vocab=VOCAB).save_pretrained(Path(work) / "draft")
+        random_rows(args.rows, args.seq_len, seed=0, vocab=VOCAB, lowest_id=4).save_to_disk(str(Path(work) / "rows"))
 
         # ---- cache build, then one process per training mode ---------------------------------------------------
         load_before = os.getloadavg()[0]
-        build = run_worker("build", "cached", args)
+        build = run_worker(__file__, "build", args, mode="cached")
         runs: dict[str, list[dict]] = {"online": [], "cached": []}
         for _ in range(args.repeats):  # alternating, best of: the 2 CPU cores may be shared with other jobs
             for mode in runs:
-                runs[mode].append(run_worker("train", mode, args))
+                runs[mode].append(run_worker(__file__, "train", args, mode=mode))
         online, cached = (min(runs[mode], key=lambda r: r["step_cpu_s"]) for mode in ("online", "cached"))
         print(report(build, online, cached, args))
         print(f"load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f}; "

@@ -35,15 +35,9 @@ threshold, which makes it track tensor sizes rather than the trainer.
 from __future__ import annotations
 
 import argparse
-import functools
-import hashlib
-import itertools
 import json
 import os
-import platform
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +56,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from torch import nn  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 import distill.trainer as distill_trainer  # noqa: E402
 from distill.config import DistillConfig, TrainConfig  # noqa: E402
@@ -75,27 +69,21 @@ from distill.teacher_cache import (  # noqa: E402
     with_teacher_columns,
 )
 from distill.trainer import DistillTrainer, training_arguments  # noqa: E402
+from scripts.benchmark import (BOS, EOS, PAD, ProfileSteps, StepTimer, TensorMemoryProbe, arguments,  # noqa: E402
+                               command_line, header, labelled, load_average, markdown_table, peak_memory_mib,
+                               random_llama, random_rows, run_worker, sharpen, sync, worker_args, write_result)
 
 MODES = ("gkd", "online", "cached")
 VOCAB = 4096
 SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM
-PAD, BOS, EOS = 0, 1, 2
 LEARNING_RATE = 1e-4
+FILES = ("distill/trainer.py", "distill/losses.py", "distill/distill_loss.py", "distill/fused.py",
+         "distill/teacher_cache.py")  # the code under test, hashed into the result's header
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Models, tokenizer, data (built in the driver, saved to a temporary folder, loaded by every worker)
+# Tokenizer (models and data: scripts/benchmark.py; built in the driver, saved, loaded by every worker)
 # ---------------------------------------------------------------------------------------------------------------
-
-def llama(hidden: int, layers: int, seed: int) -> nn.Module:
-    """A randomly initialised Llama with `hidden` width and `layers` decoder layers over VOCAB tokens."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=int(2.75 * hidden),
-                         num_hidden_layers=layers, num_attention_heads=max(hidden // 64, 1),
-                         num_key_value_heads=max(hidden // 128, 1), max_position_embeddings=4096,
-                         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False)
-    return AutoModelForCausalLM.from_config(config)
-
 
 def word_level_tokenizer() -> PreTrainedTokenizerFast:
     """A real fast tokenizer over VOCAB tokens "<pad>", "<s>", "</s>", "t3", ... (GKDTrainer needs one for its
@@ -104,108 +92,6 @@ def word_level_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-
-
-def random_rows(rows: int, seq_len: int, seed: int) -> datasets.Dataset:
-    """{input_ids, labels} rows of exactly seq_len random tokens; every position is a training target."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (rows, seq_len), generator=generator).tolist()
-    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Measuring
-# ---------------------------------------------------------------------------------------------------------------
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def peak_memory_mib(device: str) -> float:
-    """High-water mark of the process: torch.cuda.max_memory_allocated, or max RSS (Linux reports KiB)."""
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated() / 2 ** 20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class StepTimer(TrainerCallback):
-    """Wall and CPU seconds of every optimizer step, taken between consecutive on_step_end calls (the first
-    interval starts at on_train_begin), so data loading is included. Also vetoes checkpoint saving."""
-
-    def __init__(self, device: str) -> None:
-        self.device = device
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-        self._last = (0.0, 0.0)
-
-    def on_train_begin(self, args, state, control, **kwargs) -> None:
-        sync(self.device)
-        self._last = (time.perf_counter(), time.process_time())
-
-    def on_step_end(self, args, state, control, **kwargs) -> None:
-        sync(self.device)
-        now = (time.perf_counter(), time.process_time())
-        self.wall.append(now[0] - self._last[0])
-        self.cpu.append(now[1] - self._last[1])
-        self._last = now
-        control.should_save = False  # the final-step checkpoint would land outside the timing anyway
-
-
-def tensor_bytes(tensors: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
-class TensorMemoryProbe(TrainerCallback):
-    """Peak bytes held by tensors during one optimizer step (step `at`), as the allocator sees them.
-
-    CUDA: torch.cuda.max_memory_allocated over that step. CPU: the step is run under torch.profiler with
-    profile_memory=True and its allocation events are replayed, so the peak is exact and free of malloc's habit
-    of keeping freed pages (which makes RSS depend on tensor sizes); the bytes live at the step's start are counted
-    as the weights, gradients and optimizer state then alive. Run after the timed steps (the profiler slows it).
-    """
-
-    def __init__(self, device: str, at: int, models: list[nn.Module]) -> None:
-        self.device, self.at, self.models = device, at, models
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.resident_mib = self.step_peak_mib = 0.0
-        self._profiler: torch.profiler.profile | None = None
-
-    def _resident_bytes(self) -> int:
-        tensors = [t for m in self.models for t in itertools.chain(m.parameters(), m.buffers())]
-        tensors += [p.grad for m in self.models for p in m.parameters() if p.grad is not None]
-        if self.optimizer is not None:
-            tensors += [v for s in self.optimizer.state.values() for v in s.values()]
-        return tensor_bytes({id(t): t for t in tensors}.values())
-
-    def on_step_begin(self, args, state, control, optimizer=None, **kwargs) -> None:
-        if state.global_step + 1 != self.at:
-            return
-        self.optimizer = optimizer
-        self.resident_mib = self._resident_bytes() / 2 ** 20
-        if self.device == "cuda":
-            sync(self.device)
-            torch.cuda.reset_peak_memory_stats()
-            self._start_cuda = torch.cuda.memory_allocated()
-            return
-        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-        self._profiler.__enter__()
-
-    def on_step_end(self, args, state, control, **kwargs) -> None:
-        if state.global_step != self.at:
-            return
-        if self.device == "cuda":
-            sync(self.device)
-            self.step_peak_mib = (torch.cuda.max_memory_allocated() - self._start_cuda) / 2 ** 20
-            return
-        self._profiler.__exit__(None, None, None)
-        events = [e for e in self._profiler.profiler.kineto_results.events()
-                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-        live = peak = 0
-        for event in sorted(events, key=lambda e: e.start_ns()):
-            live += event.nbytes()
-            peak = max(peak, live)
-        self.step_peak_mib = peak / 2 ** 20
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -262,14 +148,6 @@ def gkd_beta(args: argparse.Namespace) -> float:
 # Profiling (--profile): named ranges around each trainer's phases, then torch.profiler's op table
 # ---------------------------------------------------------------------------------------------------------------
 
-def labelled(name: str, fn):
-    @functools.wraps(fn)
-    def wrapper(*a, **k):
-        with torch.profiler.record_function(name):
-            return fn(*a, **k)
-    return wrapper
-
-
 def add_profile_ranges(trainer: Any, mode: str) -> None:
     """Wrap the phases of one step in record_function ranges (this process only; no file is changed)."""
     trainer.accelerator.backward = labelled("## backward", trainer.accelerator.backward)
@@ -285,33 +163,6 @@ def add_profile_ranges(trainer: Any, mode: str) -> None:
                                                 trainer.target_hidden_states)
     distill_trainer.chunked_distill_loss = labelled("## ours: chunked_distill_loss (forward)",
                                                     distill_trainer.chunked_distill_loss)
-
-
-class ProfileSteps(TrainerCallback):
-    """torch.profiler over the timed steps (after the warm-up ones)."""
-
-    def __init__(self, device: str, start: int, stop: int) -> None:
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.profiler = torch.profiler.profile(activities=activities)
-        self.start, self.stop = start, stop
-
-    def on_step_end(self, args, state, control, **kwargs) -> None:
-        if state.global_step == self.start:
-            self.profiler.__enter__()
-        elif state.global_step == self.stop:
-            self.profiler.__exit__(None, None, None)
-
-    def table(self, device: str, rows: int) -> str:
-        key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
-        averages = self.profiler.key_averages()
-        ranges = [e for e in averages if e.key.startswith("## ")]
-        ranges.sort(key=lambda e: -e.cpu_time_total)
-        lines = ["phase | total ms (CPU, incl. children) | calls", "---|---|---"]
-        lines += [f"{e.key[3:]} | {e.cpu_time_total / 1e3:.0f} | {e.count}" for e in ranges]
-        ops = averages.table(sort_by=key, row_limit=rows, max_name_column_width=48)
-        return "\n".join(lines) + "\n\n" + ops
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -382,44 +233,6 @@ def build_worker(args: argparse.Namespace) -> dict:
 # Driver
 # ---------------------------------------------------------------------------------------------------------------
 
-def run_worker(role: str, mode: str, args: argparse.Namespace, profile: bool = False) -> dict:
-    command = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--mode", mode,
-               "--work-dir", args.work_dir, "--device", args.device, "--rows", str(args.rows),
-               "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--k", str(args.k),
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--chunk-size", str(args.chunk_size),
-               "--loss", args.loss, "--beta", str(args.beta), "--profile-rows", str(args.profile_rows)]
-    if args.threads is not None:
-        command += ["--threads", str(args.threads)]
-    if profile:
-        command.append("--profile")
-    env = dict(os.environ)
-    if args.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the Trainers pick CPU
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{role} worker ({mode}) failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def machine(device: str) -> str:
-    if device == "cuda":
-        what = torch.cuda.get_device_name(0)
-    else:
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), platform.processor() or "unknown CPU")
-        what = f"{model}, {os.cpu_count()} cores visible, {torch.get_num_threads()} torch threads"
-    import trl
-    return (f"{what}; Python {platform.python_version()}, torch {torch.__version__}, transformers "
-            f"{transformers.__version__}, trl {trl.__version__}")
-
-
-def code_version() -> str:
-    """Short hashes of the files under test (the trainer is still changing; numbers belong to these versions)."""
-    root = Path(__file__).resolve().parents[1]
-    files = ("distill/trainer.py", "distill/losses.py", "distill/distill_loss.py", "distill/fused.py", "distill/teacher_cache.py")
-    return ", ".join(f"{f} {hashlib.sha256((root / f).read_bytes()).hexdigest()[:12]}" for f in files)
-
-
 def best(runs: list[dict]) -> dict:
     """The fastest run of a mode (least disturbed by other work on shared cores)."""
     return max(runs, key=lambda r: r["tokens_per_s"])
@@ -442,12 +255,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], build: dict | 
     gkd_speed = best(runs["gkd"])["tokens_per_s"]
     gkd_tensor, gkd_rss = least(runs["gkd"], "tensor_peak_mib"), least(runs["gkd"], rss_key)
     lines = [
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine(args.device)}",
-        "",
-        f"Code (sha256): {code_version()}",
-        "",
+        *header(command, args.device, FILES, packages=("trl",)),
         f"Setup: target Llama hidden 256 x 4 layers, draft Llama hidden 128 x 2 layers, vocab {VOCAB} (target "
         f"lm_head x{SHARPEN:g}); {args.rows} random-token rows of {args.seq_len} tokens; per-device batch "
         f"{args.batch_size}; {divergence} (GKD beta={gkd_beta(args)}, lmbda=0, seq_kd=False); AdamW lr "
@@ -457,22 +265,21 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], build: dict | 
         f"tokens/s = batch x seq_len / median step time of the timed steps, from the fastest run (spread = "
         f"slowest..fastest run; 'all steps' = timed tokens / timed seconds of that run); memory: the smallest run.",
         "",
-        f"| mode | tokens/s | spread | tokens/s, all steps | median s/step | CPU s/step | tensor peak MiB "
-        f"| = weights+grads+optim | + step temporaries | {rss} | tokens/s vs GKD | tensor peak vs GKD "
-        f"| {rss.split(' MiB')[0]} vs GKD |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    table = []
     for mode in runs:
         r, speeds = best(runs[mode]), sorted(x["tokens_per_s"] for x in runs[mode])
         tensor, resident, temporaries = (least(runs[mode], k) for k in
                                          ("tensor_peak_mib", "resident_mib", "step_peak_mib"))
         name = NAMES[mode].replace("top-k", f"top-{args.k}")
-        lines.append(
-            f"| {name} | {r['tokens_per_s']:.0f} | {speeds[0]:.0f}..{speeds[-1]:.0f} | "
-            f"{r['total_tokens_per_s']:.0f} | {r['median_step_s']:.3f} | {r['cpu_s_per_step']:.2f} | {tensor:.0f} | "
-            f"{resident:.0f} | {temporaries:.0f} | {least(runs[mode], rss_key):.0f} | "
-            f"{r['tokens_per_s'] / gkd_speed:.2f}x | {tensor / gkd_tensor:.2f}x | "
-            f"{least(runs[mode], rss_key) / gkd_rss:.2f}x |")
+        table.append([name, f"{r['tokens_per_s']:.0f}", f"{speeds[0]:.0f}..{speeds[-1]:.0f}",
+                      f"{r['total_tokens_per_s']:.0f}", f"{r['median_step_s']:.3f}", f"{r['cpu_s_per_step']:.2f}",
+                      f"{tensor:.0f}", f"{resident:.0f}", f"{temporaries:.0f}", f"{least(runs[mode], rss_key):.0f}",
+                      f"{r['tokens_per_s'] / gkd_speed:.2f}x", f"{tensor / gkd_tensor:.2f}x",
+                      f"{least(runs[mode], rss_key) / gkd_rss:.2f}x"])
+    lines += markdown_table(["mode", "tokens/s", "spread", "tokens/s, all steps", "median s/step", "CPU s/step",
+                             "tensor peak MiB", "= weights+grads+optim", "+ step temporaries", rss,
+                             "tokens/s vs GKD", "tensor peak vs GKD", f"{rss.split(' MiB')[0]} vs GKD"], table)
     disturbed = [f"{mode} run {i + 1}" for mode in runs for i, r in enumerate(runs[mode])
                  if max(r["step_s"]) > 2 * r["median_step_s"]]
     lines += ["", "Runs with a step over twice their median (other work on the cores): "
@@ -502,18 +309,9 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], build: dict | 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--rows", type=int, default=128, help="training rows (>= (warmup + steps) * batch)")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=12, help="timed optimizer steps per run")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps before them")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per mode, alternating modes; best is shown")
+    parser = arguments(__doc__, steps=12, repeats=3)  # --device --rows --seq-len --batch-size --k --steps ...
     parser.add_argument("--loss", default="forward_kl", choices=["forward_kl", "jsd"])
     parser.add_argument("--beta", type=float, default=0.5, help="JSD beta for --loss jsd (both trainers)")
-    parser.add_argument("--k", type=int, default=32, help="top-k width of the cached teacher")
-    parser.add_argument("--chunk-size", type=int, default=1024, help="DistillConfig.chunk_size")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma-separated subset of gkd,online,cached to run (gkd is the reference, always run)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: torch's)")
@@ -521,46 +319,43 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="instead of timing: one profiled run per mode, phase and op tables")
     parser.add_argument("--profile-rows", type=int, default=20, help=argparse.SUPPRESS)
-    parser.add_argument("--role", choices=["driver", "build", "train"], default="driver", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=MODES, default="gkd", help=argparse.SUPPRESS)
-    parser.add_argument("--work-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     datasets.disable_progress_bars()
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     if args.role != "driver":
+        args = worker_args(args)
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         result = build_worker(args) if args.role == "build" else train_worker(args)
         print(json.dumps(result))
         return
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     args.modes = ["gkd"] + [m for m in MODES[1:] if m in args.modes.split(",")]
     if args.rows < (args.warmup + args.steps) * args.batch_size:
         parser.error(f"--rows {args.rows} < (warmup + steps) * batch-size: one epoch must cover the run")
-    command = " ".join([".venv/bin/python", "scripts/bench_trainer.py", *sys.argv[1:]])
+    command = command_line(__file__)
 
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as work_dir:
         args.work_dir, work = work_dir, Path(work_dir)
         # ---- models, tokenizer, data ----------------------------------------------------------------------------
-        target = llama(hidden=256, layers=4, seed=0)
-        with torch.no_grad():
-            target.get_output_embeddings().weight.mul_(SHARPEN)
-        target.save_pretrained(work / "target")
-        llama(hidden=128, layers=2, seed=1).save_pretrained(work / "draft")
+        sharpen(random_llama(hidden=256, layers=4, seed=0, vocab=VOCAB), SHARPEN).save_pretrained(work / "target")
+        random_llama(hidden=128, layers=2, seed=1, vocab=VOCAB).save_pretrained(work / "draft")
         word_level_tokenizer().save_pretrained(work / "tokenizer")
-        random_rows(args.rows, args.seq_len, seed=0).save_to_disk(str(work / "rows"))
+        random_rows(args.rows, args.seq_len, seed=0, vocab=VOCAB).save_to_disk(str(work / "rows"))
 
         # ---- the cached teacher, built (and timed) before any training run ------------------------------------
         started = time.perf_counter()
         build = None
         if "cached" in args.modes:
-            build = run_worker("build", "cached", args)
+            build = run_worker(__file__, "build", args, mode="cached")
             print(f"cache built in {build['build_s']:.1f} s", file=sys.stderr)
 
         # ---- profile instead of timing -------------------------------------------------------------------------
         if args.profile:
             sections = []
             for mode in args.modes:
-                result = run_worker("train", mode, args, profile=True)
+                result = run_worker(__file__, "train", args, mode=mode)
                 sections.append(f"### {mode} (profiled; {result['median_step_s']:.3f} s/step under the profiler)"
                                 f"\n\n{result['profile']}")
                 print(sections[-1], flush=True)
@@ -568,25 +363,23 @@ def main() -> None:
                 Path(args.markdown).write_text(f"Command: `{command}`\n\n" + "\n\n".join(sections) + "\n")
             return
 
-        load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        load_start = load_average()
         # ---- training runs: modes alternated, each in a fresh process -----------------------------------------
         runs: dict[str, list[dict]] = {mode: [] for mode in args.modes}
         for repeat in range(args.repeats):
             order = args.modes if repeat % 2 == 0 else args.modes[::-1]
             for mode in order:
                 run_started = time.perf_counter()
-                result = run_worker("train", mode, args)
+                result = run_worker(__file__, "train", args, mode=mode)
                 runs[mode].append(result)
                 print(f"run {repeat + 1}/{args.repeats} {mode}: {result['tokens_per_s']:.0f} tokens/s, tensor peak "
                       f"{result['tensor_peak_mib']:.0f} MiB, peak RSS {result['peak_rss_mib']:.0f} MiB "
                       f"({time.perf_counter() - run_started:.0f} s; steps {min(result['step_s']):.2f}.."
                       f"{max(result['step_s']):.2f} s)", file=sys.stderr)
-        load = f"{load_start} / " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+        load = f"{load_start} / {load_average()}"
         text = report(args, runs, build, command, load)
         text += f"\n\nWhole benchmark: {time.perf_counter() - started:.0f} s."
-    print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
+    write_result(text, args.markdown)
 
 
 if __name__ == "__main__":
