@@ -3,12 +3,17 @@
     distill.config         typed recipes: `load_recipe`, `Recipe` and one dataclass per section
     distill.models         frozen target; draft from a checkpoint, a subset of target layers, or a config
     distill.data           text packing, chat with assistant-only labels, held-out acceptance prompts
-    distill.losses         per-token divergences, chunked over the vocabulary projection
+    distill.losses         per-token divergences: the DIVERGENCES table (value and closed-form gradient)
+    distill.distill_loss   the batch loss (sums over kept tokens), chunked over the vocabulary projection;
+                           distill.fused is its closed-form-gradient path for a plain lm_head
+    distill.lora, distill.distributed: LoRA drafts (peft); launch-mode checks and DeepSpeed ZeRO-3 weights
     distill.trainer        `DistillTrainer`, one transformers.Trainer for 1..N processes
     distill.callbacks      acceptance at every checkpoint, best-checkpoint export
     distill.hub            publishing the exported draft with a model card
     distill.corpus, distill.target_data, distill.teacher_cache, distill.report: quickstart corpus, target-generated
                            training data, cached top-k teacher, plots and tables
+    distill.shard_store, distill.fingerprints: the resumable shard folder and input hashes of the last two
+    distill.utils          IGNORE_INDEX, eval_mode(), parameter_count, ModelSetupError
 
 Entry point: `scripts/train.py` (console script `specdistill-train`). Nothing is imported here, so that
 `import distill.losses` stays light.

@@ -30,6 +30,7 @@ from distill.onpolicy import (
 from distill.sources import mix_sources
 from distill.target_data import load_target_data
 from distill.trainer import DistillTrainer
+from distill.utils import eval_mode
 from scripts import train as train_script
 from helpers import ROOT, TINY_RECIPE, accelerate_launch, cli_error
 from helpers import run_train as run
@@ -386,17 +387,15 @@ class RecordOnPolicy:
             draft = trainer.accelerator.unwrap_model(model)
             generator = micro_batch_generator(seed, 0, trainer.state.global_step, 0)
             chosen = select_rows(inputs["input_ids"].shape[0], 1.0, generator)
-            was_training = draft.training
-            draft.eval()
-            for i, row_seed in zip(chosen.selected, chosen.seeds):
-                n = int(inputs["attention_mask"][i].sum())
-                ids, labels = inputs["input_ids"][i, :n].tolist(), inputs["labels"][i, :n].tolist()
-                assert labels[:prompt_tokens] == [IGNORE_INDEX] * prompt_tokens
-                expected = draft_samples(draft, ids[:prompt_tokens], max_new_tokens, temperature, row_seed)
-                assert ids[prompt_tokens:] == expected and labels[prompt_tokens:] == expected
-                self.rows.append(ids)
-                self.checked += 1
-            draft.train(was_training)
+            with eval_mode(draft):
+                for i, row_seed in zip(chosen.selected, chosen.seeds):
+                    n = int(inputs["attention_mask"][i].sum())
+                    ids, labels = inputs["input_ids"][i, :n].tolist(), inputs["labels"][i, :n].tolist()
+                    assert labels[:prompt_tokens] == [IGNORE_INDEX] * prompt_tokens
+                    expected = draft_samples(draft, ids[:prompt_tokens], max_new_tokens, temperature, row_seed)
+                    assert ids[prompt_tokens:] == expected and labels[prompt_tokens:] == expected
+                    self.rows.append(ids)
+                    self.checked += 1
             return original(trainer, model, inputs, *args, **kwargs)
 
         monkeypatch.setattr(DistillTrainer, "compute_loss", compute_loss)
