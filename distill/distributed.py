@@ -31,17 +31,17 @@ class UnsupportedModeError(ValueError):
 
 
 def fsdp_requested(args: TrainingArguments) -> bool:
-    """Whether this run is to use FSDP: asked for in TrainingArguments, or by the accelerate launcher.
+    """Whether this run is to use FSDP: asked for in TrainingArguments, by the accelerate launcher, or by an
+    Accelerator that already exists.
 
-    Once an Accelerator exists its state answers (AcceleratorState().distributed_type). Before that accelerate has
-    not decided yet: `accelerate launch` with an FSDP config passes ACCELERATE_USE_FSDP, which AcceleratorState
-    reads when the Trainer creates it; it is read here with accelerate's own flag parser.
+    The check runs before the Trainer creates its Accelerator, when accelerate has not decided yet: `accelerate
+    launch` with an FSDP config passes ACCELERATE_USE_FSDP, which AcceleratorState reads when it is created; it is
+    read here with accelerate's own flag parser. An AcceleratorState set up earlier in this process (a script that
+    made its own Accelerator) answers for itself.
     """
-    if args.fsdp:
+    if args.fsdp or parse_flag_from_env("ACCELERATE_USE_FSDP"):
         return True
-    if is_initialized():
-        return AcceleratorState().distributed_type == DistributedType.FSDP
-    return parse_flag_from_env("ACCELERATE_USE_FSDP")
+    return is_initialized() and AcceleratorState().distributed_type == DistributedType.FSDP
 
 
 def check_device_mode(args: TrainingArguments) -> None:

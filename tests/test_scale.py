@@ -372,6 +372,22 @@ def test_accelerate_config_as_launched_meets_check_device_mode(name):
                 check_device_mode(mode)
 
 
+def test_fsdp_from_the_launcher_is_refused_after_an_accelerator_state_exists(monkeypatch):
+    """An AcceleratorState made earlier in the process (e.g. by an earlier Trainer) does not hide the launcher's
+    FSDP request from check_device_mode."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, is_initialized
+    try:
+        Accelerator(cpu=True)
+        assert is_initialized()
+        check_device_mode(types.SimpleNamespace(deepspeed_plugin=None, fsdp=""))  # no FSDP asked for: accepted
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        with pytest.raises(UnsupportedModeError, match="FSDP is not supported yet"):
+            check_device_mode(types.SimpleNamespace(deepspeed_plugin=None, fsdp=""))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def test_zero3_without_whole_weights_in_checkpoints_is_refused(monkeypatch):
     from accelerate.utils import DeepSpeedPlugin
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
