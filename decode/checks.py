@@ -79,3 +79,14 @@ def check_tokenizer_files(folder: str | Path, what: str, hint: str) -> None:
     folder = Path(folder)
     if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise FileProblem(f"{what}: {folder} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}); {hint}")
+
+
+class OneLineArgumentParser:
+    """Mixin for argparse.ArgumentParser: a usage error is one line `PROG: error: ...` and exit status 1
+    (argparse prints the usage block and exits 2)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        import sys
+
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(1)
