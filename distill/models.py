@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers import PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
@@ -100,7 +101,7 @@ def _config_overrides(target_config: PretrainedConfig, overrides: dict[str, Any]
                 values[key] = None  # the config class recomputes its default for the new depth
     try:
         return type(target_config).from_dict(values)
-    except (ValueError, TypeError) as err:  # transformers' config validation: shapes, types
+    except (ValueError, TypeError, StrictDataclassError) as err:  # transformers' config validation: shapes, types
         reason = [line.strip() for line in str(err).splitlines() if line.strip()][-1]
         raise ModelSetupError(f"model.draft_config: {reason}") from None
 

@@ -75,15 +75,19 @@ def check_args(args: argparse.Namespace) -> None:
         check_writable_file(args.save_outputs, "--save-outputs")
 
 
-def check_models(args: argparse.Namespace, target_tokenizer) -> None:
-    """Local model folders exist and hold whole weights; the draft's tokenizer matches the target's. No weights
-    are loaded, so a bad --draft is named before a large target takes minutes to load."""
+def check_model_paths(args: argparse.Namespace) -> None:
+    """Local model folders exist and hold whole weights (no weights are loaded: a bad --draft is named before a
+    large target takes minutes to load)."""
     for flag, name in (("--target", args.target), ("--draft", args.draft)):
         if name == PROMPT_LOOKUP:
             continue
         if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
             raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
         check_safetensors_whole(name, flag)
+
+
+def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:
+    """The draft's tokenizer (when it has one) matches the target's, checked before any weights load."""
     if args.draft != PROMPT_LOOKUP:
         draft_tokenizer = load_tokenizer(args.draft, required=False)
         if draft_tokenizer is not None:
@@ -105,8 +109,9 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = read_prompts(args.prompts, args.num_prompts)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    check_model_paths(args)
     tokenizer = load_tokenizer(args.target)
-    check_models(args, tokenizer)
+    check_draft_tokenizer(args, tokenizer)
     prompt_ids = encode_prompts(tokenizer, prompts, args.max_prompt_tokens)
     target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
     draft = load_draft(args, device, dtype)
