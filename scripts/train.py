@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # `python scripts/train.py`: make the repository 
 from decode.checks import FileProblem  # noqa: E402
 from decode.vocab import TokenizerMismatchError  # noqa: E402
 from distill.acceptance_log import AcceptanceLogError, read_records  # noqa: E402
+from distill.checkpoints import crash_point  # noqa: E402
 from distill.callbacks import AcceptanceCallback, best_record, draft_at_checkpoint, export_draft  # noqa: E402
 from distill.config import (OVERRIDE_SOURCE, Recipe, RecipeError, check_precision, load_recipe,  # noqa: E402
                             save_recipe)
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         best = best_record(read_records(recipe.train.output_dir), recipe.eval.temperatures[0])
         summary = export_draft(recipe.train.output_dir, best, final_draft, tokenizer,
                                default_gamma=max(recipe.eval.gammas))
+        crash_point("export")  # test hook: killed with the draft exported but the run not marked done
         write_results(Path(recipe.train.output_dir) / RESULTS_FILE, {**metrics, "best": summary})
         logger.info("exported %s (gamma %s) to %s", summary["checkpoint"], summary["gamma"],
                     recipe.train.output_dir)
