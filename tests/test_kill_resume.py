@@ -120,3 +120,68 @@ def test_resuming_a_finished_run_trains_nothing(workdir, reference, monkeypatch,
     run_train(workdir, "cut", *RUN, "train.resume_from_checkpoint=true")
     assert measured(cut) == measured(reference)
     assert not (cut / "checkpoint-13").exists() and (cut / "train_results.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The pieces, fast: acceptance.jsonl, complete checkpoints, used output folders
+# ---------------------------------------------------------------------------------------------------------------
+
+def record(step: int, gamma: int, temperature: float = 0.0) -> dict:
+    return {"step": step, "checkpoint": f"checkpoint-{step}", "gamma": gamma, "temperature": temperature,
+            "acceptance_rate": 0.5}
+
+
+def test_acceptance_log_drops_a_torn_last_line_and_appends_after_it(tmp_path, caplog):
+    from distill.acceptance_log import append_records, complete_steps, rewrite_records
+
+    append_records(tmp_path, [record(4, 1), record(4, 2)])
+    with open(tmp_path / "acceptance.jsonl", "a") as log:
+        log.write('{"step": 8, "gamma"')  # killed mid-write
+    assert [r["step"] for r in read_records(tmp_path)] == [4, 4]
+    assert "torn last line" in caplog.text
+    append_records(tmp_path, [record(8, 1)])  # the torn tail is cut off first, never left mid-file
+    assert (tmp_path / "acceptance.jsonl").read_text().count("\n") == 3
+    assert [r["step"] for r in read_records(tmp_path)] == [4, 4, 8]
+    assert complete_steps(read_records(tmp_path), gammas=[1, 2], temperatures=[0.0]) == {4}  # 8 lacks gamma 2
+    rewrite_records(tmp_path, [record(4, 1)])
+    assert read_records(tmp_path) == [record(4, 1)] and not (tmp_path / "acceptance.jsonl.tmp").exists()
+
+
+def test_acceptance_log_names_a_corrupt_line_in_the_middle(tmp_path):
+    from distill.acceptance_log import AcceptanceLogError
+
+    (tmp_path / "acceptance.jsonl").write_text('{"step": 4}\n{oops\n{"step": 8}\n')
+    with pytest.raises(AcceptanceLogError, match=r"acceptance.jsonl:2: not valid JSON"):
+        read_records(tmp_path)
+    (tmp_path / "acceptance.jsonl").write_text('{"step": "four"}\n')
+    with pytest.raises(AcceptanceLogError, match=r"acceptance.jsonl:1 has no integer 'step'"):
+        read_records(tmp_path)
+
+
+def test_resume_picks_the_latest_complete_checkpoint(tmp_path, caplog):
+    from distill.checkpoints import find_checkpoints
+
+    for step in (4, 8, 12):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    (tmp_path / "checkpoint-8" / "trainer_state.json").write_text('{"global_step": 8}')
+    (tmp_path / "checkpoint-12" / "trainer_state.json").write_text('{"global_st')  # torn
+    (tmp_path / PARTIAL_DIR / "checkpoint-16").mkdir(parents=True)
+    found = find_checkpoints(tmp_path)
+    assert found.latest == tmp_path / "checkpoint-8"
+    assert found.incomplete == [tmp_path / "checkpoint-12", tmp_path / PARTIAL_DIR]
+
+
+def test_a_used_output_folder_is_refused_and_overwrite_replaces_it(workdir, capsys):
+    from distill.config import RecipeError
+
+    out = run_train(workdir, "used", "train.max_steps=2", "train.save_steps=2", "data.num_eval_prompts=0",
+                    "train.report_to=[]")
+    (out / "acceptance.jsonl").write_text(json.dumps(record(99, 1)) + "\n")  # a mark of the first run
+    with pytest.raises(RecipeError, match="already holds a run .* train.resume_from_checkpoint=true, replace it "
+                                          "with train.overwrite_output_dir=true"):
+        run_train(workdir, "used", "train.max_steps=2", "data.num_eval_prompts=0", "train.report_to=[]")
+    assert read_records(out) == [record(99, 1)]  # nothing was touched
+    run_train(workdir, "used", "train.max_steps=2", "train.save_steps=2", "data.num_eval_prompts=0",
+              "train.report_to=[]", "train.overwrite_output_dir=true")
+    assert read_records(out) == [] and (out / "checkpoint-2" / "trainer_state.json").is_file()
