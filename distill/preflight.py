@@ -100,6 +100,11 @@ def plan_run(recipe: Recipe, source: str) -> RunPlan:
     """Check train.output_dir and decide where to start; raises RecipeError / FileProblem (one line)."""
     train, output_dir = recipe.train, Path(recipe.train.output_dir)
     check_writable_folder(output_dir, "train.output_dir")
+    for key in ("model.target", "model.draft", "model.tokenizer"):
+        model_folder = getattr(recipe.model, key.split(".")[1])
+        if model_folder and Path(model_folder).expanduser().resolve() == output_dir.expanduser().resolve():
+            raise RecipeError("train.output_dir", f"{output_dir} is the folder of {key}; the run would write over "
+                              "it: choose another folder", source)
     used = previous_run_files(output_dir)
     if train.resume_from_checkpoint is None:
         if used and not train.overwrite_output_dir:

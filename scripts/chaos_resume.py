@@ -4,7 +4,7 @@
 
 Builds a tiny target (tests/tiny.py) unless --target/--dataset are given, runs the uninterrupted reference once,
 then for each trial starts the same run, waits for it to write recipe.yaml (models loaded), SIGKILLs it after a
-random delay drawn uniformly over the reference's time from that moment to its exit, resumes it (train.resume_from_checkpoint=true; a fresh start when nothing was written yet) and checks:
+random delay drawn uniformly over the reference's time from that moment to its train_results.json, resumes it (train.resume_from_checkpoint=true; a fresh start when nothing was written yet) and checks:
 every checkpoint's weights bitwise equal to the reference's, the exported draft equal to the checkpoint it names,
 and acceptance.jsonl holding every checkpoint's measurement once with the reference's numbers (the wall-clock
 speedup columns aside). Prints one line per trial (where the kill landed, judged from what the folder held) and a
@@ -75,6 +75,8 @@ def killed_at(out: Path) -> str:
     """Where the kill landed, judged from what the output folder holds."""
     if not (out / "recipe.yaml").is_file():
         return "before training (loading, tokenising)"
+    if (out / "train_results.json").is_file():
+        return "after train_results.json was written (while exiting)"
     partial = out / PARTIAL_DIR
     if partial.is_dir() and any(partial.iterdir()):
         return "during a checkpoint save"
@@ -130,14 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     target, dataset = (args.target, args.dataset) if args.target else tiny_inputs(args.workdir)
     rng = random.Random(args.seed)
 
-    # ---- the uninterrupted reference: how long its training phase (recipe.yaml written -> exit) lasts ----
+    # ---- the uninterrupted reference: how long its training phase (recipe.yaml -> train_results.json) lasts ----
     reference = args.workdir / "reference"
+    (reference / "train_results.json").unlink(missing_ok=True)
     process, _ = start_and_wait(command(target, dataset, reference, "train.overwrite_output_dir=true"), reference)
     started = time.perf_counter()
+    while process.poll() is None and not (reference / "train_results.json").is_file():
+        time.sleep(0.02)
+    span = time.perf_counter() - started
     if process.wait() != 0:
         raise SystemExit("chaos_resume: error: the reference run failed")
-    span = time.perf_counter() - started
-    print(f"reference run: {span:.1f} s from its first write to its exit")
+    print(f"reference run: {span:.1f} s from recipe.yaml (training starts) to train_results.json (run done)")
 
     # ---- trials: kill at a random moment of the training phase, resume, compare ----
     trials = []

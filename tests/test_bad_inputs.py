@@ -145,6 +145,8 @@ TRAIN_CASES = {
     "truncated-weights": (["model.target={w}/truncated"], ["model.target", "model.safetensors is truncated"]),
     "output-is-a-file": (["train.output_dir={w}/a_file"], ["train.output_dir", "a_file is a file"]),
     "output-under-a-file": (["train.output_dir={w}/a_file/run"], ["train.output_dir", "a_file"]),
+    "output-is-the-target": (["train.output_dir={w}/target", "train.overwrite_output_dir=true"],
+                             ["train.output_dir", "is the folder of model.target"]),
     "output-used": (["train.output_dir={w}/used"],
                     ["train.output_dir", "already holds a run", "train.resume_from_checkpoint=true",
                      "train.overwrite_output_dir=true"]),
