@@ -4,7 +4,9 @@ AcceptanceCallback runs decode.evaluate.evaluate_acceptance on rank 0 at every s
 the last step was not measured); the other ranks wait at a barrier that every rank reaches, so no collective is
 ever called from one rank alone. Each result becomes one line of OUTPUT_DIR/acceptance.jsonl
 (`{"step", "checkpoint", <result keys>}`, docs/INTERFACES.md) and TensorBoard scalars such as
-`acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance).
+`acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance). The lines of one measurement are appended
+in one write (distill.acceptance_log); a checkpoint whose lines are missing or incomplete (the run was killed while
+measuring it) is measured from its folder at the start and at the end of training (measure_missing).
 
 The best checkpoint is the record with the highest measured speedup at the first eval temperature (ties: higher
 mean_accepted_tokens); its gamma becomes the exported draft's `generation_config.num_assistant_tokens`.
@@ -28,7 +30,9 @@ from torch import nn
 from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback,
                           TrainerControl, TrainerState, TrainingArguments)
 
-from distill.acceptance_log import ACCEPTANCE_LOG, append_records, complete_steps, read_records, rewrite_records
+# ACCEPTANCE_LOG and read_records are also imported from here (re-exported)
+from distill.acceptance_log import (ACCEPTANCE_LOG, append_records, complete_steps, read_records,  # noqa: F401
+                                    rewrite_records)
 from distill.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.config import EvalConfig
 from distill.models import is_lora, is_partitioned, outside_zero3_init, plain_copy

@@ -4,7 +4,8 @@
 
 Builds a tiny target (tests/tiny.py) unless --target/--dataset are given, runs the uninterrupted reference once,
 then for each trial starts the same run, waits for it to write recipe.yaml (models loaded), SIGKILLs it after a
-random delay drawn uniformly over the reference's time from that moment to its train_results.json, resumes it (train.resume_from_checkpoint=true; a fresh start when nothing was written yet) and checks:
+random delay drawn uniformly over the reference's time from that moment to its train_results.json, resumes it
+(train.resume_from_checkpoint=true) and checks:
 every checkpoint's weights bitwise equal to the reference's, the exported draft equal to the checkpoint it names,
 and acceptance.jsonl holding every checkpoint's measurement once with the reference's numbers (the wall-clock
 speedup columns aside). Prints one line per trial (where the kill landed, judged from what the folder held) and a
