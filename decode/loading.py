@@ -63,6 +63,9 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise LoadError(f"prompts file {str(path)!r} does not exist")
+    if path.suffix == ".json":  # a JSON array would otherwise be read as lines of text
+        raise LoadError(f"prompts file {str(path)!r}: .json is not read; use .jsonl (one {{\"prompt\": ...}} per "
+                        "line) or .txt (one prompt per line)")
     prompts: list[str] = []
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):

@@ -4,7 +4,9 @@ AcceptanceCallback runs decode.evaluate.evaluate_acceptance on rank 0 at every s
 the last step was not measured); the other ranks wait at a barrier that every rank reaches, so no collective is
 ever called from one rank alone. Each result becomes one line of OUTPUT_DIR/acceptance.jsonl
 (`{"step", "checkpoint", <result keys>}`, docs/INTERFACES.md) and TensorBoard scalars such as
-`acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance).
+`acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance). The lines of one measurement are appended
+in one write (distill.acceptance_log); a checkpoint whose lines are missing or incomplete (the run was killed while
+measuring it) is measured from its folder at the start and at the end of training (measure_missing).
 
 The best checkpoint is the record with the highest measured speedup at the first eval temperature (ties: higher
 mean_accepted_tokens); its gamma becomes the exported draft's `generation_config.num_assistant_tokens`.
@@ -17,7 +19,6 @@ saved as a checkpoint, so the export reads whole weights from disk.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 from pathlib import Path
@@ -28,8 +29,11 @@ from accelerate import PartialState
 from torch import nn
 from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback,
                           TrainerControl, TrainerState, TrainingArguments)
-from transformers.trainer_utils import get_last_checkpoint
 
+# ACCEPTANCE_LOG and read_records are also imported from here (re-exported)
+from distill.acceptance_log import (ACCEPTANCE_LOG, append_records, complete_steps, read_records,  # noqa: F401
+                                    rewrite_records)
+from distill.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.config import EvalConfig
 from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.lora import is_lora
@@ -37,17 +41,8 @@ from distill.utils import eval_mode
 
 logger = logging.getLogger(__name__)
 
-ACCEPTANCE_LOG = "acceptance.jsonl"
 # (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.evaluate.evaluate_acceptance or a fake
 Evaluate = Callable[..., list[dict]]
-
-
-def read_records(output_dir: str | Path) -> list[dict]:
-    """The lines of OUTPUT_DIR/acceptance.jsonl (empty if there is none)."""
-    path = Path(output_dir) / ACCEPTANCE_LOG
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def best_record(records: Sequence[dict], temperature: float) -> dict | None:
@@ -78,15 +73,20 @@ class AcceptanceCallback(TrainerCallback):
 
     # ---- Trainer events ---------------------------------------------------------------------------------------
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        """Keep the records of steps this run has already done (resume) and drop those of an abandoned future."""
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: PreTrainedModel | None = None, **kwargs):
+        """Keep the complete measurements of steps this run has already done (resume), drop those of an abandoned
+        future and any interrupted one, then measure every saved checkpoint that still lacks its lines."""
         if state.is_world_process_zero:
-            kept = [r for r in read_records(args.output_dir) if r["step"] <= state.global_step]
+            records = read_records(args.output_dir)
+            done = complete_steps(records, self.cfg.gammas, self.cfg.temperatures)
+            kept = [r for r in records if r["step"] <= state.global_step and r["step"] in done]
             os.makedirs(args.output_dir, exist_ok=True)
-            (Path(args.output_dir) / ACCEPTANCE_LOG).write_text("".join(json.dumps(r) + "\n" for r in kept))
+            rewrite_records(args.output_dir, kept)
             self.measured_steps = {r["step"] for r in kept}
             self._protect_best(args, state, kept)
         PartialState().wait_for_everyone()
+        self.measure_missing(args, state, model)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     model: PreTrainedModel | None = None, **kwargs):
@@ -101,6 +101,7 @@ class AcceptanceCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      model: PreTrainedModel | None = None, **kwargs):
+        self.measure_missing(args, state, model)
         if state.global_step not in self.measured_steps:
             self._measure_on_rank_zero(args, state, model, "final")
         if self._writer is not None:
@@ -125,18 +126,48 @@ class AcceptanceCallback(TrainerCallback):
         else:
             draft = plain_copy(model) if is_lora(model) else model  # LoRA: measure the merged draft, as exported
         if state.is_world_process_zero and draft is not None:
-            records = [{"step": state.global_step, "checkpoint": checkpoint, **r}
-                       for r in self.measure(draft, device=args.device)]
-            with open(Path(args.output_dir) / ACCEPTANCE_LOG, "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in records)
-            self._write_tensorboard(args, state.global_step, records)
-            for r in records:
-                logger.info("step %d gamma %d temperature %g: acceptance_rate %.3f, mean_accepted_tokens %.2f, "
-                            "speedup %.2f", r["step"], r["gamma"], r["temperature"], r["acceptance_rate"],
-                            r["mean_accepted_tokens"], r["speedup"])
-            self._protect_best(args, state, read_records(args.output_dir))
+            self._record(args, state, state.global_step, checkpoint, draft)
         self.measured_steps.add(state.global_step)
         PartialState().wait_for_everyone()
+
+    def _record(self, args: TrainingArguments, state: TrainerState, step: int, checkpoint: str,
+                draft: PreTrainedModel) -> None:
+        """Measure `draft` (rank 0) and append its lines to acceptance.jsonl in one write."""
+        records = [{"step": step, "checkpoint": checkpoint, **r} for r in self.measure(draft, device=args.device)]
+        crash_point("acceptance")  # test hook: killed with the measurement done but not yet written
+        append_records(args.output_dir, records)
+        self._write_tensorboard(args, step, records)
+        for r in records:
+            logger.info("step %d gamma %d temperature %g: acceptance_rate %.3f, mean_accepted_tokens %.2f, "
+                        "speedup %.2f", r["step"], r["gamma"], r["temperature"], r["acceptance_rate"],
+                        r["mean_accepted_tokens"], r["speedup"])
+        self._protect_best(args, state, read_records(args.output_dir))
+
+    def measure_missing(self, args: TrainingArguments, state: TrainerState, model: nn.Module | None) -> list[int]:
+        """Measure every complete checkpoint up to state.global_step that has no complete lines yet (a run killed
+        before measuring it), loading its draft from disk. Called on every rank; returns the steps measured."""
+        if not self.cfg.at_checkpoints or not self.prompts or model is None:
+            return []
+        missing = []
+        if state.is_world_process_zero:
+            missing = [str(folder) for folder in find_checkpoints(args.output_dir).complete
+                       if checkpoint_step(folder) <= state.global_step
+                       and checkpoint_step(folder) not in self.measured_steps]
+        if PartialState().num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+            missing = broadcast_object_list([missing])[0]
+        if missing and is_partitioned(self.target) and not self._target_gathered:  # a collective, every rank
+            self._whole_target = plain_copy(self.target)
+            self._target_gathered = True
+        if state.is_world_process_zero:
+            for folder in missing:
+                logger.info("measuring acceptance of %s (saved before an interruption, not measured yet)", folder)
+                draft = draft_at_checkpoint(Path(folder), model).to(args.device)
+                self._record(args, state, checkpoint_step(folder), Path(folder).name, draft)
+        steps = [checkpoint_step(folder) for folder in missing]
+        self.measured_steps.update(steps)
+        PartialState().wait_for_everyone()
+        return steps
 
     def measure(self, draft: PreTrainedModel, device: torch.device | str | None = None) -> list[dict]:
         """Result dicts (one per gamma and temperature) of `draft` against the target; draft in eval mode meanwhile.
@@ -201,7 +232,7 @@ def set_assisted_generation(draft: PreTrainedModel, gamma: int) -> None:
     draft.generation_config.assistant_confidence_threshold = 0.0
 
 
-def _draft_at(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
+def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
     """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
     that are put on a copy of `final_draft` (its frozen base is the same at every step) and merged."""
     if (folder / "adapter_config.json").is_file():
@@ -229,13 +260,13 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     output_dir = Path(output_dir)
     folder = output_dir / best["checkpoint"] if best else None
     if folder is not None and folder.is_dir():
-        draft = _draft_at(folder, final_draft)
+        draft = draft_at_checkpoint(folder, final_draft)
     elif is_partitioned(final_draft):
-        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        last = find_checkpoints(output_dir).latest
         if last is None:
             raise RuntimeError(f"the final draft is ZeRO-3-partitioned and {output_dir} holds no checkpoint to "
                                "export it from")
-        draft = _draft_at(Path(last), final_draft)
+        draft = draft_at_checkpoint(last, final_draft)
     elif is_lora(final_draft):
         draft = plain_copy(final_draft)
     else:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from distill.losses import LOSSES
+from distill.strict_yaml import DuplicateKeyError, safe_load_strict
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DATA_FORMATS = ("auto", "text", "chat")
@@ -354,6 +355,9 @@ class TrainConfig:
         False, "Recompute draft activations in the backward pass (less activation memory, ~30% more compute).")
     resume_from_checkpoint: str | bool | None = option(
         None, "A checkpoint folder, or true for the latest checkpoint in output_dir.")
+    overwrite_output_dir: bool = option(
+        False, "Start a new run in an output_dir that holds one (its checkpoints, logs and export are deleted); "
+               "without it such a run is refused.")
     report_to: list[str] = option(["tensorboard"], "Trackers (tensorboard, wandb, ...); [] = none.")
     dataloader_num_workers: int = option(0, "Data loader worker processes.")
     ddp_timeout: int = option(1800, "Seconds a process waits for the others (acceptance runs on rank 0 only).")
@@ -374,6 +378,8 @@ class TrainConfig:
         require(not (self.bf16 and self.fp16), "fp16", self.fp16, "false when train.bf16 is true")
         require(self.resume_from_checkpoint is not False, "resume_from_checkpoint", False,
                 "null, true or a checkpoint folder")
+        require(not (self.overwrite_output_dir and self.resume_from_checkpoint), "overwrite_output_dir", True,
+                "false with train.resume_from_checkpoint (resume keeps the run, overwrite deletes it)")
         require(self.dataloader_num_workers >= 0, "dataloader_num_workers", self.dataloader_num_workers, ">= 0")
         require(self.ddp_timeout > 0, "ddp_timeout", self.ddp_timeout, "an integer > 0")
 
@@ -540,7 +546,9 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recip
     if not path.is_file():
         raise FileNotFoundError(f"recipe file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = safe_load_strict(path.read_text()) or {}
+    except DuplicateKeyError as err:
+        raise RecipeError(str(err.key), str(err), f"{path}:{err.line}") from None
     except yaml.YAMLError as err:
         raise RecipeError("<yaml>", f"not valid YAML: {err}", str(path)) from None
     if not isinstance(raw, dict):

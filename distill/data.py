@@ -21,6 +21,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from decode.loading import LoadError, read_prompts
+from distill.data_files import first_bad_json_line, first_empty_file
 from distill.config import DataConfig
 from distill.utils import IGNORE_INDEX
 
@@ -75,15 +76,21 @@ def local_data_files(spec: str) -> tuple[str, list[str]] | None:
 def load_rows(cfg: DataConfig) -> datasets.Dataset:
     """The raw rows of `data.dataset` / `data.split`, at most `data.max_samples` of them."""
     local = local_data_files(cfg.dataset)
+    empty = first_empty_file(local[1]) if local is not None else None
+    if empty is not None:
+        raise DataError(f"data.dataset: {empty} is empty")
     try:
         if local is not None:
             builder, files = local
             rows = datasets.load_dataset(builder, data_files=files, split=cfg.split)
         else:
             rows = datasets.load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.split)
-    except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError) as err:
-        raise DataError(f"data.dataset: cannot load {cfg.dataset!r} (split {cfg.split!r}): "
-                        f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError,
+            StopIteration) as err:
+        bad_line = first_bad_json_line(local[1]) if local is not None else None  # name the file and line
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"data.dataset: {bad_line}" if bad_line else
+                        f"data.dataset: cannot load {cfg.dataset!r} (split {cfg.split!r}): {reason}") from None
     if cfg.max_samples is not None:
         rows = rows.select(range(min(cfg.max_samples, len(rows))))
     return rows

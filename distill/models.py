@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers import PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
@@ -91,7 +92,11 @@ def _config_overrides(target_config: PretrainedConfig, overrides: dict[str, Any]
         for key in PER_LAYER_CONFIG_KEYS:
             if key in values and key not in overrides:
                 values[key] = None  # the config class recomputes its default for the new depth
-    return type(target_config).from_dict(values)
+    try:
+        return type(target_config).from_dict(values)
+    except (ValueError, TypeError, StrictDataclassError) as err:  # transformers' config validation: shapes, types
+        reason = [line.strip() for line in str(err).splitlines() if line.strip()][-1]
+        raise ModelSetupError(f"model.draft_config: {reason}") from None
 
 
 def _layer_config(target_config: PretrainedConfig, layers: list[int]) -> PretrainedConfig:

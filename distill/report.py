@@ -16,6 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from distill.acceptance_log import read_records
+
 TABLE_COLUMNS = ("drafter", "gamma", "temperature", "acceptance_rate", "mean_accepted_tokens", "speedup",
                  "predicted_speedup")
 _NUMBER_FORMATS = {"gamma": "d", "temperature": "g", "acceptance_rate": ".3f", "mean_accepted_tokens": ".2f",
@@ -48,25 +50,14 @@ def read_eval_json(path: Path) -> dict:
 
 
 def read_acceptance_log(path: Path) -> list[dict]:
-    """Rows of an acceptance.jsonl (one JSON object per line with an integer ``step``); blank lines skipped.
+    """Rows of an acceptance.jsonl (distill.acceptance_log.read_records: a torn last line is dropped).
 
     Raises FileNotFoundError if missing, ValueError naming the line of a malformed row.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"acceptance log {path} does not exist")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number} is not valid JSON: {exc}") from None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            raise ValueError(f"{path}:{number} has no integer 'step' (expected a row written by the trainer)")
-        rows.append(row)
-    return rows
+    return read_records(path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

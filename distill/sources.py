@@ -59,8 +59,13 @@ def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Mod
                 seed=cfg.target_seed, draft=decoder_draft, gamma=cfg.target_gamma or 1, target_id=target_id,
                 progress=progress)
     except CacheMismatchError as err:
-        raise CacheMismatchError(f"data.target_data_dir: {err}") from None
+        raise CacheMismatchError(f"data.target_data_dir: {_for_recipes(err)}") from None
     return to_training_rows(responses, cfg.max_length, num_proc=cfg.num_proc)
+
+
+def _for_recipes(err: CacheMismatchError) -> str:
+    """The message with the Python API's advice (overwrite=True, not a recipe key) put in recipe terms."""
+    return str(err).replace("or overwrite=True", "or delete this folder")
 
 
 def mix_sources(dataset_rows: datasets.Dataset, target_rows: datasets.Dataset | None, cfg: DataConfig,
@@ -88,7 +93,7 @@ def with_teacher_cache(rows: datasets.Dataset, collator: Callable[[list[dict]], 
                                     target_id=target_id, tokenizer=tokenizer, logprob_dtype=cfg.teacher_cache_dtype,
                                     chunk_size=cfg.chunk_size, progress=progress)
     except CacheMismatchError as err:
-        raise CacheMismatchError(f"distill.teacher_cache: {err}") from None
+        raise CacheMismatchError(f"distill.teacher_cache: {_for_recipes(err)}") from None
     # build_teacher_cache has just checked (or made) the cache against these very rows: no second hash
     return with_teacher_columns(rows, cache, check=False), TeacherCollator(collator)
 

@@ -29,7 +29,9 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from distill.checkpoints import clear_partial, partial_folder, publish
 from distill.config import DistillConfig, TrainConfig
 from distill.distill_loss import LossSums, chunked_distill_loss
 # check_device_mode and UnsupportedModeError live in distill.distributed; scripts/train.py still imports them here
@@ -113,6 +115,32 @@ class DistillTrainer(Trainer):
         self._log_sums = torch.zeros(7, dtype=torch.float64, device=self.args.device)
         self._clock = StepClock()
         self.add_callback(self._clock)
+        self._saving_into: str | None = None  # while a checkpoint is written: OUTPUT_DIR/.partial
+
+    # ---- checkpoints: complete or absent (distill.checkpoints) ----------------------------------------------
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return self._saving_into or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Trainer's save, written into OUTPUT_DIR/.partial/checkpoint-N and renamed to OUTPUT_DIR/checkpoint-N
+        when every process has written its part; then the rotation (save_total_limit) that Trainer would do."""
+        run_dir = super()._get_output_dir(trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save:
+            clear_partial(run_dir)  # what a killed save left behind
+        self.accelerator.wait_for_everyone()
+        self._saving_into = str(partial_folder(run_dir))
+        try:
+            super()._save_checkpoint(model, trial)  # rotation in .partial/ finds one checkpoint: deletes nothing
+        finally:
+            self._saving_into = None
+        self.accelerator.wait_for_everyone()  # every process has written its files (optimizer shards, rng state)
+        if self.args.should_save:
+            publish(run_dir, name)
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
 
     # ---- the global token count N of one optimizer step ----------------------------------------------------
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from decode.checks import OneLineArgumentParser, check_safetensors_whole, check_writable_file
 from decode.drafters import PromptLookupDrafter
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import (LoadError, encode_prompts, load_causal_lm, load_tokenizer, read_prompts,
@@ -25,8 +26,12 @@ from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
 PROMPT_LOOKUP = "prompt-lookup"
 
 
+class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 1)."""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specdistill-eval", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="specdistill-eval", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="target model: local folder or hub id")
     p.add_argument("--draft", required=True, help=f"draft model: local folder, hub id, or '{PROMPT_LOOKUP}'")
     p.add_argument("--prompts", required=True, help=".jsonl with a 'prompt' field, or .txt with one prompt per line")
@@ -52,22 +57,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    if any(g < 1 for g in args.gamma):
-        raise LoadError(f"--gamma must be >= 1, got {args.gamma}")
-    if args.max_new_tokens < 1:
-        raise LoadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    """Every number and output path, before anything is read or loaded (an unwritable --output would otherwise
+    fail after the whole measurement)."""
+    positive = {"--gamma": min(args.gamma), "--max-new-tokens": args.max_new_tokens, "--repeats": args.repeats,
+                "--num-prompts": args.num_prompts, "--max-prompt-tokens": args.max_prompt_tokens,
+                "--top-k": args.top_k}
+    for flag, value in positive.items():
+        if value is not None and value < 1:
+            raise LoadError(f"{flag} must be >= 1, got {args.gamma if flag == '--gamma' else value}")
     if args.temperature < 0:
         raise LoadError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise LoadError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.output is not None:
+        check_writable_file(args.output, "--output")
+    if args.save_outputs is not None:
+        check_writable_file(args.save_outputs, "--save-outputs")
 
 
-def load_draft(args, target_tokenizer, device, dtype):
+def check_model_paths(args: argparse.Namespace) -> None:
+    """Local model folders exist and hold whole weights (no weights are loaded: a bad --draft is named before a
+    large target takes minutes to load)."""
+    for flag, name in (("--target", args.target), ("--draft", args.draft)):
+        if name == PROMPT_LOOKUP:
+            continue
+        if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
+            raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
+        check_safetensors_whole(name, flag)
+
+
+def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:
+    """The draft's tokenizer (when it has one) matches the target's, checked before any weights load."""
+    if args.draft != PROMPT_LOOKUP:
+        draft_tokenizer = load_tokenizer(args.draft, required=False)
+        if draft_tokenizer is not None:
+            check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
+
+
+def load_draft(args, device, dtype):
     if args.draft == PROMPT_LOOKUP:
         return PromptLookupDrafter()
-    draft = load_causal_lm(args.draft, device, dtype, args.trust_remote_code)
-    draft_tokenizer = load_tokenizer(args.draft, required=False)
-    if draft_tokenizer is not None:
-        check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
-    return draft
+    return load_causal_lm(args.draft, device, dtype, args.trust_remote_code)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -79,10 +109,12 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = read_prompts(args.prompts, args.num_prompts)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    check_model_paths(args)
     tokenizer = load_tokenizer(args.target)
-    target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
-    draft = load_draft(args, tokenizer, device, dtype)
+    check_draft_tokenizer(args, tokenizer)
     prompt_ids = encode_prompts(tokenizer, prompts, args.max_prompt_tokens)
+    target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
+    draft = load_draft(args, device, dtype)
 
     # ---- measure ------------------------------------------------------------------------------------------
     settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,

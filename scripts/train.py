@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from accelerate import PartialState
-from transformers import set_seed
-from transformers.trainer_utils import get_last_checkpoint
+from transformers import TrainerControl, TrainerState, set_seed
 
 if __package__ in (None, ""):  # `python scripts/train.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decode.checks import FileProblem  # noqa: E402
 from decode.vocab import TokenizerMismatchError  # noqa: E402
-from distill.callbacks import AcceptanceCallback, best_record, export_draft, read_records  # noqa: E402
+from distill.acceptance_log import AcceptanceLogError, read_records  # noqa: E402
+from distill.checkpoints import crash_point  # noqa: E402
+from distill.callbacks import AcceptanceCallback, best_record, draft_at_checkpoint, export_draft  # noqa: E402
 from distill.config import (OVERRIDE_SOURCE, Recipe, RecipeError, check_precision, load_recipe,  # noqa: E402
                             save_recipe)
 from distill.data import DataError, DistillCollator, build_data, padding_id  # noqa: E402
@@ -39,6 +42,8 @@ from distill.sources import (check_teacher_topk, mix_sources, on_policy_settings
                              with_teacher_cache)
 from distill.teacher_cache import CacheMismatchError  # noqa: E402
 from distill.models import ModelSetupError, check_model_plan, load_draft, load_target, load_tokenizer  # noqa: E402
+from distill.preflight import (RESULTS_FILE, RunPlan, check_attn_implementation, check_model_files,  # noqa: E402
+                               check_resume_shape, check_train_names, clear_previous_run, plan_run)
 from distill.trainer import DistillTrainer, UnsupportedModeError, check_device_mode, training_arguments  # noqa: E402
 
 logger = logging.getLogger("specdistill.train")
@@ -49,21 +54,7 @@ class PushError(RuntimeError):
 
 
 USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
-               FileNotFoundError, PushError, CacheMismatchError)
-
-
-def resume_argument(recipe: Recipe) -> str | None:
-    """train.resume_from_checkpoint as a checkpoint folder for Trainer.train (true = the latest in output_dir)."""
-    resume = recipe.train.resume_from_checkpoint
-    if resume is True:
-        latest = get_last_checkpoint(recipe.train.output_dir) if Path(recipe.train.output_dir).is_dir() else None
-        if latest is None:
-            raise FileNotFoundError(f"train.resume_from_checkpoint is true but {recipe.train.output_dir} holds no "
-                                    "checkpoint-* folder")
-        return latest
-    if isinstance(resume, str) and not Path(resume).is_dir():
-        raise FileNotFoundError(f"train.resume_from_checkpoint: no checkpoint folder at {resume}")
-    return resume
+               FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError)
 
 
 def check_hub_settings(recipe: Recipe, source: str) -> None:
@@ -84,19 +75,27 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    # ---- recipe: every key checked before anything heavy -----------------------------------------------------
+    # ---- recipe and output folder: every key and path checked before anything heavy ------------------------
     recipe = load_recipe(argv[0], argv[1:])
-    resume = resume_argument(recipe)
     check_hub_settings(recipe, argv[0])
+    check_train_names(recipe, argv[0])  # scheduler, optimizer, trackers: named now, not after loading models
     check_precision(recipe.train)  # fp16 on CPU, bf16 without a bf16 GPU: named before TrainingArguments sees them
+    plan = plan_run(recipe, argv[0])  # a used output folder is refused; resume picks the latest complete checkpoint
+    if plan.results is not None:
+        print(f"specdistill-train: nothing to do: {recipe.train.output_dir} holds a run that finished at step "
+              f"{plan.finished_at} ({RESULTS_FILE} written); nothing was changed")
+        return plan.results.get("best", {})
     args = training_arguments(recipe.train)  # also sets up the processes (accelerate launch / torchrun)
     check_device_mode(args)
     state = PartialState()
     set_seed(recipe.train.seed)
 
     # ---- tokenizer and model plan: configs only, no weights yet ----------------------------------------------
+    check_model_files(recipe)  # truncated safetensors, a target folder without tokenizer files
     tokenizer = load_tokenizer(recipe.model)
     check_model_plan(recipe.model, tokenizer)
+    check_attn_implementation(recipe)
+    check_resume_shape(recipe, plan.resume)
     topk_from_override = any(a.startswith("distill.teacher_topk=") for a in argv[1:])
     check_teacher_topk(recipe, OVERRIDE_SOURCE if topk_from_override else argv[0])  # k <= the target's vocabulary
 
@@ -128,30 +127,58 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- train, measuring acceptance at every checkpoint -----------------------------------------------------
     if state.is_main_process:
+        if recipe.train.overwrite_output_dir:
+            clear_previous_run(recipe.train.output_dir)
         Path(recipe.train.output_dir).mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, Path(recipe.train.output_dir) / "recipe.yaml")
+    state.wait_for_everyone()
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval,
                                     tensorboard="tensorboard" in recipe.train.report_to)
-    trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill, train_dataset=train_rows,
-                             data_collator=collator, processing_class=tokenizer, callbacks=[acceptance],
-                             on_policy=on_policy_settings(recipe, tokenizer, target))
-    metrics = trainer.train(resume_from_checkpoint=resume).metrics
+    if plan.finished_at is not None:
+        final_draft, metrics = finish_without_training(plan, args, acceptance, draft), {}
+    else:
+        trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill,
+                                 train_dataset=train_rows, data_collator=collator, processing_class=tokenizer,
+                                 callbacks=[acceptance], on_policy=on_policy_settings(recipe, tokenizer, target))
+        metrics = trainer.train(resume_from_checkpoint=plan.resume).metrics
+        final_draft = trainer.accelerator.unwrap_model(trainer.model)
 
     # ---- export the best draft (rank 0), then every rank finishes together -----------------------------------
     summary: dict = {}
     if state.is_main_process:
         best = best_record(read_records(recipe.train.output_dir), recipe.eval.temperatures[0])
-        summary = export_draft(recipe.train.output_dir, best, trainer.accelerator.unwrap_model(trainer.model),
-                               tokenizer, default_gamma=max(recipe.eval.gammas))
-        results = {**metrics, "best": summary}
-        (Path(recipe.train.output_dir) / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
+        summary = export_draft(recipe.train.output_dir, best, final_draft, tokenizer,
+                               default_gamma=max(recipe.eval.gammas))
+        crash_point("export")  # test hook: killed with the draft exported but the run not marked done
+        write_results(Path(recipe.train.output_dir) / RESULTS_FILE, {**metrics, "best": summary})
         logger.info("exported %s (gamma %s) to %s", summary["checkpoint"], summary["gamma"],
                     recipe.train.output_dir)
         if recipe.hub.push_to_hub:
             push(recipe, step=summary["step"])
-    trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()
+    state.wait_for_everyone()
+    if plan.finished_at is None:
+        trainer.accelerator.end_training()
     return summary
+
+
+def finish_without_training(plan: RunPlan, args, acceptance: AcceptanceCallback, draft):
+    """The run already reached its last step (killed while measuring or exporting): measure every checkpoint that
+    lacks its lines and return the last checkpoint's draft for the export; no step is trained, nothing rotates."""
+    logger.info("%s already reached step %d: nothing to train; measuring what is missing and exporting",
+                plan.resume, plan.finished_at)
+    final_draft = draft_at_checkpoint(Path(plan.resume), draft).to(args.device)
+    done = TrainerState(global_step=plan.finished_at, max_steps=plan.finished_at,
+                        is_world_process_zero=PartialState().is_main_process)
+    acceptance.on_train_begin(args, done, TrainerControl(), model=final_draft)  # measures unmeasured checkpoints
+    acceptance.on_train_end(args, done, TrainerControl(), model=final_draft)
+    return final_draft
+
+
+def write_results(path: Path, results: dict) -> None:
+    """train_results.json, written last (its presence means the run is done): a temporary file, then a rename."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(temporary, path)
 
 
 def push(recipe: Recipe, step: int | None) -> None:

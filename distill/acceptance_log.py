@@ -1,0 +1,109 @@
+"""OUTPUT_DIR/acceptance.jsonl: the one reader and writer of the acceptance measured at each checkpoint.
+
+One JSON object per line, `{"step", "checkpoint", <decode.evaluate result keys>}`, one line per (gamma,
+temperature) of a measurement (docs/INTERFACES.md). A process killed at any moment leaves a usable file:
+- append_records writes all the lines of one measurement with a single write() on a file opened O_APPEND, so a
+  kill leaves either all of them or none (or, on a crash of the machine, a torn last line);
+- read_records drops a torn last line (no newline, not JSON) with a warning; what it dropped is measured again;
+- rewrite_records replaces the whole file through a temporary file and a rename.
+A malformed line elsewhere is not a torn write: it raises AcceptanceLogError naming file and line.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+logger = logging.getLogger(__name__)
+
+ACCEPTANCE_LOG = "acceptance.jsonl"
+
+
+class AcceptanceLogError(ValueError):
+    """acceptance.jsonl holds a line that is neither a record nor a torn last line; the message names file:line."""
+
+
+def log_path(location: str | Path) -> Path:
+    """OUTPUT_DIR/acceptance.jsonl for an output folder, or the path itself when it names a file."""
+    location = Path(location)
+    return location / ACCEPTANCE_LOG if location.is_dir() or location.suffix != ".jsonl" else location
+
+
+def read_records(location: str | Path) -> list[dict]:
+    """The records of acceptance.jsonl in `location` (an output folder or the file); [] if there is none.
+
+    A torn last line is dropped (logged); any other line that is not a JSON object with an integer "step" raises
+    AcceptanceLogError naming file and line.
+    """
+    path = log_path(location)
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")  # the last item is "" when the file ends with a newline, else a torn line
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        torn = number == len(lines)  # text after the last newline: the write did not finish
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if torn:
+                logger.warning("%s:%d: dropped a torn last line (an interrupted write); it is measured again",
+                               path, number)
+                break
+            raise AcceptanceLogError(f"{path}:{number}: not valid JSON ({err.msg}); delete or fix that line") \
+                from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise AcceptanceLogError(f"{path}:{number} has no integer 'step' (expected a row written by the trainer)")
+        records.append(record)
+    return records
+
+
+def _encode(records: Iterable[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
+
+
+def append_records(location: str | Path, records: Sequence[dict]) -> None:
+    """Append the lines of one measurement in a single write() (all of them or none survive a kill)."""
+    path = log_path(location)
+    data = _encode(records)
+    if not data:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        _drop_torn_tail(fd, path)
+        written = os.write(fd, data)
+        while written < len(data):  # only on a full disk or a signal; the rest still goes on at the end
+            written += os.write(fd, data[written:])
+    finally:
+        os.close(fd)
+
+
+def _drop_torn_tail(fd: int, path: Path) -> None:
+    """Cut a torn last line off before appending, so that it never ends up in the middle of the file."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return
+    content = path.read_bytes()
+    if not content.endswith(b"\n"):
+        os.ftruncate(fd, content.rfind(b"\n") + 1)
+
+
+def rewrite_records(location: str | Path, records: Sequence[dict]) -> None:
+    """Replace acceptance.jsonl with `records` (a temporary file renamed over it: old or new, never half)."""
+    path = log_path(location)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(_encode(records))
+    os.replace(temporary, path)
+
+
+def complete_steps(records: Sequence[dict], gammas: Sequence[int], temperatures: Sequence[float]) -> set[int]:
+    """Steps whose records cover every (gamma, temperature) pair asked for: their measurement finished."""
+    wanted = {(g, float(t)) for g in gammas for t in temperatures}
+    seen: dict[int, set] = {}
+    for r in records:
+        seen.setdefault(r["step"], set()).add((r.get("gamma"), float(r.get("temperature", -1))))
+    return {step for step, pairs in seen.items() if wanted <= pairs}

@@ -1,0 +1,49 @@
+"""One-line explanations for local data files that `datasets` refuses with a generic message (or a bare
+StopIteration): an empty file, and the first line of a .json/.jsonl file that is not valid JSON."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def first_empty_file(files: list[str]) -> str | None:
+    """The first file holding nothing but whitespace (datasets fails on it with a bare StopIteration), else None."""
+    for file in files:
+        path = Path(file)
+        if path.stat().st_size == 0 or (path.suffix != ".parquet" and _blank(path)):
+            return file
+    return None
+
+
+def _blank(path: Path) -> bool:
+    with path.open("rb") as f:
+        return not any(chunk.strip() for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def first_bad_json_line(files: list[str]) -> str | None:
+    """'FILE:LINE: not valid JSON (reason)' for the first malformed row of .json/.jsonl files, else None.
+
+    A .json file may hold one JSON document (an array or an object) or JSON lines, as datasets reads both.
+    """
+    for file in files:
+        path = Path(file)
+        if path.suffix not in (".json", ".jsonl"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if path.suffix == ".json":
+            try:
+                json.loads(text)
+                continue
+            except json.JSONDecodeError as err:
+                if text.lstrip().startswith("["):  # one document: its error position is the answer
+                    return f"{file}:{err.lineno}: not valid JSON ({err.msg})"
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                return f"{file}:{number}: not valid JSON ({err.msg})"
+            if not isinstance(row, dict):
+                return f"{file}:{number}: expected a JSON object per line, got {type(row).__name__}"
+    return None
