@@ -1,139 +1,25 @@
 """Typed recipes: one dataclass per concern (model, lora, data, distill, train, eval, hub) under `Recipe`.
 
-A recipe YAML file holds the fields of these dataclasses; defaults live here and nowhere else.
-`load_recipe(path, overrides)` reads the file, applies `section.key=value` overrides and builds the dataclasses,
-whose `__post_init__` checks types and ranges. Every problem raises `RecipeError` naming the key, the file (or the
-command-line override), the bad value and what is allowed, before any model is loaded.
-
-Regenerate the key reference in recipes/README.md with `python -m distill.config`.
+A recipe YAML file holds the fields of these dataclasses; defaults live here and nowhere else. Each section's
+`__post_init__` checks types and ranges (distill/recipe_fields.py) and raises `RecipeError` naming the key, the bad
+value and what is allowed. Reading a file, applying `section.key=value` overrides and writing the key reference
+live in distill/recipe_loader.py (`load_recipe`).
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from distill.losses import LOSSES
-from distill.strict_yaml import DuplicateKeyError, safe_load_strict
+from distill.recipe_fields import OVERRIDE_SOURCE, RecipeError, check_types, option, require
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DATA_FORMATS = ("auto", "text", "chat")
 SECTIONS = ("model", "lora", "data", "distill", "train", "eval", "hub")
-OVERRIDE_SOURCE = "command-line override"
 
-
-class RecipeError(ValueError):
-    """A recipe key is unknown, has the wrong type or is out of range. The message names key, source and value."""
-
-    def __init__(self, key: str, problem: str, source: str | None = None):
-        self.key, self.problem, self.source = key, problem, source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{key}: {problem}")
-
-    def located(self, section: str, source: str) -> "RecipeError":
-        """The same error with the key prefixed by its section and the source (file or override) attached."""
-        key = self.key if self.key.startswith(f"{section}.") else f"{section}.{self.key}"
-        return RecipeError(key, self.problem, source)
-
-
-def option(default: Any, help: str) -> Any:
-    """A dataclass field with a default (copied for lists and dicts) and a one-line help for the README."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Type and range checks used by every section's __post_init__
-# ---------------------------------------------------------------------------------------------------------------
-
-def _describe(hint: Any) -> str:
-    """'an int', 'one of ...', 'a list of int or null': how a type hint reads in an error message."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
-    if origin is list:
-        plural = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
-        return f"a list of {plural.get(args[0], _describe(args[0]))}" if args else "a list"
-    if origin is dict:
-        return "a mapping"
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
-
-
-def _short(hint: Any) -> str:
-    """'int', 'list[int] | null', "'auto' | 'text'": how a type hint reads in the README table."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Literal:
-        return " \\| ".join(repr(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " \\| ".join("null" if a is type(None) else _short(a) for a in args)
-    if origin is list:
-        return f"list[{_short(args[0])}]"
-    if origin is dict:
-        return "mapping"
-    return getattr(hint, "__name__", str(hint))
-
-
-def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
-    """(ok, value) where value is converted only where it is lossless: int -> float, '1e-4' -> float."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True, value
-    if origin is Literal:
-        return value in args, value
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            ok, converted = (value is None, None) if arg is type(None) else _coerce(value, arg)
-            if ok:
-                return True, converted
-        return False, value
-    if origin is list:
-        if not isinstance(value, list):
-            return False, value
-        items = [_coerce(v, args[0]) if args else (True, v) for v in value]
-        return all(ok for ok, _ in items), [v for _, v in items]
-    if origin is dict:
-        return isinstance(value, dict), value
-    if hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
-            try:
-                return True, float(value)
-            except ValueError:
-                return False, value
-        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return is_number, float(value) if is_number else value
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if hint is bool:
-        return isinstance(value, bool), value
-    if hint is str:
-        return isinstance(value, str), value
-    return isinstance(value, hint), value
-
-
-def check_types(instance: Any) -> None:
-    """Check (and losslessly convert) every field of a dataclass instance against its type hint."""
-    hints = typing.get_type_hints(type(instance))
-    for f in dataclasses.fields(instance):
-        value = getattr(instance, f.name)
-        ok, converted = _coerce(value, hints[f.name])
-        if not ok:
-            raise RecipeError(f.name, f"got {value!r} ({type(value).__name__}); allowed: {_describe(hints[f.name])}")
-        object.__setattr__(instance, f.name, converted)
-
-
-def require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    """Raise RecipeError for `key` unless `ok`."""
-    if not ok:
-        raise RecipeError(key, f"got {value!r}; allowed: {allowed}")
+__all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTION_TYPES", "SECTIONS", "ModelConfig", "LoraConfig",
+           "DataConfig", "DistillConfig", "TrainConfig", "EvalConfig", "HubConfig", "check_precision"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -203,7 +89,7 @@ class LoraConfig:
                 "modules_to_save", self.modules_to_save, "null or a non-empty list of module names")
 
 
-def _check_across_sections(sections: dict[str, Any], source: str, override_keys: typing.Collection[str]) -> None:
+def check_across_sections(sections: dict[str, Any], source: str, override_keys: typing.Collection[str]) -> None:
     """Rules that involve two sections (each section has already checked its own keys)."""
     lora, model = sections["lora"], sections["model"]
     if lora.enabled and model.draft_config is not None:
@@ -465,143 +351,3 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     hub: HubConfig = field(default_factory=HubConfig)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Loading: file -> dict -> overrides -> dataclasses
-# ---------------------------------------------------------------------------------------------------------------
-
-def _unknown_key(key: str, valid: typing.Iterable[str], source: str) -> RecipeError:
-    valid = list(valid)
-    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], [v.rsplit(".", 1)[-1] for v in valid], n=1)
-    prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
-    hint = f"did you mean '{prefix}{close[0]}'?" if close else "valid keys: " + ", ".join(valid)
-    return RecipeError(key, f"unknown key; {hint}", source)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """'train.learning_rate=1e-4' -> (['train', 'learning_rate'], 1e-4); the value is read as YAML."""
-    key, sep, raw = text.partition("=")
-    if not sep or "." not in key or not all(key.split(".")):
-        raise RecipeError(text, "an override must look like section.key=value, e.g. train.learning_rate=1e-4",
-                          OVERRIDE_SOURCE)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as err:
-        raise RecipeError(key, f"cannot read value {raw!r} as YAML ({err.problem})", OVERRIDE_SOURCE) from None
-    return key.split("."), value
-
-
-def _apply_override(raw: dict[str, dict], path: list[str], value: Any) -> None:
-    """Set raw[path[0]][path[1]]... = value on a dict we own (never the caller's)."""
-    section = path[0]
-    if section not in SECTION_TYPES:
-        raise _unknown_key(section, SECTIONS, OVERRIDE_SOURCE)
-    names = [f.name for f in dataclasses.fields(SECTION_TYPES[section])]
-    if path[1] not in names:
-        raise _unknown_key(".".join(path[:2]), [f"{section}.{n}" for n in names], OVERRIDE_SOURCE)
-    if not isinstance(raw.get(section), dict):
-        raw[section] = {}
-    node = raw[section]
-    for part in path[1:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[path[-1]] = value
-
-
-def build_recipe(raw: dict[str, Any], source: str = "<dict>", override_keys: typing.Collection[str] = ()) -> Recipe:
-    """Recipe from a {section: {key: value}} mapping; errors name `source` (or the override that set the key)."""
-    if not isinstance(raw, dict):
-        raise RecipeError("<top level>", f"expected a mapping of sections {SECTIONS}, got {type(raw).__name__}",
-                          source)
-    sections = {}
-    for name in raw:
-        if name not in SECTION_TYPES:
-            raise _unknown_key(str(name), SECTIONS, source)
-    for name, cls in SECTION_TYPES.items():
-        values = raw.get(name) or {}
-        if not isinstance(values, dict):
-            raise RecipeError(name, f"expected a mapping of keys, got {values!r}", source)
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in values:
-            if key not in names:
-                raise _unknown_key(f"{name}.{key}", [f"{name}.{n}" for n in names], source)
-        try:
-            sections[name] = cls(**values)
-        except RecipeError as err:
-            key = f"{name}.{err.key}"
-            where = OVERRIDE_SOURCE if any(key == k or key.startswith(k + ".") for k in override_keys) else source
-            raise err.located(name, where) from None
-    _check_across_sections(sections, source, override_keys)
-    return Recipe(**sections)
-
-
-def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
-    """Read a recipe YAML file, apply `section.key=value` overrides and validate everything.
-
-    Raises RecipeError (a ValueError) naming key, file and value; FileNotFoundError naming the path.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"recipe file not found: {path}")
-    try:
-        raw = safe_load_strict(path.read_text()) or {}
-    except DuplicateKeyError as err:
-        raise RecipeError(str(err.key), str(err), f"{path}:{err.line}") from None
-    except yaml.YAMLError as err:
-        raise RecipeError("<yaml>", f"not valid YAML: {err}", str(path)) from None
-    if not isinstance(raw, dict):
-        raise RecipeError("<top level>", f"expected a mapping of sections {SECTIONS}", str(path))
-    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-    override_keys = []
-    for text in overrides:
-        key_path, value = parse_override(text)
-        _apply_override(raw, key_path, value)
-        override_keys.append(".".join(key_path[:2]))
-    return build_recipe(raw, str(path), override_keys)
-
-
-def with_overrides(recipe: Recipe, overrides: typing.Sequence[str]) -> Recipe:
-    """A new Recipe with overrides applied; `recipe` itself is left untouched."""
-    raw = recipe_to_dict(recipe)
-    keys = []
-    for text in overrides:
-        key_path, value = parse_override(text)
-        _apply_override(raw, key_path, value)
-        keys.append(".".join(key_path[:2]))
-    return build_recipe(raw, OVERRIDE_SOURCE, keys)
-
-
-def recipe_to_dict(recipe: Recipe) -> dict[str, dict[str, Any]]:
-    """A deep-copied plain-dict view of the recipe (YAML-safe)."""
-    return dataclasses.asdict(recipe)
-
-
-def save_recipe(recipe: Recipe, path: str | Path) -> None:
-    """Write the resolved recipe as YAML (loads back with load_recipe)."""
-    Path(path).write_text(yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Reference table for recipes/README.md
-# ---------------------------------------------------------------------------------------------------------------
-
-def reference_markdown() -> str:
-    """A markdown table of every recipe key with its type, default and help, generated from the dataclasses."""
-    lines = []
-    for name, cls in SECTION_TYPES.items():
-        hints = typing.get_type_hints(cls)
-        lines += [f"### `{name}`", "", (cls.__doc__ or "").strip(), "", "| key | type | default | meaning |",
-                  "|---|---|---|---|"]
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
-            shown = "(required)" if default == "" else f"`{shown}`"
-            lines.append(f"| `{name}.{f.name}` | {_short(hints[f.name])} | {shown} | {f.metadata['help']} |")
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-if __name__ == "__main__":
-    print(reference_markdown(), end="")

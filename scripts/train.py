@@ -35,8 +35,8 @@ from decode.vocab import TokenizerMismatchError  # noqa: E402
 from distill.acceptance_log import AcceptanceLogError, read_records  # noqa: E402
 from distill.checkpoints import crash_point  # noqa: E402
 from distill.callbacks import AcceptanceCallback, best_record, draft_at_checkpoint, export_draft  # noqa: E402
-from distill.config import (OVERRIDE_SOURCE, Recipe, RecipeError, check_precision, load_recipe,  # noqa: E402
-                            save_recipe)
+from distill.config import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision  # noqa: E402
+from distill.recipe_loader import load_recipe, save_recipe  # noqa: E402
 from distill.data import DataError, DistillCollator, build_data, padding_id  # noqa: E402
 from distill.sources import (check_teacher_topk, mix_sources, on_policy_settings, target_response_rows,  # noqa: E402
                              with_teacher_cache)

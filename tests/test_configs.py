@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.config import (OVERRIDE_SOURCE, DistillConfig, Recipe, RecipeError, TrainConfig, load_recipe,
-                            parse_override, recipe_to_dict, reference_markdown, save_recipe, with_overrides)
+from distill.config import OVERRIDE_SOURCE, DistillConfig, Recipe, RecipeError, TrainConfig
+from distill.recipe_loader import (load_recipe, parse_override, recipe_to_dict, reference_markdown, save_recipe,
+                                   with_overrides)
 
 ROOT = Path(__file__).resolve().parents[1]
 # every training recipe, in sub-folders too (recipes/accelerate/ holds accelerate launch configs, not recipes)
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate" not in p.relative_to(ROOT).parts)
 README = ROOT / "recipes" / "README.md"
-BEGIN, END = "<!-- BEGIN RECIPE KEYS (python -m distill.config) -->", "<!-- END RECIPE KEYS -->"
+BEGIN, END = "<!-- BEGIN RECIPE KEYS (python -m distill.recipe_loader) -->", "<!-- END RECIPE KEYS -->"
 
 
 def header_command(path: Path) -> list[str]:
@@ -54,7 +55,7 @@ def test_shipped_recipe_loads_with_its_header_command(path):
 
 
 def load_recipe_from_dict(recipe: Recipe) -> Recipe:
-    from distill.config import build_recipe
+    from distill.recipe_loader import build_recipe
     return build_recipe(yaml.safe_load(yaml.safe_dump(recipe_to_dict(recipe))))
 
 
@@ -186,4 +187,4 @@ def test_readme_documents_every_key_with_its_default():
     text = README.read_text()
     assert BEGIN in text and END in text, "recipes/README.md lacks the generated key table markers"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert table == reference_markdown().strip(), "recipes/README.md is stale: paste `python -m distill.config`"
+    assert table == reference_markdown().strip(), "recipes/README.md is stale: paste `python -m distill.recipe_loader`"

@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, TrainingArguments
 import distill.target_data as target_data
 from decode import autoregressive_generate
 from decode.sampling import SamplingConfig
-from distill.config import DataConfig, DistillConfig, RecipeError, load_recipe
+from distill.config import DataConfig, DistillConfig, RecipeError
+from distill.recipe_loader import load_recipe
 from distill.data import IGNORE_INDEX, DistillCollator
 from distill.onpolicy import (
     OnPolicySettings,

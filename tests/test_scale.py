@@ -24,7 +24,8 @@ from transformers import AutoModelForCausalLM, TrainingArguments
 from transformers.models.llama import modeling_llama
 
 from distill.callbacks import export_draft
-from distill.config import LoraConfig, RecipeError, TrainConfig, check_precision, load_recipe
+from distill.config import LoraConfig, RecipeError, TrainConfig, check_precision
+from distill.recipe_loader import load_recipe
 from distill.distributed import UnsupportedModeError, check_device_mode, plain_copy, zero3_inference_config
 from distill.lora import apply_lora, is_lora
 from distill.models import ModelSetupError

@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM, TrainerControl, TrainerState, Tra
 
 from decode.vocab import TokenizerMismatchError
 from distill.callbacks import ACCEPTANCE_LOG, AcceptanceCallback, best_record, read_records
-from distill.config import EvalConfig, ModelConfig, load_recipe
+from distill.config import EvalConfig, ModelConfig
+from distill.recipe_loader import load_recipe
 from distill.models import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
 from distill.trainer import DistillTrainer
 from scripts import train as train_script
