@@ -415,6 +415,10 @@ class EvalConfig:
     seed: int = option(0, "Sampling seed.")
     repeats: int = option(1, "Timing repeats per prompt.")
     at_checkpoints: bool = option(True, "Measure at every checkpoint; false = only at the end of training.")
+    chat_template: Literal["auto", "on", "off"] = option(
+        "auto", "Render acceptance prompts with the tokenizer's chat template: auto = conversations only (in a "
+                "chat-format run every prompt is a conversation); on = every prompt (error without a template); "
+                "off = raw text (decode.prompts).")
 
     def __post_init__(self) -> None:
         check_types(self)

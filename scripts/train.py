@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- data: tokenised once on rank 0 (datasets cache), read by the others ---------------------------------
     with args.main_process_first(desc="tokenise dataset"):
-        data = build_data(recipe.data, tokenizer, seed=recipe.train.seed)
+        data = build_data(recipe.data, tokenizer, seed=recipe.train.seed, chat_template=recipe.eval.chat_template)
     logger.info("%d training rows (%s), %d acceptance prompts", len(data.train), data.format, len(data.eval_prompts))
 
     # ---- models: frozen target, trainable draft --------------------------------------------------------------
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
         Path(recipe.train.output_dir).mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, Path(recipe.train.output_dir) / "recipe.yaml")
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval,
-                                    tensorboard="tensorboard" in recipe.train.report_to)
+                                    tensorboard="tensorboard" in recipe.train.report_to,
+                                    categories=data.eval_categories)
     trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill, train_dataset=train_rows,
                              data_collator=collator, processing_class=tokenizer, callbacks=[acceptance],
                              on_policy=on_policy_settings(recipe, tokenizer, target))

@@ -105,9 +105,10 @@ def test_held_out_text_prompts_are_truncated_and_never_trained_on(tmp_path, toke
 
 
 def test_prompt_files(tmp_path, tokenizer):
-    assert read_prompt_file(str(jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b c"}]))) == ["a", "b c"]
+    rows = read_prompt_file(str(jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b c"}])))
+    assert [r.text for r in rows] == ["a", "b c"]
     (tmp_path / "p.txt").write_text("one\n\ntwo\n")
-    assert read_prompt_file(str(tmp_path / "p.txt")) == ["one", "two"]
+    assert [r.text for r in read_prompt_file(str(tmp_path / "p.txt"))] == ["one", "two"]
     with pytest.raises(DataError, match=r"bad.jsonl:1: each line needs a string field 'prompt' \(found: text\)"):
         read_prompt_file(str(jsonl(tmp_path / "bad.jsonl", [{"text": "a"}])))
     with pytest.raises(DataError, match="data.eval_prompts: prompts file .*missing.jsonl' does not exist"):
