@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
         best = best_record(read_records(recipe.train.output_dir), recipe.eval.temperatures[0])
         summary = export_draft(recipe.train.output_dir, best, trainer.accelerator.unwrap_model(trainer.model),
                                tokenizer, default_gamma=max(recipe.eval.gammas))
-        results = {**metrics, "best": summary}
+        results = {**metrics, "best": summary, "deploy_check": deploy_check(recipe)}
         (Path(recipe.train.output_dir) / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
         logger.info("exported %s (gamma %s) to %s", summary["checkpoint"], summary["gamma"],
                     recipe.train.output_dir)
@@ -153,6 +153,24 @@ def main(argv: list[str] | None = None) -> dict:
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
     return summary
+
+
+def deploy_check(recipe: Recipe) -> dict:
+    """decode.deploy_check on the exported folder against the target (the model card states the result); its
+    problems are logged as warnings, never fatal: the draft is trained and exported either way."""
+    from decode.deploy_check import check_deploy
+    from decode.loading import LoadError
+
+    try:
+        report = check_deploy(recipe.model.target, recipe.train.output_dir,
+                              trust_remote_code=recipe.model.trust_remote_code)
+    except LoadError as err:
+        logger.warning("deployment check could not run: %s", err)
+        return {"passed": False, "problems": {"inputs": str(err)}}
+    for name, problem in report.problems.items():
+        logger.warning("deployment check %s failed: %s (specdistill-check --target %s --draft %s)", name, problem,
+                       recipe.model.target, recipe.train.output_dir)
+    return report.to_dict()
 
 
 def push(recipe: Recipe, step: int | None) -> None:
