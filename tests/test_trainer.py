@@ -176,9 +176,10 @@ class FakeEvaluate:
     def __init__(self):
         self.calls, self.modes = 0, []
 
-    def __call__(self, target, draft, prompts, settings, progress=True):
+    def __call__(self, target, draft, prompts, settings, progress=True, **by_category):
         self.calls += 1
         self.modes.append(draft.training)
+        self.by_category = by_category
         return [{"gamma": g, "temperature": settings.temperature, "acceptance_rate": 0.1 * self.calls,
                  "mean_accepted_tokens": 1.0 + self.calls, "speedup": 1.0 + 0.1 * self.calls * (g == 2)}
                 for g in settings.gammas]
@@ -210,6 +211,11 @@ def test_callback_records_each_checkpoint_and_protects_the_best(tmp_path):
     events = EventAccumulator(str(tmp_path / "runs" / "acceptance"))
     events.Reload()
     assert "acceptance/temperature0.0/gamma2/acceptance_rate" in events.Tags()["scalars"]
+    assert evaluate.by_category == {}  # no prompt has a category: evaluate is called as before
+    categorized = AcceptanceCallback(target=tiny_model("llama"), prompts=[torch.tensor([1, 2])] * 2, cfg=cfg,
+                                     evaluate=evaluate, tensorboard=False, categories=["code", None])
+    categorized.measure(draft)
+    assert evaluate.by_category == {"categories": ["code", None]}
     # a resumed run at step 2 forgets what an abandoned later part of the run measured
     state.global_step = 2
     callback.on_train_begin(args, state, control)
