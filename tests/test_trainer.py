@@ -385,7 +385,9 @@ def test_cross_entropy_only_never_runs_the_target(workdir, monkeypatch):
               "train.max_steps=2", "train.logging_steps=1", "train.report_to=[]")
     logs = [e for e in checkpoint_state(out / "checkpoint-2")["log_history"] if "loss" in e]
     assert all(e["kd"] == 0.0 and e["tv"] == 0.0 and e["loss"] == pytest.approx(e["ce"], rel=1e-5) for e in logs)
-    assert json.loads((out / "train_results.json").read_text())["best"]["checkpoint"] == "final"
+    results = json.loads((out / "train_results.json").read_text())
+    assert results["best"]["checkpoint"] == "final"
+    assert results["deploy_check"]["passed"] is True, results["deploy_check"]  # specdistill-check on the export
 
 
 # DeepSpeed on CPU needs its process group set up with gloo before TrainingArguments (docs: shared/ENVIRONMENT.md);
