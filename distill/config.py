@@ -229,8 +229,8 @@ class DataConfig:
     max_samples: int | None = option(None, "Use at most this many rows of the dataset.")
     num_proc: int | None = option(None, "Processes for tokenisation (datasets.map).")
     eval_prompts: str | None = option(
-        None, "Acceptance prompts: .jsonl with a 'prompt' field or .txt (one per line); null = hold out "
-              "num_eval_prompts rows of the dataset.")
+        None, "Acceptance prompts: .jsonl ('prompt' or 'messages' per line, optional 'category') or .txt (one per "
+              "line); null = hold out num_eval_prompts rows of the dataset.")
     num_eval_prompts: int = option(16, "How many prompts to measure acceptance on.")
     eval_prompt_tokens: int = option(128, "Prompts are truncated to this many tokens.")
     prompt_tokens: int = option(
