@@ -31,6 +31,7 @@ from decode.loading import LoadError, first_line
 ChatTemplate = Literal["auto", "on", "off"]
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")
+DATA_FILE_BUILDERS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # other files: through datasets
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # Dataset(Dict).save_to_disk
 
 
@@ -138,6 +139,8 @@ def load_prompt_dataset(source: str, split: str, config: str | None):
     import datasets
 
     try:
+        if Path(source).is_file():  # a .json / .csv / .parquet file: one split, whatever --prompts-split says
+            return datasets.load_dataset(DATA_FILE_BUILDERS[Path(source).suffix], data_files=source, split="train")
         if Path(source).is_dir() and any((Path(source) / name).is_file() for name in SAVED_DATASET_FILES):
             loaded = datasets.load_from_disk(source)
             if isinstance(loaded, datasets.DatasetDict):
@@ -166,21 +169,22 @@ def read_prompt_dataset(source: str, fields: PromptFields, split: str = "train",
 
 
 def looks_like_file(source: str) -> bool:
-    return source.endswith(PROMPT_FILE_SUFFIXES) or source.startswith((".", "/", "~"))
+    return source.endswith(PROMPT_FILE_SUFFIXES + tuple(DATA_FILE_BUILDERS)) or source.startswith((".", "/", "~"))
 
 
 def read_prompt_rows(source: str | Path, fields: PromptFields | None = None, *, split: str = "train",
                      config: str | None = None, limit: int | None = None) -> list[PromptRow]:
-    """Prompt rows from a .jsonl/.txt file, a local dataset folder, or a hub dataset id; the first ``limit``.
+    """Prompt rows from a .jsonl/.txt file, a .json/.csv/.parquet file, a local dataset folder, or a hub dataset
+    id; the first ``limit``.
 
     Raises LoadError (one line naming the file, line, field or column) for a missing file, bad JSON, a row
     without a prompt, an unknown field, or no prompts at all."""
     fields = fields or PromptFields()
     source = str(source)
     path = Path(source).expanduser()
-    if path.is_file():
+    if path.is_file() and path.suffix not in DATA_FILE_BUILDERS:
         rows = read_prompt_file(path, fields)
-    elif path.is_dir() or not looks_like_file(source):
+    elif path.is_file() or path.is_dir() or not looks_like_file(source):
         rows = read_prompt_dataset(source, fields, split=split, config=config)
     else:
         raise LoadError(f"prompts file {source!r} does not exist")

@@ -101,5 +101,8 @@ def test_dataset_folders_load_through_datasets_like_a_hub_id(tmp_path):
     with pytest.raises(LoadError, match=r"--prompt-field 'query' is not a column .* \(columns: question, subject, "
                                         r"other\)"):
         read_prompt_rows(str(tmp_path / "hubish"), PromptFields(prompt_field="query"), split="test")
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "p.parquet"))  # a data file, not a .jsonl
+    assert [r.category for r in read_prompt_rows(tmp_path / "p.parquet", PromptFields(
+        prompt_field="question", category_field="subject"), limit=2)] == ["qa", "math"]
     with pytest.raises(LoadError, match="prompts file .*missing.jsonl' does not exist"):
         read_prompt_rows(str(tmp_path / "missing.jsonl"))
