@@ -40,8 +40,8 @@ def deploy_section(model_dir: Path) -> str:
     problems = check.get("problems") or {}
     if check.get("passed"):
         return ("## Deployment check\n\n`specdistill-check` passed at export: same tokenizer and special tokens as "
-                "the target, equal vocab / lm_head rows, context length and rope scaling at least the target's, the "
-                "target's dtype, gamma in generation_config, safetensors weights.\n")
+                "the target, equal vocab / lm_head rows, context length at least the target's, its kind of rope "
+                "scaling, the target's dtype, gamma in generation_config, safetensors weights.\n")
     lines = ["## Deployment check", "", "`specdistill-check` found problems at export; fix them before serving:", ""]
     lines += [f"- **{name}**: {problem}" for name, problem in problems.items()]
     return "\n".join(lines) + "\n"
