@@ -7,7 +7,8 @@ COLUMNS = [
     ("predicted", "{:.2f}x"), ("plain tok/s", "{:.1f}"), ("spec tok/s", "{:.1f}"), ("hf tok/s", "{:.1f}"),
 ]
 KEYS = {"drafter": "drafter", "category": "category", "prompts": "num_prompts", "gamma": "gamma",
-        "temp": "temperature", "accept": "acceptance_rate", "draft_acc": "draft_acceptance_rate", "tau": "mean_accepted_tokens", "speedup": "speedup",
+        "temp": "temperature", "accept": "acceptance_rate", "draft_acc": "draft_acceptance_rate",
+        "tau": "mean_accepted_tokens", "speedup": "speedup",
         "predicted": "predicted_speedup", "plain tok/s": "target_tokens_per_s",
         "spec tok/s": "speculative_tokens_per_s", "hf tok/s": "hf_assisted_tokens_per_s"}
 

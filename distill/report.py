@@ -20,8 +20,8 @@ TABLE_COLUMNS = ("drafter", "gamma", "temperature", "acceptance_rate", "mean_acc
                  "predicted_speedup")
 CATEGORY_COLUMNS = ("drafter", "category", "num_prompts", "gamma", "temperature", "acceptance_rate",
                     "mean_accepted_tokens", "speedup")
-_NUMBER_FORMATS = {"num_prompts": "d", "gamma": "d", "temperature": "g", "acceptance_rate": ".3f", "mean_accepted_tokens": ".2f",
-                   "speedup": ".2f", "predicted_speedup": ".2f"}
+_NUMBER_FORMATS = {"num_prompts": "d", "gamma": "d", "temperature": "g", "acceptance_rate": ".3f",
+                   "mean_accepted_tokens": ".2f", "speedup": ".2f", "predicted_speedup": ".2f"}
 
 STEP_PLOT = "acceptance_vs_step.png"
 POSITION_PLOT = "per_position_acceptance.png"

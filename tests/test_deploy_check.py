@@ -28,7 +28,8 @@ def pair(tmp_path_factory):
     tok.save_pretrained(root / "target")
     draft = tiny_model("llama", vocab_size=len(tok), layers=1, seed=1)
     gc = draft.generation_config
-    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = GAMMA, "constant", 0.0
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = GAMMA, "constant"
+    gc.assistant_confidence_threshold = 0.0
     draft.save_pretrained(root / "good")
     tok.save_pretrained(root / "good")
     return root
