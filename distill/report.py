@@ -217,7 +217,10 @@ def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
 def category_lines(rows: list[dict], what: str) -> list[str]:
     """A 'by prompt category' table of ``by_category`` in result rows (each row has a ``drafter``); [] without."""
     flat = [{"drafter": row["drafter"], "category": name, **result} for row in rows
-            for name, result in sorted((row.get("by_category") or {}).items())]
+            for name, result in (row.get("by_category") or {}).items()]
+    order = {name: i for i, name in enumerate(dict.fromkeys(row["drafter"] for row in rows))}
+    # drafters side by side within each (gamma, temperature, category)
+    flat.sort(key=lambda r: (r.get("gamma", 0), r.get("temperature", 0.0), r["category"], order[r["drafter"]]))
     if not flat:
         return []
     return ["", f"By prompt category ({what}; each row over that category's prompts only):", "", "```text",
