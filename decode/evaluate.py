@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from decode.cache import CachedLM
 from decode.drafters import PromptLookupDrafter
 from decode.speculative import autoregressive_generate, speculative_generate
-from decode.stats import SpecStats
+from decode.tally import Tally, category_names, category_tallies
 
 
 @dataclass
@@ -166,12 +166,18 @@ def evaluate_acceptance(
     settings: EvalSettings,
     progress: bool = True,
     outputs: list[dict] | None = None,
+    categories: Sequence[str | None] | None = None,
 ) -> list[dict]:
     """One result dict per gamma (keys in docs/INTERFACES.md). ``prompts``: 1-D token id tensors.
 
+    ``categories`` (one per prompt, or None): each result then holds ``by_category``, a result dict per category
+    over that category's prompts (prompts without one are 'uncategorized'; cost ratios are the run's).
     If ``outputs`` is a list, per-prompt token ids of the plain and speculative continuations are appended to it."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
+    names = category_names(categories)
+    if names is not None and len(names) != len(prompts):
+        raise ValueError(f"{len(names)} categories for {len(prompts)} prompts")
     device = next(target.parameters()).device
     prompts = [p.view(1, -1).to(device) for p in prompts]
     sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
@@ -184,7 +190,7 @@ def evaluate_acceptance(
     results = []
     bar = tqdm(total=len(settings.gammas) * len(prompts), desc="eval-acceptance", disable=not progress, leave=False)
     for gamma in settings.gammas:
-        stats, spec_s, plain_s, hf_s, new_tokens, matches = SpecStats(gamma), 0.0, 0.0, 0.0, 0, 0
+        tally, by_category = Tally(gamma), category_tallies(names, gamma)
         for i, prompt in enumerate(prompts):
             seed = settings.seed + i
             spec, t_spec = median_time(
@@ -200,32 +206,37 @@ def evaluate_acceptance(
                     device, settings.repeats)
                 plain_cache[(i, n_new)] = (plain.new_tokens, t_plain)
             plain_tokens, t_plain = plain_cache[(i, n_new)]
+            t_hf = 0.0
             if settings.compare_hf and n_new > 0:
                 _, t_hf = median_time(quiet_transformers(lambda: hf_assisted(target, draft, prompt, n_new, gamma,
                                                                                settings)),
                                       device, settings.repeats)
-                hf_s += t_hf
-            stats = stats.merge(spec.stats)
-            spec_s, plain_s, new_tokens = spec_s + t_spec, plain_s + t_plain, new_tokens + n_new
-            matches += int(plain_tokens == spec.new_tokens)
+            counts = (spec.stats, t_spec, t_plain, t_hf, n_new, plain_tokens == spec.new_tokens)
+            tally.add(*counts)
+            if names is not None:
+                by_category[names[i]].add(*counts)
             if outputs is not None:
                 outputs.append({"prompt_index": i, "gamma": gamma, "temperature": settings.temperature,
                                 "prompt_ids": prompt[0].tolist(), "plain_ids": plain_tokens,
-                                "speculative_ids": spec.new_tokens})
+                                "speculative_ids": spec.new_tokens, **({"category": names[i]} if names else {})})
             bar.update(1)
         costs = measure_cost_ratios(target, draft, prompts[0], gamma)
-        results.append(summarize(gamma, settings, len(prompts), new_tokens, stats, plain_s, spec_s, hf_s, matches,
-                                 costs))
+        result = summarize(tally, settings, costs)
+        if by_category:
+            result["by_category"] = {name: summarize(t, settings, costs) for name, t in by_category.items()}
+        results.append(result)
     bar.close()
     return results
 
 
-def summarize(gamma: int, settings: EvalSettings, num_prompts: int, new_tokens: int, stats: SpecStats,
-              plain_s: float, spec_s: float, hf_s: float, matches: int, costs: CostRatios) -> dict:
-    """The result object of one gamma: summaries derived from raw counts and timings (raw counts kept)."""
+def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios) -> dict:
+    """The result object of one gamma over the tallied prompts: summaries derived from raw counts and timings (raw
+    counts kept)."""
+    stats, num_prompts, new_tokens = tally.stats, tally.num_prompts, tally.new_tokens
+    plain_s, spec_s, hf_s = tally.plain_s, tally.spec_s, tally.hf_s
     tau = stats.mean_accepted_tokens
     result = {
-        "gamma": gamma,
+        "gamma": tally.gamma,
         "temperature": settings.temperature,
         "num_prompts": num_prompts,
         "new_tokens": new_tokens,
@@ -236,10 +247,10 @@ def summarize(gamma: int, settings: EvalSettings, num_prompts: int, new_tokens: 
         "target_tokens_per_s": new_tokens / plain_s if plain_s else 0.0,
         "speculative_tokens_per_s": new_tokens / spec_s if spec_s else 0.0,
         "speedup": plain_s / spec_s if spec_s else 0.0,
-        "predicted_speedup": costs.predicted_speedup(tau, gamma),
+        "predicted_speedup": costs.predicted_speedup(tau, tally.gamma),
         "draft_cost_ratio": costs.draft_cost_ratio,
         "verify_cost_ratio": costs.verify_cost_ratio,
-        "greedy_match": matches / num_prompts if settings.temperature == 0 else None,
+        "greedy_match": tally.matches / num_prompts if settings.temperature == 0 else None,
         "stats": stats.to_dict(),
     }
     if settings.compare_hf:

@@ -62,8 +62,11 @@ class AcceptanceCallback(TrainerCallback):
     """Measures acceptance of the draft against the target on rank 0 at every checkpoint; see module docstring."""
 
     def __init__(self, target: PreTrainedModel, prompts: list[torch.Tensor], cfg: EvalConfig,
-                 evaluate: Evaluate | None = None, tensorboard: bool = True):
+                 evaluate: Evaluate | None = None, tensorboard: bool = True,
+                 categories: list[str | None] | None = None):
         self.target, self.prompts, self.cfg = target, prompts, cfg
+        # one per prompt: each record then holds by_category (passed on only when some prompt has a category)
+        self.categories = categories if categories and any(c is not None for c in categories) else None
         self.evaluate = evaluate or _default_evaluate()
         self.tensorboard = tensorboard
         self._writer = None
@@ -189,8 +192,9 @@ class AcceptanceCallback(TrainerCallback):
                 settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
                                         max_new_tokens=self.cfg.max_new_tokens, top_k=self.cfg.top_k,
                                         top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats)
+                by_category = {"categories": self.categories} if self.categories else {}
                 with eval_mode(draft):
-                    results += self.evaluate(target, draft, self.prompts, settings, progress=False)
+                    results += self.evaluate(target, draft, self.prompts, settings, progress=False, **by_category)
             return results
         finally:
             if target is not self.target:

@@ -116,8 +116,8 @@ class DataConfig:
     max_samples: int | None = option(None, "Use at most this many rows of the dataset.")
     num_proc: int | None = option(None, "Processes for tokenisation (datasets.map).")
     eval_prompts: str | None = option(
-        None, "Acceptance prompts: .jsonl with a 'prompt' field or .txt (one per line); null = hold out "
-              "num_eval_prompts rows of the dataset.")
+        None, "Acceptance prompts: .jsonl ('prompt' or 'messages' per line, optional 'category') or .txt (one per "
+              "line); null = hold out num_eval_prompts rows of the dataset.")
     num_eval_prompts: int = option(16, "How many prompts to measure acceptance on.")
     eval_prompt_tokens: int = option(128, "Prompts are truncated to this many tokens.")
     prompt_tokens: int = option(
@@ -307,6 +307,10 @@ class EvalConfig:
     seed: int = option(0, "Sampling seed.")
     repeats: int = option(1, "Timing repeats per prompt.")
     at_checkpoints: bool = option(True, "Measure at every checkpoint; false = only at the end of training.")
+    chat_template: Literal["auto", "on", "off"] = option(
+        "auto", "Render acceptance prompts with the tokenizer's chat template: auto = conversations only (in a "
+                "chat-format run every prompt is a conversation); on = every prompt (error without a template); "
+                "off = raw text (decode.prompts).")
 
     def __post_init__(self) -> None:
         check_types(self)

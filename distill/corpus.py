@@ -12,8 +12,9 @@ Outputs of :func:`build_corpus` (one directory):
 
 - ``train.jsonl`` / ``heldout.jsonl``: ``{"text": str, "source": relpath}``, one document per file (or per chunk of
   at most ``max_chars_per_doc`` characters, cut at line boundaries).
-- ``eval_prompts.jsonl``: ``{"prompt": str, "source": relpath, "line": int}``, the opening ~``prompt_chars``
-  characters of ``def``/``class`` definitions in held-out files, each ending at the end of a line.
+- ``eval_prompts.jsonl``: ``{"prompt": str, "source": relpath, "line": int, "category": str}``, the opening
+  ~``prompt_chars`` characters of ``def``/``class`` definitions in held-out files, each ending at the end of a line;
+  ``category``: the file's stdlib package (``email``, ...; ``top-level`` outside packages), for ``by_category``.
 - ``manifest.json``: parameters, counts, characters, Python version and the split rule; it doubles as the cache key.
 
 :func:`train_tokenizer` trains a byte-level BPE on ``train.jsonl`` only. Ids 0-5 are special tokens::
@@ -40,7 +41,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-CORPUS_FORMAT = 1
+CORPUS_FORMAT = 2  # 2: eval prompts carry a category
 TOKENIZER_FORMAT = 1
 
 # Directory names whose contents are test suites (test/, tests/, idlelib/idle_test, lib2to3/tests, ...) or not the
@@ -218,7 +219,8 @@ def _select_prompts(candidates: dict[str, list[tuple[int, str]]], num_prompts: i
             if depth < len(queue) and len(chosen) < num_prompts and queue[depth][1] not in seen:
                 line, prompt = queue[depth]
                 seen.add(prompt)
-                chosen.append({"prompt": prompt, "source": source, "line": line})
+                category = source.split("/")[0] if "/" in source else "top-level"  # the stdlib package
+                chosen.append({"prompt": prompt, "source": source, "line": line, "category": category})
         depth += 1
     return chosen
 

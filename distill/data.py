@@ -11,7 +11,6 @@ Every problem raises DataError naming the file, the column or the setting at fau
 from __future__ import annotations
 
 import glob
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +19,9 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from decode.loading import LoadError, read_prompts
+from decode.loading import LoadError
+from decode.prompts import (PromptRow, check_chat_template, prompt_messages, prompt_token_ids, read_prompt_rows,
+                            uses_template)
 from distill.data_files import first_bad_json_line, first_empty_file
 from distill.config import DataConfig
 from distill.utils import IGNORE_INDEX
@@ -39,6 +40,7 @@ class DistillData:
     train: datasets.Dataset
     eval_prompts: list[torch.Tensor]  # 1-D token ids, one per prompt
     format: Literal["text", "chat"]
+    eval_categories: list[str | None]  # one per eval prompt (None: no category)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -197,46 +199,74 @@ def chat_rows(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedToke
 # Acceptance prompts
 # ---------------------------------------------------------------------------------------------------------------
 
-def read_prompt_file(path: str) -> list[str]:
-    """Prompts from .jsonl (field 'prompt') or .txt (one per non-empty line), read as eval_acceptance reads them.
-    Raises DataError naming the key and the file."""
+def read_prompt_file(path: str) -> list[PromptRow]:
+    """Prompt rows of a .jsonl ('prompt' or 'messages', optional 'category') or .txt file, read as
+    eval_acceptance reads them (decode.prompts). Raises DataError naming the key and the file."""
     try:
-        return read_prompts(path)
+        return read_prompt_rows(path)
     except LoadError as err:
         raise DataError(f"data.eval_prompts: {err}") from None
 
 
-def prompt_ids(item: Any, fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> torch.Tensor:
-    """1-D token ids of one prompt: text keeps its first max_tokens tokens; a chat (messages before the first
-    assistant turn, then the generation prompt) keeps its last max_tokens so the generation prompt survives."""
-    if fmt == "text":
-        ids = tokenizer(item, add_special_tokens=True)["input_ids"][:max_tokens]
-    else:
-        messages = [{"role": "user", "content": item}] if isinstance(item, str) else item
-        first_reply = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-        ids = tokenizer(_render(tokenizer, messages[:first_reply], generation_prompt=True),
-                        add_special_tokens=False)["input_ids"][-max_tokens:]
-    return torch.tensor(ids, dtype=torch.long)
+def as_prompt_row(item: Any, fmt: str, category: str | None = None) -> PromptRow:
+    """A held-out item (text, a conversation, or a PromptRow of a file) as a PromptRow; in a chat-format run a plain
+    prompt is one user turn, since the draft is trained on conversations."""
+    if isinstance(item, PromptRow):
+        if fmt == "chat" and not item.is_conversation:
+            return PromptRow(messages=({"role": "user", "content": item.text},), category=item.category)
+        return item
+    if isinstance(item, str):
+        return as_prompt_row(PromptRow(text=item, category=category), fmt)
+    try:
+        return PromptRow(messages=prompt_messages(item, "a held-out conversation"), category=category)
+    except LoadError as err:
+        raise DataError(f"data.eval_prompts: {err}") from None
 
 
-def eval_prompts(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> list[torch.Tensor]:
+def prompt_ids(row: PromptRow, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
+               chat_template: str = "auto") -> torch.Tensor:
+    """1-D token ids of one prompt (decode.prompts renders it): raw text keeps its first max_tokens tokens; templated
+    text keeps its last max_tokens so the generation prompt survives."""
+    ids = prompt_token_ids(tokenizer, row, chat_template)
+    kept = ids[-max_tokens:] if uses_template(tokenizer, row, chat_template) else ids[:max_tokens]
+    return torch.tensor(kept, dtype=torch.long)
+
+
+def eval_prompt_set(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
+                    chat_template: str = "auto",
+                    categories: list[str | None] | None = None) -> tuple[list[torch.Tensor], list[str | None]]:
+    """Token-id prompts for decode.evaluate.evaluate_acceptance and their categories; empty prompts are dropped."""
+    try:
+        check_chat_template(tokenizer, chat_template, option="eval.chat_template")
+    except LoadError as err:
+        raise DataError(str(err)) from None
+    rows = [as_prompt_row(item, fmt, (categories or [None] * len(items))[i]) for i, item in enumerate(items)]
+    kept = [(prompt_ids(row, tokenizer, max_tokens, chat_template), row.category) for row in rows]
+    kept = [(ids, category) for ids, category in kept if ids.numel() > 0]
+    return [ids for ids, _ in kept], [category for _, category in kept]
+
+
+def eval_prompts(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
+                 chat_template: str = "auto") -> list[torch.Tensor]:
     """Token-id prompts for decode.evaluate.evaluate_acceptance; empty prompts are dropped."""
-    prompts = [prompt_ids(item, fmt, tokenizer, max_tokens) for item in items]
-    return [p for p in prompts if p.numel() > 0]
+    return eval_prompt_set(items, fmt, tokenizer, max_tokens, chat_template)[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Everything
 # ---------------------------------------------------------------------------------------------------------------
 
-def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> DistillData:
-    """Tokenised training rows and acceptance prompts for a recipe's data section.
+def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0,
+               chat_template: str = "auto") -> DistillData:
+    """Tokenised training rows and acceptance prompts (rendered under eval.chat_template = ``chat_template``, with
+    the categories of a prompt file's rows or of a held-out 'category' column) for a recipe's data section.
 
     Raises DataError: missing file (named), missing column (named, with the available ones), no usable rows.
     """
     rows = load_rows(cfg)
     fmt = resolve_format(cfg, rows.column_names)
     field = cfg.messages_field if fmt == "chat" else cfg.text_field
+    categories = None
     if cfg.eval_prompts is not None:
         held_out = read_prompt_file(cfg.eval_prompts)[: cfg.num_eval_prompts]
     elif cfg.num_eval_prompts > 0:
@@ -245,6 +275,7 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
                             f"{len(rows)} rows of {cfg.dataset}; lower it or give data.eval_prompts")
         split = rows.train_test_split(test_size=cfg.num_eval_prompts, shuffle=True, seed=seed)
         rows, held_out = split["train"], split["test"][field]
+        categories = split["test"]["category"] if "category" in split["test"].column_names else None
     else:
         held_out = []
     train = chat_rows(rows, cfg, tokenizer) if fmt == "chat" else text_rows(rows, cfg, tokenizer)
@@ -253,8 +284,9 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
                 else f"the text does not fill one {cfg.max_length}-token block")
         raise DataError(f"no usable rows in {cfg.dataset}: {what} (data.max_length={cfg.max_length}, "
                         f"{len(rows)} rows)")
-    return DistillData(train=train, eval_prompts=eval_prompts(held_out, fmt, tokenizer, cfg.eval_prompt_tokens),
-                       format=fmt)
+    prompts, prompt_categories = eval_prompt_set(held_out, fmt, tokenizer, cfg.eval_prompt_tokens, chat_template,
+                                                 categories)
+    return DistillData(train=train, eval_prompts=prompts, format=fmt, eval_categories=prompt_categories)
 
 
 def padding_id(tokenizer: PreTrainedTokenizerBase) -> int:

@@ -30,6 +30,7 @@ from huggingface_hub import HfApi, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError, OfflineModeIsEnabled
 from huggingface_hub.utils import validate_repo_id
 
+from distill.card_sections import category_section, deploy_section
 from distill.report import read_acceptance_log, read_eval_json
 
 CARD_TAGS = ["speculative-decoding", "draft-model", "specdistill"]
@@ -315,6 +316,7 @@ def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, e
         f"- **Target model:** `{target}`\n"
         + (f"- **Draft:** {draft_line}\n" if draft_line else ""),
         _results_section(eval_results, hardware),
+        *[section for section in (category_section(eval_results), deploy_section(model_dir)) if section],
         _usage_section(target, repo_id, best_gamma(eval_results)),
         f"## Training recipe\n\n{recipe}",
     ]

@@ -20,8 +20,10 @@ from distill.acceptance_log import read_records
 
 TABLE_COLUMNS = ("drafter", "gamma", "temperature", "acceptance_rate", "mean_accepted_tokens", "speedup",
                  "predicted_speedup")
-_NUMBER_FORMATS = {"gamma": "d", "temperature": "g", "acceptance_rate": ".3f", "mean_accepted_tokens": ".2f",
-                   "speedup": ".2f", "predicted_speedup": ".2f"}
+CATEGORY_COLUMNS = ("drafter", "category", "num_prompts", "gamma", "temperature", "acceptance_rate",
+                    "mean_accepted_tokens", "speedup")
+_NUMBER_FORMATS = {"num_prompts": "d", "gamma": "d", "temperature": "g", "acceptance_rate": ".3f",
+                   "mean_accepted_tokens": ".2f", "speedup": ".2f", "predicted_speedup": ".2f"}
 
 STEP_PLOT = "acceptance_vs_step.png"
 POSITION_PLOT = "per_position_acceptance.png"
@@ -75,17 +77,19 @@ def _cell(row: dict, column: str) -> str:
     return text + "x" if column.endswith("speedup") else text
 
 
-def format_table(rows: list[dict]) -> str:
-    """Fixed-width table of drafter, gamma, temperature, acceptance_rate, mean_accepted_tokens, speedup,
-    predicted_speedup (missing values shown as '-'); text left-aligned, numbers right-aligned."""
-    cells = [[_cell(row, column) for column in TABLE_COLUMNS] for row in rows]
-    widths = [max([len(column)] + [len(r[i]) for r in cells]) for i, column in enumerate(TABLE_COLUMNS)]
+def format_table(rows: list[dict], columns: tuple[str, ...] = TABLE_COLUMNS) -> str:
+    """Fixed-width table of ``columns`` (default: drafter, gamma, temperature, acceptance_rate,
+    mean_accepted_tokens, speedup, predicted_speedup; missing values shown as '-'); text left-aligned, numbers
+    right-aligned."""
+    cells = [[_cell(row, column) for column in columns] for row in rows]
+    widths = [max([len(column)] + [len(r[i]) for r in cells]) for i, column in enumerate(columns)]
 
     def line(values: list[str] | tuple[str, ...]) -> str:
-        parts = [v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths))]
+        parts = [v.ljust(w) if columns[i] in ("drafter", "category") else v.rjust(w)
+                 for i, (v, w) in enumerate(zip(values, widths))]
         return "  ".join(parts).rstrip()
 
-    out = [line(TABLE_COLUMNS), line(["-" * w for w in widths])]
+    out = [line(columns), line(["-" * w for w in widths])]
     out += [line(r) for r in cells]
     return "\n".join(out)
 
@@ -201,6 +205,19 @@ def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
 # Report
 # ---------------------------------------------------------------------------------------------------------------
 
+def category_lines(rows: list[dict], what: str) -> list[str]:
+    """A 'by prompt category' table of ``by_category`` in result rows (each row has a ``drafter``); [] without."""
+    flat = [{"drafter": row["drafter"], "category": name, **result} for row in rows
+            for name, result in (row.get("by_category") or {}).items()]
+    order = {name: i for i, name in enumerate(dict.fromkeys(row["drafter"] for row in rows))}
+    # drafters side by side within each (gamma, temperature, category)
+    flat.sort(key=lambda r: (r.get("gamma", 0), r.get("temperature", 0.0), r["category"], order[r["drafter"]]))
+    if not flat:
+        return []
+    return ["", f"By prompt category ({what}; each row over that category's prompts only):", "", "```text",
+            format_table(flat, CATEGORY_COLUMNS), "```"]
+
+
 def _eval_section(out_dir: Path, evals: dict[str, dict]) -> list[str]:
     if not evals:
         return ["## Evaluations", "", "No eval_acceptance JSON was given.", ""]
@@ -210,7 +227,7 @@ def _eval_section(out_dir: Path, evals: dict[str, dict]) -> list[str]:
                      f"measured on {payload.get('device', 'unrecorded device')}, dtype {payload.get('dtype', '?')}, "
                      f"torch {payload.get('torch_version', '?')}")
     rows = [{"drafter": name, **r} for name, payload in evals.items() for r in payload["results"]]
-    lines += ["", "```text", format_table(rows), "```", ""]
+    lines += ["", "```text", format_table(rows), "```"] + category_lines(rows, "the evaluations above") + [""]
     results = {name: payload["results"] for name, payload in evals.items()}
     if plot_speedup_vs_gamma(out_dir / SPEEDUP_PLOT, results):
         lines += [f"![speedup vs gamma]({SPEEDUP_PLOT})", "",
@@ -253,6 +270,7 @@ def _run_section(out_dir: Path, runs: dict[str, list[dict]], gamma: int | None,
         lines += ["", f"Last checkpoint of each run at gamma={gamma}, temperature={temperature:g}, as the trainer "
                   f"measured it on its own eval prompts ({measured}); these can differ from the evaluations above, "
                   "which may use other prompts and lengths:", "", "```text", format_table(table), "```"]
+        lines += category_lines(table, "last checkpoint of each run")
     if drawn:
         lines += ["", f"![acceptance vs step]({STEP_PLOT})"]
     return lines + [""]

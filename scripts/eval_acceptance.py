@@ -3,6 +3,8 @@
     python scripts/eval_acceptance.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \
         --prompts prompts.jsonl --gamma 2 4 6 --max-new-tokens 128 --output eval.json
     specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --gamma 4
+    specdistill-eval --target TARGET --draft DRAFT --prompts question.jsonl --messages-field turns \
+        --category-field category --chat-template auto        # Spec-Bench's 480 prompts, by category
 
 The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
 """
@@ -18,9 +20,11 @@ import torch
 from decode.checks import OneLineArgumentParser, check_safetensors_whole, check_writable_file
 from decode.drafters import PromptLookupDrafter
 from decode.evaluate import EvalSettings, evaluate_acceptance
-from decode.loading import (LoadError, encode_prompts, load_causal_lm, load_tokenizer, read_prompts,
-                            resolve_device, resolve_dtype)
+from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
+                            read_prompt_rows)
 from decode.table import format_table
+from decode.tally import category_rows
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
 
 PROMPT_LOOKUP = "prompt-lookup"
@@ -34,7 +38,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="specdistill-eval", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="target model: local folder or hub id")
     p.add_argument("--draft", required=True, help=f"draft model: local folder, hub id, or '{PROMPT_LOOKUP}'")
-    p.add_argument("--prompts", required=True, help=".jsonl with a 'prompt' field, or .txt with one prompt per line")
+    p.add_argument("--prompts", required=True,
+                   help=".jsonl (a 'prompt' or 'messages' field per line), .txt (one prompt per line), a local dataset "
+                        "folder, or a hub dataset id")
+    p.add_argument("--prompts-split", default="train", help="split of a dataset given to --prompts")
+    p.add_argument("--prompts-config", default=None, help="configuration name of a hub dataset (e.g. main)")
+    p.add_argument("--prompt-field", default=None, help="field holding a plain prompt (default: prompt)")
+    p.add_argument("--messages-field", default=None,
+                   help="field holding a conversation: [{role, content}] or the user's turns (default: messages)")
+    p.add_argument("--category-field", default=None, help="field holding each prompt's category (default: category)")
+    p.add_argument("--chat-template", default="auto", choices=CHAT_TEMPLATE_MODES,
+                   help="render prompts with the target tokenizer's chat template: auto = conversations only")
     p.add_argument("--gamma", type=int, nargs="+", default=[4], help="draft tokens per step (several values sweep)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -106,13 +120,16 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
 
     # ---- inputs -------------------------------------------------------------------------------------------
-    prompts = read_prompts(args.prompts, args.num_prompts)
+    fields = PromptFields(args.prompt_field, args.messages_field, args.category_field)
+    rows = read_prompt_rows(args.prompts, fields, split=args.prompts_split, config=args.prompts_config,
+                            limit=args.num_prompts)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     check_model_paths(args)
     tokenizer = load_tokenizer(args.target)
     check_draft_tokenizer(args, tokenizer)
-    prompt_ids = encode_prompts(tokenizer, prompts, args.max_prompt_tokens)
+    check_chat_template(tokenizer, args.chat_template)
+    prompt_ids = encode_prompt_rows(tokenizer, rows, args.chat_template, args.max_prompt_tokens)
     target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
     draft = load_draft(args, device, dtype)
 
@@ -122,12 +139,16 @@ def main(argv: list[str] | None = None) -> dict:
                             compare_hf=args.compare_hf,
                             eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
     outputs: list[dict] | None = [] if args.save_outputs else None
-    results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet, outputs=outputs)
+    results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet, outputs=outputs,
+                                  categories=[row.category for row in rows])
 
     # ---- report -------------------------------------------------------------------------------------------
     report = {"device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
-              "torch_version": torch.__version__, "target": args.target, "draft": args.draft, "results": results}
+              "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
+              "prompts": args.prompts, "chat_template": args.chat_template, "results": results}
     print(format_table([{"drafter": args.draft, **r} for r in results]))
+    if any("by_category" in r for r in results):
+        print("\nby category:\n" + format_table(category_rows(results)))
     if args.output:
         write_json(args.output, report)
         print(f"wrote {args.output}")

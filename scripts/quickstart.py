@@ -8,8 +8,9 @@
 2. target: a small Llama (hidden 256, 4 layers) pre-trained on it with cross-entropy (recipes/quickstart/target.yaml);
 3. drafts: two identical small drafts (hidden 128, 2 layers), same data and steps: one with plain cross-entropy
    (recipes/quickstart/draft_ce.yaml), one distilled from the target (recipes/quickstart/draft_kd.yaml);
-4. eval-acceptance of both drafts and of prompt lookup against the target on held-out prompts;
-5. a comparison table here and a report folder (report.md + PNG plots).
+4. eval-acceptance of both drafts and of prompt lookup against the target on held-out prompts (each prompt's
+   category is its stdlib package, so results are also given by package);
+5. a comparison table here (overall and by package) and a report folder (report.md + PNG plots).
 Every step reuses what an earlier run left in --out, so a re-run only redoes what is missing.
 """
 from __future__ import annotations
@@ -128,11 +129,14 @@ def main(argv: list[str] | None = None) -> None:
     # ---- 5. comparison table and report -------------------------------------------------------------------------
     banner("5/5 comparison and report")
     from decode.table import format_table
+    from decode.tally import category_rows
     from distill.report import write_report
 
-    rows = [{"drafter": name, **r} for name, path in evals.items()
-            for r in json.loads(path.read_text())["results"]]
-    print(format_table(rows))
+    results = {name: json.loads(path.read_text())["results"] for name, path in evals.items()}
+    print(format_table([{"drafter": name, **r} for name, rs in results.items() for r in rs]))
+    by_package = [row for name, rs in results.items() for row in category_rows(rs, drafter=name)
+                  if row["gamma"] == max(int(g) for g in GAMMAS)]
+    print(f"\nby stdlib package of the held-out prompt (gamma {GAMMAS[-1]}):\n{format_table(by_package)}")
     report = write_report(out / "report", runs={name: out / name for name in DRAFTS}, evals=evals,
                           machine=machine())
     print(f"\nreport: {report}\nTensorBoard: .venv/bin/tensorboard --logdir {out}\n"

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- data: tokenised once on rank 0 (datasets cache), read by the others ---------------------------------
     with args.main_process_first(desc="tokenise dataset"):
-        data = build_data(recipe.data, tokenizer, seed=recipe.train.seed)
+        data = build_data(recipe.data, tokenizer, seed=recipe.train.seed, chat_template=recipe.eval.chat_template)
     logger.info("%d training rows (%s), %d acceptance prompts", len(data.train), data.format, len(data.eval_prompts))
 
     # ---- models: frozen target, trainable draft --------------------------------------------------------------
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         save_recipe(recipe, Path(recipe.train.output_dir) / "recipe.yaml")
     state.wait_for_everyone()
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval,
-                                    tensorboard="tensorboard" in recipe.train.report_to)
+                                    tensorboard="tensorboard" in recipe.train.report_to,
+                                    categories=data.eval_categories)
     if plan.finished_at is not None:
         final_draft, metrics = finish_without_training(plan, args, acceptance, draft), {}
     else:
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
         summary = export_draft(recipe.train.output_dir, best, final_draft, tokenizer,
                                default_gamma=max(recipe.eval.gammas))
         crash_point("export")  # test hook: killed with the draft exported but the run not marked done
-        write_results(Path(recipe.train.output_dir) / RESULTS_FILE, {**metrics, "best": summary})
+        write_results(Path(recipe.train.output_dir) / RESULTS_FILE,
+                      {**metrics, "best": summary, "deploy_check": deploy_check(recipe)})
         logger.info("exported %s (gamma %s) to %s", summary["checkpoint"], summary["gamma"],
                     recipe.train.output_dir)
         if recipe.hub.push_to_hub:
@@ -179,6 +181,24 @@ def write_results(path: Path, results: dict) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(results, indent=2) + "\n")
     os.replace(temporary, path)
+
+
+def deploy_check(recipe: Recipe) -> dict:
+    """decode.deploy_check on the exported folder against the target (the model card states the result); its
+    problems are logged as warnings, never fatal: the draft is trained and exported either way."""
+    from decode.deploy_check import check_deploy
+    from decode.loading import LoadError
+
+    try:
+        report = check_deploy(recipe.model.target, recipe.train.output_dir,
+                              trust_remote_code=recipe.model.trust_remote_code)
+    except LoadError as err:
+        logger.warning("deployment check could not run: %s", err)
+        return {"passed": False, "problems": {"inputs": str(err)}}
+    for name, problem in report.problems.items():
+        logger.warning("deployment check %s failed: %s (specdistill-check --target %s --draft %s)", name, problem,
+                       recipe.model.target, recipe.train.output_dir)
+    return report.to_dict()
 
 
 def push(recipe: Recipe, step: int | None) -> None:

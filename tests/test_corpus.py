@@ -176,6 +176,8 @@ def test_eval_prompts_come_from_heldout_files_only(built):
         assert row["source"] in heldout_texts
         lines = heldout_texts[row["source"]].splitlines(keepends=True)
         assert "".join(lines[row["line"] - 1:]).startswith(row["prompt"])
+        package = row["source"].split("/")[0] if "/" in row["source"] else "top-level"
+        assert row["category"] == package  # evaluations report acceptance per package
     assert len({r["source"] for r in rows}) > 1  # spread over several held-out files
 
 

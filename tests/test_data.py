@@ -91,6 +91,27 @@ def test_prompts_from_a_file_become_user_turns_in_chat_format(tokenizer):
     assert text.tolist() == tokenizer("def add(a, b):")["input_ids"][:3]
 
 
+def test_eval_prompt_file_with_conversations_and_categories_follows_eval_chat_template(tmp_path, tokenizer):
+    """The trainer's acceptance prompts go through decode.prompts, as specdistill-eval's do."""
+    prompts = jsonl(tmp_path / "p.jsonl", [
+        {"messages": [{"role": "user", "content": "write 1"}, {"role": "assistant", "content": "x = 1"},
+                      {"role": "user", "content": "again"}], "category": "chat"},
+        {"prompt": "def add", "category": "code"}])
+    docs = jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in DOCS])
+    cfg = DataConfig(dataset=str(docs), max_length=8, eval_prompts=str(prompts), eval_prompt_tokens=64)
+    data = build_data(cfg, tokenizer)  # text format, eval.chat_template auto: the conversation only is templated
+    assert data.eval_categories == ["chat", "code"]
+    assert tokenizer.decode(data.eval_prompts[0]) == ("<s>user\nwrite 1</s>\n<s>assistant\nx = 1</s>\n"
+                                                      "<s>user\nagain</s>\n<s>assistant\n")
+    assert tokenizer.decode(data.eval_prompts[1]) == "def add"
+    on = build_data(cfg, tokenizer, chat_template="on")
+    assert tokenizer.decode(on.eval_prompts[1]) == "<s>user\ndef add</s>\n<s>assistant\n"
+    off = build_data(cfg, tokenizer, chat_template="off")
+    assert tokenizer.decode(off.eval_prompts[0]) == "write 1\n\nx = 1\n\nagain"
+    with pytest.raises(DataError, match="eval.chat_template on, but tokenizer .* has no chat template"):
+        build_data(cfg, tiny_tokenizer(), chat_template="on")
+
+
 def test_held_out_text_prompts_are_truncated_and_never_trained_on(tmp_path, tokenizer):
     docs = [f"{chr(97 + i) * 3} = {i}\n" + DOCS[i % 4] for i in range(12)]  # unique first characters
     path = jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in docs])
@@ -105,9 +126,10 @@ def test_held_out_text_prompts_are_truncated_and_never_trained_on(tmp_path, toke
 
 
 def test_prompt_files(tmp_path, tokenizer):
-    assert read_prompt_file(str(jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b c"}]))) == ["a", "b c"]
+    rows = read_prompt_file(str(jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b c"}])))
+    assert [r.text for r in rows] == ["a", "b c"]
     (tmp_path / "p.txt").write_text("one\n\ntwo\n")
-    assert read_prompt_file(str(tmp_path / "p.txt")) == ["one", "two"]
+    assert [r.text for r in read_prompt_file(str(tmp_path / "p.txt"))] == ["one", "two"]
     with pytest.raises(DataError, match=r"bad.jsonl:1: each line needs a string field 'prompt' \(found: text\)"):
         read_prompt_file(str(jsonl(tmp_path / "bad.jsonl", [{"text": "a"}])))
     with pytest.raises(DataError, match="data.eval_prompts: prompts file .*missing.jsonl' does not exist"):

@@ -71,6 +71,49 @@ def test_prompt_lookup_and_txt_prompts_and_sampling(pair, tmp_path, capsys):
     assert result["num_prompts"] == 1 and result["greedy_match"] is None and result["temperature"] == 0.8
 
 
+def test_chat_prompts_by_category(pair, tmp_path, capsys):
+    """Conversations rendered with the target's chat template, and by_category results that add up to the whole."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from distill.corpus import CHAT_TEMPLATE
+
+    target = Path(shutil.copytree(pair / "target", tmp_path / "target"))
+    tok = AutoTokenizer.from_pretrained(target)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(target)
+    turn = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    rows = [{"messages": turn("def add(a, b):"), "category": "code"},
+            {"messages": turn("class Point:"), "category": "code"},
+            {"prompt": "for i in range(10):", "category": "loops"}, {"prompt": "import os"}]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, outputs = tmp_path / "eval.json", tmp_path / "outputs.jsonl"
+    code, stdout, _ = run_cli(["--target", str(target), "--draft", str(pair / "draft"), "--prompts",
+                               str(tmp_path / "p.jsonl"), "--gamma", "2", "--max-new-tokens", "8",
+                               "--output", str(out), "--save-outputs", str(outputs), "--quiet"], capsys)
+    assert code == 0
+    report = json.loads(out.read_text())
+    (result,) = report["results"]
+    by_category = result["by_category"]
+    assert sorted(by_category) == ["code", "loops", "uncategorized"] and report["chat_template"] == "auto"
+    assert [by_category[c]["num_prompts"] for c in ("code", "loops", "uncategorized")] == [2, 1, 1]
+    for entry in by_category.values():
+        assert RESULT_KEYS - {"hf_assisted_tokens_per_s"} <= set(entry) and entry["greedy_match"] == 1.0
+    # raw counts of the categories add up to the whole run's
+    for key in ("target_calls", "new_tokens", "drafted_tokens", "accepted_tokens"):
+        assert sum(c["stats"][key] for c in by_category.values()) == result["stats"][key]
+    saved = [json.loads(line) for line in outputs.read_text().splitlines()]
+    assert tok.decode(saved[0]["prompt_ids"]) == "<|user|>\ndef add(a, b):</s><|assistant|>\n"
+    assert tok.decode(saved[2]["prompt_ids"]) == "for i in range(10):"  # auto: plain prompts stay raw text
+    assert [row["category"] for row in saved] == ["code", "code", "loops", "uncategorized"]
+    assert "by category" in stdout and "uncategorized" in stdout
+    # --chat-template on without a template is one line, before any model loads
+    code, _, err = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                            str(tmp_path / "p.jsonl"), "--chat-template", "on"], capsys)
+    assert code == 1 and "--chat-template on, but tokenizer" in err and "has no chat template" in err
+
+
 def other_tokenizer_draft(root: Path) -> Path:
     tok = tiny_tokenizer(text=TINY_TEXT[::-1])  # trained on other text: other token ids
     save_and_load(tiny_model("llama", seed=1, vocab_size=len(tok)), root / "other", tok)

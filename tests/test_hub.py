@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx2
@@ -118,6 +119,28 @@ def test_card_from_eval_json_has_measured_numbers_usage_and_metadata(model_dir, 
     assert f"vllm serve {TARGET} --speculative-config '{spec}'" in card
     n_params = sum(p.numel() for p in tiny_model("llama").parameters())
     assert f"llama, 2 layers, hidden size 32, {n_params / 1e3:.1f}K parameters" in card
+
+
+def test_card_shows_categories_and_the_deployment_check(model_dir, tmp_path):
+    model_dir = Path(shutil.copytree(model_dir, tmp_path / "out"))  # the fixture is shared: write a copy
+    by_category = {"gsm8k": {"num_prompts": 5, "acceptance_rate": 0.9, "mean_accepted_tokens": 4.1, "speedup": 2.5},
+                   "mt_bench": {"num_prompts": 8, "acceptance_rate": 0.6, "mean_accepted_tokens": 2.4, "speedup": 1.5}}
+    results = [{**RESULTS[0], "by_category": by_category}]
+    card = build_model_card(model_dir, target=TARGET, recipe_text=None, eval_results=results, hardware="h",
+                            repo_id="me/d")
+    assert "## Acceptance by prompt category" in card
+    assert "| 1 | 0 | gsm8k | 5 | 0.900 | 4.10 | 2.50x |" in card
+    assert "| 1 | 0 | mt_bench | 8 | 0.600 | 2.40 | 1.50x |" in card
+    assert "Deployment check" in card and "Not recorded with this model" in card
+    (model_dir / "train_results.json").write_text(json.dumps({"deploy_check": {"passed": True, "problems": {}}}))
+    assert "`specdistill-check` passed at export" in build_model_card(
+        model_dir, target=TARGET, recipe_text=None, eval_results=RESULTS, hardware="h", repo_id="me/d")
+    failed = {"passed": False, "problems": {"dtype": "draft weights are stored in float32 but ..."}}
+    (model_dir / "train_results.json").write_text(json.dumps({"deploy_check": failed}))
+    card = build_model_card(model_dir, target=TARGET, recipe_text=None, eval_results=RESULTS, hardware="h",
+                            repo_id="me/d")
+    assert "found problems at export" in card and "- **dtype**: draft weights are stored in float32" in card
+    assert "by prompt category" not in card  # no categories measured
 
 
 def test_card_without_measurements_says_so_and_local_target_is_not_base_model(model_dir, tmp_path):

@@ -114,3 +114,24 @@ def test_missing_or_malformed_inputs_are_named(tmp_path):
     bad.write_text('{"device": "cpu"}')
     with pytest.raises(ValueError, match="no 'results' list"):
         write_report(tmp_path / "r", runs={}, evals={"x": bad}, machine="m")
+
+
+def test_report_shows_per_category_rows_for_evals_and_runs(tmp_path):
+    with_categories = {**result(4, 0.7), "by_category": {"code": {**result(4, 0.9), "num_prompts": 3},
+                                                         "prose": {**result(4, 0.5), "num_prompts": 2}}}
+    evals = {"kl": write_eval(tmp_path / "kl.json", [with_categories])}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "acceptance.jsonl").write_text(json.dumps({"step": 10, "checkpoint": "checkpoint-10", **with_categories}))
+    text = write_report(tmp_path / "report", runs={"kl": run}, evals=evals, machine="m").read_text()
+    lines = [line.split() for line in text.splitlines()]
+    # drafter, category, num_prompts, gamma, temperature, acceptance_rate, tau (1 + 4 * rate), speedup (tau / 1.3)
+    assert ["kl", "code", "3", "4", "0", "0.900", "4.60", "3.54x"] in lines
+    assert ["kl", "prose", "2", "4", "0", "0.500", "3.00", "2.31x"] in lines
+    assert ["kl", "@", "step", "10", "code", "3", "4", "0", "0.900", "4.60", "3.54x"] in lines
+    assert text.count("By prompt category") == 2
+
+
+def test_report_without_categories_has_no_category_table(tmp_path):
+    evals = {"kl": write_eval(tmp_path / "kl.json", [result(4, 0.7)])}
+    assert "By prompt category" not in write_report(tmp_path / "r", runs={}, evals=evals, machine="m").read_text()

@@ -173,9 +173,10 @@ class FakeEvaluate:
     def __init__(self):
         self.calls, self.modes = 0, []
 
-    def __call__(self, target, draft, prompts, settings, progress=True):
+    def __call__(self, target, draft, prompts, settings, progress=True, **by_category):
         self.calls += 1
         self.modes.append(draft.training)
+        self.by_category = by_category
         return [{"gamma": g, "temperature": settings.temperature, "acceptance_rate": 0.1 * self.calls,
                  "mean_accepted_tokens": 1.0 + self.calls, "speedup": 1.0 + 0.1 * self.calls * (g == 2)}
                 for g in settings.gammas]
@@ -207,6 +208,11 @@ def test_callback_records_each_checkpoint_and_protects_the_best(tmp_path):
     events = EventAccumulator(str(tmp_path / "runs" / "acceptance"))
     events.Reload()
     assert "acceptance/temperature0.0/gamma2/acceptance_rate" in events.Tags()["scalars"]
+    assert evaluate.by_category == {}  # no prompt has a category: evaluate is called as before
+    categorized = AcceptanceCallback(target=tiny_model("llama"), prompts=[torch.tensor([1, 2])] * 2, cfg=cfg,
+                                     evaluate=evaluate, tensorboard=False, categories=["code", None])
+    categorized.measure(draft)
+    assert evaluate.by_category == {"categories": ["code", None]}
     # a resumed run at step 2 forgets what an abandoned later part of the run measured
     state.global_step = 2
     callback.on_train_begin(args, state, control)
@@ -367,7 +373,9 @@ def test_cross_entropy_only_never_runs_the_target(workdir, monkeypatch):
               "train.max_steps=2", "train.logging_steps=1", "train.report_to=[]")
     logs = [e for e in checkpoint_state(out / "checkpoint-2")["log_history"] if "loss" in e]
     assert all(e["kd"] == 0.0 and e["tv"] == 0.0 and e["loss"] == pytest.approx(e["ce"], rel=1e-5) for e in logs)
-    assert json.loads((out / "train_results.json").read_text())["best"]["checkpoint"] == "final"
+    results = json.loads((out / "train_results.json").read_text())
+    assert results["best"]["checkpoint"] == "final"
+    assert results["deploy_check"]["passed"] is True, results["deploy_check"]  # specdistill-check on the export
 
 
 # DeepSpeed on CPU needs its process group set up with gloo before TrainingArguments (docs: shared/ENVIRONMENT.md);

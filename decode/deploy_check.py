@@ -1,0 +1,255 @@
+"""Will an exported draft serve next to its target? The checks serving stacks need, one line per problem.
+
+    report = check_deploy("Qwen/Qwen2.5-7B-Instruct", "outputs/qwen2.5-7b-to-0.5b")
+    print("\\n".join(report.lines())); print(serving_commands(report))
+
+Checks (each failure is one line naming the check, what was found and what to do):
+- safetensors: the draft folder holds *.safetensors weights (vLLM and SGLang load them; .bin is legacy);
+- tokenizer: the draft's tokenizer maps every token to the same id as the target's and has the same special tokens;
+- vocab: the draft's lm_head has as many rows as its config's vocab_size, and that equals the target's vocab_size
+  (transformers' assisted generation otherwise demands an assistant tokenizer and vLLM refuses the pair);
+- max_position_embeddings: the draft's context is at least the target's (a shorter one breaks long prompts);
+- rope: the draft uses the target's kind of rope scaling (default, linear, dynamic, yarn, llama3, ...), so positions
+  past the original context are handled alike (theta and factors may differ: the draft learnt its own);
+- dtype: the draft's stored weights have the target's dtype (stacks load the pair in one dtype);
+- generation_config: num_assistant_tokens (gamma) set, with a constant schedule and confidence threshold 0, so
+  transformers drafts the measured gamma (its defaults draft up to 20 tokens and stop early on low confidence).
+The target can be a local folder or a hub id (its config and tokenizer are read); the draft is a local folder.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from decode.loading import LoadError, first_line
+from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
+
+CHECKS = ("safetensors", "tokenizer", "vocab", "max_position_embeddings", "rope", "dtype", "generation_config")
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+LM_HEAD_NAMES = ("lm_head.weight",)
+EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+DEFAULT_GAMMA = 4  # shown in the commands when the draft's generation_config names none
+
+
+@dataclass
+class DeployReport:
+    """What check_deploy found: ``problems`` maps a check to its one-line failure; ``gamma`` is the draft's
+    generation_config.num_assistant_tokens (None when unset)."""
+
+    target: str
+    draft: str
+    gamma: int | None = None
+    problems: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        """One line per check: ``ok   <check>`` or ``FAIL <check>: <problem>``."""
+        return [f"FAIL {name}: {self.problems[name]}" if name in self.problems else f"ok   {name}" for name in CHECKS]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed, "checks": list(CHECKS)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading the two models without loading weights
+# ---------------------------------------------------------------------------------------------------------------
+
+def safetensors_header(path: Path) -> dict:
+    """{tensor name: {"dtype", "shape", ...}} from a safetensors file's header (8-byte length + JSON)."""
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    header.pop("__metadata__", None)
+    return header
+
+
+def draft_tensors(draft_dir: Path) -> dict:
+    tensors: dict = {}
+    for path in sorted(draft_dir.glob("*.safetensors")):
+        tensors.update(safetensors_header(path))
+    return tensors
+
+
+def load_target_parts(target: str, trust_remote_code: bool = False):
+    """(config, tokenizer) of the target; LoadError with one line when either cannot be loaded."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as err:
+        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
+    return config, tokenizer
+
+
+def text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def rope_type(config) -> str:
+    """The rope scaling kind of a config: rope_parameters (transformers 5) or rope_scaling, 'default' if none."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        params = next(iter(params.values()))  # per-layer-type parameters (e.g. full/sliding attention)
+    return str(params.get("rope_type", params.get("type", "default"))) if isinstance(params, dict) else "default"
+
+
+def config_dtype(config) -> str | None:
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checks: each returns None (ok) or one line
+# ---------------------------------------------------------------------------------------------------------------
+
+def check_safetensors(draft_dir: Path, tensors: dict) -> str | None:
+    if tensors:
+        return None
+    legacy = sorted(p.name for p in draft_dir.glob("*.bin"))
+    found = f" (found {', '.join(legacy)})" if legacy else ""
+    return (f"no *.safetensors weights in {draft_dir}{found}: vLLM and SGLang load safetensors; re-save with "
+            "save_pretrained(..., safe_serialization=True)")
+
+
+def check_tokenizer(target_tokenizer, draft_dir: Path) -> str | None:
+    from transformers import AutoTokenizer
+
+    try:
+        draft_tokenizer = AutoTokenizer.from_pretrained(draft_dir)
+    except (OSError, ValueError, TypeError) as err:
+        return f"no loadable tokenizer in {draft_dir} ({first_line(err)}): save the target's tokenizer with the draft"
+    try:
+        check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
+    except TokenizerMismatchError as err:
+        return str(err)
+    return None
+
+
+def lm_head_rows(tensors: dict, tied: bool) -> int | None:
+    """Rows of the stored lm_head (the input embedding when tied and no lm_head is stored)."""
+    names = [n for n in tensors if n.endswith(LM_HEAD_NAMES)]
+    if not names and tied:
+        names = [n for n in tensors if n.endswith(EMBEDDING_SUFFIXES)]
+    return int(tensors[names[0]]["shape"][0]) if names else None
+
+
+def check_vocab(target_config, draft_config, tensors: dict) -> str | None:
+    target_vocab, draft_vocab = text_config(target_config).vocab_size, text_config(draft_config).vocab_size
+    rows = lm_head_rows(tensors, bool(getattr(draft_config, "tie_word_embeddings", False)))
+    if rows is not None and rows != draft_vocab:
+        return f"the draft's lm_head has {rows} rows but its config says vocab_size={draft_vocab}"
+    if draft_vocab != target_vocab:
+        return (f"draft vocab_size={draft_vocab} but target vocab_size={target_vocab}: transformers' assisted "
+                "generation and vLLM need equal lm_head rows; resize the draft's embeddings to "
+                f"{target_vocab} (model.resize_token_embeddings({target_vocab})) and re-save")
+    return None
+
+
+def check_positions(target_config, draft_config) -> str | None:
+    target_max = getattr(text_config(target_config), "max_position_embeddings", None)
+    draft_max = getattr(text_config(draft_config), "max_position_embeddings", None)
+    if target_max is not None and draft_max is not None and draft_max < target_max:
+        return (f"draft max_position_embeddings={draft_max} < target's {target_max}: prompts longer than "
+                f"{draft_max} tokens break or lose acceptance; set it to {target_max} in the draft's config.json")
+    return None
+
+
+def check_rope(target_config, draft_config) -> str | None:
+    target_rope, draft_rope = rope_type(text_config(target_config)), rope_type(text_config(draft_config))
+    if target_rope != draft_rope:
+        return (f"draft rope scaling {draft_rope!r} but target's {target_rope!r}: positions past the original "
+                "context are encoded differently; copy the target's rope settings into the draft's config")
+    return None
+
+
+def check_dtype(target_config, tensors: dict) -> str | None:
+    target_dtype = config_dtype(text_config(target_config)) or config_dtype(target_config)
+    stored = Counter(SAFETENSORS_DTYPES.get(t["dtype"], t["dtype"]) for t in tensors.values()
+                     if t["dtype"] in SAFETENSORS_DTYPES)
+    if not stored or target_dtype is None:
+        return None
+    draft_dtype = stored.most_common(1)[0][0]
+    if draft_dtype != target_dtype:
+        return (f"draft weights are stored in {draft_dtype} but the target's dtype is {target_dtype}: serving stacks "
+                f"run the pair in one dtype; re-save the draft in {target_dtype} (model.to(torch.{target_dtype}))")
+    return None
+
+
+def check_generation_config(draft_dir: Path) -> tuple[str | None, int | None]:
+    """(problem or None, gamma or None) from the draft's generation_config.json."""
+    path = draft_dir / "generation_config.json"
+    if not path.is_file():
+        return (f"no generation_config.json in {draft_dir}: transformers would draft up to 20 tokens with a "
+                "confidence threshold; set num_assistant_tokens (see the command below)", None)
+    config = json.loads(path.read_text())
+    gamma = config.get("num_assistant_tokens")
+    if not isinstance(gamma, int) or gamma < 1:
+        return f"generation_config.json has no num_assistant_tokens (gamma) >= 1 (found {gamma!r})", None
+    schedule = config.get("num_assistant_tokens_schedule", "constant")
+    threshold = config.get("assistant_confidence_threshold", 0.4)
+    if schedule != "constant" or threshold != 0:
+        return (f"generation_config.json drafts gamma={gamma} with schedule {schedule!r} and confidence threshold "
+                f"{threshold}: set 'constant' and 0.0 to draft the measured gamma", gamma)
+    return None, gamma
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# All checks, and the commands that serve the pair
+# ---------------------------------------------------------------------------------------------------------------
+
+def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
+    """Run every check of the module docstring. Raises LoadError (one line) when the draft folder or its config,
+    or the target's config or tokenizer, cannot be read; every other finding is a problem in the report."""
+    from transformers import AutoConfig
+
+    draft_dir = Path(draft)
+    if not (draft_dir / "config.json").is_file():
+        raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
+    try:
+        draft_config = AutoConfig.from_pretrained(draft_dir, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise LoadError(f"could not read the draft's config.json: {first_line(err)}") from None
+    target_config, target_tokenizer = load_target_parts(target, trust_remote_code)
+    tensors = draft_tensors(draft_dir)
+    generation_problem, gamma = check_generation_config(draft_dir)
+    found = {
+        "safetensors": check_safetensors(draft_dir, tensors),
+        "tokenizer": check_tokenizer(target_tokenizer, draft_dir),
+        "vocab": check_vocab(target_config, draft_config, tensors),
+        "max_position_embeddings": check_positions(target_config, draft_config),
+        "rope": check_rope(target_config, draft_config),
+        "dtype": check_dtype(target_config, tensors),
+        "generation_config": generation_problem,
+    }
+    return DeployReport(target=str(target), draft=str(draft), gamma=gamma,
+                        problems={name: line for name, line in found.items() if line})
+
+
+def serving_commands(report: DeployReport) -> str:
+    """Copy-paste commands serving the pair: transformers (assistant_model), vLLM (draft_model), SGLang (STANDALONE)."""
+    target, draft = report.target, report.draft
+    gamma = report.gamma or DEFAULT_GAMMA
+    vllm = json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": gamma})
+    return f"""# transformers (assisted generation; gamma = {gamma} from the draft's generation_config)
+python -c "
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained('{target}')
+target = AutoModelForCausalLM.from_pretrained('{target}', dtype='auto', device_map='auto')
+draft = AutoModelForCausalLM.from_pretrained('{draft}', dtype='auto', device_map='auto')
+inputs = tok.apply_chat_template([{{'role': 'user', 'content': 'Hello'}}], add_generation_prompt=True,
+                                 return_tensors='pt', return_dict=True).to(target.device)
+print(tok.decode(target.generate(**inputs, assistant_model=draft, max_new_tokens=64)[0]))"
+
+# vLLM
+vllm serve {target} --speculative-config '{vllm}'
+
+# SGLang (a small draft model: the STANDALONE algorithm)
+python -m sglang.launch_server --model-path {target} --speculative-algorithm STANDALONE \\
+    --speculative-draft-model-path {draft} --speculative-num-steps {gamma} --speculative-eagle-topk 1 \\
+    --speculative-num-draft-tokens {gamma + 1}"""

@@ -1,0 +1,59 @@
+"""Check that an exported draft will serve next to its target, and print the commands that serve the pair.
+
+    python scripts/check_deploy.py --target Qwen/Qwen2.5-7B-Instruct --draft outputs/qwen2.5-7b-to-0.5b
+    specdistill-check --target TARGET --draft DRAFT_DIR --json check.json
+
+One line per check (`ok   <check>` or `FAIL <check>: <what is wrong and what to do>`; the checks are listed in
+decode/deploy_check.py), then the transformers, vLLM and SGLang commands. Exit code 1 when a check fails or the
+inputs cannot be read (one line on stderr), 0 when every check passes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python scripts/check_deploy.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from decode.deploy_check import check_deploy, serving_commands  # noqa: E402
+from decode.loading import LoadError  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="specdistill-check", description=__doc__.split("\n")[0])
+    p.add_argument("--target", required=True, help="target model: local folder or hub id (config + tokenizer read)")
+    p.add_argument("--draft", required=True, help="exported draft folder")
+    p.add_argument("--json", type=Path, default=None, help="also write the findings as JSON here")
+    p.add_argument("--trust-remote-code", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    # ---- check ------------------------------------------------------------------------------------------------
+    report = check_deploy(args.target, args.draft, trust_remote_code=args.trust_remote_code)
+
+    # ---- report -----------------------------------------------------------------------------------------------
+    print("\n".join(report.lines()))
+    verdict = "passed" if report.passed else f"FAILED ({len(report.problems)} of the checks)"
+    print(f"\ndeployment check {verdict}\n\n{serving_commands(report)}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return 0 if report.passed else 1
+
+
+def cli() -> None:
+    try:
+        code = main()
+    except LoadError as err:
+        print(f"specdistill-check: error: {err}", file=sys.stderr)
+        code = 1
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,131 @@
+"""specdistill-check: every check fails on a draft crafted to break it, and all pass on a good draft."""
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+
+from decode.deploy_check import CHECKS, check_deploy
+from scripts import check_deploy as check_script
+from tiny import tiny_model, tiny_tokenizer
+
+GAMMA = 3
+
+
+def edit_json(path, **changes):
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny float32 target and a good exported draft: same tokenizer and vocab, gamma in its generation_config."""
+    root = tmp_path_factory.mktemp("deploy")
+    tok = tiny_tokenizer()
+    tiny_model("llama", vocab_size=len(tok)).save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    draft = tiny_model("llama", vocab_size=len(tok), layers=1, seed=1)
+    gc = draft.generation_config
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = GAMMA, "constant"
+    gc.assistant_confidence_threshold = 0.0
+    draft.save_pretrained(root / "good")
+    tok.save_pretrained(root / "good")
+    return root
+
+
+def replace_model(d, model):
+    """Save ``model`` into ``d`` keeping d's generation_config.json (save_pretrained writes its own)."""
+    kept = (d / "generation_config.json").read_text()
+    model.save_pretrained(d)
+    (d / "generation_config.json").write_text(kept)
+
+
+def break_safetensors(d, root):
+    weights = {k: v.clone() for k, v in tiny_model("llama", vocab_size=320, layers=1).state_dict().items()}
+    torch.save(weights, d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+
+
+def break_tokenizer_vocab(d, root):
+    tiny_tokenizer(text="completely different text " * 40).save_pretrained(d)
+
+
+def break_special_tokens(d, root):
+    tok = tiny_tokenizer()
+    tok.eos_token = "<unk>"  # same vocabulary, another eos id
+    tok.save_pretrained(d)
+
+
+def break_vocab(d, root):
+    replace_model(d, tiny_model("llama", vocab_size=328, layers=1))  # lm_head padded by 8 rows past the target's
+
+
+def break_positions(d, root):
+    edit_json(d / "config.json", max_position_embeddings=128)  # target: 512
+
+
+def break_rope(d, root):
+    edit_json(d / "config.json", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+
+
+def break_dtype(d, root):
+    replace_model(d, tiny_model("llama", vocab_size=320, layers=1).to(torch.bfloat16))
+
+
+def break_generation_config(d, root):
+    edit_json(d / "generation_config.json", assistant_confidence_threshold=0.4)
+
+
+def drop_generation_config(d, root):
+    (d / "generation_config.json").unlink()
+
+
+BROKEN = [("safetensors", break_safetensors), ("tokenizer", break_tokenizer_vocab),
+          ("tokenizer", break_special_tokens), ("vocab", break_vocab), ("max_position_embeddings", break_positions),
+          ("rope", break_rope), ("dtype", break_dtype), ("generation_config", break_generation_config),
+          ("generation_config", drop_generation_config)]
+
+
+def run_cli(argv, capsys):
+    sys.argv = ["specdistill-check", *argv]
+    with pytest.raises(SystemExit) as exit_info:
+        check_script.cli()
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def test_a_good_draft_passes_and_gets_serving_commands(pair, tmp_path, capsys):
+    report = check_deploy(str(pair / "target"), pair / "good")
+    assert report.passed and report.problems == {} and report.gamma == GAMMA
+    code, out, _ = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "good"),
+                            "--json", str(tmp_path / "check.json")], capsys)
+    assert code == 0
+    assert [line.split()[1] for line in out.splitlines()[:len(CHECKS)]] == list(CHECKS)
+    assert all(line.startswith("ok ") for line in out.splitlines()[:len(CHECKS)])
+    assert "assistant_model=draft" in out
+    assert f'"method": "draft_model", "model": "{pair / "good"}", "num_speculative_tokens": {GAMMA}' in out
+    assert "--speculative-algorithm STANDALONE" in out and f"--speculative-num-steps {GAMMA}" in out
+    assert json.loads((tmp_path / "check.json").read_text())["passed"] is True
+
+
+@pytest.mark.parametrize("check, breaker", BROKEN, ids=[b.__name__ for _, b in BROKEN])
+def test_each_check_fails_on_a_draft_crafted_to_break_it(pair, tmp_path, capsys, check, breaker):
+    draft = tmp_path / "draft"
+    shutil.copytree(pair / "good", draft)
+    breaker(draft, pair)
+    report = check_deploy(str(pair / "target"), draft)
+    assert list(report.problems) == [check], report.problems
+    code, out, _ = run_cli(["--target", str(pair / "target"), "--draft", str(draft)], capsys)
+    assert code == 1
+    fails = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1 and fails[0].startswith(f"FAIL {check}: ") and "\n" not in fails[0]
+
+
+def test_unreadable_inputs_are_one_line_errors(pair, tmp_path, capsys):
+    code, out, err = run_cli(["--target", str(pair / "target"), "--draft", str(tmp_path / "nope")], capsys)
+    assert code == 1 and "is not a model folder with a config.json" in err and "Traceback" not in err
+    code, _, err = run_cli(["--target", str(tmp_path / "no-target"), "--draft", str(pair / "good")], capsys)
+    assert code == 1 and err.startswith("specdistill-check: error: could not read the target") and len(
+        err.strip().splitlines()) == 1

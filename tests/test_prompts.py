@@ -1,0 +1,108 @@
+"""decode.prompts: chat-template rendering (single and multi-turn), categories, and prompts from dataset folders."""
+import json
+
+import datasets
+import pytest
+
+from decode.loading import LoadError
+from decode.prompts import PromptFields, PromptRow, encode_prompt_rows, read_prompt_rows, render_prompt
+from distill.corpus import CHAT_TEMPLATE
+from tiny import tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chat():
+    tok = tiny_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE  # <|role|>\n content eos per turn; generation prompt <|assistant|>\n
+    return tok
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def decoded(tok, ids):
+    return tok.decode(ids, skip_special_tokens=False)
+
+
+USER = {"role": "user", "content": "def add(a, b):"}
+
+
+def test_single_turn_is_rendered_with_the_template_and_its_generation_prompt(chat, tmp_path):
+    (row,) = read_prompt_rows(write_jsonl(tmp_path / "p.jsonl", [{"messages": [USER]}]))
+    text, templated = render_prompt(chat, row, "auto")
+    assert templated and text == "<|user|>\ndef add(a, b):</s><|assistant|>\n"
+    (ids,) = encode_prompt_rows(chat, [row], "auto")
+    assert ids.tolist() == chat(text, add_special_tokens=False)["input_ids"]  # the template's tokens, none added
+
+
+def test_multi_turn_keeps_the_rows_answers_and_drops_what_follows_the_last_user_turn(chat, tmp_path):
+    conversation = [{"role": "system", "content": "be brief"}, USER, {"role": "assistant", "content": "a + b"},
+                    {"role": "user", "content": "and minus?"}, {"role": "assistant", "content": "REFERENCE"}]
+    (row,) = read_prompt_rows(write_jsonl(tmp_path / "p.jsonl", [{"messages": conversation}]))
+    assert [m["role"] for m in row.messages] == ["system", "user", "assistant", "user"]
+    (ids,) = encode_prompt_rows(chat, [row], "auto")
+    assert decoded(chat, ids) == ("<|system|>\nbe brief</s><|user|>\ndef add(a, b):</s><|assistant|>\na + b</s>"
+                                  "<|user|>\nand minus?</s><|assistant|>\n")
+    # the user's turns without answers (MT-bench / Spec-Bench 'turns'): the first turn only
+    (turns,) = read_prompt_rows(write_jsonl(tmp_path / "t.jsonl", [{"turns": ["first?", "second?"]}]),
+                                PromptFields(messages_field="turns"))
+    assert turns.messages == ({"role": "user", "content": "first?"},)
+
+
+def test_modes_auto_on_off(chat, plain):
+    text_row, conversation = PromptRow(text="import os"), PromptRow(messages=(USER, ))
+    assert render_prompt(chat, text_row, "auto") == ("import os", False)  # auto: conversations only
+    assert render_prompt(chat, text_row, "on") == ("<|user|>\nimport os</s><|assistant|>\n", True)
+    assert render_prompt(chat, conversation, "off") == ("def add(a, b):", False)
+    assert render_prompt(plain, conversation, "auto") == ("def add(a, b):", False)  # no template: raw text
+    (ids,) = encode_prompt_rows(plain, [text_row], "auto", max_prompt_tokens=2)
+    assert ids.tolist() == plain("import os")["input_ids"][-2:]
+    with pytest.raises(LoadError, match=r"--chat-template on, but tokenizer .* has no chat template"):
+        encode_prompt_rows(plain, [text_row], "on")
+
+
+def test_categories_and_fields(tmp_path):
+    rows = read_prompt_rows(write_jsonl(tmp_path / "p.jsonl", [
+        {"prompt": "a", "category": "code"}, {"messages": [USER], "category": "chat"}, {"prompt": "b"}]))
+    assert [(r.text, r.is_conversation, r.category) for r in rows] == [
+        ("a", False, "code"), (None, True, "chat"), ("b", False, None)]
+    nested = write_jsonl(tmp_path / "wmt.jsonl", [{"translation": {"de": "Hallo Welt", "en": "Hello world"}}])
+    (row,) = read_prompt_rows(nested, PromptFields(prompt_field="translation.de"))
+    assert row.text == "Hallo Welt"
+    with pytest.raises(LoadError, match=r"p.jsonl:3: no category field 'category' \(found: prompt\)"):
+        read_prompt_rows(tmp_path / "p.jsonl", PromptFields(category_field="category"))
+    with pytest.raises(LoadError, match=r"bad.jsonl:1: the conversation has no user turn"):
+        read_prompt_rows(write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "assistant", "content": "x"}]}]))
+    with pytest.raises(LoadError, match=r"x.jsonl:1: each line needs a list field 'turns' \(found: prompt\)"):
+        read_prompt_rows(write_jsonl(tmp_path / "x.jsonl", [{"prompt": "a"}]), PromptFields(messages_field="turns"))
+
+
+def test_dataset_folders_load_through_datasets_like_a_hub_id(tmp_path):
+    rows = [{"question": f"q{i}", "subject": "math" if i % 2 else "qa", "other": i} for i in range(5)]
+    # a folder of data files: datasets.load_dataset(folder, split=...), the call a hub id goes through
+    (tmp_path / "hubish").mkdir()
+    write_jsonl(tmp_path / "hubish" / "test.jsonl", rows)
+    got = read_prompt_rows(str(tmp_path / "hubish"), PromptFields(prompt_field="question", category_field="subject"),
+                           split="test", limit=4)
+    assert [(r.text, r.category) for r in got] == [("q0", "qa"), ("q1", "math"), ("q2", "qa"), ("q3", "math")]
+    # a folder written by save_to_disk, with splits
+    datasets.DatasetDict({"validation": datasets.Dataset.from_list(rows)}).save_to_disk(tmp_path / "saved")
+    got = read_prompt_rows(str(tmp_path / "saved"), PromptFields(prompt_field="question"), split="validation")
+    assert [r.text for r in got] == [f"q{i}" for i in range(5)] and got[0].category is None
+    with pytest.raises(LoadError, match=r"has no split 'test' \(splits: validation\)"):
+        read_prompt_rows(str(tmp_path / "saved"), split="test")
+    with pytest.raises(LoadError, match=r"--prompt-field 'query' is not a column .* \(columns: question, subject, "
+                                        r"other\)"):
+        read_prompt_rows(str(tmp_path / "hubish"), PromptFields(prompt_field="query"), split="test")
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "p.parquet"))  # a data file, not a .jsonl
+    assert [r.category for r in read_prompt_rows(tmp_path / "p.parquet", PromptFields(
+        prompt_field="question", category_field="subject"), limit=2)] == ["qa", "math"]
+    with pytest.raises(LoadError, match="prompts file .*missing.jsonl' does not exist"):
+        read_prompt_rows(str(tmp_path / "missing.jsonl"))
