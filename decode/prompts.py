@@ -26,6 +26,7 @@ from typing import Any, Literal, Sequence
 
 import torch
 
+from decode.data_files import first_bad_json_line, first_empty_file
 from decode.loading import LoadError, first_line
 
 ChatTemplate = Literal["auto", "on", "off"]
@@ -152,6 +153,10 @@ def load_prompt_dataset(source: str, split: str, config: str | None):
     except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError, OSError) as err:
         if isinstance(err, LoadError):
             raise
+        if Path(source).is_file():  # name the empty file or the bad line that datasets' generic message hides
+            problem = first_bad_json_line([source]) or (f"{source} is empty" if first_empty_file([source]) else None)
+            if problem:
+                raise LoadError(f"prompts file {problem}") from None
         raise LoadError(f"could not load prompt dataset {source!r} (split {split!r}): {first_line(err)}") from None
 
 

@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from decode.loading import LoadError
 from decode.prompts import (PromptRow, check_chat_template, prompt_messages, prompt_token_ids, read_prompt_rows,
                             uses_template)
-from distill.data_files import first_bad_json_line, first_empty_file
+from decode.data_files import first_bad_json_line, first_empty_file
 from distill.config import DataConfig
 from distill.utils import IGNORE_INDEX
 

@@ -35,7 +35,7 @@ def w(tmp_path_factory) -> Path:
     save_and_load(tiny_model("llama", seed=3, vocab_size=len(tok), hidden=32, layers=1), root / "draft", tok)
     (root / "code.txt").write_text(TINY_TEXT)
     (root / "prompts.txt").write_text("def add(a, b):\nclass Point:\n")
-    (root / "prompts.json").write_text(json.dumps([{"prompt": "def add(a, b):"}]))
+    (root / "prompts.json").write_text('[{"prompt": "def add(a, b):"},\n {"prompt": ]\n')  # a JSON array, line 2 bad
     (root / "bad_prompts.jsonl").write_text('{"prompt": "a"}\n{"prompt": oops}\n')
     (root / "blank.txt").write_text("\n\n")
     (root / "empty.jsonl").write_text("")
@@ -163,7 +163,7 @@ TRAIN_CASES = {
     "dataset-bad-jsonl-line": (["data.dataset={w}/bad.jsonl"], ["data.dataset", "bad.jsonl:3", "not valid JSON"]),
     "dataset-bad-json": (["data.dataset={w}/bad.json"], ["data.dataset", "bad.json:2", "not valid JSON"]),
     "chat-without-messages": (["data.format=chat"], ["data.messages_field", "'messages'"]),
-    "eval-prompts-json": (["data.eval_prompts={w}/prompts.json"], ["data.eval_prompts", "prompts.json"]),
+    "eval-prompts-json": (["data.eval_prompts={w}/prompts.json"], ["data.eval_prompts", "prompts.json:2"]),
     "eval-prompts-missing": (["data.eval_prompts={w}/nope.jsonl"], ["data.eval_prompts", "nope.jsonl"]),
     "hub-repo-id": (["hub.push_to_hub=true", "hub.repo_id=no-slash"], ["hub.repo_id", "'no-slash'"]),
 }
@@ -200,7 +200,7 @@ EVAL_CASES = {
     "output-is-a-folder": ({"--output": "{w}/empty_dir"}, ["--output", "empty_dir is a folder"]),
     "output-under-a-file": ({"--output": "{w}/a_file/eval.json"}, ["--output", "a_file is a file"]),
     "save-outputs-under-a-file": ({"--save-outputs": "{w}/a_file/o.jsonl"}, ["--save-outputs", "a_file"]),
-    "prompts-json": ({"--prompts": "{w}/prompts.json"}, ["prompts.json", ".jsonl"]),
+    "prompts-json": ({"--prompts": "{w}/prompts.json"}, ["prompts.json:2", "not valid JSON"]),
     "prompts-missing": ({"--prompts": "{w}/nope.txt"}, ["nope.txt", "does not exist"]),
     "prompts-blank": ({"--prompts": "{w}/blank.txt"}, ["blank.txt", "contains no prompts"]),
     "prompts-bad-line": ({"--prompts": "{w}/bad_prompts.jsonl"}, ["bad_prompts.jsonl:2", "not valid JSON"]),
