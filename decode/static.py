@@ -98,29 +98,31 @@ class Session:
     def first_call(self, length: int) -> Callable[[torch.Tensor], torch.Tensor]:
         device = next(self.model.parameters()).device
         options = compile_options(device)
-        compiled = torch.compile(self.eager_step, **options)
         graphs = options.get("mode") == "reduce-overhead"
         # one input buffer per step: the same strides, dispatch keys and address at every call (no guard misses)
         buffer = torch.zeros(1, length, dtype=torch.long, device=device)
         torch._dynamo.mark_static_address(buffer)
+        compiled: list[Callable] = []
 
         def run(tokens: torch.Tensor) -> torch.Tensor:
             buffer.copy_(tokens)
             if graphs:  # CUDA graphs reuse their output buffers: copy the logits out
                 torch.compiler.cudagraph_mark_step_begin()
-                return compiled(buffer).clone()
-            return compiled(buffer)
+                return compiled[0](buffer).clone()
+            return compiled[0](buffer)
 
         def warm(tokens: torch.Tensor) -> torch.Tensor:
             start = time.perf_counter()
             position = int(self.cache.layers[0].cumulative_length)
             try:
+                compiled.append(torch.compile(self.eager_step, **options))
                 logits = run(tokens)
                 self.steps[length] = run
             except Exception as err:  # noqa: BLE001 - any compiler failure means: use the eager path
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 warnings.warn(f"torch.compile failed for {type(self.model).__name__} ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}); decoding it eagerly on the "
-                              "static cache instead", RuntimeWarning, stacklevel=2)
+                              f"{reason}); decoding it eagerly on the static cache instead", RuntimeWarning,
+                              stacklevel=2)
                 self.eager = True
                 self.set_position(position)
                 logits = self.eager_step(tokens)

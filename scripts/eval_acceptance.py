@@ -3,6 +3,7 @@
     python scripts/eval_acceptance.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \
         --prompts prompts.jsonl --gamma 2 4 6 --max-new-tokens 128 --output eval.json
     specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --gamma 4
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
 
 The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
 """
@@ -30,7 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", required=True, help="target model: local folder or hub id")
     p.add_argument("--draft", required=True, help=f"draft model: local folder, hub id, or '{PROMPT_LOOKUP}'")
     p.add_argument("--prompts", required=True, help=".jsonl with a 'prompt' field, or .txt with one prompt per line")
-    p.add_argument("--gamma", type=int, nargs="+", default=[4], help="draft tokens per step (several values sweep)")
+    p.add_argument("--gamma", type=gamma_value, nargs="+", default=[4],
+                   help="draft tokens per step (several values sweep); 'auto' chooses it at every step")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
@@ -46,14 +48,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-outputs", type=Path, default=None,
                    help="write per-prompt token ids of the plain and speculative continuations (.jsonl)")
     p.add_argument("--compare-hf", action="store_true", help="also time transformers assisted generation")
+    p.add_argument("--compile", action="store_true",
+                   help="static KV caches and torch.compiled steps (CUDA graphs on GPU); compile time is reported "
+                        "as compile_seconds, apart from tokens/s")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
 
 
+def gamma_value(text: str) -> int | str:
+    """A --gamma value: an integer, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}") from None
+
+
 def check_args(args: argparse.Namespace) -> None:
-    if any(g < 1 for g in args.gamma):
-        raise LoadError(f"--gamma must be >= 1, got {args.gamma}")
+    if any(g != "auto" and g < 1 for g in args.gamma):
+        raise LoadError(f"--gamma must be >= 1 or 'auto', got {args.gamma}")
     if args.max_new_tokens < 1:
         raise LoadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.temperature < 0:
@@ -87,14 +102,15 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- measure ------------------------------------------------------------------------------------------
     settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats,
-                            compare_hf=args.compare_hf,
+                            compare_hf=args.compare_hf, compile=args.compile,
                             eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
     outputs: list[dict] | None = [] if args.save_outputs else None
     results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet, outputs=outputs)
 
     # ---- report -------------------------------------------------------------------------------------------
     report = {"device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
-              "torch_version": torch.__version__, "target": args.target, "draft": args.draft, "results": results}
+              "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
+              "compiled": args.compile, "compile_seconds": results[0]["compile_seconds"], "results": results}
     print(format_table([{"drafter": args.draft, **r} for r in results]))
     if args.output:
         write_json(args.output, report)

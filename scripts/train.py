@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> dict:
     summary: dict = {}
     if state.is_main_process:
         best = best_record(read_records(recipe.train.output_dir), recipe.eval.temperatures[0])
+        fixed_gammas = [g for g in recipe.eval.gammas if g != "auto"]
         summary = export_draft(recipe.train.output_dir, best, trainer.accelerator.unwrap_model(trainer.model),
-                               tokenizer, default_gamma=max(recipe.eval.gammas))
+                               tokenizer, default_gamma=max(fixed_gammas, default=4))
         results = {**metrics, "best": summary}
         (Path(recipe.train.output_dir) / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
         logger.info("exported %s (gamma %s) to %s", summary["checkpoint"], summary["gamma"],
