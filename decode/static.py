@@ -78,6 +78,7 @@ class Session:
         self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
         self.set_position(0)
 
+    @torch.inference_mode()
     def set_position(self, length: int) -> None:
         """The next forward writes at position ``length``; positions from there on are masked as stale."""
         for layer in self.cache.layers:

@@ -97,7 +97,8 @@ def main(argv=None) -> list[dict]:
     print(f"pair: {name}\nmachine: {machine(device)}, {str(dtype).replace('torch.', '')}, greedy, batch 1")
     print(format_table(rows))
     for r in results:
-        print(f"{'compiled' if r['compiled'] else 'eager'} gamma={r['gamma']}: speculative/plain = {r['speedup']:.2f}x, "
+        path = "compiled" if r["compiled"] else "eager"
+        print(f"{path} gamma={r['gamma']}: speculative/plain = {r['speedup']:.2f}x, "
               f"speculative/hf-assisted = {r['speculative_tokens_per_s'] / r['hf_assisted_tokens_per_s']:.2f}x, "
               f"measured/predicted speedup = {r['speedup'] / r['predicted_speedup']:.2f}")
     for line in compiled_vs_eager(results):
