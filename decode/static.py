@@ -56,12 +56,16 @@ def bucket(length: int) -> int:
 class Session:
     """One model's static cache in one role, and its compiled steps by token count."""
 
-    model: torch.nn.Module
+    model_ref: "weakref.ReferenceType[torch.nn.Module]"  # weak: the registry must not keep a model alive
     cache: StaticCache | None = None
     capacity: int = 0
     steps: dict[int, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     compile_seconds: float = 0.0   # first calls of each compiled step (compilation and one run)
     eager: bool = False            # compilation failed once: every step runs eagerly on the static cache
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.model_ref()
 
     @torch.inference_mode()
     def reserve(self, capacity: int) -> None:
@@ -141,7 +145,10 @@ _SESSIONS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Session]]" = we
 
 def session(model: torch.nn.Module, role: str) -> Session:
     """The registry's session of ``model`` in ``role`` (created on first use)."""
-    return _SESSIONS.setdefault(model, {}).setdefault(role, Session(model))
+    sessions = _SESSIONS.setdefault(model, {})
+    if role not in sessions:
+        sessions[role] = Session(weakref.ref(model))
+    return sessions[role]
 
 
 def compile_seconds(*models: torch.nn.Module) -> float:
