@@ -218,6 +218,20 @@ def test_no_recompiles_after_warm_up_across_evaluations(monkeypatch):
     json.dumps(second)  # the result rows stay JSON
 
 
+def test_registry_does_not_keep_models_alive():
+    """A per-checkpoint copy (LoRA merged, ZeRO-3 gathered) is freed with its cache and compiled steps."""
+    import gc
+    import weakref
+
+    target = tiny_model("llama", seed=5, hidden=16, layers=1)
+    draft = perturbed_copy(target, 0.2)
+    speculative_generate(target, draft, PROMPT, max_new_tokens=6, gamma=2, compile=True)
+    alive = weakref.ref(draft)
+    del draft
+    gc.collect()
+    assert alive() is None and target in static._SESSIONS
+
+
 # ---- gamma auto picks sensible draft lengths -----------------------------------------------------------------------
 def test_expected_tokens_formula():
     assert expected_tokens(3, 0.5) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
