@@ -21,6 +21,7 @@ from decode import PromptLookupDrafter, autoregressive_generate, speculative_gen
 from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, best_gamma, expected_tokens
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.static import StaticLM
+from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
 from tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 5, 7]])
@@ -230,6 +231,23 @@ def test_registry_does_not_keep_models_alive():
     del draft
     gc.collect()
     assert alive() is None and target in static._SESSIONS
+
+
+def test_cli_compile_and_gamma_auto(pair, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "eval.json"
+    code, _, _ = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                          str(pair / "prompts.jsonl"), "--gamma", "2", "auto", "--max-new-tokens", "10", "--compile",
+                          "--output", str(out), "--quiet"], capsys)
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["compiled"] is True and report["compile_seconds"] >= 0
+    assert [r["gamma"] for r in report["results"]] == [2, "auto"]
+    assert all(r["greedy_match"] == 1.0 and r["compile_seconds"] == report["compile_seconds"]
+               for r in report["results"])
+    assert 1 <= report["results"][1]["mean_gamma"] <= max(AUTO_GAMMAS)
+    code, _, err = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                            str(pair / "prompts.jsonl"), "--gamma", "0", "--quiet"], capsys)
+    assert code == 1 and "--gamma" in err and "Traceback" not in err
 
 
 # ---- gamma auto picks sensible draft lengths -----------------------------------------------------------------------
