@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from decode.cache import CachedLM
 from decode.sampling import SamplingConfig, draw, probs_from_logits
+from decode.static import StaticLM, cached_lm
 
 
 class Drafter(Protocol):
@@ -30,18 +31,20 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """A small causal LM as the draft, with its own KV cache."""
+    """A small causal LM as the draft, with its own KV cache (static, with a compiled 1-token step, when
+    ``compile``; ``capacity`` positions are then preallocated)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, compile: bool = False, capacity: int = 0) -> None:
         self.model = model
-        self.lm: CachedLM | None = None
+        self.compile, self.capacity = compile, capacity
+        self.lm: CachedLM | StaticLM | None = None
         self.pending: list[torch.Tensor] = []  # committed tokens not yet in the cache, each [1, 1]
         self.proposed: torch.Tensor | None = None
         self.shared_vocab = 0
         self.pad_to = 0
 
     def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
-        self.lm = CachedLM(self.model)
+        self.lm = cached_lm(self.model, self.compile, "draft", max(self.capacity, prefix.shape[1] + 1), (1,))
         # A padded lm_head (Qwen-style 151936 vs 152064) is harmless: both sides work on the shared ids.
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
         self.pad_to = target_vocab_size
@@ -60,6 +63,9 @@ class ModelDrafter:
         # the draft's proposals can suffer from it, and the target verifies every proposal.
         feed = torch.cat([*self.pending, cur], dim=1).clamp_max(self.embed_size - 1)  # [1, 1 or 2]
         self.pending = []
+        if isinstance(self.lm, StaticLM) and feed.shape[1] > 1:  # one compiled shape: pending tokens go in alone
+            self.lm.forward(feed[:, :-1], last_only=True)
+            feed = feed[:, -1:]
         tokens, rows = [], []
         for _ in range(gamma):
             logits = self.lm.forward(feed, last_only=True)[-1:, : self.shared_vocab]  # [1, V_shared]

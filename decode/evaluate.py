@@ -8,7 +8,12 @@ synchronised around every timed call; per-prompt medians over ``repeats``.
 
 Cost model (Leviathan et al.): predicted speedup = tau / (gamma * c + v), where
   c = draft step time / target step time, v = target pass over gamma + 1 tokens / target 1-token step,
-both measured here on the run's hardware.
+both measured here on the run's hardware (on the compiled path when ``compile``).
+
+``compile``: plain, speculative and cost-ratio timings all run on the static-cache, torch.compiled path
+(decode.static). The caches are sized once for the longest prompt, every step is compiled in the warm-up (its time
+is ``compile_seconds``, never part of tokens/s), and the compiled steps are reused by later evaluations of the same
+models (the trainer's checkpoints). ``gamma "auto"`` (decode.auto_gamma) gives a row with ``mean_gamma``.
 """
 from __future__ import annotations
 
@@ -20,15 +25,16 @@ from typing import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from decode.cache import CachedLM
+from decode import static
+from decode.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.drafters import PromptLookupDrafter
-from decode.speculative import autoregressive_generate, speculative_generate
+from decode.speculative import autoregressive_generate, check_gamma, speculative_generate
 from decode.tally import Tally, category_names, category_tallies
 
 
 @dataclass
 class EvalSettings:
-    gammas: list[int] = field(default_factory=lambda: [1, 2, 4])
+    gammas: list[int | str] = field(default_factory=lambda: [1, 2, 4])  # ints >= 1 and/or "auto"
     temperature: float = 0.0
     max_new_tokens: int = 64
     top_k: int | None = None
@@ -38,10 +44,13 @@ class EvalSettings:
     compare_hf: bool = False
     warmup: bool = True
     eos_token_id: int | list[int] | None = None
+    compile: bool = False
 
     def __post_init__(self) -> None:
-        if not self.gammas or any(int(g) < 1 for g in self.gammas):
-            raise ValueError(f"gamma must be >= 1 (got {self.gammas})")
+        if not self.gammas:
+            raise ValueError("gammas is empty: give integers >= 1 and/or 'auto'")
+        for gamma in self.gammas:
+            check_gamma(gamma)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.repeats < 1:
@@ -79,10 +88,13 @@ class CostRatios:
 
 
 @torch.inference_mode()
-def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats: int = 7) -> CostRatios:
-    """Time one target step, one draft step and one (gamma + 1)-token verify pass at the prompt's context."""
+def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats: int = 7,
+                        compile: bool = False) -> CostRatios:
+    """Time one target step, one draft step and one (gamma + 1)-token verify pass at the prompt's context
+    (on the compiled path, with its compiled steps, when ``compile``)."""
     device = prompt.device
-    target_lm = CachedLM(target)
+    capacity = prompt.shape[1] + gamma + 2
+    target_lm = static.cached_lm(target, compile, "target", capacity, (1, gamma + 1))
     target_lm.forward(prompt, last_only=True)
     one = prompt[:, -1:]
     block = prompt[:, -1:].repeat(1, gamma + 1)
@@ -105,7 +117,7 @@ def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats
         _, t_draft = median_time(lambda: draft.lookup(history, gamma), device, repeats)
         t_draft /= max(gamma, 1)  # one lookup proposes the whole block
     else:
-        draft_lm = CachedLM(draft)
+        draft_lm = static.cached_lm(draft, compile, "draft", capacity, (1,))
         draft_lm.forward(prompt, last_only=True)
 
         def draft_step():
@@ -121,7 +133,8 @@ def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats
 # transformers assisted generation, for comparison
 # ----------------------------------------------------------------------------------------------------------------
 def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, settings: EvalSettings):
-    """transformers' assisted generation with a fixed gamma (confidence threshold off), exactly ``n_new`` tokens."""
+    """transformers' assisted generation with a fixed gamma (confidence threshold off), exactly ``n_new`` tokens.
+    (transformers 5.23 refuses it with its static cache: "assisted generate is not supported with Static cache".)"""
     kwargs = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=settings.temperature > 0,
                   pad_token_id=target.config.eos_token_id if target.config.pad_token_id is None
                   else target.config.pad_token_id)
@@ -158,6 +171,26 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def warm_up(target, draft, prompts: list[torch.Tensor], settings: EvalSettings) -> None:
+    """Size the static caches for the longest prompt and run every gamma once (compiling every step when
+    ``settings.compile``), outside the timed region."""
+    device = next(target.parameters()).device
+    longest = max(prompts, key=lambda p: p.shape[1])
+    max_gamma = max(max(check_gamma(g)) for g in settings.gammas)
+    if settings.compile:
+        capacity = longest.shape[1] + settings.max_new_tokens + max_gamma + 2
+        for model, role in ((target, "target"), (draft, "draft")):
+            if isinstance(model, torch.nn.Module):
+                with torch.inference_mode():
+                    static.session(model, role).reserve(capacity)
+    sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
+    for gamma in settings.gammas:
+        speculative_generate(target, draft, longest, max_new_tokens=min(8, settings.max_new_tokens), gamma=gamma,
+                             generator=make_generator(device, 0), compile=settings.compile, **sampling)
+    autoregressive_generate(target, longest, max_new_tokens=min(8, settings.max_new_tokens),
+                            generator=make_generator(device, 0), compile=settings.compile, **sampling)
+
+
 @torch.inference_mode()
 def evaluate_acceptance(
     target: torch.nn.Module,
@@ -180,63 +213,75 @@ def evaluate_acceptance(
         raise ValueError(f"{len(names)} categories for {len(prompts)} prompts")
     device = next(target.parameters()).device
     prompts = [p.view(1, -1).to(device) for p in prompts]
-    sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
-    if settings.warmup:
-        speculative_generate(target, draft, prompts[0], max_new_tokens=min(8, settings.max_new_tokens),
-                             gamma=max(settings.gammas), generator=make_generator(device, 0), **sampling)
-        autoregressive_generate(target, prompts[0], max_new_tokens=min(8, settings.max_new_tokens),
-                                generator=make_generator(device, 0), **sampling)
+    compiled_before = static.compile_seconds(target, draft)
+    if settings.warmup or settings.compile:
+        warm_up(target, draft, prompts, settings)
     plain_cache: dict[tuple[int, int], tuple[list[int], float]] = {}
-    results = []
     bar = tqdm(total=len(settings.gammas) * len(prompts), desc="eval-acceptance", disable=not progress, leave=False)
-    for gamma in settings.gammas:
-        tally, by_category = Tally(gamma), category_tallies(names, gamma)
-        for i, prompt in enumerate(prompts):
-            seed = settings.seed + i
-            spec, t_spec = median_time(
-                lambda: speculative_generate(target, draft, prompt, max_new_tokens=settings.max_new_tokens,
-                                             gamma=gamma, eos_token_id=settings.eos_token_id,
-                                             generator=make_generator(device, seed), **sampling),
-                device, settings.repeats)
-            n_new = len(spec.new_tokens)
-            if (i, n_new) not in plain_cache:
-                plain, t_plain = median_time(
-                    lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new,
-                                                    generator=make_generator(device, seed), **sampling),
-                    device, settings.repeats)
-                plain_cache[(i, n_new)] = (plain.new_tokens, t_plain)
-            plain_tokens, t_plain = plain_cache[(i, n_new)]
-            t_hf = 0.0
-            if settings.compare_hf and n_new > 0:
-                _, t_hf = median_time(quiet_transformers(lambda: hf_assisted(target, draft, prompt, n_new, gamma,
-                                                                               settings)),
-                                      device, settings.repeats)
-            counts = (spec.stats, t_spec, t_plain, t_hf, n_new, plain_tokens == spec.new_tokens)
-            tally.add(*counts)
-            if names is not None:
-                by_category[names[i]].add(*counts)
-            if outputs is not None:
-                outputs.append({"prompt_index": i, "gamma": gamma, "temperature": settings.temperature,
-                                "prompt_ids": prompt[0].tolist(), "plain_ids": plain_tokens,
-                                "speculative_ids": spec.new_tokens, **({"category": names[i]} if names else {})})
-            bar.update(1)
-        costs = measure_cost_ratios(target, draft, prompts[0], gamma)
-        result = summarize(tally, settings, costs)
-        if by_category:
-            result["by_category"] = {name: summarize(t, settings, costs) for name, t in by_category.items()}
-        results.append(result)
+    results = [evaluate_gamma(target, draft, prompts, settings, gamma, plain_cache, bar, outputs, names)
+               for gamma in settings.gammas]
     bar.close()
+    for result in results:  # the evaluation's compilation (warm-up), reported apart from every tokens/s
+        result["compile_seconds"] = static.compile_seconds(target, draft) - compiled_before
     return results
 
 
-def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios) -> dict:
+def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSettings, gamma: int | str,
+                   plain_cache: dict, bar, outputs: list[dict] | None, names: list[str] | None = None) -> dict:
+    """Time plain, speculative (and transformers assisted) decoding of every prompt at one gamma; the result over
+    all prompts, with ``by_category`` when the prompts have categories (``names``)."""
+    device = prompts[0].device
+    sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                    compile=settings.compile)
+    tally, by_category, chosen = Tally(gamma), category_tallies(names, gamma), []
+    for i, prompt in enumerate(prompts):
+        seed = settings.seed + i
+        spec, t_spec = median_time(
+            lambda: speculative_generate(target, draft, prompt, max_new_tokens=settings.max_new_tokens,
+                                         gamma=gamma, eos_token_id=settings.eos_token_id,
+                                         generator=make_generator(device, seed), **sampling),
+            device, settings.repeats)
+        n_new = len(spec.new_tokens)
+        if (i, n_new) not in plain_cache:
+            plain, t_plain = median_time(
+                lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new,
+                                                generator=make_generator(device, seed), **sampling),
+                device, settings.repeats)
+            plain_cache[(i, n_new)] = (plain.new_tokens, t_plain)
+        plain_tokens, t_plain = plain_cache[(i, n_new)]
+        chosen += spec.chosen_gammas
+        hf_gamma = round(statistics.mean(spec.chosen_gammas)) if spec.chosen_gammas else gamma
+        t_hf = 0.0
+        if settings.compare_hf and n_new > 0:
+            _, t_hf = median_time(quiet_transformers(lambda: hf_assisted(target, draft, prompt, n_new, hf_gamma,
+                                                                           settings)),
+                                  device, settings.repeats)
+        counts = (spec.stats, t_spec, t_plain, t_hf, n_new, plain_tokens == spec.new_tokens)
+        tally.add(*counts)
+        if names is not None:
+            by_category[names[i]].add(*counts)
+        if outputs is not None:
+            outputs.append({"prompt_index": i, "gamma": gamma, "temperature": settings.temperature,
+                            "prompt_ids": prompt[0].tolist(), "plain_ids": plain_tokens,
+                            "speculative_ids": spec.new_tokens, **({"category": names[i]} if names else {})})
+        bar.update(1)
+    mean_gamma = statistics.mean(chosen) if chosen else None
+    cost_gamma = min(AUTO_GAMMAS, key=lambda g: abs(g - mean_gamma)) if chosen else gamma
+    costs = measure_cost_ratios(target, draft, prompts[0], cost_gamma, compile=settings.compile)
+    result = summarize(tally, settings, costs, mean_gamma)
+    if by_category:
+        result["by_category"] = {name: summarize(t, settings, costs, mean_gamma) for name, t in by_category.items()}
+    return result
+
+
+def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios, mean_gamma: float | None = None) -> dict:
     """The result object of one gamma over the tallied prompts: summaries derived from raw counts and timings (raw
-    counts kept)."""
-    stats, num_prompts, new_tokens = tally.stats, tally.num_prompts, tally.new_tokens
+    counts kept). For gamma "auto" the cost model is evaluated at the mean chosen gamma."""
+    stats, num_prompts, new_tokens, gamma = tally.stats, tally.num_prompts, tally.new_tokens, tally.gamma
     plain_s, spec_s, hf_s = tally.plain_s, tally.spec_s, tally.hf_s
     tau = stats.mean_accepted_tokens
     result = {
-        "gamma": tally.gamma,
+        "gamma": gamma,
         "temperature": settings.temperature,
         "num_prompts": num_prompts,
         "new_tokens": new_tokens,
@@ -247,12 +292,15 @@ def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios) -> dict:
         "target_tokens_per_s": new_tokens / plain_s if plain_s else 0.0,
         "speculative_tokens_per_s": new_tokens / spec_s if spec_s else 0.0,
         "speedup": plain_s / spec_s if spec_s else 0.0,
-        "predicted_speedup": costs.predicted_speedup(tau, tally.gamma),
+        "predicted_speedup": costs.predicted_speedup(tau, mean_gamma if is_auto(gamma) else gamma),
         "draft_cost_ratio": costs.draft_cost_ratio,
         "verify_cost_ratio": costs.verify_cost_ratio,
         "greedy_match": tally.matches / num_prompts if settings.temperature == 0 else None,
+        "compiled": settings.compile,
         "stats": stats.to_dict(),
     }
+    if is_auto(gamma):
+        result["mean_gamma"] = mean_gamma
     if settings.compare_hf:
         result["hf_assisted_tokens_per_s"] = new_tokens / hf_s if hf_s else 0.0
     return result

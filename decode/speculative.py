@@ -9,13 +9,16 @@ The committed tokens are then distributed exactly as the (warped) target's own s
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
+from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
 from decode.cache import CachedLM
 from decode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
+from decode.static import StaticLM, cached_lm
 from decode.stats import SpecStats
 
 
@@ -24,6 +27,7 @@ class GenerateOutput:
     sequences: torch.Tensor                   # [1, prompt_len + n_new]
     stats: SpecStats | None = None            # raw counts (speculative only)
     new_tokens: list[int] = field(default_factory=list)
+    chosen_gammas: list[int] = field(default_factory=list)  # gamma of each step (gamma="auto" only)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -46,7 +50,8 @@ def eos_set(eos_token_id: int | list[int] | None) -> set[int]:
     return {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
 
 
-def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module) -> Drafter:
+def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compile: bool = False,
+               capacity: int = 0) -> Drafter:
     if isinstance(draft, (PromptLookupDrafter, ModelDrafter)):
         return draft
     if not isinstance(draft, torch.nn.Module):
@@ -54,7 +59,21 @@ def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module) -> Dra
     target_device, draft_device = next(target.parameters()).device, next(draft.parameters()).device
     if target_device != draft_device:
         raise ValueError(f"target is on {target_device} but draft is on {draft_device}; put both on one device")
-    return ModelDrafter(draft)
+    return ModelDrafter(draft, compile=compile, capacity=capacity)
+
+
+def check_gamma(gamma: int | str) -> tuple[int, ...]:
+    """The draft lengths a run may use: (gamma,), or AUTO_GAMMAS for "auto". Raises ValueError otherwise."""
+    if is_auto(gamma):
+        return AUTO_GAMMAS
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1 or 'auto', got {gamma!r}")
+    return (gamma,)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -119,7 +138,7 @@ def accept_sampled(
 # ----------------------------------------------------------------------------------------------------------------
 # the loop
 # ----------------------------------------------------------------------------------------------------------------
-def prefill(target: CachedLM, drafter: Drafter, input_ids: torch.Tensor) -> torch.Tensor:
+def prefill(target: CachedLM | StaticLM, drafter: Drafter, input_ids: torch.Tensor) -> torch.Tensor:
     """Cache every prompt token but the last in both models; the last one is `cur`, fed by the first step."""
     prefix, cur = input_ids[:, :-1], input_ids[:, -1:]
     if prefix.shape[1] > 0:
@@ -128,7 +147,7 @@ def prefill(target: CachedLM, drafter: Drafter, input_ids: torch.Tensor) -> torc
     return cur
 
 
-def verify(target: CachedLM, cur: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+def verify(target: CachedLM | StaticLM, cur: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     """One target pass over [cur, d_1..d_k]; logits [k + 1, V]."""
     return target.forward(torch.cat([cur, drafts.view(1, -1)], dim=1))
 
@@ -140,39 +159,51 @@ def speculative_generate(
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
-    gamma: int = 4,
+    gamma: int | str = 4,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    compile: bool = False,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, L] with ``draft`` proposing ``gamma`` tokens
-    per target pass. Greedy (temperature 0) output equals the target's own greedy decoding; sampled output is
-    distributed exactly as the target's warped distribution.
+    per target pass (``"auto"``: chosen at every step, decode.auto_gamma). Greedy (temperature 0) output equals the
+    target's own greedy decoding; sampled output is distributed exactly as the target's warped distribution.
+    ``compile``: static KV caches and torch.compiled steps (decode.static), else eager with dynamic caches.
 
-    Raises ValueError for a batch > 1, an empty prompt, gamma < 1, or models on different devices."""
-    if gamma < 1:
-        raise ValueError(f"gamma (draft tokens per step) must be >= 1, got {gamma}")
+    Raises ValueError for a batch > 1, an empty prompt, a gamma that is neither >= 1 nor "auto", or models on
+    different devices."""
+    gammas = check_gamma(gamma)
     check_inputs(input_ids, max_new_tokens)
     cfg = SamplingConfig(temperature, top_k, top_p)
-    drafter = as_drafter(draft, target)
+    capacity = input_ids.shape[1] + max_new_tokens + max(gammas) + 1
+    drafter = as_drafter(draft, target, compile, capacity)
     stop = eos_set(eos_token_id)
-    stats = SpecStats(gamma)
-    target_lm = CachedLM(target)
+    stats = SpecStats(max(gammas))
+    target_lm = cached_lm(target, compile, "target", capacity, tuple(g + 1 for g in gammas))
+    chooser = GammaChooser(gammas) if is_auto(gamma) else None
+    device = input_ids.device
 
     history = input_ids[0].tolist()
     new: list[int] = []
     cur = prefill(target_lm, drafter, input_ids)
     while len(new) < max_new_tokens:
-        k_max = min(gamma, max_new_tokens - len(new) - 1)  # never produce more than asked for
+        step_gamma = chooser.choose() if chooser else gammas[0]
+        k_max = min(step_gamma, max_new_tokens - len(new) - 1)  # never produce more than asked for
+        started = time.perf_counter()
         drafts, q = drafter.propose(history, cur, k_max, cfg, generator)
+        if chooser:
+            synchronize(device)
+            drafted_at = time.perf_counter()
         logits = verify(target_lm, cur, drafts)
         if cfg.greedy:
             step = accept_greedy(logits, drafts)
         else:
             step = accept_sampled(logits, drafts, q, cfg, generator)
         k, n = drafts.numel(), step.num_accepted
+        if chooser:
+            chooser.observe(step_gamma, k, step.min_pq, drafted_at - started, time.perf_counter() - drafted_at)
         # roll back: the target keeps cur, d_1..d_n; the drafter likewise
         target_lm.rollback(k - n)
         drafter.commit(n)
@@ -185,9 +216,9 @@ def speculative_generate(
                 break
         if new[-1] in stop:
             break
-        cur = torch.tensor([[step.next_token]], dtype=torch.long, device=input_ids.device)
-    out = torch.cat([input_ids, torch.tensor([new], dtype=torch.long, device=input_ids.device)], dim=1)
-    return GenerateOutput(sequences=out, stats=stats, new_tokens=new)
+        cur = torch.tensor([[step.next_token]], dtype=torch.long, device=device)
+    out = torch.cat([input_ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
+    return GenerateOutput(sequences=out, stats=stats, new_tokens=new, chosen_gammas=chooser.chosen if chooser else [])
 
 
 @torch.inference_mode()
@@ -201,15 +232,17 @@ def autoregressive_generate(
     top_p: float | None = None,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
+    compile: bool = False,
 ) -> GenerateOutput:
-    """Plain decoding with the target alone and a KV cache: the baseline that speculative decoding must beat."""
+    """Plain decoding with the target alone and a KV cache: the baseline that speculative decoding must beat.
+    ``compile``: the same static cache and compiled 1-token step as ``speculative_generate(compile=True)``."""
     check_inputs(input_ids, max_new_tokens)
     cfg = SamplingConfig(temperature, top_k, top_p)
     stop = eos_set(eos_token_id)
-    lm = CachedLM(target)
     new: list[int] = []
     if max_new_tokens == 0:
         return GenerateOutput(sequences=input_ids.clone(), new_tokens=new)
+    lm = cached_lm(target, compile, "target", input_ids.shape[1] + max_new_tokens + 1, (1,))
     logits = lm.forward(input_ids, last_only=True)  # [1, V]
     tokens = []
     while True:

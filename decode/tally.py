@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from decode.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.stats import SpecStats
 
 UNCATEGORIZED = "uncategorized"  # the category of a prompt without one, when other prompts have one
@@ -12,7 +13,7 @@ UNCATEGORIZED = "uncategorized"  # the category of a prompt without one, when ot
 
 @dataclass
 class Tally:
-    gamma: int
+    gamma: int | str  # a draft length, or "auto" (decode.auto_gamma)
     stats: SpecStats = field(init=False)
     num_prompts: int = 0
     new_tokens: int = 0
@@ -22,7 +23,7 @@ class Tally:
     matches: int = 0  # prompts whose speculative tokens equal the plain ones
 
     def __post_init__(self) -> None:
-        self.stats = SpecStats(self.gamma)
+        self.stats = SpecStats(max(AUTO_GAMMAS) if is_auto(self.gamma) else self.gamma)
 
     def add(self, stats: SpecStats, spec_s: float, plain_s: float, hf_s: float, new_tokens: int,
             match: bool) -> None:
@@ -41,7 +42,7 @@ def category_names(categories: Sequence[str | None] | None) -> list[str | None] 
     return [UNCATEGORIZED if c is None else str(c) for c in categories]
 
 
-def category_tallies(names: Sequence[str] | None, gamma: int) -> dict[str, Tally]:
+def category_tallies(names: Sequence[str] | None, gamma: int | str) -> dict[str, Tally]:
     """An empty Tally per category, in sorted order ({} without categories)."""
     return {name: Tally(gamma) for name in sorted(set(names))} if names else {}
 

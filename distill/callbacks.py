@@ -191,7 +191,8 @@ class AcceptanceCallback(TrainerCallback):
             for temperature in self.cfg.temperatures:
                 settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
                                         max_new_tokens=self.cfg.max_new_tokens, top_k=self.cfg.top_k,
-                                        top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats)
+                                        top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats,
+                                        compile=self.cfg.compile)
                 by_category = {"categories": self.categories} if self.categories else {}
                 with eval_mode(draft):
                     results += self.evaluate(target, draft, self.prompts, settings, progress=False, **by_category)
@@ -276,6 +277,8 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     else:
         draft = final_draft
     gamma = best["gamma"] if best else default_gamma
+    if gamma == "auto":  # a gamma-auto record: export its mean chosen draft length
+        gamma = max(1, round(best["mean_gamma"]))
     set_assisted_generation(draft, gamma)
     draft.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)

@@ -298,7 +298,9 @@ def check_precision(cfg: TrainConfig, source: str | None = None) -> None:
 class EvalConfig:
     """Acceptance measured with decode.evaluate at every checkpoint (see docs/INTERFACES.md)."""
 
-    gammas: list[int] = option([1, 2, 4], "Draft lengths to measure; the best one goes into generation_config.")
+    gammas: list[int | Literal["auto"]] = option(
+        [1, 2, 4], "Draft lengths to measure; the best one goes into generation_config. 'auto' = chosen at every "
+        "step from the running acceptance and the measured costs (its row reports mean_gamma).")
     temperatures: list[float] = option(
         [0.0], "Sampling temperatures to measure; the first one picks the best checkpoint.")
     max_new_tokens: int = option(64, "Tokens generated per prompt.")
@@ -311,11 +313,13 @@ class EvalConfig:
         "auto", "Render acceptance prompts with the tokenizer's chat template: auto = conversations only (in a "
                 "chat-format run every prompt is a conversation); on = every prompt (error without a template); "
                 "off = raw text (decode.prompts).")
+    compile: bool = option(
+        False, "Measure on the static-cache, torch.compiled decode path (compiled once, reused at every checkpoint).")
 
     def __post_init__(self) -> None:
         check_types(self)
-        require(len(self.gammas) > 0 and all(g > 0 for g in self.gammas), "gammas", self.gammas,
-                "a non-empty list of integers > 0")
+        require(len(self.gammas) > 0 and all(g == "auto" or g > 0 for g in self.gammas), "gammas", self.gammas,
+                "a non-empty list of integers > 0 and/or 'auto'")
         require(len(self.temperatures) > 0 and all(t >= 0 for t in self.temperatures), "temperatures",
                 self.temperatures, "a non-empty list of numbers >= 0")
         require(self.max_new_tokens > 0, "max_new_tokens", self.max_new_tokens, "an integer > 0")

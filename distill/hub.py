@@ -209,7 +209,7 @@ def results_table(results: list[dict]) -> str:
         "| gamma | temperature | acceptance_rate | mean_accepted_tokens | speedup | predicted_speedup |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in sorted(results, key=lambda r: (r.get("temperature", 0.0), r.get("gamma", 0))):
+    for row in sorted(results, key=lambda r: (r.get("temperature", 0.0), str(r.get("gamma", 0)).zfill(4))):
         lines.append(
             f"| {row.get('gamma', 'n/a')} | {_fmt(row.get('temperature'), 'g')} "
             f"| {_fmt(row.get('acceptance_rate'), '.3f')} | {_fmt(row.get('mean_accepted_tokens'), '.2f')} "
@@ -219,7 +219,7 @@ def results_table(results: list[dict]) -> str:
 
 def best_gamma(results: list[dict]) -> int | None:
     """The gamma with the highest measured speedup, or None when nothing was measured."""
-    measured = [r for r in results if r.get("speedup") is not None and r.get("gamma") is not None]
+    measured = [r for r in results if r.get("speedup") is not None and isinstance(r.get("gamma"), int)]
     return int(max(measured, key=lambda r: r["speedup"])["gamma"]) if measured else None
 
 

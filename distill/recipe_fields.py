@@ -47,7 +47,14 @@ def _describe(hint: Any) -> str:
         return " or ".join("null" if a is type(None) else _describe(a) for a in args)
     if origin is list:
         plural = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
-        return f"a list of {plural.get(args[0], _describe(args[0]))}" if args else "a list"
+
+        def many(item: Any) -> str:  # list[int | Literal['auto']] reads "a list of integers or 'auto'"
+            if typing.get_origin(item) in (typing.Union, types.UnionType):
+                return " or ".join(many(a) for a in typing.get_args(item))
+            if typing.get_origin(item) is Literal:
+                return " or ".join(repr(a) for a in typing.get_args(item))
+            return plural.get(item, _describe(item))
+        return f"a list of {many(args[0])}" if args else "a list"
     if origin is dict:
         return "a mapping"
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))

@@ -178,7 +178,8 @@ def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
     drawn = False
     for name, results in evals.items():
         for temperature in sorted({r.get("temperature", 0.0) for r in results}):
-            rows = sorted((r for r in results if r.get("temperature", 0.0) == temperature), key=lambda r: r["gamma"])
+            rows = sorted((r for r in results if r.get("temperature", 0.0) == temperature  # fixed gammas only
+                           and isinstance(r.get("gamma"), int)), key=lambda r: r["gamma"])
             label = name if len({r.get("temperature", 0.0) for r in results}) == 1 else f"{name} (T={temperature:g})"
             colour = next(colours)
             measured = [(r["gamma"], r["speedup"]) for r in rows if r.get("speedup") is not None]

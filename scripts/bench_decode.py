@@ -1,8 +1,9 @@
-"""Benchmark: plain vs speculative vs transformers assisted decoding, one pair, one process, printed ratios.
+"""Benchmark: plain vs speculative vs transformers assisted decoding, eager and compiled, one pair, printed ratios.
 
     python scripts/bench_decode.py                                  # synthetic pair built here (no download)
     python scripts/bench_decode.py --target T --draft D --prompts prompts.jsonl --device cuda --dtype bfloat16
     python scripts/bench_decode.py --markdown docs/benchmarks/decode.md   # append the table to a file
+    python scripts/bench_decode.py --compile --gamma 2 4 auto       # eager rows, then compiled rows (decode.static)
 
 The synthetic pair gives real partial acceptance at realistic cost ratios: a random Llama target whose deeper
 layers write only small updates into the residual stream (``--depth-scale``), and a draft made of its first
@@ -22,12 +23,14 @@ import torch
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import encode_prompts, load_causal_lm, load_tokenizer, read_prompts, resolve_device, resolve_dtype
 from decode.table import format_table
+from scripts.eval_acceptance import gamma_value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target"), p.add_argument("--draft"), p.add_argument("--prompts")
-    p.add_argument("--gamma", type=int, nargs="+", default=[2, 3, 4])
+    p.add_argument("--gamma", type=gamma_value, nargs="+", default=[2, 3, 4], help="integers and/or 'auto'")
+    p.add_argument("--compile", action="store_true", help="also measure the static-cache, torch.compiled path")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--num-prompts", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
@@ -84,17 +87,22 @@ def main(argv=None) -> list[dict]:
         name = f"{args.target} / {args.draft}"
     else:
         target, draft, prompts, name = synthetic_pair(args, device, dtype)
-    settings = EvalSettings(gammas=args.gamma, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                            compare_hf=True)
-    results = evaluate_acceptance(target, draft, prompts, settings)
+    results = []
+    for compile in ([False, True] if args.compile else [False]):
+        settings = EvalSettings(gammas=args.gamma, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                                compare_hf=True, compile=compile)
+        results += evaluate_acceptance(target, draft, prompts, settings)
 
-    rows = [{"drafter": "model", **r} for r in results]
+    rows = [{"drafter": "compiled" if r["compiled"] else "eager", **r} for r in results]
     print(f"pair: {name}\nmachine: {machine(device)}, {str(dtype).replace('torch.', '')}, greedy, batch 1")
     print(format_table(rows))
     for r in results:
-        print(f"gamma={r['gamma']}: speculative/plain = {r['speedup']:.2f}x, "
+        path = "compiled" if r["compiled"] else "eager"
+        print(f"{path} gamma={r['gamma']}: speculative/plain = {r['speedup']:.2f}x, "
               f"speculative/hf-assisted = {r['speculative_tokens_per_s'] / r['hf_assisted_tokens_per_s']:.2f}x, "
               f"measured/predicted speedup = {r['speedup'] / r['predicted_speedup']:.2f}")
+    for line in compiled_vs_eager(results):
+        print(line)
     if args.markdown:
         write_markdown(args.markdown, name, machine(device), dtype, results)
     if args.json:
@@ -102,16 +110,35 @@ def main(argv=None) -> list[dict]:
     return results
 
 
+def compiled_vs_eager(results: list[dict]) -> list[str]:
+    """compiled / eager tokens/s, plain and speculative, per gamma measured both ways."""
+    eager = {r["gamma"]: r for r in results if not r["compiled"]}
+    lines = []
+    for r in results:
+        if r["compiled"] and r["gamma"] in eager:
+            e = eager[r["gamma"]]
+            lines.append(f"gamma={r['gamma']}: compiled/eager plain tok/s = "
+                         f"{r['target_tokens_per_s'] / e['target_tokens_per_s']:.2f}x, speculative tok/s = "
+                         f"{r['speculative_tokens_per_s'] / e['speculative_tokens_per_s']:.2f}x "
+                         f"(compile {r['compile_seconds']:.0f} s, excluded)")
+    return lines
+
+
 def write_markdown(path: Path, name: str, where: str, dtype, results: list[dict]) -> None:
     lines = [f"\n### {name}\n", f"Machine: {where}; {str(dtype).replace('torch.', '')}; greedy; batch 1.\n",
-             "| gamma | acceptance_rate | tau | plain tok/s | speculative tok/s | hf assisted tok/s | speedup | "
-             "predicted | spec / hf | measured / predicted |", "|" + "---|" * 10]
+             "| path | gamma | acceptance_rate | tau | c | v | plain tok/s | speculative tok/s | hf assisted tok/s | "
+             "speedup | predicted | spec / hf | measured / predicted |", "|" + "---|" * 13]
     for r in results:
-        lines.append(f"| {r['gamma']} | {r['acceptance_rate']:.3f} | {r['mean_accepted_tokens']:.2f} | "
+        gamma = f"auto (mean {r['mean_gamma']:.2f})" if r["gamma"] == "auto" else r["gamma"]
+        lines.append(f"| {'compiled' if r['compiled'] else 'eager'} | {gamma} | {r['acceptance_rate']:.3f} | "
+                     f"{r['mean_accepted_tokens']:.2f} | {r['draft_cost_ratio']:.2f} | {r['verify_cost_ratio']:.2f} | "
                      f"{r['target_tokens_per_s']:.1f} | {r['speculative_tokens_per_s']:.1f} | "
                      f"{r['hf_assisted_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['predicted_speedup']:.2f}x | "
                      f"{r['speculative_tokens_per_s'] / r['hf_assisted_tokens_per_s']:.2f}x | "
                      f"{r['speedup'] / r['predicted_speedup']:.2f} |")
+    ratios = compiled_vs_eager(results)
+    if ratios:
+        lines += ["", *[f"- {line}" for line in ratios]]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write("\n".join(lines) + "\n")

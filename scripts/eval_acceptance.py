@@ -5,6 +5,7 @@
     specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --gamma 4
     specdistill-eval --target TARGET --draft DRAFT --prompts question.jsonl --messages-field turns \
         --category-field category --chat-template auto        # Spec-Bench's 480 prompts, by category
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
 
 The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
 """
@@ -49,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--category-field", default=None, help="field holding each prompt's category (default: category)")
     p.add_argument("--chat-template", default="auto", choices=CHAT_TEMPLATE_MODES,
                    help="render prompts with the target tokenizer's chat template: auto = conversations only")
-    p.add_argument("--gamma", type=int, nargs="+", default=[4], help="draft tokens per step (several values sweep)")
+    p.add_argument("--gamma", type=gamma_value, nargs="+", default=[4],
+                   help="draft tokens per step (several values sweep); 'auto' chooses it at every step")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
@@ -65,20 +67,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-outputs", type=Path, default=None,
                    help="write per-prompt token ids of the plain and speculative continuations (.jsonl)")
     p.add_argument("--compare-hf", action="store_true", help="also time transformers assisted generation")
+    p.add_argument("--compile", action="store_true",
+                   help="static KV caches and torch.compiled steps (CUDA graphs on GPU); compile time is reported "
+                        "as compile_seconds, apart from tokens/s")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
 
 
+def gamma_value(text: str) -> int | str:
+    """A --gamma value: an integer, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}") from None
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every number and output path, before anything is read or loaded (an unwritable --output would otherwise
     fail after the whole measurement)."""
-    positive = {"--gamma": min(args.gamma), "--max-new-tokens": args.max_new_tokens, "--repeats": args.repeats,
-                "--num-prompts": args.num_prompts, "--max-prompt-tokens": args.max_prompt_tokens,
-                "--top-k": args.top_k}
+    fixed_gammas = [g for g in args.gamma if g != "auto"]
+    positive = {"--gamma": min(fixed_gammas, default=None), "--max-new-tokens": args.max_new_tokens,
+                "--repeats": args.repeats, "--num-prompts": args.num_prompts,
+                "--max-prompt-tokens": args.max_prompt_tokens, "--top-k": args.top_k}
     for flag, value in positive.items():
         if value is not None and value < 1:
-            raise LoadError(f"{flag} must be >= 1, got {args.gamma if flag == '--gamma' else value}")
+            raise LoadError(f"{flag} must be >= 1" + (" or 'auto'" if flag == "--gamma" else "") +
+                            f", got {args.gamma if flag == '--gamma' else value}")
     if args.temperature < 0:
         raise LoadError(f"--temperature must be >= 0, got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
@@ -136,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- measure ------------------------------------------------------------------------------------------
     settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats,
-                            compare_hf=args.compare_hf,
+                            compare_hf=args.compare_hf, compile=args.compile,
                             eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
     outputs: list[dict] | None = [] if args.save_outputs else None
     results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet, outputs=outputs,
@@ -145,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- report -------------------------------------------------------------------------------------------
     report = {"device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
               "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
-              "prompts": args.prompts, "chat_template": args.chat_template, "results": results}
+              "prompts": args.prompts, "chat_template": args.chat_template, "compiled": args.compile,
+              "compile_seconds": results[0]["compile_seconds"], "results": results}
     print(format_table([{"drafter": args.draft, **r} for r in results]))
     if any("by_category" in r for r in results):
         print("\nby category:\n" + format_table(category_rows(results)))

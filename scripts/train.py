@@ -148,8 +148,9 @@ def main(argv: list[str] | None = None) -> dict:
     summary: dict = {}
     if state.is_main_process:
         best = best_record(read_records(recipe.train.output_dir), recipe.eval.temperatures[0])
+        fixed_gammas = [g for g in recipe.eval.gammas if g != "auto"]
         summary = export_draft(recipe.train.output_dir, best, final_draft, tokenizer,
-                               default_gamma=max(recipe.eval.gammas))
+                               default_gamma=max(fixed_gammas, default=4))
         crash_point("export")  # test hook: killed with the draft exported but the run not marked done
         write_results(Path(recipe.train.output_dir) / RESULTS_FILE,
                       {**metrics, "best": summary, "deploy_check": deploy_check(recipe)})

@@ -31,3 +31,35 @@ def test_cuda_half_precision_runs_and_measures(dtype):
     (result,) = evaluate_acceptance(target, draft, [PROMPT[0].cuda()], EvalSettings(gammas=[3], max_new_tokens=16),
                                     progress=False)
     assert 0.0 <= result["acceptance_rate"] <= 1.0 and result["speedup"] > 0
+
+
+# ---- the compiled path: static caches and CUDA graphs (mode="reduce-overhead") -----------------------------------
+def test_cuda_compiled_float32_greedy_equality():
+    target = tiny_model("llama", seed=0)
+    draft = perturbed_copy(target, 0.15).cuda()
+    target = target.cuda()
+    ids = PROMPT.cuda()
+    base = autoregressive_generate(target, ids, max_new_tokens=40)
+    plain = autoregressive_generate(target, ids, max_new_tokens=40, compile=True)
+    assert plain.sequences.tolist() == base.sequences.tolist()
+    for gamma in (3, "auto"):
+        out = speculative_generate(target, draft, ids, max_new_tokens=40, gamma=gamma, compile=True)
+        assert out.sequences.tolist() == base.sequences.tolist()
+
+
+def test_cuda_graph_bf16_compiled_runs_measures_and_never_recompiles():
+    from torch._dynamo.utils import counters
+
+    target = tiny_model("qwen2", seed=0).to("cuda", torch.bfloat16)
+    draft = perturbed_copy(tiny_model("qwen2", seed=0), 0.1).to("cuda", torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    out = speculative_generate(target, draft, PROMPT.cuda(), max_new_tokens=33, gamma=3, temperature=0.8,
+                               top_p=0.9, generator=g, compile=True)
+    assert out.sequences.shape == (1, PROMPT.shape[1] + 33)
+    settings = EvalSettings(gammas=[3, "auto"], max_new_tokens=16, compile=True)
+    prompts = [PROMPT[0].cuda(), PROMPT[0, :3].cuda()]
+    evaluate_acceptance(target, draft, prompts, settings, progress=False)
+    before = counters["stats"]["unique_graphs"]
+    results = evaluate_acceptance(target, draft, prompts, settings, progress=False)
+    assert counters["stats"]["unique_graphs"] == before and results[0]["compile_seconds"] == 0.0
+    assert all(r["speedup"] > 0 and 0.0 <= r["acceptance_rate"] <= 1.0 for r in results)

@@ -1,0 +1,222 @@
+"""The compiled decode path: a preallocated (static) KV cache per model and role, and ``torch.compile``d steps.
+
+A ``StaticLM`` has the interface of ``decode.cache.CachedLM`` (``forward``, ``rollback``, ``length``) over a
+``transformers.StaticCache``:
+  * the cache holds ``capacity`` positions, allocated once (power-of-two buckets, so prompts of different lengths
+    share it); ``StaticCache`` writes new keys/values at its ``cumulative_length`` counter and masks keys after each
+    query's position (causal mask over the whole buffer), so
+  * rollback = moving that counter back (no crop, no reallocation): entries beyond it are stale, never attended
+    to, and overwritten by the next forward;
+  * a forward of T tokens runs a step compiled for exactly T tokens; a T that has no compiled step is padded up to
+    the next compiled length (the padding writes stale entries beyond the committed length, and its logits are
+    dropped); a longer T (a prefill) runs eagerly on the same cache.
+Compiled steps and caches live in a registry keyed on the model object and a role ("target", "draft"), so the
+compilation is paid once per model and shape: across prompts, across gammas that share a shape, across the
+trainer's checkpoints (the same draft module is evaluated each time). CUDA: ``mode="reduce-overhead"`` (CUDA
+graphs); CPU: inductor's default. A model whose cache cannot be static or whose step fails to compile falls back to
+the eager path with a warning.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
+
+from decode.cache import CachedLM
+
+MIN_CAPACITY = 64
+BACKEND = "inductor"  # torch.compile backend (tests of the decode logic swap in "aot_eager": no code generation)
+
+
+class StaticCacheUnsupported(RuntimeError):
+    """The model's cache cannot be a plain static cache (sliding-window or hybrid layers)."""
+
+
+def compile_options(device: torch.device) -> dict:
+    """torch.compile arguments for a decode step on ``device``: CUDA graphs on CUDA, inductor's default elsewhere."""
+    if device.type == "cuda" and BACKEND == "inductor":
+        return {"backend": BACKEND, "mode": "reduce-overhead", "dynamic": False, "isolate_recompiles": True}
+    # isolate_recompiles: every (model, role, length) step is its own compiled region, so the many sessions that
+    # share the step's code never reach dynamo's per-code recompile limit
+    return {"backend": BACKEND, "dynamic": False, "isolate_recompiles": True}
+
+
+def bucket(length: int) -> int:
+    """The cache capacity for ``length`` positions: the next power of two, at least MIN_CAPACITY."""
+    return max(MIN_CAPACITY, 1 << (max(length, 1) - 1).bit_length())
+
+
+@dataclass
+class Session:
+    """One model's static cache in one role, and its compiled steps by token count."""
+
+    model_ref: "weakref.ReferenceType[torch.nn.Module]"  # weak: the registry must not keep a model alive
+    cache: StaticCache | None = None
+    capacity: int = 0
+    steps: dict[int, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    compile_seconds: float = 0.0   # first calls of each compiled step (compilation and one run)
+    eager: bool = False            # compilation failed once: every step runs eagerly on the static cache
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.model_ref()
+
+    @torch.inference_mode()
+    def reserve(self, capacity: int) -> None:
+        """Make the cache hold at least ``capacity`` positions (a new, larger cache recompiles its steps)."""
+        if self.cache is not None and capacity <= self.capacity:
+            return
+        device = next(self.model.parameters()).device
+        cache = StaticCache(config=self.model.config, max_cache_len=bucket(capacity))
+        if not all(type(layer) is StaticLayer for layer in cache.layers):
+            raise StaticCacheUnsupported(
+                f"{type(self.model).__name__} uses sliding-window or hybrid attention layers")
+        self.cache, self.capacity, self.steps = cache, cache.layers[0].max_cache_len, {}
+        # allocate the buffers eagerly (a lazy allocation inside a compiled step would break its graph)
+        self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
+        self.set_position(0)
+
+    @torch.inference_mode()
+    def set_position(self, length: int) -> None:
+        """The next forward writes at position ``length``; positions from there on are masked as stale."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(length)
+
+    def eager_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens, past_key_values=self.cache, use_cache=True).logits[0]  # [T, V]
+
+    def step(self, length: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The step for ``length`` tokens: compiled on first use (its time is added to compile_seconds)."""
+        if self.eager:
+            return self.eager_step
+        if length not in self.steps:
+            self.steps[length] = self.first_call(length)
+        return self.steps[length]
+
+    @torch.inference_mode()
+    def first_call(self, length: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        device = next(self.model.parameters()).device
+        options = compile_options(device)
+        graphs = options.get("mode") == "reduce-overhead"
+        # one input buffer per step: the same strides, dispatch keys and address at every call (no guard misses)
+        buffer = torch.zeros(1, length, dtype=torch.long, device=device)
+        torch._dynamo.mark_static_address(buffer)
+        compiled: list[Callable] = []
+
+        def run(tokens: torch.Tensor) -> torch.Tensor:
+            buffer.copy_(tokens)
+            if graphs:  # CUDA graphs reuse their output buffers: copy the logits out
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled[0](buffer).clone()
+            return compiled[0](buffer)
+
+        def warm(tokens: torch.Tensor) -> torch.Tensor:
+            start = time.perf_counter()
+            position = int(self.cache.layers[0].cumulative_length)
+            try:
+                compiled.append(torch.compile(self.eager_step, **options))
+                logits = run(tokens)
+                self.steps[length] = run
+            except Exception as err:  # noqa: BLE001 - any compiler failure means: use the eager path
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                warnings.warn(f"torch.compile failed for {type(self.model).__name__} ({type(err).__name__}: "
+                              f"{reason}); decoding it eagerly on the static cache instead", RuntimeWarning,
+                              stacklevel=2)
+                self.eager = True
+                self.set_position(position)
+                logits = self.eager_step(tokens)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.compile_seconds += time.perf_counter() - start
+            return logits
+
+        return warm
+
+
+# model -> role -> Session; weak keys, so a model that is gone takes its caches and compiled steps with it
+_SESSIONS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Session]]" = weakref.WeakKeyDictionary()
+
+
+def session(model: torch.nn.Module, role: str) -> Session:
+    """The registry's session of ``model`` in ``role`` (created on first use)."""
+    sessions = _SESSIONS.setdefault(model, {})
+    if role not in sessions:
+        sessions[role] = Session(weakref.ref(model))
+    return sessions[role]
+
+
+def compile_seconds(*models: torch.nn.Module) -> float:
+    """Seconds spent so far in the first (compiling) calls of every step of ``models``, all roles."""
+    return sum(s.compile_seconds for m in models if isinstance(m, torch.nn.Module)
+               for s in _SESSIONS.get(m, {}).values())
+
+
+class StaticLM:
+    """``CachedLM``'s interface on a session's static cache; ``lengths`` are the token counts that run compiled."""
+
+    def __init__(self, model: torch.nn.Module, role: str, capacity: int, lengths: tuple[int, ...]) -> None:
+        self.model = model
+        self.session = session(model, role)
+        self.session.reserve(capacity)
+        self.lengths = tuple(sorted(set(lengths)))
+        self.precompile()
+        self.length = 0
+
+    @torch.inference_mode()
+    def precompile(self) -> None:
+        """Compile every step this decoder may call now, so that no compilation happens mid-generation."""
+        device = next(self.model.parameters()).device
+        for n in self.lengths:
+            if n not in self.session.steps and n <= self.session.capacity:
+                self.session.set_position(0)
+                self.session.step(n)(torch.zeros(1, n, dtype=torch.long, device=device))
+        self.session.set_position(0)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Append ``tokens`` [1, T]; logits [T, V] (or [1, V] with ``last_only``). Padded up to a compiled length."""
+        n = tokens.shape[1]
+        if self.length + n > self.session.capacity:
+            raise ValueError(f"the static cache holds {self.session.capacity} positions; cannot append {n} to "
+                             f"{self.length}")
+        padded = next((t for t in self.lengths if t >= n), None)
+        if padded is None or self.length + padded > self.session.capacity:
+            logits = self.session.eager_step(tokens)
+        else:
+            pad = tokens[:, -1:].expand(1, padded - n)  # any ids: their entries lie beyond the committed length
+            logits = self.session.step(padded)(torch.cat([tokens, pad], dim=1) if padded > n else tokens)[:n]
+        self.length += n
+        if padded != n:
+            self.session.set_position(self.length)
+        return logits[-1:] if last_only else logits
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` tokens: move the write position back."""
+        if num_tokens < 0 or num_tokens > self.length:
+            raise ValueError(f"cannot roll back {num_tokens} tokens from a cache of {self.length}")
+        if num_tokens:
+            self.length -= num_tokens
+            self.session.set_position(self.length)
+
+
+def cached_lm(model: torch.nn.Module, compile: bool, role: str, capacity: int,
+              lengths: tuple[int, ...]) -> CachedLM | StaticLM:
+    """A ``StaticLM`` when ``compile`` (falling back, with a warning, to the eager ``CachedLM`` for a model whose
+    cache cannot be static), else a ``CachedLM``."""
+    if not compile:
+        return CachedLM(model)
+    try:
+        return StaticLM(model, role, capacity, lengths)
+    except StaticCacheUnsupported as err:
+        warnings.warn(f"{err}: no static cache, decoding it eagerly", RuntimeWarning, stacklevel=2)
+        return CachedLM(model)
