@@ -120,6 +120,9 @@ def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats
 # ----------------------------------------------------------------------------------------------------------------
 # transformers assisted generation, for comparison
 # ----------------------------------------------------------------------------------------------------------------
+ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
 def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, settings: EvalSettings):
     """transformers' assisted generation with a fixed gamma (confidence threshold off), exactly ``n_new`` tokens."""
     kwargs = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=settings.temperature > 0,
@@ -130,10 +133,16 @@ def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, set
     if isinstance(draft, PromptLookupDrafter):
         return target.generate(prompt, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=draft.max_ngram_size,
                                **kwargs)
-    # transformers 5 reads these from the assistant's generation_config (generate() kwargs are ignored)
+    # transformers 5 reads these from the assistant's generation_config (generate() kwargs are ignored); the
+    # caller's settings are put back afterwards
     gc = draft.generation_config
+    saved = {name: getattr(gc, name) for name in ASSISTED_SETTINGS}
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
-    return target.generate(prompt, assistant_model=draft, **kwargs)
+    try:
+        return target.generate(prompt, assistant_model=draft, **kwargs)
+    finally:
+        for name, value in saved.items():
+            setattr(gc, name, value)
 
 
 def quiet_transformers(fn: Callable[[], object]) -> Callable[[], object]:
