@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -175,10 +175,13 @@ def evaluate_acceptance(
     settings: EvalSettings,
     progress: bool = True,
     outputs: list[dict] | None = None,
+    cost_ratios: Mapping[int, CostRatios] | None = None,
 ) -> list[dict]:
     """One result dict per gamma (keys in docs/INTERFACES.md). ``prompts``: 1-D token id tensors.
 
-    If ``outputs`` is a list, per-prompt token ids of the plain and speculative continuations are appended to it."""
+    If ``outputs`` is a list, per-prompt token ids of the plain and speculative continuations are appended to it.
+    ``cost_ratios`` (gamma -> CostRatios) are used for predicted_speedup instead of measuring them here (the trainer
+    measures them once per run)."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
     device = next(target.parameters()).device
@@ -222,7 +225,7 @@ def evaluate_acceptance(
                                 "prompt_ids": prompt[0].tolist(), "plain_ids": plain_tokens,
                                 "speculative_ids": spec.new_tokens})
             bar.update(1)
-        costs = measure_cost_ratios(target, draft, prompts[0], gamma)
+        costs = cost_ratios[gamma] if cost_ratios else measure_cost_ratios(target, draft, prompts[0], gamma)
         results.append(summarize(gamma, settings, len(prompts), new_tokens, stats, plain_s, spec_s, hf_s, matches,
                                  costs))
     bar.close()

@@ -6,8 +6,11 @@ ever called from one rank alone. Each result becomes one line of OUTPUT_DIR/acce
 (`{"step", "checkpoint", <result keys>}`, docs/INTERFACES.md) and TensorBoard scalars such as
 `acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance).
 
-The best checkpoint is the record with the highest measured speedup at the first eval temperature (ties: higher
-mean_accepted_tokens); its gamma becomes the exported draft's `generation_config.num_assistant_tokens`.
+The best checkpoint is chosen by distill.acceptance_log.best_checkpoint at the first eval temperature: the highest
+cost-model speedup tau / (gamma * c + v), with the cost ratios c and v measured once per run (the first time
+acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and written into
+every record; its gamma becomes the exported draft's `generation_config.num_assistant_tokens`. The measured
+wall-clock speedup stays in each record.
 
 What is measured is what gets exported: a LoRA draft is measured as a merged copy, and under DeepSpeed ZeRO-3 rank 0
 measures whole copies of draft and target gathered from every rank's partitions (all ranks take part in the
@@ -30,12 +33,15 @@ from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedToken
                           TrainerControl, TrainerState, TrainingArguments)
 from transformers.trainer_utils import get_last_checkpoint
 
+from decode.evaluate import CostRatios, measure_cost_ratios
+from distill.acceptance_log import best_checkpoint
 from distill.config import EvalConfig
 from distill.models import is_lora, is_partitioned, outside_zero3_init, plain_copy
 
 logger = logging.getLogger(__name__)
 
 ACCEPTANCE_LOG = "acceptance.jsonl"
+COST_REPEATS = 31  # timings per cost ratio, measured once per run: enough for a stable median
 # (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.evaluate.evaluate_acceptance or a fake
 Evaluate = Callable[..., list[dict]]
 
@@ -49,11 +55,16 @@ def read_records(output_dir: str | Path) -> list[dict]:
 
 
 def best_record(records: Sequence[dict], temperature: float) -> dict | None:
-    """The (checkpoint, gamma) record with the highest speedup at `temperature` (tie: mean_accepted_tokens)."""
-    candidates = [r for r in records if r["temperature"] == temperature]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda r: (r["speedup"], r["mean_accepted_tokens"]))
+    """The record of distill.acceptance_log.best_checkpoint at `temperature` (None when there is none)."""
+    choice = best_checkpoint(records, temperature)
+    return choice.row if choice else None
+
+
+def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int]) -> dict[int, CostRatios] | None:
+    """The run's cost ratios per gamma as its records carry them; None unless every gamma has them."""
+    found = {r["gamma"]: CostRatios(r["draft_cost_ratio"], r["verify_cost_ratio"]) for r in records
+             if r.get("draft_cost_ratio") is not None and r.get("verify_cost_ratio") is not None}
+    return found if all(g in found for g in gammas) else None
 
 
 def _default_evaluate() -> Evaluate:
@@ -73,6 +84,7 @@ class AcceptanceCallback(TrainerCallback):
         self.measured_steps: set[int] = set()
         self._whole_target: PreTrainedModel | None = None  # ZeRO-3: rank 0's gathered copy (CPU), made once
         self._target_gathered = False  # on every rank: whether that (collective) gathering has happened
+        self.cost_ratios: dict[int, CostRatios] | None = None  # gamma -> c, v: measured once per run
 
     # ---- Trainer events ---------------------------------------------------------------------------------------
 
@@ -83,6 +95,7 @@ class AcceptanceCallback(TrainerCallback):
             os.makedirs(args.output_dir, exist_ok=True)
             (Path(args.output_dir) / ACCEPTANCE_LOG).write_text("".join(json.dumps(r) + "\n" for r in kept))
             self.measured_steps = {r["step"] for r in kept}
+            self.cost_ratios = self.cost_ratios or logged_cost_ratios(kept, self.cfg.gammas)
             self._protect_best(args, state, kept)
         PartialState().wait_for_everyone()
 
@@ -153,12 +166,20 @@ class AcceptanceCallback(TrainerCallback):
         was_training = draft.training
         draft.eval()
         try:
+            if self.cost_ratios is None:  # architectures and hardware: the same at every checkpoint
+                self.cost_ratios = {g: measure_cost_ratios(target, draft, self.prompts[0].view(1, -1).to(
+                    next(target.parameters()).device), g, repeats=COST_REPEATS) for g in self.cfg.gammas}
             results = []
             for temperature in self.cfg.temperatures:
                 settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
                                         max_new_tokens=self.cfg.max_new_tokens, top_k=self.cfg.top_k,
                                         top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats)
-                results += self.evaluate(target, draft, self.prompts, settings, progress=False)
+                results += self.evaluate(target, draft, self.prompts, settings, progress=False,
+                                         cost_ratios=self.cost_ratios)
+            for r in results:  # every record carries the run's cost ratios and its cost-model speedup
+                costs = self.cost_ratios[r["gamma"]]
+                r.update(draft_cost_ratio=costs.draft_cost_ratio, verify_cost_ratio=costs.verify_cost_ratio,
+                         predicted_speedup=costs.predicted_speedup(r["mean_accepted_tokens"], r["gamma"]))
             return results
         finally:
             draft.train(was_training)
