@@ -260,13 +260,18 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
     else:
         held_out = []
     train = chat_rows(rows, cfg, tokenizer) if fmt == "chat" else text_rows(rows, cfg, tokenizer)
+    check_usable(train, cfg, fmt, len(rows))
+    return DistillData(train=train, eval_prompts=eval_prompts(held_out, fmt, tokenizer, cfg.eval_prompt_tokens),
+                       format=fmt)
+
+
+def check_usable(train: datasets.Dataset, cfg: DataConfig, fmt: str, num_rows: int) -> None:
+    """Raises DataError when no training row is left."""
     if len(train) == 0:
         what = ("no conversation keeps an assistant token" if fmt == "chat"
                 else f"the text does not fill one {cfg.max_length}-token block")
         raise DataError(f"no usable rows in {cfg.dataset}: {what} (data.max_length={cfg.max_length}, "
-                        f"{len(rows)} rows)")
-    return DistillData(train=train, eval_prompts=eval_prompts(held_out, fmt, tokenizer, cfg.eval_prompt_tokens),
-                       format=fmt)
+                        f"{num_rows} rows)")
 
 
 def _from_whole_files(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedTokenizerBase,
@@ -275,6 +280,7 @@ def _from_whole_files(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTra
     as packed blocks instead: num_eval_prompts blocks (seeded) leave training, their first eval_prompt_tokens
     tokens are the prompts."""
     blocks = text_rows(rows, cfg, tokenizer)
+    check_usable(blocks, cfg, "text", len(rows))
     if len(blocks) <= cfg.num_eval_prompts:
         raise DataError(f"data.num_eval_prompts: cannot hold out {cfg.num_eval_prompts} prompts from the "
                         f"{len(blocks)} blocks of {cfg.max_length} tokens in {cfg.dataset}; lower it or give "
