@@ -254,6 +254,17 @@ def run_pair(out: Path, pair: Pair, rows: list[str], sizes: Sizes, data) -> dict
     return measured
 
 
+def measured_rows(out: Path) -> dict[str, dict[str, dict]]:
+    """The rows measured under `out`, per pair, in the order of PAIRS and ROWS."""
+    results = {}
+    for pair in PAIRS:
+        rows = {row: json.loads((out / pair / f"{row}.json").read_text()) for row in ROWS
+                if (out / pair / f"{row}.json").is_file()}
+        if rows:
+            results[pair] = rows
+    return results
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "bench_distill_out")
@@ -274,7 +285,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(THREADS)
     banner("data: the quickstart corpus and tokenizer")
     data = prepare_data(args.out.resolve(), out, sizes)
-    results = {name: run_pair(out, PAIRS[name], args.rows, sizes, data) for name in args.pairs}
+    for name in args.pairs:
+        run_pair(out, PAIRS[name], args.rows, sizes, data)
+    results = measured_rows(out)  # every pair and row measured so far, also by other invocations
     command = "python " + " ".join(["scripts/bench_distill.py", *(argv if argv is not None else sys.argv[1:])])
     if not args.fast or args.doc != p.get_default("doc"):
         write_doc(args.doc, results, sizes, command)
