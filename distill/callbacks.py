@@ -243,7 +243,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     tokenizer) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)` load, with no peft
     files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
 
-    `best` is a record from best_record (None: export `final_draft` with `default_gamma`). A ZeRO-3-partitioned
+    `best` is the row of distill.acceptance_log.best_checkpoint (None: export `final_draft` with `default_gamma`). A ZeRO-3-partitioned
     `final_draft` is read back from the last checkpoint instead (AcceptanceCallback saves the last step under
     ZeRO-3). Returns what was exported: {"checkpoint", "step", "gamma"} plus the record's speedup numbers.
     """
@@ -268,5 +268,6 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}
     if best:
-        summary.update({k: best[k] for k in ("temperature", "speedup", "acceptance_rate", "mean_accepted_tokens")})
+        summary.update({k: best[k] for k in ("temperature", "speedup", "acceptance_rate", "mean_accepted_tokens",
+                                             "predicted_speedup") if k in best})
     return summary
