@@ -205,7 +205,7 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def write_doc(path: Path, results: dict[str, dict[str, dict]], sizes: Sizes, command: str) -> None:
+def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes: Sizes, command: str) -> None:
     """docs/benchmarks/distill.md: one table per pair and the winner per decoding mode."""
     from scripts.bench_distill_rows import format_pair_table, winners
 
@@ -215,7 +215,11 @@ def write_doc(path: Path, results: dict[str, dict[str, dict]], sizes: Sizes, com
              "tokens/s, wall) are noisy; acceptance and tau are deterministic (greedy) or seeded (sampled).", "",
              f"Sizes: {json.dumps(asdict(sizes))}", ""]
     for name, rows in results.items():
-        lines += [f"## Pair `{name}`: {PAIRS[name].describe}", "", format_pair_table(rows), ""]
+        target_ce = training_log(out / name / "target")["ce"]
+        lines += [f"## Pair `{name}`: {PAIRS[name].describe}", "",
+                  f"Target: {sizes.target_steps} steps of cross-entropy, last logged training CE "
+                  f"{target_ce if target_ce is None else round(target_ce, 2)} nats/token.", "",
+                  format_pair_table(rows), ""]
     lines += winners(results)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -273,13 +277,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS))
     p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     p.add_argument("--draft-steps", type=int, help="override the drafts' optimizer steps")
+    p.add_argument("--target-steps", type=int, help="override the targets' pre-training steps")
     args = p.parse_args(argv)
     sizes = FAST if args.fast else Sizes()
-    if args.draft_steps:
-        sizes = replace(sizes, draft_steps=args.draft_steps)
     out = args.out.resolve() / ("fast" if args.fast else "full")
-    if args.draft_steps:
-        out = out.parent / f"{out.name}-steps{args.draft_steps}"
+    for key in ("draft_steps", "target_steps"):  # a variant of the sizes gets its own folder
+        if getattr(args, key):
+            sizes = replace(sizes, **{key: getattr(args, key)})
+            out = out.parent / f"{out.name}-{key.replace('_', '')}{getattr(args, key)}"
     start = time.time()
     import torch
     torch.set_num_threads(THREADS)
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     results = measured_rows(out)  # every pair and row measured so far, also by other invocations
     command = "python " + " ".join(["scripts/bench_distill.py", *(argv if argv is not None else sys.argv[1:])])
     if not args.fast or args.doc != p.get_default("doc"):
-        write_doc(args.doc, results, sizes, command)
+        write_doc(args.doc, out, results, sizes, command)
         print(f"wrote {args.doc}")
     print(f"done in {(time.time() - start) / 60:.1f} min")
 
