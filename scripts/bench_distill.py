@@ -49,6 +49,7 @@ from scripts.bench_distill_rows import PAIRS, ROWS, Pair, Sizes, draft_overrides
 
 RECIPES = ROOT / "recipes" / "quickstart"
 THREADS = 1
+NOTES = "<!-- notes: kept when the tables above are regenerated -->"
 FAST = Sizes(target_steps=12, target_batch=4, draft_steps=6, draft_batch=4, max_length=64, num_prompts=3,
              max_new_tokens=8, heldout_blocks=2, target_max_new_tokens=8, on_policy_max_new_tokens=8)
 
@@ -221,8 +222,9 @@ def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes:
                   f"{target_ce if target_ce is None else round(target_ce, 2)} nats/token.", "",
                   format_pair_table(rows), ""]
     lines += winners(results)
+    notes = path.read_text().split(NOTES, 1)[1] if path.is_file() and NOTES in path.read_text() else "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n" + NOTES + notes)  # hand-written notes after the marker are kept
 
 
 # ---------------------------------------------------------------------------------------------------------------
