@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -132,6 +132,9 @@ def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats
 # ----------------------------------------------------------------------------------------------------------------
 # transformers assisted generation, for comparison
 # ----------------------------------------------------------------------------------------------------------------
+ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
 def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, settings: EvalSettings):
     """transformers' assisted generation with a fixed gamma (confidence threshold off), exactly ``n_new`` tokens.
     (transformers 5.23 refuses it with its static cache: "assisted generate is not supported with Static cache".)"""
@@ -143,10 +146,16 @@ def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, set
     if isinstance(draft, PromptLookupDrafter):
         return target.generate(prompt, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=draft.max_ngram_size,
                                **kwargs)
-    # transformers 5 reads these from the assistant's generation_config (generate() kwargs are ignored)
+    # transformers 5 reads these from the assistant's generation_config (generate() kwargs are ignored); the
+    # caller's settings are put back afterwards
     gc = draft.generation_config
+    saved = {name: getattr(gc, name) for name in ASSISTED_SETTINGS}
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
-    return target.generate(prompt, assistant_model=draft, **kwargs)
+    try:
+        return target.generate(prompt, assistant_model=draft, **kwargs)
+    finally:
+        for name, value in saved.items():
+            setattr(gc, name, value)
 
 
 def quiet_transformers(fn: Callable[[], object]) -> Callable[[], object]:
@@ -200,12 +209,15 @@ def evaluate_acceptance(
     progress: bool = True,
     outputs: list[dict] | None = None,
     categories: Sequence[str | None] | None = None,
+    cost_ratios: Mapping[int, CostRatios] | None = None,
 ) -> list[dict]:
     """One result dict per gamma (keys in docs/INTERFACES.md). ``prompts``: 1-D token id tensors.
 
     ``categories`` (one per prompt, or None): each result then holds ``by_category``, a result dict per category
     over that category's prompts (prompts without one are 'uncategorized'; cost ratios are the run's).
-    If ``outputs`` is a list, per-prompt token ids of the plain and speculative continuations are appended to it."""
+    If ``outputs`` is a list, per-prompt token ids of the plain and speculative continuations are appended to it.
+    ``cost_ratios`` (gamma -> CostRatios) are used for predicted_speedup instead of measuring them here (the trainer
+    measures them once per run)."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
     names = category_names(categories)
@@ -218,7 +230,7 @@ def evaluate_acceptance(
         warm_up(target, draft, prompts, settings)
     plain_cache: dict[tuple[int, int], tuple[list[int], float]] = {}
     bar = tqdm(total=len(settings.gammas) * len(prompts), desc="eval-acceptance", disable=not progress, leave=False)
-    results = [evaluate_gamma(target, draft, prompts, settings, gamma, plain_cache, bar, outputs, names)
+    results = [evaluate_gamma(target, draft, prompts, settings, gamma, plain_cache, bar, outputs, names, cost_ratios)
                for gamma in settings.gammas]
     bar.close()
     for result in results:  # the evaluation's compilation (warm-up), reported apart from every tokens/s
@@ -227,7 +239,8 @@ def evaluate_acceptance(
 
 
 def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSettings, gamma: int | str,
-                   plain_cache: dict, bar, outputs: list[dict] | None, names: list[str] | None = None) -> dict:
+                   plain_cache: dict, bar, outputs: list[dict] | None, names: list[str] | None = None,
+                   cost_ratios: Mapping[int, CostRatios] | None = None) -> dict:
     """Time plain, speculative (and transformers assisted) decoding of every prompt at one gamma; the result over
     all prompts, with ``by_category`` when the prompts have categories (``names``)."""
     device = prompts[0].device
@@ -267,7 +280,10 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
         bar.update(1)
     mean_gamma = statistics.mean(chosen) if chosen else None
     cost_gamma = min(AUTO_GAMMAS, key=lambda g: abs(g - mean_gamma)) if chosen else gamma
-    costs = measure_cost_ratios(target, draft, prompts[0], cost_gamma, compile=settings.compile)
+    if cost_ratios and cost_gamma in cost_ratios:  # measured once per run by the caller
+        costs = cost_ratios[cost_gamma]
+    else:
+        costs = measure_cost_ratios(target, draft, prompts[0], cost_gamma, compile=settings.compile)
     result = summarize(tally, settings, costs, mean_gamma)
     if by_category:
         result["by_category"] = {name: summarize(t, settings, costs, mean_gamma) for name, t in by_category.items()}

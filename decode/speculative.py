@@ -50,6 +50,14 @@ def eos_set(eos_token_id: int | list[int] | None) -> set[int]:
     return {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
 
 
+def cut_at_eos(tokens: list[int], stop: set[int]) -> list[int]:
+    """``tokens`` up to and including the first stop token (all of them if there is none)."""
+    for i, token in enumerate(tokens):
+        if token in stop:
+            return tokens[: i + 1]
+    return tokens
+
+
 def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compile: bool = False,
                capacity: int = 0) -> Drafter:
     if isinstance(draft, (PromptLookupDrafter, ModelDrafter)):
@@ -207,14 +215,11 @@ def speculative_generate(
         # roll back: the target keeps cur, d_1..d_n; the drafter likewise
         target_lm.rollback(k - n)
         drafter.commit(n)
-        produced = drafts[:n].tolist() + [step.next_token]
-        stats.record_step(k, n, step.min_pq, len(produced))
-        for token in produced:
-            new.append(token)
-            history.append(token)
-            if token in stop:
-                break
-        if new[-1] in stop:
+        produced = cut_at_eos(drafts[:n].tolist() + [step.next_token], stop)
+        stats.record_step(k, n, step.min_pq, len(produced))  # tokens after an eos are never emitted: not counted
+        new += produced
+        history += produced
+        if produced[-1] in stop:
             break
         cur = torch.tensor([[step.next_token]], dtype=torch.long, device=device)
     out = torch.cat([input_ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)

@@ -8,8 +8,11 @@ ever called from one rank alone. Each result becomes one line of OUTPUT_DIR/acce
 in one write (distill.acceptance_log); a checkpoint whose lines are missing or incomplete (the run was killed while
 measuring it) is measured from its folder at the start and at the end of training (measure_missing).
 
-The best checkpoint is the record with the highest measured speedup at the first eval temperature (ties: higher
-mean_accepted_tokens); its gamma becomes the exported draft's `generation_config.num_assistant_tokens`.
+The best checkpoint is chosen by distill.acceptance_log.best_checkpoint at the first eval temperature: the highest
+cost-model speedup tau / (gamma * c + v), with the cost ratios c and v measured once per run (the first time
+acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and written into
+every record; its gamma becomes the exported draft's `generation_config.num_assistant_tokens`. The measured
+wall-clock speedup stays in each record.
 
 What is measured is what gets exported: a LoRA draft is measured as a merged copy, and under DeepSpeed ZeRO-3 rank 0
 measures whole copies of draft and target gathered from every rank's partitions (all ranks take part in the
@@ -30,9 +33,11 @@ from torch import nn
 from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback,
                           TrainerControl, TrainerState, TrainingArguments)
 
+from decode.auto_gamma import AUTO_GAMMAS, is_auto
+from decode.evaluate import CostRatios, measure_cost_ratios
 # ACCEPTANCE_LOG and read_records are also imported from here (re-exported)
-from distill.acceptance_log import (ACCEPTANCE_LOG, append_records, complete_steps, read_records,  # noqa: F401
-                                    rewrite_records)
+from distill.acceptance_log import (ACCEPTANCE_LOG, append_records, best_checkpoint, complete_steps,  # noqa: F401
+                                    cost_gamma, read_records, rewrite_records)
 from distill.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.config import EvalConfig
 from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
@@ -41,16 +46,34 @@ from distill.utils import eval_mode
 
 logger = logging.getLogger(__name__)
 
+COST_REPEATS = 31  # timings per cost ratio, measured once per run: enough for a stable median
 # (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.evaluate.evaluate_acceptance or a fake
 Evaluate = Callable[..., list[dict]]
 
 
 def best_record(records: Sequence[dict], temperature: float) -> dict | None:
-    """The (checkpoint, gamma) record with the highest speedup at `temperature` (tie: mean_accepted_tokens)."""
-    candidates = [r for r in records if r["temperature"] == temperature]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda r: (r["speedup"], r["mean_accepted_tokens"]))
+    """The record of distill.acceptance_log.best_checkpoint at `temperature` (None when there is none)."""
+    choice = best_checkpoint(records, temperature)
+    return choice.row if choice else None
+
+
+def cost_gammas(gammas: Sequence[int | str]) -> list[int]:
+    """The draft lengths whose cost ratios a run needs: its fixed gammas, and every candidate of gamma "auto"."""
+    return sorted({g for g in gammas if not is_auto(g)} | (set(AUTO_GAMMAS) if any(map(is_auto, gammas)) else set()))
+
+
+def nearest_cost_gamma(record: dict) -> int:
+    """The measured draft length whose cost ratios a record uses (for "auto": the candidate nearest its mean)."""
+    return min(AUTO_GAMMAS, key=lambda g: abs(g - record["mean_gamma"])) if is_auto(record["gamma"]) \
+        else record["gamma"]
+
+
+def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int | str]) -> dict[int, CostRatios] | None:
+    """The run's cost ratios per gamma as its records carry them; None unless every needed gamma has them."""
+    found = {r["gamma"]: CostRatios(r["draft_cost_ratio"], r["verify_cost_ratio"]) for r in records
+             if not is_auto(r["gamma"]) and r.get("draft_cost_ratio") is not None
+             and r.get("verify_cost_ratio") is not None}
+    return found if all(g in found for g in cost_gammas(gammas)) else None
 
 
 def _default_evaluate() -> Evaluate:
@@ -73,6 +96,7 @@ class AcceptanceCallback(TrainerCallback):
         self.measured_steps: set[int] = set()
         self._whole_target: PreTrainedModel | None = None  # ZeRO-3: rank 0's gathered copy (CPU), made once
         self._target_gathered = False  # on every rank: whether that (collective) gathering has happened
+        self.cost_ratios: dict[int, CostRatios] | None = None  # gamma -> c, v: measured once per run
 
     # ---- Trainer events ---------------------------------------------------------------------------------------
 
@@ -87,6 +111,7 @@ class AcceptanceCallback(TrainerCallback):
             os.makedirs(args.output_dir, exist_ok=True)
             rewrite_records(args.output_dir, kept)
             self.measured_steps = {r["step"] for r in kept}
+            self.cost_ratios = self.cost_ratios or logged_cost_ratios(kept, self.cfg.gammas)
             self._protect_best(args, state, kept)
         PartialState().wait_for_everyone()
         self.measure_missing(args, state, model)
@@ -187,6 +212,11 @@ class AcceptanceCallback(TrainerCallback):
             target = self._whole_target.to(device)
             draft = draft.to(device)
         try:
+            if self.cost_ratios is None:  # architectures and hardware: the same at every checkpoint
+                prompt = self.prompts[0].view(1, -1).to(next(target.parameters()).device)
+                self.cost_ratios = {g: measure_cost_ratios(target, draft, prompt, g, repeats=COST_REPEATS,
+                                                           compile=self.cfg.compile)
+                                    for g in cost_gammas(self.cfg.gammas)}
             results = []
             for temperature in self.cfg.temperatures:
                 settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
@@ -195,7 +225,12 @@ class AcceptanceCallback(TrainerCallback):
                                         compile=self.cfg.compile)
                 by_category = {"categories": self.categories} if self.categories else {}
                 with eval_mode(draft):
-                    results += self.evaluate(target, draft, self.prompts, settings, progress=False, **by_category)
+                    results += self.evaluate(target, draft, self.prompts, settings, progress=False,
+                                             cost_ratios=self.cost_ratios, **by_category)
+            for r in results:  # every record carries the run's cost ratios and its cost-model speedup
+                costs = self.cost_ratios[nearest_cost_gamma(r)]
+                r.update(draft_cost_ratio=costs.draft_cost_ratio, verify_cost_ratio=costs.verify_cost_ratio,
+                         predicted_speedup=costs.predicted_speedup(r["mean_accepted_tokens"], cost_gamma(r)))
             return results
         finally:
             if target is not self.target:
@@ -258,7 +293,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     tokenizer) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)` load, with no peft
     files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
 
-    `best` is a record from best_record (None: export `final_draft` with `default_gamma`). A ZeRO-3-partitioned
+    `best` is the row of distill.acceptance_log.best_checkpoint (None: export `final_draft` with `default_gamma`). A ZeRO-3-partitioned
     `final_draft` is read back from the last checkpoint instead (AcceptanceCallback saves the last step under
     ZeRO-3). Returns what was exported: {"checkpoint", "step", "gamma"} plus the record's speedup numbers.
     """
@@ -285,5 +320,6 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}
     if best:
-        summary.update({k: best[k] for k in ("temperature", "speedup", "acceptance_rate", "mean_accepted_tokens")})
+        summary.update({k: best[k] for k in ("temperature", "speedup", "acceptance_rate", "mean_accepted_tokens",
+                                             "predicted_speedup") if k in best})
     return summary

@@ -113,6 +113,9 @@ class DataConfig:
         "auto", "text: pack documents into max_length blocks; chat: one conversation per row, loss on assistant "
                 "tokens only; auto: chat if messages_field exists, else text.")
     max_length: int = option(1024, "Tokens per training sequence (packed block or truncated conversation).")
+    text_sample_by: Literal["document", "paragraph", "line"] = option(
+        "document", "What one document of a local .txt file is: document = the whole file (line breaks kept, eos "
+                    "only at its end), paragraph = each blank-line-separated paragraph, line = each line.")
     max_samples: int | None = option(None, "Use at most this many rows of the dataset.")
     num_proc: int | None = option(None, "Processes for tokenisation (datasets.map).")
     eval_prompts: str | None = option(

@@ -4,7 +4,10 @@
   cut into blocks of `max_length` tokens; every token is a training target.
 - chat: each row's `messages` go through `tokenizer.apply_chat_template`; only assistant tokens (including the
   end-of-turn tokens the template puts after them) are training targets, the rest get label -100.
-- eval prompts: a file of prompts, or `num_eval_prompts` rows held out of the dataset before training.
+- .txt files: read as text (distill/text_files.py, data.text_sample_by): by default each file is one document,
+  line breaks kept, eos only at its end.
+- eval prompts: a file of prompts, or `num_eval_prompts` rows held out of the dataset before training (for .txt
+  files read as whole documents: `num_eval_prompts` packed blocks, their first eval_prompt_tokens tokens).
 
 Every problem raises DataError naming the file, the column or the setting at fault.
 """
@@ -24,6 +27,7 @@ from decode.prompts import (PromptRow, check_chat_template, prompt_messages, pro
                             uses_template)
 from decode.data_files import first_bad_json_line, first_empty_file
 from distill.config import DataConfig
+from distill.text_files import PIECE_COLUMNS, TextFileError, load_text_files, tokenize_pieces
 from distill.utils import IGNORE_INDEX
 
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -82,15 +86,18 @@ def load_rows(cfg: DataConfig) -> datasets.Dataset:
     if empty is not None:
         raise DataError(f"data.dataset: {empty} is empty")
     try:
-        if local is not None:
+        if local is not None and local[0] == "text":  # plain text read as text (distill/text_files.py)
+            rows = load_text_files(local[1], cfg.text_sample_by)
+        elif local is not None:
             builder, files = local
             rows = datasets.load_dataset(builder, data_files=files, split=cfg.split)
         else:
             rows = datasets.load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.split)
     except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError,
             StopIteration) as err:
+        cause = err.__cause__ if isinstance(err.__cause__, TextFileError) else err  # wrapped by from_generator
         bad_line = first_bad_json_line(local[1]) if local is not None else None  # name the file and line
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise DataError(f"data.dataset: {bad_line}" if bad_line else
                         f"data.dataset: cannot load {cfg.dataset!r} (split {cfg.split!r}): {reason}") from None
     if cfg.max_samples is not None:
@@ -129,10 +136,19 @@ def pack_blocks(batch: dict[str, list], block_size: int) -> dict[str, list]:
     return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
 
 
+def is_text_pieces(rows: datasets.Dataset) -> bool:
+    """Whether `rows` are pieces of .txt documents (distill/text_files.py) rather than whole documents."""
+    return set(PIECE_COLUMNS) <= set(rows.column_names)
+
+
 def text_rows(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedTokenizerBase) -> datasets.Dataset:
     """Packed blocks {input_ids, labels} of exactly max_length tokens."""
-    documents = rows.map(tokenize_documents, batched=True, remove_columns=rows.column_names, num_proc=cfg.num_proc,
-                         fn_kwargs={"tokenizer": tokenizer, "field": cfg.text_field}, desc="tokenize")
+    if is_text_pieces(rows):
+        tokenize, fn_kwargs = tokenize_pieces, {"tokenizer": tokenizer}
+    else:
+        tokenize, fn_kwargs = tokenize_documents, {"tokenizer": tokenizer, "field": cfg.text_field}
+    documents = rows.map(tokenize, batched=True, remove_columns=rows.column_names, num_proc=cfg.num_proc,
+                         fn_kwargs=fn_kwargs, desc="tokenize")
     return documents.map(pack_blocks, batched=True, num_proc=cfg.num_proc, fn_kwargs={"block_size": cfg.max_length},
                          desc=f"pack into {cfg.max_length}-token blocks")
 
@@ -266,6 +282,9 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
     rows = load_rows(cfg)
     fmt = resolve_format(cfg, rows.column_names)
     field = cfg.messages_field if fmt == "chat" else cfg.text_field
+    whole_files = is_text_pieces(rows) and cfg.text_sample_by == "document"
+    if whole_files and cfg.eval_prompts is None and cfg.num_eval_prompts > 0:
+        return _from_whole_files(rows, cfg, tokenizer, seed, chat_template)
     categories = None
     if cfg.eval_prompts is not None:
         held_out = read_prompt_file(cfg.eval_prompts)[: cfg.num_eval_prompts]
@@ -279,14 +298,41 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
     else:
         held_out = []
     train = chat_rows(rows, cfg, tokenizer) if fmt == "chat" else text_rows(rows, cfg, tokenizer)
+    check_usable(train, cfg, fmt, len(rows))
+    prompts, prompt_categories = eval_prompt_set(held_out, fmt, tokenizer, cfg.eval_prompt_tokens, chat_template,
+                                                 categories)
+    return DistillData(train=train, eval_prompts=prompts, format=fmt, eval_categories=prompt_categories)
+
+
+def check_usable(train: datasets.Dataset, cfg: DataConfig, fmt: str, num_rows: int) -> None:
+    """Raises DataError when no training row is left."""
     if len(train) == 0:
         what = ("no conversation keeps an assistant token" if fmt == "chat"
                 else f"the text does not fill one {cfg.max_length}-token block")
         raise DataError(f"no usable rows in {cfg.dataset}: {what} (data.max_length={cfg.max_length}, "
-                        f"{len(rows)} rows)")
-    prompts, prompt_categories = eval_prompt_set(held_out, fmt, tokenizer, cfg.eval_prompt_tokens, chat_template,
-                                                 categories)
-    return DistillData(train=train, eval_prompts=prompts, format=fmt, eval_categories=prompt_categories)
+                        f"{num_rows} rows)")
+
+
+def _from_whole_files(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedTokenizerBase,
+                      seed: int, chat_template: str = "auto") -> DistillData:
+    """A .txt corpus read as whole documents has few rows (one per file), so the acceptance prompts are held out
+    as packed blocks instead: num_eval_prompts blocks (seeded) leave training, their first eval_prompt_tokens
+    tokens are the prompts (with eval.chat_template on, their text is served as one user turn each)."""
+    blocks = text_rows(rows, cfg, tokenizer)
+    check_usable(blocks, cfg, "text", len(rows))
+    if len(blocks) <= cfg.num_eval_prompts:
+        raise DataError(f"data.num_eval_prompts: cannot hold out {cfg.num_eval_prompts} prompts from the "
+                        f"{len(blocks)} blocks of {cfg.max_length} tokens in {cfg.dataset}; lower it or give "
+                        "data.eval_prompts")
+    split = blocks.train_test_split(test_size=cfg.num_eval_prompts, shuffle=True, seed=seed)
+    heads = [ids[: cfg.eval_prompt_tokens] for ids in split["test"]["input_ids"]]
+    if chat_template == "on":
+        prompts, _ = eval_prompt_set([tokenizer.decode(h) for h in heads], "text", tokenizer,
+                                     cfg.eval_prompt_tokens, chat_template)
+    else:
+        prompts = [torch.tensor(h, dtype=torch.long) for h in heads]
+    return DistillData(train=split["train"], eval_prompts=prompts, format="text",
+                       eval_categories=[None] * len(prompts))
 
 
 def padding_id(tokenizer: PreTrainedTokenizerBase) -> int:

@@ -30,6 +30,7 @@ from huggingface_hub import HfApi, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError, OfflineModeIsEnabled
 from huggingface_hub.utils import validate_repo_id
 
+from distill.acceptance_log import best_checkpoint
 from distill.card_sections import category_section, deploy_section
 from distill.report import read_acceptance_log, read_eval_json
 
@@ -218,9 +219,10 @@ def results_table(results: list[dict]) -> str:
 
 
 def best_gamma(results: list[dict]) -> int | None:
-    """The gamma with the highest measured speedup, or None when nothing was measured."""
-    measured = [r for r in results if r.get("speedup") is not None and isinstance(r.get("gamma"), int)]
-    return int(max(measured, key=lambda r: r["speedup"])["gamma"]) if measured else None
+    """The gamma of distill.acceptance_log.best_checkpoint (cost-model speedup from measured acceptance, at the
+    lowest temperature measured), or None when nothing was measured."""
+    choice = best_checkpoint(results)
+    return choice.gamma if choice else None
 
 
 def _results_section(results: list[dict], hardware: str) -> str:
@@ -248,7 +250,8 @@ def _results_section(results: list[dict], hardware: str) -> str:
 
 def _usage_section(target: str, repo_id: str, gamma: int | None) -> str:
     g = gamma if gamma is not None else 4
-    why = ("the gamma with the best measured speedup above" if gamma is not None
+    why = ("the gamma with the best cost-model speedup above (mean_accepted_tokens / (gamma * draft_cost_ratio + "
+           "verify_cost_ratio))" if gamma is not None
            else "an untuned default: measure and pick your own")
     spec = json.dumps({"model": repo_id, "num_speculative_tokens": g})
     return f"""## Usage

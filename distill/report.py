@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from distill.acceptance_log import read_records
+from distill.acceptance_log import best_checkpoint, read_records
 
 TABLE_COLUMNS = ("drafter", "gamma", "temperature", "acceptance_rate", "mean_accepted_tokens", "speedup",
                  "predicted_speedup")
@@ -263,8 +263,12 @@ def _run_section(out_dir: Path, runs: dict[str, list[dict]], gamma: int | None,
                         key=lambda r: r["step"])
         if picked:
             table.append({"drafter": f"{name} @ step {picked[-1]['step']}", **picked[-1]})
+        choice = best_checkpoint(rows, temperature)
+        best = (f"; best (cost-model speedup, the one exported): step {choice.step}, gamma {choice.gamma}"
+                + (f", predicted {choice.cost_model_speedup:.2f}x" if choice.cost_model_speedup is not None else "")
+                if choice else "")
         lines.append(f"- **{name}**: {len({r['step'] for r in rows})} checkpoint(s) logged"
-                     + ("" if picked else f"; none at gamma={gamma}, temperature={temperature:g}"))
+                     + ("" if picked else f"; none at gamma={gamma}, temperature={temperature:g}") + best)
     if table:
         measured = "; ".join(f"{row['drafter']}: {row.get('num_prompts', '?')} prompts, "
                              f"{row.get('new_tokens', '?')} new tokens in all" for row in table)

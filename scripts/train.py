@@ -13,7 +13,8 @@ Training rows come from the dataset, the target's responses (data.target_weight,
 data.target_data_dir) and the draft's own samples (distill.on_policy_fraction); distill.teacher_cache caches the
 target's top-k once so that training never runs it (recipes/README.md).
 
-OUTPUT_DIR (train.output_dir) ends up holding the best draft (by measured speedup) as a model folder,
+OUTPUT_DIR (train.output_dir) ends up holding the best draft (distill.acceptance_log.best_checkpoint: cost-model
+speedup from measured acceptance, cost ratios measured once per run) as a model folder,
 recipe.yaml (the resolved recipe), acceptance.jsonl, train_results.json, checkpoint-*/ and runs/ (TensorBoard).
 """
 from __future__ import annotations

@@ -173,7 +173,7 @@ class FakeEvaluate:
     def __init__(self):
         self.calls, self.modes = 0, []
 
-    def __call__(self, target, draft, prompts, settings, progress=True, **by_category):
+    def __call__(self, target, draft, prompts, settings, progress=True, cost_ratios=None, **by_category):
         self.calls += 1
         self.modes.append(draft.training)
         self.by_category = by_category
@@ -202,7 +202,12 @@ def test_callback_records_each_checkpoint_and_protects_the_best(tmp_path):
     assert all(set(r) >= {"step", "checkpoint", "gamma", "temperature", "acceptance_rate"} for r in records)
     assert evaluate.modes == [False] * 4 and draft.training  # eval mode while measured, train mode after
     best = best_record(records, 0.0)
-    assert (best["checkpoint"], best["gamma"]) == ("checkpoint-4", 2)
+    # the cost ratios are measured once: every record of a gamma carries the same; the best is the highest
+    # tau / (gamma * c + v), i.e. checkpoint-4 (higher tau), at the gamma the cost model prefers
+    costs = {g: {(r["draft_cost_ratio"], r["verify_cost_ratio"]) for r in records if r["gamma"] == g} for g in (1, 2)}
+    assert all(len(c) == 1 for c in costs.values())
+    predicted = {g: 4.0 / (g * c + v) for g, ((c, v),) in costs.items()}  # tau 4: the 3rd call
+    assert (best["checkpoint"], best["gamma"]) == ("checkpoint-4", max(predicted, key=predicted.get))
     assert state.best_model_checkpoint == str(tmp_path / "checkpoint-4")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(tmp_path / "runs" / "acceptance"))

@@ -1,0 +1,306 @@
+"""Distillation benchmark: which training objective gives the draft that the target accepts most, per decoding mode.
+
+    python scripts/bench_distill.py                   # both pairs, every row (~35 min on a 2-core CPU)
+    python scripts/bench_distill.py --fast            # a smoke run of everything at toy sizes (~3 min)
+    python scripts/bench_distill.py --pairs quickstart --rows ce forward_kl
+
+Two target/draft pairs, both on the quickstart's corpus (the Python standard library, distill/corpus.py) and its
+BPE tokenizer; each target is pre-trained with cross-entropy by scripts/train.py (recipes/quickstart/target.yaml):
+  quickstart  the quickstart's target (Llama hidden 256 x 4 layers) -> a draft from scratch (hidden 128 x 2 layers,
+              recipes/quickstart/draft_kd.yaml's model.draft_config)
+  deep        a deeper, narrower target (hidden 192 x 8 layers) -> a draft made of its layers 0 and 7
+              (model.draft_layers [0, 7]: the target's embeddings, head and two layers, all trained)
+Every row of a pair trains the same draft with scripts/train.py (recipes/quickstart/draft_kd.yaml plus the row's
+overrides) on the same rows, for the same steps, with the same optimiser and seed; only the objective differs.
+
+Columns (decode/ does the decoding, as `specdistill-eval` does):
+  tf_acceptance    teacher-forced sum_x min(p, q) at temperature 1, averaged over held-out text positions
+  greedy_agree     teacher-forced argmax p == argmax q on the same positions
+  tau_greedy       mean_accepted_tokens at gamma 4, greedy, on held-out prompts (x CE: over the ce row's)
+  tau_sampled      the same at temperature 1
+  speedup          measured wall-clock speedup at gamma 4, greedy and sampled (noisy on a shared machine)
+  tokens/s, wall   training throughput logged by the trainer, and the row's training wall time
+
+Everything is cached under --out: corpus, tokenizer, targets, the target's responses, the teacher cache, each
+trained draft and each measured row (<pair>/<row>.json); a re-run only does what is missing, then rewrites --doc.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from scripts.bench_distill_rows import PAIRS, ROWS, Pair, Sizes, draft_overrides, target_overrides  # noqa: E402
+
+RECIPES = ROOT / "recipes" / "quickstart"
+THREADS = 1
+NOTES = "<!-- notes: kept when the tables above are regenerated -->"
+FAST = Sizes(target_steps=12, target_batch=4, draft_steps=6, draft_batch=4, max_length=64, num_prompts=3,
+             max_new_tokens=8, heldout_blocks=2, target_max_new_tokens=8, on_policy_max_new_tokens=8)
+
+
+def banner(title: str) -> None:
+    print(f"\n{'=' * 100}\n== {title}\n{'=' * 100}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data: the quickstart corpus, and the documents each kind of run trains on
+# ---------------------------------------------------------------------------------------------------------------
+
+def write_subset(docs: list[dict], path: Path, chars: float) -> Path:
+    """The first documents of `docs` whose text adds up to at least `chars` characters, as a .jsonl file."""
+    if path.is_file():
+        return path
+    chosen, total = [], 0
+    for doc in docs:
+        if total >= chars:
+            break
+        chosen.append(doc)
+        total += len(doc["text"])
+    path.write_text("".join(json.dumps({"text": d["text"]}) + "\n" for d in chosen))
+    return path
+
+
+def prepare_data(shared: Path, out: Path, sizes: Sizes):
+    """Corpus and tokenizer (in `shared`), the target's and the drafts' training files (in `out`)."""
+    from distill.corpus import build_corpus, read_jsonl, train_tokenizer
+
+    corpus = build_corpus(shared / "data", max_chars_per_doc=8000)
+    tokenizer = train_tokenizer(corpus, shared / "tokenizer", vocab_size=4096)
+    docs = list(read_jsonl(corpus.train))
+    random.Random(0).shuffle(docs)  # a fixed sample of the whole library, not its alphabetically first files
+    chars_per_token = json.loads((shared / "tokenizer" / "corpus_tokenizer.json").read_text())[
+        "heldout_chars_per_token"]
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    block_chars = sizes.max_length * chars_per_token
+    target_file = write_subset(docs, out / "data" / "target_train.jsonl",
+                               1.15 * sizes.target_steps * sizes.target_batch * block_chars)
+    draft_file = write_subset(docs, out / "data" / "draft_train.jsonl",
+                              1.05 * sizes.draft_steps * sizes.draft_batch * block_chars)
+    return corpus, tokenizer, target_file, draft_file
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training: scripts/train.py in its own process, as a user runs it
+# ---------------------------------------------------------------------------------------------------------------
+
+def train(recipe: str, output_dir: Path, overrides: list[str]) -> float:
+    """Run scripts/train.py unless output_dir already holds its result; the wall seconds it took (0 if reused)."""
+    if (output_dir / "train_results.json").is_file():
+        print(f"reusing {output_dir}", flush=True)
+        return 0.0
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), str(RECIPES / recipe),
+           f"train.output_dir={output_dir}", *overrides]
+    print("$ " + " ".join(cmd), flush=True)
+    start = time.time()
+    # one thread: on a machine shared with other jobs two threads mostly wait for each other at every op
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
+    return time.time() - start
+
+
+def seed_target(out: Path, pair: Pair, tokenizer) -> Path:
+    """The pair's randomly initialised target: the quickstart's seed target with the pair's shape overrides."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from scripts.quickstart import seed_target as quickstart_seed
+
+    base = quickstart_seed(out, tokenizer)
+    if not pair.target_shape:
+        return base
+    folder = out / pair.name / "seed_target"
+    if not (folder / "config.json").is_file():
+        config = AutoConfig.from_pretrained(base)
+        for key, value in pair.target_shape.items():
+            setattr(config, key, value)
+        AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def training_log(output_dir: Path) -> dict:
+    """Mean logged tokens_per_s and the last logged kd / ce of a finished run (from its last trainer_state.json)."""
+    states = sorted(output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name[11:]))
+    logs = json.loads(states[-1].read_text())["log_history"] if states else []
+    speeds = [entry["tokens_per_s"] for entry in logs if "tokens_per_s" in entry]
+    last = next((entry for entry in reversed(logs) if "kd" in entry), {})
+    return {"tokens_per_s": sum(speeds) / len(speeds) if speeds else None, "kd": last.get("kd"),
+            "ce": last.get("ce")}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measuring a draft
+# ---------------------------------------------------------------------------------------------------------------
+
+def heldout_blocks(corpus, tokenizer, sizes: Sizes):
+    """[N, max_length] token blocks of held-out text (documents joined by eos)."""
+    import torch
+
+    from distill.corpus import read_jsonl
+
+    stream: list[int] = []
+    need = sizes.heldout_blocks * sizes.max_length
+    for doc in read_jsonl(corpus.heldout):
+        stream += tokenizer(doc["text"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if len(stream) >= need:
+            break
+    return torch.tensor(stream[:need], dtype=torch.long).view(sizes.heldout_blocks, sizes.max_length)
+
+
+def teacher_forced(target, draft, blocks) -> dict:
+    """Mean sum_x min(p, q) (temperature 1) and argmax agreement of draft and target over every position."""
+    import torch
+
+    overlap, agree, count = 0.0, 0, 0
+    with torch.inference_mode():
+        for rows in blocks.split(4):
+            p = target(rows).logits.float().softmax(-1)  # [B, T, V]
+            q = draft(rows).logits.float().softmax(-1)  # [B, T, V]
+            overlap += float(torch.minimum(p, q).sum(-1).sum())  # sum_x min(p, q) = 1 - TV(p, q)
+            agree += int((p.argmax(-1) == q.argmax(-1)).sum())
+            count += rows.numel()
+    return {"tf_acceptance": overlap / count, "greedy_agreement": agree / count}
+
+
+def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eos: int) -> dict:
+    """Teacher-forced numbers and decode.evaluate's gamma-4 results, greedy and at temperature 1."""
+    from transformers import AutoModelForCausalLM
+
+    from decode.evaluate import EvalSettings, evaluate_acceptance
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
+    row = teacher_forced(target, draft, blocks)
+    for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+        settings = EvalSettings(gammas=[4], temperature=temperature, max_new_tokens=sizes.max_new_tokens,
+                                eos_token_id=eos, seed=0)
+        result = evaluate_acceptance(target, draft, prompts, settings, progress=False)[0]
+        row.update({f"tau_{mode}": result["mean_accepted_tokens"], f"acceptance_rate_{mode}": result[
+            "acceptance_rate"], f"speedup_{mode}": result["speedup"],
+            f"predicted_speedup_{mode}": result["predicted_speedup"]})
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------------------------
+
+def machine() -> str:
+    import torch
+
+    return (f"{platform.machine()} VM, {os.cpu_count()} cores, torch {torch.__version__} (CPU, float32), "
+            f"Python {platform.python_version()}")
+
+
+def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes: Sizes, command: str) -> None:
+    """docs/benchmarks/distill.md: one table per pair and the winner per decoding mode."""
+    from scripts.bench_distill_rows import format_pair_table, winners
+
+    lines = ["# Distillation benchmark: which objective the target accepts most", "",
+             "```", command, "```", "",
+             f"Machine: {machine()}; shared with other jobs during the run, so wall-clock columns (speedup, "
+             "tokens/s, wall) are noisy; acceptance and tau are deterministic (greedy) or seeded (sampled).", "",
+             f"Sizes: {json.dumps(asdict(sizes))}", ""]
+    for name, rows in results.items():
+        target_ce = training_log(out / name / "target")["ce"]
+        lines += [f"## Pair `{name}`: {PAIRS[name].describe}", "",
+                  f"Target: {sizes.target_steps} steps of cross-entropy, last logged training CE "
+                  f"{target_ce if target_ce is None else round(target_ce, 2)} nats/token.", "",
+                  format_pair_table(rows), ""]
+    lines += winners(results)
+    notes = path.read_text().split(NOTES, 1)[1] if path.is_file() and NOTES in path.read_text() else "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n" + NOTES + notes)  # hand-written notes after the marker are kept
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------------------
+
+def run_pair(out: Path, pair: Pair, rows: list[str], sizes: Sizes, data) -> dict[str, dict]:
+    """Train and measure every missing row of one pair; the measured rows (cached ones included)."""
+    from decode.loading import read_prompts
+    from distill.data import eval_prompts
+
+    corpus, tokenizer, target_file, draft_file = data
+    pair_dir = out / pair.name
+    banner(f"pair {pair.name}: target")
+    target_dir = pair_dir / "target"
+    train("target.yaml", target_dir, target_overrides(seed_target(out, pair, tokenizer), target_file, sizes))
+    prompts = eval_prompts(read_prompts(str(corpus.eval_prompts))[: sizes.num_prompts], "text", tokenizer, 64)
+    blocks = heldout_blocks(corpus, tokenizer, sizes)
+    measured = {}
+    for name in rows:
+        result_path = pair_dir / f"{name}.json"
+        if result_path.is_file():
+            measured[name] = json.loads(result_path.read_text())
+            continue
+        banner(f"pair {pair.name}: row {name}")
+        draft_dir = pair_dir / name
+        wall = train("draft_kd.yaml", draft_dir, draft_overrides(pair, name, target_dir, draft_file, pair_dir, sizes))
+        row = {"row": name, "overrides": ROWS[name], "train_wall_s": wall, **training_log(draft_dir),
+               **measure(target_dir, draft_dir, prompts, blocks, sizes, tokenizer.eos_token_id)}
+        result_path.write_text(json.dumps(row, indent=2) + "\n")
+        print(json.dumps(row), flush=True)
+        measured[name] = row
+    return measured
+
+
+def measured_rows(out: Path) -> dict[str, dict[str, dict]]:
+    """The rows measured under `out`, per pair, in the order of PAIRS and ROWS."""
+    results = {}
+    for pair in PAIRS:
+        rows = {row: json.loads((out / pair / f"{row}.json").read_text()) for row in ROWS
+                if (out / pair / f"{row}.json").is_file()}
+        if rows:
+            results[pair] = rows
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=ROOT / "bench_distill_out")
+    p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks" / "distill.md")
+    p.add_argument("--fast", action="store_true", help="toy sizes: a smoke test of every step")
+    p.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS))
+    p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    p.add_argument("--draft-steps", type=int, help="override the drafts' optimizer steps")
+    p.add_argument("--target-steps", type=int, help="override the targets' pre-training steps")
+    args = p.parse_args(argv)
+    sizes = FAST if args.fast else Sizes()
+    out = args.out.resolve() / ("fast" if args.fast else "full")
+    for key in ("draft_steps", "target_steps"):  # a variant of the sizes gets its own folder
+        if getattr(args, key):
+            sizes = replace(sizes, **{key: getattr(args, key)})
+            out = out.parent / f"{out.name}-{key.replace('_', '')}{getattr(args, key)}"
+    start = time.time()
+    import torch
+    torch.set_num_threads(THREADS)
+    banner("data: the quickstart corpus and tokenizer")
+    data = prepare_data(args.out.resolve(), out, sizes)
+    for name in args.pairs:
+        run_pair(out, PAIRS[name], args.rows, sizes, data)
+    results = measured_rows(out)  # every pair and row measured so far, also by other invocations
+    command = "python " + " ".join(["scripts/bench_distill.py", *(argv if argv is not None else sys.argv[1:])])
+    if not args.fast or args.doc != p.get_default("doc"):
+        write_doc(args.doc, out, results, sizes, command)
+        print(f"wrote {args.doc}")
+    print(f"done in {(time.time() - start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
