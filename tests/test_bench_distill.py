@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.config import load_recipe
+from distill.recipe_loader import load_recipe
 from scripts.bench_distill_rows import PAIRS, ROWS, Sizes, draft_overrides, format_pair_table, winners
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "quickstart" / "draft_kd.yaml"
