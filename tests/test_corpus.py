@@ -1,4 +1,4 @@
-"""Tests for distill/corpus.py on a ~50-file subset of the stdlib and a 512-token BPE (a few seconds in all)."""
+"""Tests for scripts/quickstart_corpus.py on a ~50-file subset of the stdlib and a 512-token BPE (seconds in all)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from distill import corpus
-from distill.corpus import (
+from scripts import quickstart_corpus as corpus
+from scripts.quickstart_corpus import (
     EXCLUDED_DIRS,
     SPECIAL_TOKENS,
     CorpusPaths,
