@@ -32,7 +32,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from scripts.quickstart_corpus import build_corpus, train_tokenizer  # noqa: E402
+from scripts.quickstart_corpus import build_corpus  # noqa: E402
+from scripts.quickstart_tokenizer import train_tokenizer  # noqa: E402
 
 RECIPES = ROOT / "recipes" / "quickstart"
 DRAFTS = ("draft_ce", "draft_kd")
