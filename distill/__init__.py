@@ -10,8 +10,8 @@
     distill.trainer        `DistillTrainer`, one transformers.Trainer for 1..N processes
     distill.callbacks      acceptance at every checkpoint, best-checkpoint export
     distill.hub            publishing the exported draft with a model card
-    distill.corpus, distill.target_data, distill.teacher_cache, distill.report: quickstart corpus, target-generated
-                           training data, cached top-k teacher, plots and tables
+    distill.target_data, distill.teacher_cache, distill.report: target-generated training data, cached top-k
+                           teacher, plots and tables (the quickstart corpus and tokenizer: scripts/quickstart_*.py)
     distill.shard_store, distill.fingerprints: the resumable shard folder and input hashes of the last two
     distill.utils          IGNORE_INDEX, eval_mode(), parameter_count, ModelSetupError
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -32,18 +33,63 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from distill.corpus import build_corpus, train_tokenizer  # noqa: E402
+from scripts.quickstart_corpus import CorpusPaths, build_corpus  # noqa: E402
+from scripts.quickstart_tokenizer import train_tokenizer  # noqa: E402
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 RECIPES = ROOT / "recipes" / "quickstart"
 DRAFTS = ("draft_ce", "draft_kd")
 GAMMAS = ["1", "2", "3", "4"]
+FAST_TRAIN = ["train.max_steps=8", "train.save_steps=4", "train.logging_steps=2",
+              "train.per_device_train_batch_size=4", "data.max_samples=40", "eval.max_new_tokens=12"]
 
 
-def banner(title: str) -> None:
-    print(f"\n{'=' * 100}\n== {title}\n{'=' * 100}", flush=True)
+def main(argv: list[str] | None = None) -> None:
+    """The five steps of the README's quickstart, in order; each reuses what a previous run left in --out."""
+    args = parse_args(argv)
+    out, fast = args.out.resolve(), args.fast
+    start = time.time()
+    corpus, tokenizer = corpus_and_tokenizer(out)
+    pretrain_target(out, corpus, tokenizer, fast)
+    train_drafts(out, corpus, fast)
+    evals = evaluate_drafters(out, corpus, fast)
+    compare_and_report(out, evals)
+    print(f"TensorBoard: .venv/bin/tensorboard --logdir {out}\ndone in {(time.time() - start) / 60:.1f} min")
 
 
-def seed_target(out: Path, tokenizer) -> Path:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=ROOT / "quickstart_out")
+    p.add_argument("--fast", action="store_true", help="a few steps of everything (a smoke test, ~2 minutes)")
+    return p.parse_args(argv)
+
+
+# ---- 1. corpus and tokenizer ------------------------------------------------------------------------------------
+
+
+def corpus_and_tokenizer(out: Path) -> tuple[CorpusPaths, PreTrainedTokenizerBase]:
+    """The stdlib corpus in out/data and a 4096-token BPE trained on its train split in out/tokenizer."""
+    banner("1/5 corpus (the Python standard library on this machine) and tokenizer")
+    corpus = build_corpus(out / "data")
+    tokenizer = train_tokenizer(corpus, out / "tokenizer", vocab_size=4096)
+    manifest = corpus.load_manifest()
+    print(f"corpus: {manifest.get('counts', manifest.get('num_files', ''))}; tokenizer: {len(tokenizer)} tokens")
+    return corpus, tokenizer
+
+
+# ---- 2. the target ----------------------------------------------------------------------------------------------
+
+
+def pretrain_target(out: Path, corpus: CorpusPaths, tokenizer: PreTrainedTokenizerBase, fast: bool) -> None:
+    """out/target: a small Llama pre-trained from a random start with cross-entropy (recipes/quickstart/target.yaml)."""
+    banner("2/5 pre-training the target with cross-entropy")
+    train("target.yaml", out / "target",
+          [f"model.target={seed_target(out, tokenizer)}", f"data.dataset={corpus.train}"], fast)
+
+
+def seed_target(out: Path, tokenizer: PreTrainedTokenizerBase) -> Path:
     """A randomly initialised target (config, weights, tokenizer) whose architecture the target recipe trains."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -59,79 +105,63 @@ def seed_target(out: Path, tokenizer) -> Path:
     return folder
 
 
+# ---- 3. two drafts: plain CE vs distilled -----------------------------------------------------------------------
+
+
+def train_drafts(out: Path, corpus: CorpusPaths, fast: bool) -> None:
+    """out/draft_ce and out/draft_kd: the same small draft, data and steps; plain CE vs distilled from the target."""
+    for name in DRAFTS:
+        banner(f"3/5 training {name} ({'plain cross-entropy' if name == 'draft_ce' else 'distilled from the target'})")
+        train(f"{name}.yaml", out / name, [f"model.target={out / 'target'}", f"data.dataset={corpus.train}",
+                                           f"data.eval_prompts={corpus.eval_prompts}"], fast)
+
+
 def train(recipe: str, output_dir: Path, overrides: list[str], fast: bool) -> None:
     """scripts/train.py in its own process (skipped when output_dir already holds an exported model)."""
     if (output_dir / "train_results.json").is_file():
         print(f"reusing {output_dir}")
         return
-    if fast:
-        overrides += ["train.max_steps=8", "train.save_steps=4", "train.logging_steps=2",
-                      "train.per_device_train_batch_size=4", "data.max_samples=40", "eval.max_new_tokens=12"]
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), str(RECIPES / recipe),
-           f"train.output_dir={output_dir}", *overrides]
+           f"train.output_dir={output_dir}", *overrides, *(FAST_TRAIN if fast else [])]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def evaluate(out: Path, target: Path, drafter: str, name: str, prompts: Path, fast: bool) -> Path:
+# ---- 4. eval-acceptance on held-out prompts ---------------------------------------------------------------------
+
+
+def evaluate_drafters(out: Path, corpus: CorpusPaths, fast: bool) -> dict[str, Path]:
+    """Both drafts and prompt lookup against the target on the held-out prompts: drafter name -> out/eval/NAME.json."""
+    banner("4/5 eval-acceptance against the target on held-out prompts")
+    evals = {name: evaluate(out, str(out / name), name, corpus.eval_prompts, fast) for name in DRAFTS}
+    evals["prompt_lookup"] = evaluate(out, "prompt-lookup", "prompt_lookup", corpus.eval_prompts, fast)
+    return evals
+
+
+def evaluate(out: Path, drafter: str, name: str, prompts: Path, fast: bool) -> Path:
+    """scripts/eval_acceptance.py of `drafter` against out/target (skipped when out/eval/NAME.json exists)."""
     from scripts.eval_acceptance import main as eval_main
 
     result = out / "eval" / f"{name}.json"
     if result.is_file():
         print(f"reusing {result}")
         return result
-    eval_main(["--target", str(target), "--draft", drafter, "--prompts", str(prompts), "--gamma", *GAMMAS,
+    eval_main(["--target", str(out / "target"), "--draft", drafter, "--prompts", str(prompts), "--gamma", *GAMMAS,
                "--num-prompts", "4" if fast else "16", "--max-new-tokens", "16" if fast else "64",
                "--max-prompt-tokens", "64", "--device", "cpu", "--output", str(result)])
     return result
 
 
-def machine() -> str:
-    import torch
-
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
-            f"(CPU, float32), Python {platform.python_version()}")
+# ---- 5. comparison table and report -----------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=ROOT / "quickstart_out")
-    p.add_argument("--fast", action="store_true", help="a few steps of everything (a smoke test, ~2 minutes)")
-    args = p.parse_args(argv)
-    out, fast = args.out.resolve(), args.fast
-    start = time.time()
-
-    # ---- 1. corpus and tokenizer ----------------------------------------------------------------------------
-    banner("1/5 corpus (the Python standard library on this machine) and tokenizer")
-    corpus = build_corpus(out / "data")
-    tokenizer = train_tokenizer(corpus, out / "tokenizer", vocab_size=4096)
-    manifest = json.loads(corpus.manifest.read_text())
-    print(f"corpus: {manifest.get('counts', manifest.get('num_files', ''))}; tokenizer: {len(tokenizer)} tokens")
-
-    # ---- 2. the target ----------------------------------------------------------------------------------------
-    banner("2/5 pre-training the target with cross-entropy")
-    data = [f"data.dataset={corpus.train}"]
-    train("target.yaml", out / "target", [f"model.target={seed_target(out, tokenizer)}", *data], fast)
-
-    # ---- 3. two drafts: plain CE vs distilled -------------------------------------------------------------------
-    for name in DRAFTS:
-        banner(f"3/5 training {name} ({'plain cross-entropy' if name == 'draft_ce' else 'distilled from the target'})")
-        train(f"{name}.yaml", out / name,
-              [f"model.target={out / 'target'}", *data, f"data.eval_prompts={corpus.eval_prompts}"], fast)
-
-    # ---- 4. eval-acceptance on held-out prompts -----------------------------------------------------------------
-    banner("4/5 eval-acceptance against the target on held-out prompts")
-    evals = {name: evaluate(out, out / "target", str(out / name), name, corpus.eval_prompts, fast)
-             for name in DRAFTS}
-    evals["prompt_lookup"] = evaluate(out, out / "target", "prompt-lookup", "prompt_lookup", corpus.eval_prompts,
-                                      fast)
-
-    # ---- 5. comparison table and report -------------------------------------------------------------------------
-    banner("5/5 comparison and report")
+def compare_and_report(out: Path, evals: dict[str, Path]) -> None:
+    """The comparison table overall and by stdlib package (at the largest gamma), and out/report/."""
     from decode.table import format_table
     from decode.tally import category_rows
     from distill.report import write_report
 
+    banner("5/5 comparison and report")
     results = {name: json.loads(path.read_text())["results"] for name, path in evals.items()}
     print(format_table([{"drafter": name, **r} for name, rs in results.items() for r in rs]))
     by_package = [row for name, rs in results.items() for row in category_rows(rs, drafter=name)
@@ -139,8 +169,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nby stdlib package of the held-out prompt (gamma {GAMMAS[-1]}):\n{format_table(by_package)}")
     report = write_report(out / "report", runs={name: out / name for name in DRAFTS}, evals=evals,
                           machine=machine())
-    print(f"\nreport: {report}\nTensorBoard: .venv/bin/tensorboard --logdir {out}\n"
-          f"done in {(time.time() - start) / 60:.1f} min")
+    print(f"\nreport: {report}")
+
+
+def banner(title: str) -> None:
+    print(f"\n{'=' * 100}\n== {title}\n{'=' * 100}", flush=True)
+
+
+def machine() -> str:
+    import torch
+
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+            f"(CPU, float32), Python {platform.python_version()}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Tests for distill/corpus.py on a ~50-file subset of the stdlib and a 512-token BPE (a few seconds in all)."""
+"""Tests for the quickstart's corpus and tokenizer (scripts/quickstart_corpus.py, scripts/quickstart_tokenizer.py)
+on a ~50-file subset of the stdlib and a 512-token BPE (a few seconds in all)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from distill import corpus
-from distill.corpus import (
+from scripts import quickstart_tokenizer
+from scripts.quickstart_corpus import (
     EXCLUDED_DIRS,
-    SPECIAL_TOKENS,
     CorpusPaths,
     build_corpus,
     chunk_at_lines,
@@ -21,8 +21,8 @@ from distill.corpus import (
     read_jsonl,
     stdlib_root,
     stdlib_source_files,
-    train_tokenizer,
 )
+from scripts.quickstart_tokenizer import SPECIAL_TOKENS, train_tokenizer
 
 HELDOUT_FRACTION = 0.2  # larger than the default so that a 50-file subset holds out ~10 files
 
@@ -204,8 +204,8 @@ def test_corpus_cache_reuses_and_rebuilds_on_new_parameters(tmp_path, subset):
 
 def test_tokenizer_cache_reuses_without_training(monkeypatch, tmp_path, built):
     calls = []
-    real = corpus._train_bpe
-    monkeypatch.setattr(corpus, "_train_bpe", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = quickstart_tokenizer._train_bpe
+    monkeypatch.setattr(quickstart_tokenizer, "_train_bpe", lambda *a, **k: calls.append(1) or real(*a, **k))
     train_tokenizer(built, tmp_path, vocab_size=400, progress=False)
     stamp = (tmp_path / "tokenizer.json").stat().st_mtime_ns
     tokenizer = train_tokenizer(built, tmp_path, vocab_size=400, progress=False)

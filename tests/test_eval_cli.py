@@ -77,7 +77,7 @@ def test_chat_prompts_by_category(pair, tmp_path, capsys):
 
     from transformers import AutoTokenizer
 
-    from distill.corpus import CHAT_TEMPLATE
+    from scripts.quickstart_tokenizer import CHAT_TEMPLATE
 
     target = Path(shutil.copytree(pair / "target", tmp_path / "target"))
     tok = AutoTokenizer.from_pretrained(target)

@@ -6,7 +6,7 @@ import pytest
 
 from decode.loading import LoadError
 from decode.prompts import PromptFields, PromptRow, encode_prompt_rows, read_prompt_rows, render_prompt
-from distill.corpus import CHAT_TEMPLATE
+from scripts.quickstart_tokenizer import CHAT_TEMPLATE
 from tiny import tiny_tokenizer
 
 
