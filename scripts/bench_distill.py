@@ -4,7 +4,7 @@
     python scripts/bench_distill.py --fast            # a smoke run of everything at toy sizes (~3 min)
     python scripts/bench_distill.py --pairs quickstart --rows ce forward_kl
 
-Two target/draft pairs, both on the quickstart's corpus (the Python standard library, distill/corpus.py) and its
+Two target/draft pairs, both on the quickstart's corpus (the Python standard library, scripts/quickstart_corpus.py) and its
 BPE tokenizer; each target is pre-trained with cross-entropy by scripts/train.py (recipes/quickstart/target.yaml):
   quickstart  the quickstart's target (Llama hidden 256 x 4 layers) -> a draft from scratch (hidden 128 x 2 layers,
               recipes/quickstart/draft_kd.yaml's model.draft_config)
@@ -78,7 +78,8 @@ def write_subset(docs: list[dict], path: Path, chars: float) -> Path:
 
 def prepare_data(shared: Path, out: Path, sizes: Sizes):
     """Corpus and tokenizer (in `shared`), the target's and the drafts' training files (in `out`)."""
-    from distill.corpus import build_corpus, read_jsonl, train_tokenizer
+    from scripts.quickstart_corpus import build_corpus, read_jsonl
+    from scripts.quickstart_tokenizer import train_tokenizer
 
     corpus = build_corpus(shared / "data", max_chars_per_doc=8000)
     tokenizer = train_tokenizer(corpus, shared / "tokenizer", vocab_size=4096)
@@ -150,7 +151,7 @@ def heldout_blocks(corpus, tokenizer, sizes: Sizes):
     """[N, max_length] token blocks of held-out text (documents joined by eos)."""
     import torch
 
-    from distill.corpus import read_jsonl
+    from scripts.quickstart_corpus import read_jsonl
 
     stream: list[int] = []
     need = sizes.heldout_blocks * sizes.max_length
