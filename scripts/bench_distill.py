@@ -4,7 +4,7 @@
     python scripts/bench_distill.py --fast            # a smoke run of everything at toy sizes (~3 min)
     python scripts/bench_distill.py --pairs quickstart --rows ce forward_kl
 
-Two target/draft pairs, both on the quickstart's corpus (the Python standard library, scripts/quickstart_corpus.py) and its
+Two target/draft pairs, both on the quickstart's corpus (the standard library, scripts/quickstart_corpus.py) and its
 BPE tokenizer; each target is pre-trained with cross-entropy by scripts/train.py (recipes/quickstart/target.yaml):
   quickstart  the quickstart's target (Llama hidden 256 x 4 layers) -> a draft from scratch (hidden 128 x 2 layers,
               recipes/quickstart/draft_kd.yaml's model.draft_config)
@@ -34,7 +34,7 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
