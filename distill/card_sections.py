@@ -8,26 +8,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
-def _number(value, spec: str, suffix: str = "") -> str:
-    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+from decode.table import CARD_CATEGORY_COLUMNS, format_table
 
 
 def category_section(results: list[dict]) -> str:
     """'## Acceptance by prompt category' with one row per (temperature, gamma, category); '' without categories."""
-    rows = [(r, name, c) for r in results for name, c in sorted((r.get("by_category") or {}).items())]
+    rows = [{**c, "gamma": r.get("gamma"), "temperature": r.get("temperature"), "category": name}
+            for r in results for name, c in sorted((r.get("by_category") or {}).items())]
     if not rows:
         return ""
-    lines = ["## Acceptance by prompt category", "",
-             "The same measurement split by the category of each prompt (each row is over that category's prompts "
-             "only; acceptance varies with the task).", "",
-             "| gamma | temperature | category | prompts | acceptance_rate | mean_accepted_tokens | speedup |",
-             "|---:|---:|---|---:|---:|---:|---:|"]
-    for result, name, c in sorted(rows, key=lambda x: (x[0].get("temperature", 0.0), x[0].get("gamma", 0), x[1])):
-        lines.append(f"| {result.get('gamma', 'n/a')} | {_number(result.get('temperature'), 'g')} | {name} "
-                     f"| {c.get('num_prompts', 'n/a')} | {_number(c.get('acceptance_rate'), '.3f')} "
-                     f"| {_number(c.get('mean_accepted_tokens'), '.2f')} | {_number(c.get('speedup'), '.2f', 'x')} |")
-    return "\n".join(lines) + "\n"
+    rows.sort(key=lambda row: (row["temperature"] or 0.0, str(row["gamma"] or 0).zfill(4), row["category"]))
+    return "\n".join([
+        "## Acceptance by prompt category", "",
+        "The same measurement split by the category of each prompt (each row is over that category's prompts "
+        "only; acceptance varies with the task).", "",
+        format_table(rows, CARD_CATEGORY_COLUMNS, style="markdown", missing="n/a")]) + "\n"
 
 
 def deploy_section(model_dir: Path) -> str:
