@@ -28,6 +28,7 @@ import httpx2  # huggingface_hub's HTTP client: its transport errors are the net
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 
+from distill.acceptance_log import ACCEPTANCE_LOG
 from distill.model_card import (CARD_TAGS, build_model_card, check_repo_id, eval_prompts, infer_target,
                                 load_eval_results)
 
@@ -40,7 +41,7 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
     "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
 )
-RESULT_FILES = ("recipe.yaml", "acceptance.jsonl")
+RESULT_FILES = ("recipe.yaml", ACCEPTANCE_LOG)
 CARD_FILE = "README.md"
 EVAL_FILE = "eval_acceptance.json"  # the eval JSON's name when its own would clash with a model file
 WEIGHTS_GLOB = "*.safetensors"

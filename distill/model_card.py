@@ -22,7 +22,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from decode.results import read_eval_json
 from decode.table import CARD_COLUMNS, format_table
-from distill.acceptance_log import best_checkpoint, read_records
+from distill.acceptance_log import best_checkpoint, log_path, read_records
 from distill.card_sections import category_section, deploy_section
 from distill.report import shown_path
 from distill.utils import saved_parameter_count
@@ -74,7 +74,7 @@ def load_eval_results(model_dir: Path, eval_json: Path | None = None, *,
     exported = exported_step(model_dir) if step is None else None
     chosen = step if step is not None else exported if exported in steps else steps[-1]
     if chosen not in steps:
-        raise ValueError(f"{Path(model_dir) / 'acceptance.jsonl'} has no rows for step {step}; steps logged: "
+        raise ValueError(f"{log_path(model_dir)} has no rows for step {step}; steps logged: "
                          f"{', '.join(map(str, steps))}")
     picked = [row for row in rows if row["step"] == chosen]
     return picked, describe_hardware(picked[0]) or "not recorded in acceptance.jsonl (measured during training)"
