@@ -71,7 +71,9 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column] = 
     """A table of ``columns`` over result ``rows`` (``style``: "terminal" or "markdown").
 
     ``drop_empty`` leaves out the columns no row has a value for (default: only for DECODE_COLUMNS)."""
-    if drop_empty if drop_empty is not None else columns is DECODE_COLUMNS:
+    if drop_empty is None:
+        drop_empty = columns is DECODE_COLUMNS
+    if drop_empty:
         columns = [c for c in columns if any(row.get(c.key) is not None for row in rows)]
     cells = [[cell(row, c, missing) for c in columns] for row in rows]
     return render([c.header for c in columns], cells, style, [c.key in TEXT_KEYS for c in columns])
