@@ -9,7 +9,7 @@
     distill.lora, distill.distributed: LoRA drafts (peft); launch-mode checks and DeepSpeed ZeRO-3 weights
     distill.trainer        `DistillTrainer`, one transformers.Trainer for 1..N processes
     distill.callbacks      acceptance at every checkpoint, best-checkpoint export
-    distill.model_card     the model card from measured numbers (huggingface_hub ModelCard; distill.card_sections)
+    distill.model_card     the model card from measured numbers (huggingface_hub ModelCard)
     distill.hub            publishing the exported draft: card into the folder, upload_folder(allow_patterns)
     distill.corpus, distill.target_data, distill.teacher_cache, distill.report: quickstart corpus, target-generated
                            training data, cached top-k teacher, plots and tables

@@ -6,7 +6,8 @@
 
 The card states the target, embeds the training recipe, tabulates acceptance and speedup exactly as measured (from
 an eval_acceptance JSON, else the acceptance.jsonl rows of the exported checkpoint, else of the last one) with the
-hardware they were measured on, and shows how to use the draft with transformers and vLLM. Its metadata
+hardware they were measured on, acceptance by prompt category (``by_category``), the deployment check's verdict
+(``deploy_check`` of OUTPUT_DIR/train_results.json), and how to use the draft with transformers and vLLM. Its metadata
 (``ModelCardData``) holds a model-index with one ``EvalResult`` per measured number. Local paths are written
 relative to the model folder (the run's folder).
 """
@@ -21,9 +22,8 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from decode.results import read_eval_json
-from decode.table import CARD_COLUMNS, format_table
+from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table
 from distill.acceptance_log import best_checkpoint, log_path, read_records
-from distill.card_sections import category_section, deploy_section
 from distill.report import shown_path
 from distill.utils import saved_parameter_count
 
@@ -195,6 +195,37 @@ def results_section(results: list[dict], hardware: str) -> str:
         "- `speedup`: wall-clock tokens/s of speculative decoding over the target alone at the temperature shown; "
         "`predicted_speedup`: mean_accepted_tokens / (gamma * draft_cost_ratio + verify_cost_ratio) from measured "
         "step costs.\n")
+
+
+def category_section(results: list[dict]) -> str:
+    """'## Acceptance by prompt category' with one row per (temperature, gamma, category); '' without categories."""
+    rows = [{**c, "gamma": r.get("gamma"), "temperature": r.get("temperature"), "category": name}
+            for r in results for name, c in sorted((r.get("by_category") or {}).items())]
+    if not rows:
+        return ""
+    rows.sort(key=lambda row: (row["temperature"] or 0.0, str(row["gamma"] or 0).zfill(4), row["category"]))
+    return "\n".join([
+        "## Acceptance by prompt category", "",
+        "The same measurement split by the category of each prompt (each row is over that category's prompts "
+        "only; acceptance varies with the task).", "",
+        format_table(rows, CARD_CATEGORY_COLUMNS, style="markdown", missing="n/a")]) + "\n"
+
+
+def deploy_section(model_dir: Path) -> str:
+    """'## Deployment check': the verdict of specdistill-check at export (train_results.json), or how to run it."""
+    path = Path(model_dir) / "train_results.json"
+    check = json.loads(path.read_text()).get("deploy_check") if path.is_file() else None
+    if not isinstance(check, dict):
+        return ("## Deployment check\n\nNot recorded with this model: run `specdistill-check --target TARGET "
+                "--draft THIS_FOLDER` (tokenizer, vocab, context length, rope, dtype, gamma, safetensors).\n")
+    problems = check.get("problems") or {}
+    if check.get("passed"):
+        return ("## Deployment check\n\n`specdistill-check` passed at export: same tokenizer and special tokens as "
+                "the target, equal vocab / lm_head rows, context length at least the target's, its kind of rope "
+                "scaling, the target's dtype, gamma in generation_config, safetensors weights.\n")
+    lines = ["## Deployment check", "", "`specdistill-check` found problems at export; fix them before serving:", ""]
+    lines += [f"- **{name}**: {problem}" for name, problem in problems.items()]
+    return "\n".join(lines) + "\n"
 
 
 def usage_section(target: str, repo_id: str, gamma: int | None) -> str:

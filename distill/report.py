@@ -173,7 +173,8 @@ def _eval_section(out_dir: Path, evals: dict[str, dict], root: Path) -> list[str
                      f"measured on {payload.get('device', 'unrecorded device')}, dtype {payload.get('dtype', '?')}, "
                      f"torch {payload.get('torch_version', '?')}")
     rows = [{"drafter": name, **r} for name, payload in evals.items() for r in payload["results"]]
-    lines += ["", "```text", format_table(rows, REPORT_COLUMNS), "```"] + category_lines(rows, "the evaluations above") + [""]
+    lines += ["", "```text", format_table(rows, REPORT_COLUMNS), "```"]
+    lines += category_lines(rows, "the evaluations above") + [""]
     results = {name: payload["results"] for name, payload in evals.items()}
     if plot_speedup_vs_gamma(out_dir / SPEEDUP_PLOT, results):
         lines += [f"![speedup vs gamma]({SPEEDUP_PLOT})", "",

@@ -22,7 +22,8 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = ArgumentParser(prog="specdistill-push", description="Upload a draft model folder with a generated model card.")
+    parser = ArgumentParser(prog="specdistill-push",
+                            description="Upload a draft model folder with a generated model card.")
     parser.add_argument("output_dir", type=Path, help="training OUTPUT_DIR holding the exported draft")
     parser.add_argument("--repo-id", required=True, help="model repository, e.g. you/qwen2.5-0.5b-draft")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
