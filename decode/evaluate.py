@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from decode import static
 from decode.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.drafters import PromptLookupDrafter
+from decode.results import Result
 from decode.speculative import autoregressive_generate, check_gamma, speculative_generate
 from decode.tally import Tally, category_names, category_tallies
 
@@ -286,37 +287,34 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
         costs = measure_cost_ratios(target, draft, prompts[0], cost_gamma, compile=settings.compile)
     result = summarize(tally, settings, costs, mean_gamma)
     if by_category:
-        result["by_category"] = {name: summarize(t, settings, costs, mean_gamma) for name, t in by_category.items()}
-    return result
+        result.by_category = {name: summarize(t, settings, costs, mean_gamma) for name, t in by_category.items()}
+    return result.to_dict()
 
 
-def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios, mean_gamma: float | None = None) -> dict:
-    """The result object of one gamma over the tallied prompts: summaries derived from raw counts and timings (raw
-    counts kept). For gamma "auto" the cost model is evaluated at the mean chosen gamma."""
+def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios, mean_gamma: float | None = None) -> Result:
+    """The result of one gamma over the tallied prompts: summaries derived from raw counts and timings (raw counts
+    kept). For gamma "auto" the cost model is evaluated at the mean chosen gamma."""
     stats, num_prompts, new_tokens, gamma = tally.stats, tally.num_prompts, tally.new_tokens, tally.gamma
     plain_s, spec_s, hf_s = tally.plain_s, tally.spec_s, tally.hf_s
     tau = stats.mean_accepted_tokens
-    result = {
-        "gamma": gamma,
-        "temperature": settings.temperature,
-        "num_prompts": num_prompts,
-        "new_tokens": new_tokens,
-        "acceptance_rate": stats.acceptance_rate,
-        "draft_acceptance_rate": stats.draft_acceptance_rate,
-        "mean_accepted_tokens": tau,
-        "per_position_acceptance": stats.per_position_acceptance,
-        "target_tokens_per_s": new_tokens / plain_s if plain_s else 0.0,
-        "speculative_tokens_per_s": new_tokens / spec_s if spec_s else 0.0,
-        "speedup": plain_s / spec_s if spec_s else 0.0,
-        "predicted_speedup": costs.predicted_speedup(tau, mean_gamma if is_auto(gamma) else gamma),
-        "draft_cost_ratio": costs.draft_cost_ratio,
-        "verify_cost_ratio": costs.verify_cost_ratio,
-        "greedy_match": tally.matches / num_prompts if settings.temperature == 0 else None,
-        "compiled": settings.compile,
-        "stats": stats.to_dict(),
-    }
-    if is_auto(gamma):
-        result["mean_gamma"] = mean_gamma
-    if settings.compare_hf:
-        result["hf_assisted_tokens_per_s"] = new_tokens / hf_s if hf_s else 0.0
-    return result
+    return Result(
+        gamma=gamma,
+        temperature=settings.temperature,
+        num_prompts=num_prompts,
+        new_tokens=new_tokens,
+        acceptance_rate=stats.acceptance_rate,
+        draft_acceptance_rate=stats.draft_acceptance_rate,
+        mean_accepted_tokens=tau,
+        per_position_acceptance=stats.per_position_acceptance,
+        target_tokens_per_s=new_tokens / plain_s if plain_s else 0.0,
+        speculative_tokens_per_s=new_tokens / spec_s if spec_s else 0.0,
+        speedup=plain_s / spec_s if spec_s else 0.0,
+        predicted_speedup=costs.predicted_speedup(tau, mean_gamma if is_auto(gamma) else gamma),
+        draft_cost_ratio=costs.draft_cost_ratio,
+        verify_cost_ratio=costs.verify_cost_ratio,
+        greedy_match=tally.matches / num_prompts if settings.temperature == 0 else None,
+        compiled=settings.compile,
+        stats=stats.to_dict(),
+        mean_gamma=mean_gamma if is_auto(gamma) else None,
+        hf_assisted_tokens_per_s=(new_tokens / hf_s if hf_s else 0.0) if settings.compare_hf else None,
+    )

@@ -9,11 +9,12 @@
     distill.lora, distill.distributed: LoRA drafts (peft); launch-mode checks and DeepSpeed ZeRO-3 weights
     distill.trainer        `DistillTrainer`, one transformers.Trainer for 1..N processes
     distill.callbacks      acceptance at every checkpoint, best-checkpoint export
-    distill.hub            publishing the exported draft with a model card
+    distill.model_card     the model card from measured numbers (huggingface_hub ModelCard)
+    distill.hub            publishing the exported draft: card into the folder, upload_folder(allow_patterns)
     distill.target_data, distill.teacher_cache, distill.report: target-generated training data, cached top-k
                            teacher, plots and tables (the quickstart corpus and tokenizer: scripts/quickstart_*.py)
     distill.shard_store, distill.fingerprints: the resumable shard folder and input hashes of the last two
-    distill.utils          IGNORE_INDEX, eval_mode(), parameter_count, ModelSetupError
+    distill.utils          IGNORE_INDEX, eval_mode(), parameter_count, saved_parameter_count, ModelSetupError
 
 Entry point: `scripts/train.py` (console script `specdistill-train`). Nothing is imported here, so that
 `import distill.losses` stays light.

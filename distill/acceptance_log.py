@@ -45,14 +45,17 @@ def log_path(location: str | Path) -> Path:
     return location / ACCEPTANCE_LOG if location.is_dir() or location.suffix != ".jsonl" else location
 
 
-def read_records(location: str | Path) -> list[dict]:
-    """The records of acceptance.jsonl in `location` (an output folder or the file); [] if there is none.
+def read_records(location: str | Path, required: bool = False) -> list[dict]:
+    """The records of acceptance.jsonl in `location` (an output folder or the file); [] if there is none (with
+    `required`: FileNotFoundError naming the file).
 
     A torn last line is dropped (logged); any other line that is not a JSON object with an integer "step" raises
     AcceptanceLogError naming file and line.
     """
     path = log_path(location)
     if not path.is_file():
+        if required:
+            raise FileNotFoundError(f"acceptance log {path} does not exist")
         return []
     text = path.read_text(encoding="utf-8")
     lines = text.split("\n")  # the last item is "" when the file ends with a newline, else a torn line

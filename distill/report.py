@@ -1,6 +1,5 @@
-"""Read measured results (eval_acceptance JSON, acceptance.jsonl) and present them: terminal tables and a report.
+"""Present measured results (eval JSONs via decode.results, acceptance.jsonl via distill.acceptance_log) as a report.
 
-    print(format_table(rows))
     write_report(Path("report"), runs={"kl": Path("out/kl")}, evals={"kl-draft": Path("eval.json")},
                  machine="1x H100 80GB")
 
@@ -8,22 +7,18 @@
 acceptance_vs_step.png (acceptance_rate against training step, one line per run, at one gamma/temperature),
 per_position_acceptance.png (grouped bars per drafter) and speedup_vs_gamma.png (measured speedup solid,
 predicted dashed, one colour per drafter). A plot with nothing to draw is left out and the report says why.
+Tables come from decode.table; local paths are written relative to the run's folder (``shown_path``).
 """
 from __future__ import annotations
 
-import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from decode.results import read_eval_json
+from decode.table import CATEGORY_COLUMNS, REPORT_COLUMNS, format_table
 from distill.acceptance_log import best_checkpoint, read_records
-
-TABLE_COLUMNS = ("drafter", "gamma", "temperature", "acceptance_rate", "mean_accepted_tokens", "speedup",
-                 "predicted_speedup")
-CATEGORY_COLUMNS = ("drafter", "category", "num_prompts", "gamma", "temperature", "acceptance_rate",
-                    "mean_accepted_tokens", "speedup")
-_NUMBER_FORMATS = {"num_prompts": "d", "gamma": "d", "temperature": "g", "acceptance_rate": ".3f",
-                   "mean_accepted_tokens": ".2f", "speedup": ".2f", "predicted_speedup": ".2f"}
 
 STEP_PLOT = "acceptance_vs_step.png"
 POSITION_PLOT = "per_position_acceptance.png"
@@ -31,67 +26,16 @@ SPEEDUP_PLOT = "speedup_vs_gamma.png"
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Reading results
+# Paths as the report shows them
 # ---------------------------------------------------------------------------------------------------------------
 
-def read_eval_json(path: Path) -> dict:
-    """An eval_acceptance JSON: ``{"device", "dtype", "torch_version", "target", "draft", "results": [...]}``.
-
-    Raises FileNotFoundError if missing, ValueError if it is not JSON or has no ``results`` list.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"eval JSON {path} does not exist")
-    try:
-        payload = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"eval JSON {path} is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
-        raise ValueError(f"eval JSON {path} has no 'results' list (expected the output of specdistill-eval --output)")
-    return payload
-
-
-def read_acceptance_log(path: Path) -> list[dict]:
-    """Rows of an acceptance.jsonl (distill.acceptance_log.read_records: a torn last line is dropped).
-
-    Raises FileNotFoundError if missing, ValueError naming the line of a malformed row.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"acceptance log {path} does not exist")
-    return read_records(path)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Terminal table
-# ---------------------------------------------------------------------------------------------------------------
-
-def _cell(row: dict, column: str) -> str:
-    value = row.get(column)
-    if value is None:
-        return "-"
-    spec = _NUMBER_FORMATS.get(column)
-    if spec is None or isinstance(value, str):
-        return str(value)
-    text = f"{int(value):d}" if spec == "d" else f"{value:{spec}}"
-    return text + "x" if column.endswith("speedup") else text
-
-
-def format_table(rows: list[dict], columns: tuple[str, ...] = TABLE_COLUMNS) -> str:
-    """Fixed-width table of ``columns`` (default: drafter, gamma, temperature, acceptance_rate,
-    mean_accepted_tokens, speedup, predicted_speedup; missing values shown as '-'); text left-aligned, numbers
-    right-aligned."""
-    cells = [[_cell(row, column) for column in columns] for row in rows]
-    widths = [max([len(column)] + [len(r[i]) for r in cells]) for i, column in enumerate(columns)]
-
-    def line(values: list[str] | tuple[str, ...]) -> str:
-        parts = [v.ljust(w) if columns[i] in ("drafter", "category") else v.rjust(w)
-                 for i, (v, w) in enumerate(zip(values, widths))]
-        return "  ".join(parts).rstrip()
-
-    out = [line(columns), line(["-" * w for w in widths])]
-    out += [line(r) for r in cells]
-    return "\n".join(out)
+def shown_path(name: str | Path, root: Path) -> str:
+    """A local path relative to ``root`` (the run's folder), so that a report or card names no folder of the
+    machine it was written on; anything else (a hub id, "prompt-lookup") as it is."""
+    path = Path(name).expanduser()
+    if not (path.is_absolute() or path.exists()):
+        return str(name)
+    return Path(os.path.relpath(path.resolve(), Path(root).resolve())).as_posix()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -219,16 +163,18 @@ def category_lines(rows: list[dict], what: str) -> list[str]:
             format_table(flat, CATEGORY_COLUMNS), "```"]
 
 
-def _eval_section(out_dir: Path, evals: dict[str, dict]) -> list[str]:
+def _eval_section(out_dir: Path, evals: dict[str, dict], root: Path) -> list[str]:
     if not evals:
         return ["## Evaluations", "", "No eval_acceptance JSON was given.", ""]
     lines = ["## Evaluations", ""]
     for name, payload in evals.items():
-        lines.append(f"- **{name}**: draft `{payload.get('draft', '?')}`, target `{payload.get('target', '?')}`, "
+        draft, target = (shown_path(payload.get(key, "?"), root) for key in ("draft", "target"))
+        lines.append(f"- **{name}**: draft `{draft}`, target `{target}`, "
                      f"measured on {payload.get('device', 'unrecorded device')}, dtype {payload.get('dtype', '?')}, "
                      f"torch {payload.get('torch_version', '?')}")
     rows = [{"drafter": name, **r} for name, payload in evals.items() for r in payload["results"]]
-    lines += ["", "```text", format_table(rows), "```"] + category_lines(rows, "the evaluations above") + [""]
+    lines += ["", "```text", format_table(rows, REPORT_COLUMNS), "```"]
+    lines += category_lines(rows, "the evaluations above") + [""]
     results = {name: payload["results"] for name, payload in evals.items()}
     if plot_speedup_vs_gamma(out_dir / SPEEDUP_PLOT, results):
         lines += [f"![speedup vs gamma]({SPEEDUP_PLOT})", "",
@@ -274,7 +220,7 @@ def _run_section(out_dir: Path, runs: dict[str, list[dict]], gamma: int | None,
                              f"{row.get('new_tokens', '?')} new tokens in all" for row in table)
         lines += ["", f"Last checkpoint of each run at gamma={gamma}, temperature={temperature:g}, as the trainer "
                   f"measured it on its own eval prompts ({measured}); these can differ from the evaluations above, "
-                  "which may use other prompts and lengths:", "", "```text", format_table(table), "```"]
+                  "which may use other prompts and lengths:", "", "```text", format_table(table, REPORT_COLUMNS), "```"]
         lines += category_lines(table, "last checkpoint of each run")
     if drawn:
         lines += ["", f"![acceptance vs step]({STEP_PLOT})"]
@@ -282,20 +228,21 @@ def _run_section(out_dir: Path, runs: dict[str, list[dict]], gamma: int | None,
 
 
 def write_report(out_dir: Path, *, runs: dict[str, Path], evals: dict[str, Path], machine: str,
-                 gamma: int | None = None, temperature: float | None = None) -> Path:
+                 gamma: int | None = None, temperature: float | None = None, root: Path | None = None) -> Path:
     """Write ``out_dir/report.md`` and its PNG plots; return the report path.
 
     ``runs`` maps a name to a training OUTPUT_DIR holding acceptance.jsonl; ``evals`` maps a drafter name to an
     eval_acceptance JSON; ``machine`` says where the numbers were measured. ``gamma``/``temperature`` pick the
-    setting of the acceptance-vs-step plot (default: the one logged by the most runs). Raises FileNotFoundError /
+    setting of the acceptance-vs-step plot (default: the one logged by the most runs). Local model paths are written
+    relative to ``root``, the run's folder (default: the parent of ``out_dir``). Raises FileNotFoundError /
     ValueError for missing or malformed inputs, ImportError without matplotlib.
     """
     out_dir = Path(out_dir)
-    run_rows = {name: read_acceptance_log(Path(folder) / "acceptance.jsonl") for name, folder in runs.items()}
+    run_rows = {name: read_records(folder, required=True) for name, folder in runs.items()}
     eval_payloads = {name: read_eval_json(Path(path)) for name, path in evals.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# specdistill report", "", f"Machine: **{machine}**", ""]
-    lines += _eval_section(out_dir, eval_payloads)
+    lines += _eval_section(out_dir, eval_payloads, out_dir.parent if root is None else Path(root))
     lines += _run_section(out_dir, run_rows, gamma, temperature)
     report = out_dir / "report.md"
     report.write_text("\n".join(lines).rstrip() + "\n")

@@ -1,10 +1,13 @@
-"""Small things several modules share: the ignored-label id, eval mode for a while, parameter counts, and the
-error for a target and draft that cannot be set up together."""
+"""Small things several modules share: the ignored-label id, eval mode for a while, parameter counts (of a model
+in memory and of a saved folder), and the error for a target and draft that cannot be set up together."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
+from pathlib import Path
 
+from safetensors import safe_open
 from torch import nn
 
 # labels equal to this id are not trained on (transformers' and torch's cross-entropy convention)
@@ -29,3 +32,13 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 def parameter_count(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of parameters of `model` (only those that require gradients with trainable_only)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def saved_parameter_count(folder: Path) -> int:
+    """Number of parameters stored in the *.safetensors files of `folder`, read from their headers (no weights are
+    loaded): the counter for a saved model folder, as parameter_count is for a model in memory."""
+    total = 0
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(path, framework="numpy") as weights:
+            total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
+    return total

@@ -35,6 +35,8 @@ import transformers
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, TrainerCallback
 
+from decode.table import markdown_table  # noqa: F401  (the benchmarks' tables: the project's one formatter)
+
 ROOT = Path(__file__).resolve().parents[1]
 PAD, BOS, EOS = 0, 1, 2
 
@@ -321,12 +323,6 @@ class ProfileSteps(TrainerCallback):
 # ---------------------------------------------------------------------------------------------------------------
 # Writing results
 # ---------------------------------------------------------------------------------------------------------------
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """A markdown table: one line for the headers, one rule, one line per row (cells already formatted)."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-
 
 def write_result(text: str, path: str | None) -> None:
     """Print `text`, and also write it to `path` when one is given."""

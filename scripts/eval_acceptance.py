@@ -24,6 +24,7 @@ from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
+from decode.results import write_eval_json
 from decode.table import format_table
 from decode.tally import category_rows
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     if any("by_category" in r for r in results):
         print("\nby category:\n" + format_table(category_rows(results)))
     if args.output:
-        write_json(args.output, report)
+        write_eval_json(args.output, report)
         print(f"wrote {args.output}")
     if outputs is not None:
         args.save_outputs.parent.mkdir(parents=True, exist_ok=True)
@@ -183,18 +184,6 @@ def describe_device(device: torch.device) -> str:
     import platform
 
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def write_json(path: Path, report: dict) -> None:
-    """The results JSON; ``evaluate.save``'s environment record (versions, time, git commit) is added under
-    ``environment``."""
-    import evaluate
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    env_file = evaluate.save(str(path.with_suffix(".env.json")))
-    env = json.loads(Path(env_file).read_text())
-    Path(env_file).unlink()
-    path.write_text(json.dumps({**report, "environment": env}, indent=2) + "\n")
 
 
 def cli() -> None:

@@ -74,8 +74,8 @@ def w(tmp_path_factory) -> Path:
     (root / "export_bad_log" / "acceptance.jsonl").write_text('{"step": 4}\n{broken\n{"step": 5}\n')
     (root / "eval_not_json.json").write_text("{nope")
     (root / "eval_no_results.json").write_text("{}")
-    (root / "staging").mkdir()
-    (root / "staging" / "left.txt").write_text("x")
+    shutil.copytree(root / "export", root / "export_own_readme")  # a README.md the card would overwrite
+    (root / "export_own_readme" / "README.md").write_text("# my notes on this run\n")
     (root / "empty_dir").mkdir()
     return root
 
@@ -238,7 +238,7 @@ PUSH_CASES = {
     "step-not-logged": (["{w}/export", "--repo-id", "me/draft", "--step", "99"], ["no rows for step 99"]),
     "no-target": (["{w}/export_no_recipe", "--repo-id", "me/draft"], ["--target"]),
     "log-bad-line": (["{w}/export_bad_log", "--repo-id", "me/draft"], ["acceptance.jsonl:2", "not valid JSON"]),
-    "staging-not-empty": (["{w}/export", "--repo-id", "me/draft", "--staging-dir", "{w}/staging"], ["staging"]),
+    "readme-not-ours": (["{w}/export_own_readme", "--repo-id", "me/draft"], ["README.md", "not written by"]),
 }
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from distill.acceptance_log import best_checkpoint, cost_model_speedup
-from distill.hub import best_gamma
+from distill.model_card import best_gamma
 from helpers import run_train
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from decode.results import Result, read_eval_json
 from scripts import eval_acceptance
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
@@ -47,9 +48,12 @@ def test_cli_writes_valid_json_with_every_key(pair, tmp_path, capsys):
     assert code == 0
     report = json.loads(out.read_text())
     assert {"device", "dtype", "torch_version", "target", "draft", "results"} <= set(report)
+    assert read_eval_json(out) == report and "_git_commit_hash" in report["environment"]  # evaluate.save's record
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "outputs.jsonl"]  # nothing else written
     assert [r["gamma"] for r in report["results"]] == [1, 3]
     for r in report["results"]:
         assert RESULT_KEYS <= set(r)
+        assert Result.from_dict(r).to_dict() == r  # the typed record holds exactly the written keys
         assert r["num_prompts"] == 3 and r["new_tokens"] == 36
         assert r["greedy_match"] == 1.0
         assert 0.0 <= r["acceptance_rate"] <= 1.0 and 1.0 <= r["mean_accepted_tokens"] <= r["gamma"] + 1

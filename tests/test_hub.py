@@ -1,24 +1,20 @@
-"""distill.hub and scripts/push_to_hub.py: model card, staging, upload through a fake HfApi, error lines, no token."""
+"""distill.model_card, distill.hub and scripts/push_to_hub.py: model card, upload plan, upload through a fake HfApi,
+error lines, no token."""
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 from pathlib import Path
 
 import httpx2
 import pytest
-import requests
 import yaml
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 import distill.hub as hub
-from distill.hub import (
-    HubError,
-    build_model_card,
-    load_eval_results,
-    prepare_upload_folder,
-    push_to_hub,
-)
+from distill.hub import HubError, push_to_hub, upload_plan, write_card
+from distill.model_card import build_model_card, load_eval_results
 from scripts.push_to_hub import main
 from tests.tiny import tiny_model
 
@@ -61,6 +57,12 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def run_dir(model_dir, tmp_path) -> Path:
+    """A copy of the OUTPUT_DIR for the tests that write the card into it."""
+    return Path(shutil.copytree(model_dir, tmp_path / "run"))
+
+
+@pytest.fixture
 def eval_json(tmp_path) -> Path:
     path = tmp_path / "eval_kl.json"
     path.write_text(json.dumps({"device": "cuda (NVIDIA H100 80GB HBM3)", "dtype": "bfloat16",
@@ -85,9 +87,19 @@ class FakeApi:
         self._maybe_fail("create_repo")
 
     def upload_folder(self, **kwargs):
-        files = sorted(p.name for p in Path(kwargs["folder_path"]).iterdir())
+        """As HfApi: the files under folder_path that match one of allow_patterns (fnmatch) are uploaded."""
+        root = Path(kwargs["folder_path"])
+        files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                       and any(fnmatch.fnmatch(str(p.relative_to(root)), pattern)
+                               for pattern in kwargs["allow_patterns"]))
         self.calls.append(("upload_folder", {**kwargs, "files": files}))
         self._maybe_fail("upload_folder")
+
+
+def table_rows(card: str) -> list[list[str]]:
+    """The cells of every markdown table row in ``card`` (header and rule lines included)."""
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in card.splitlines()
+            if line.startswith("|")]
 
 
 def front_matter(card: str) -> dict:
@@ -104,12 +116,22 @@ def test_card_from_eval_json_has_measured_numbers_usage_and_metadata(model_dir, 
     card = build_model_card(model_dir, target=TARGET, recipe_text=RECIPE, eval_results=results,
                             hardware=hardware, repo_id="me/qwen-draft")
     meta = front_matter(card)
+    index = meta.pop("model-index")
     assert meta == {"library_name": "transformers", "tags": ["speculative-decoding", "draft-model", "specdistill"],
                     "base_model": TARGET, "pipeline_tag": "text-generation"}
+    # model-index: every measured number of the table, as huggingface_hub's EvalResult writes it
+    assert index[0]["name"] == "qwen-draft"
+    metrics = {(m["config"], m["type"]): m["value"] for r in index[0]["results"] for m in r["metrics"]}
+    assert metrics[("gamma=4, temperature=0", "speedup")] == 2.0789
+    assert metrics[("gamma=1, temperature=0", "acceptance_rate")] == 0.8123
+    assert len(metrics) == 8  # 2 gammas x acceptance_rate, mean_accepted_tokens, speedup, predicted_speedup
     assert hardware == "cuda (NVIDIA H100 80GB HBM3), bfloat16, torch 2.13.0"
     assert hardware in card
-    assert "| 1 | 0 | 0.812 | 1.70 | 1.35x | 1.40x |" in card
-    assert "| 4 | 0 | 0.776 | 3.21 | 2.08x | 2.22x |" in card
+    rows = table_rows(card)
+    assert rows[0] == ["gamma", "temperature", "acceptance_rate", "mean_accepted_tokens", "speedup",
+                       "predicted_speedup"]
+    assert ["1", "0", "0.812", "1.70", "1.35x", "1.40x"] in rows
+    assert ["4", "0", "0.776", "3.21", "2.08x", "2.22x"] in rows
     assert f"`{TARGET}`" in card and "draft_layers: [0, 1]" in card
     # usage: the best measured gamma (4) goes into the snippets
     assert "target.generate(**inputs, assistant_model=draft" in card
@@ -129,8 +151,8 @@ def test_card_shows_categories_and_the_deployment_check(model_dir, tmp_path):
     card = build_model_card(model_dir, target=TARGET, recipe_text=None, eval_results=results, hardware="h",
                             repo_id="me/d")
     assert "## Acceptance by prompt category" in card
-    assert "| 1 | 0 | gsm8k | 5 | 0.900 | 4.10 | 2.50x |" in card
-    assert "| 1 | 0 | mt_bench | 8 | 0.600 | 2.40 | 1.50x |" in card
+    assert ["1", "0", "gsm8k", "5", "0.900", "4.10", "2.50x"] in table_rows(card)
+    assert ["1", "0", "mt_bench", "8", "0.600", "2.40", "1.50x"] in table_rows(card)
     assert "Deployment check" in card and "Not recorded with this model" in card
     (model_dir / "train_results.json").write_text(json.dumps({"deploy_check": {"passed": True, "problems": {}}}))
     assert "`specdistill-check` passed at export" in build_model_card(
@@ -146,7 +168,7 @@ def test_card_shows_categories_and_the_deployment_check(model_dir, tmp_path):
 def test_card_without_measurements_says_so_and_local_target_is_not_base_model(model_dir, tmp_path):
     card = build_model_card(model_dir, target=str(tmp_path), recipe_text=None, eval_results=[], hardware="",
                             repo_id="me/d")
-    assert "base_model" not in front_matter(card)
+    assert "base_model" not in front_matter(card) and "model-index" not in front_matter(card)
     assert "No measurements are available" in card
     assert "No recipe.yaml" in card
     assert "x |" not in card  # no speedup cell anywhere
@@ -177,46 +199,57 @@ def test_card_from_training_log_names_the_step(model_dir):
     results, hardware = load_eval_results(model_dir)
     card = build_model_card(model_dir, target=TARGET, recipe_text=RECIPE, eval_results=results, hardware=hardware,
                             repo_id="me/d")
-    assert "at step 20" in card and "| 4 | 0 | 0.604 | 3.21 | 2.08x | 2.22x |" in card
+    assert "at step 20" in card and ["4", "0", "0.604", "3.21", "2.08x", "2.22x"] in table_rows(card)
 
 
-# ---- staging ----
-
-def test_prepare_upload_folder_copies_exactly_the_model_files(model_dir, eval_json, tmp_path):
-    folder = prepare_upload_folder(model_dir, tmp_path / "stage", "card text", eval_json=eval_json)
-    assert {p.name for p in folder.iterdir()} == SHIPPED | {"eval_kl.json"}
-    assert (folder / "README.md").read_text() == "card text"
-    assert (folder / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
-    with pytest.raises(FileExistsError, match="not empty"):
-        prepare_upload_folder(model_dir, folder, "again")
+def test_card_names_a_local_target_relative_to_the_model_folder(run_dir, tmp_path):
+    (tmp_path / "target").mkdir()
+    card = build_model_card(run_dir, target=str(tmp_path / "target"), recipe_text=None, eval_results=RESULTS,
+                            hardware="h", repo_id="me/d", prompts=str(run_dir / "prompts.jsonl"))
+    assert "- **Target model:** `../target`" in card and 'from_pretrained("../target"' in card
+    assert str(tmp_path) not in card
+    assert front_matter(card)["model-index"][0]["results"][0]["dataset"]["name"] == "prompts.jsonl"
 
 
-def test_dry_run_stages_exact_folder_and_uploads_nothing(model_dir, tmp_path):
+# ---- what is uploaded ----
+
+def test_upload_plan_names_exactly_the_model_files(run_dir, eval_json):
+    card = write_card(run_dir, repo_id="me/d", eval_json=eval_json)
+    plan = upload_plan(run_dir, eval_json)
+    assert plan.folder == run_dir and plan.files == sorted(SHIPPED | {"eval_kl.json"})
+    assert card == run_dir / "README.md" and front_matter(card.read_text())["base_model"] == TARGET
+    assert (run_dir / "eval_kl.json").read_bytes() == eval_json.read_bytes()  # the measurement goes with the model
+    write_card(run_dir, repo_id="me/d")  # our own card is rewritten
+    (run_dir / "README.md").write_text("# notes the user wrote\n")
+    with pytest.raises(FileExistsError, match="README.md exists and was not written by specdistill"):
+        write_card(run_dir, repo_id="me/d")
+    assert (run_dir / "README.md").read_text() == "# notes the user wrote\n"
+
+
+def test_dry_run_writes_the_card_and_uploads_nothing(run_dir):
     api = FakeApi()
-    folder = push_to_hub(model_dir, repo_id="me/d", dry_run=True, staging_dir=tmp_path / "s", api=api)
-    assert folder == tmp_path / "s"
-    assert {p.name for p in folder.iterdir()} == SHIPPED
+    plan = push_to_hub(run_dir, repo_id="me/d", dry_run=True, api=api)
+    assert plan.folder == run_dir and set(plan.files) == SHIPPED
     assert api.calls == []
-    assert f"base_model: {TARGET}" in (folder / "README.md").read_text()  # target found in recipe.yaml
+    assert f"base_model: {TARGET}" in (run_dir / "README.md").read_text()  # target found in recipe.yaml
 
 
-def test_upload_calls_create_repo_then_upload_folder(model_dir, eval_json, tmp_path):
+def test_upload_calls_create_repo_then_upload_folder(run_dir, eval_json):
     api = FakeApi()
-    folder = push_to_hub(model_dir, repo_id="me/qwen-draft", private=True, eval_json=eval_json,
-                         staging_dir=tmp_path / "s", api=api)
+    plan = push_to_hub(run_dir, repo_id="me/qwen-draft", private=True, eval_json=eval_json, api=api)
     assert [name for name, _ in api.calls] == ["create_repo", "upload_folder"]
     create, upload = api.calls[0][1], api.calls[1][1]
     assert create == {"repo_id": "me/qwen-draft", "private": True, "exist_ok": True, "repo_type": "model"}
     assert upload["repo_id"] == "me/qwen-draft" and upload["repo_type"] == "model"
-    assert Path(upload["folder_path"]) == folder
-    assert set(upload["files"]) == SHIPPED | {"eval_kl.json"}
+    assert Path(upload["folder_path"]) == run_dir and upload["allow_patterns"] == plan.files
+    assert set(upload["files"]) == SHIPPED | {"eval_kl.json"}  # no checkpoints/, runs/ or trainer state
 
 
-def test_network_failure_raises_hub_error_without_chained_traceback(model_dir, tmp_path, monkeypatch):
+def test_network_failure_raises_hub_error_without_chained_traceback(run_dir, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     api = FakeApi(httpx2.ConnectError(f"connect failed with token {SECRET}"), fail_on="upload_folder")
     with pytest.raises(HubError) as info:
-        push_to_hub(model_dir, repo_id="me/d", staging_dir=tmp_path / "s", api=api)
+        push_to_hub(run_dir, repo_id="me/d", api=api)
     assert str(info.value).startswith("could not reach the Hugging Face Hub to upload to me/d: no network connection")
     assert info.value.__cause__ is None and info.value.__suppress_context__  # the original (with token) is dropped
     assert [name for name, _ in api.calls] == ["create_repo", "upload_folder"]
@@ -243,9 +276,9 @@ def http_error(status: int, server_message: str) -> HfHubHTTPError:
     return HfHubHTTPError(f"{status} error (token {SECRET})", response=response, server_message=server_message)
 
 
-NETWORK_ERRORS = [
-    requests.exceptions.ConnectionError("Failed to establish a new connection"),
+NETWORK_ERRORS = [  # what huggingface_hub's client (httpx2) and the OS raise without a network
     httpx2.ConnectError("[Errno -2] Name or service not known"),
+    httpx2.ReadTimeout("The read operation timed out"),
     OSError(101, "Network is unreachable"),
     TimeoutError("timed out"),
 ]
@@ -262,9 +295,8 @@ def run_cli(monkeypatch, capsys, api, argv):
 
 @pytest.mark.parametrize("error", NETWORK_ERRORS, ids=lambda e: type(e).__name__)
 @pytest.mark.parametrize("fail_on", ["create_repo", "upload_folder"])
-def test_cli_without_network_prints_one_line_and_exits_1(model_dir, tmp_path, monkeypatch, capsys, error, fail_on):
-    code, out, err = run_cli(monkeypatch, capsys, FakeApi(error, fail_on),
-                             [str(model_dir), "--repo-id", "me/d", "--staging-dir", str(tmp_path / "s")])
+def test_cli_without_network_prints_one_line_and_exits_1(run_dir, monkeypatch, capsys, error, fail_on):
+    code, out, err = run_cli(monkeypatch, capsys, FakeApi(error, fail_on), [str(run_dir), "--repo-id", "me/d"])
     assert code == 1 and out == ""
     action = "create" if fail_on == "create_repo" else "upload to"
     assert err == (f"error: could not reach the Hugging Face Hub to {action} me/d: no network connection "
@@ -278,17 +310,16 @@ def test_cli_without_network_prints_one_line_and_exits_1(model_dir, tmp_path, mo
     (OfflineModeIsEnabled("offline"), "HF_HUB_OFFLINE=1 is set"),
     (PermissionError(13, "Permission denied", "/x/model.safetensors"), "Permission denied: /x/model.safetensors"),
 ])
-def test_cli_hub_refusals_are_one_clear_line_without_token(model_dir, tmp_path, monkeypatch, capsys, error, expected):
-    code, out, err = run_cli(monkeypatch, capsys, FakeApi(error),
-                             [str(model_dir), "--repo-id", "me/d", "--staging-dir", str(tmp_path / "s")])
+def test_cli_hub_refusals_are_one_clear_line_without_token(run_dir, monkeypatch, capsys, error, expected):
+    code, out, err = run_cli(monkeypatch, capsys, FakeApi(error), [str(run_dir), "--repo-id", "me/d"])
     assert code == 1 and err.startswith("error: could not create me/d: ") and expected in err
     assert err.count("\n") == 1 and "hf_abcdefghij" not in err
 
 
-def test_cli_real_hfapi_in_offline_mode_fails_cleanly(model_dir, tmp_path, monkeypatch, capsys):
+def test_cli_real_hfapi_in_offline_mode_fails_cleanly(run_dir, monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
-    code = main([str(model_dir), "--repo-id", "me/d", "--staging-dir", str(tmp_path / "s")])
+    code = main([str(run_dir), "--repo-id", "me/d"])
     out, err = capsys.readouterr()
     assert code == 1 and SECRET not in out + err
     assert err.startswith("error: could not create me/d: HF_HUB_OFFLINE=1 is set") and err.count("\n") == 1
@@ -308,18 +339,25 @@ def test_cli_missing_folder(tmp_path, monkeypatch, capsys):
     assert code == 1 and err == f"error: model folder {tmp_path / 'nope'} does not exist\n"
 
 
-def test_cli_dry_run_prints_folder_and_files(model_dir, tmp_path, monkeypatch, capsys):
+def test_cli_dry_run_prints_folder_and_files(run_dir, monkeypatch, capsys):
     api = FakeApi()
-    code, out, err = run_cli(monkeypatch, capsys, api,
-                             [str(model_dir), "--repo-id", "me/d", "--dry-run", "--staging-dir", str(tmp_path / "s")])
+    code, out, err = run_cli(monkeypatch, capsys, api, [str(run_dir), "--repo-id", "me/d", "--dry-run"])
     assert code == 0 and err == "" and api.calls == []
-    assert out.splitlines()[0] == f"dry run: staged {tmp_path / 's'} (nothing uploaded)"
-    assert sorted(line.split()[0] for line in out.splitlines()[1:]) == sorted(SHIPPED)
+    assert out.splitlines()[0] == f"dry run: would upload {run_dir} (nothing uploaded); files:"
+    listed = {line.split()[0]: int(line.split()[1]) for line in out.splitlines()[1:]}
+    assert set(listed) == SHIPPED
+    assert all(size == (run_dir / name).stat().st_size for name, size in listed.items())
 
 
-def test_cli_upload_success(model_dir, tmp_path, monkeypatch, capsys):
+def test_cli_staging_dir_is_still_accepted(run_dir, tmp_path, monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, FakeApi(), [str(run_dir), "--repo-id", "me/d", "--dry-run",
+                                                              "--staging-dir", str(tmp_path / "s")])
+    assert code == 0 and err == "" and out.startswith("note: --staging-dir is no longer used")
+    assert not (tmp_path / "s").exists()
+
+
+def test_cli_upload_success(run_dir, monkeypatch, capsys):
     api = FakeApi()
-    code, out, err = run_cli(monkeypatch, capsys, api, [str(model_dir), "--repo-id", "me/d", "--private",
-                                                        "--staging-dir", str(tmp_path / "s")])
+    code, out, err = run_cli(monkeypatch, capsys, api, [str(run_dir), "--repo-id", "me/d", "--private"])
     assert code == 0 and err == "" and "https://huggingface.co/me/d" in out
     assert api.calls[0][1]["private"] is True and api.calls[1][0] == "upload_folder"

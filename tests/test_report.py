@@ -1,4 +1,5 @@
-"""distill.report: terminal table, plots and report.md from synthetic acceptance.jsonl / eval JSON files."""
+"""distill.report (with decode.table's report columns): table, plots and report.md from synthetic acceptance.jsonl /
+eval JSON files."""
 from __future__ import annotations
 
 import json
@@ -6,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from distill.report import (
-    POSITION_PLOT,
-    SPEEDUP_PLOT,
-    STEP_PLOT,
-    choose_setting,
-    format_table,
-    read_acceptance_log,
-    write_report,
-)
+from decode.table import REPORT_COLUMNS, format_table
+from distill.acceptance_log import read_records
+from distill.report import POSITION_PLOT, SPEEDUP_PLOT, STEP_PLOT, choose_setting, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -48,7 +43,7 @@ def test_format_table_aligns_columns_and_marks_missing_values():
     rows = [{"drafter": "kl", "gamma": 4, "temperature": 0.0, "acceptance_rate": 0.81234,
              "mean_accepted_tokens": 3.2109, "speedup": 2.0789, "predicted_speedup": None},
             {"drafter": "prompt-lookup", "gamma": 2, "temperature": 0.7, "acceptance_rate": 0.5}]
-    lines = format_table(rows).splitlines()
+    lines = format_table(rows, REPORT_COLUMNS).splitlines()
     assert lines[0].split() == ["drafter", "gamma", "temperature", "acceptance_rate", "mean_accepted_tokens",
                                 "speedup", "predicted_speedup"]
     assert lines[2].split() == ["kl", "4", "0", "0.812", "3.21", "2.08x", "-"]
@@ -109,7 +104,7 @@ def test_missing_or_malformed_inputs_are_named(tmp_path):
     log = tmp_path / "acceptance.jsonl"
     log.write_text('{"step": 1}\n{"gamma": 2}\n')
     with pytest.raises(ValueError, match=r"acceptance.jsonl:2 has no integer 'step'"):
-        read_acceptance_log(log)
+        read_records(log)
     bad = tmp_path / "bad.json"
     bad.write_text('{"device": "cpu"}')
     with pytest.raises(ValueError, match="no 'results' list"):
@@ -135,3 +130,20 @@ def test_report_shows_per_category_rows_for_evals_and_runs(tmp_path):
 def test_report_without_categories_has_no_category_table(tmp_path):
     evals = {"kl": write_eval(tmp_path / "kl.json", [result(4, 0.7)])}
     assert "By prompt category" not in write_report(tmp_path / "r", runs={}, evals=evals, machine="m").read_text()
+
+
+def test_report_names_local_models_relative_to_the_run_folder(tmp_path):
+    run = tmp_path / "quickstart_out"
+    (run / "draft_kd").mkdir(parents=True)
+    (run / "target").mkdir()
+    path = run / "kd.json"
+    path.write_text(json.dumps({"device": "cpu", "target": str(run / "target"), "draft": str(run / "draft_kd"),
+                                "results": [result(2, 0.5)]}))
+    prompt_lookup = write_eval(run / "pl.json", [result(2, 0.3)])
+    prompt_lookup.write_text(prompt_lookup.read_text().replace('"draft": "pl"', '"draft": "prompt-lookup"'))
+    text = write_report(run / "report", runs={}, evals={"kd": path, "pl": prompt_lookup}, machine="m").read_text()
+    assert "- **kd**: draft `draft_kd`, target `target`," in text
+    assert "- **pl**: draft `prompt-lookup`, target `tiny-target`," in text  # not local paths: as given
+    assert str(tmp_path) not in text
+    elsewhere = write_report(tmp_path / "r", runs={}, evals={"kd": path}, machine="m", root=run / "report")
+    assert "draft `../draft_kd`, target `../target`" in elsewhere.read_text()
