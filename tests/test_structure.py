@@ -77,7 +77,7 @@ def test_the_graph_sees_module_level_function_level_and_package_imports():
     graph = import_graph()
     assert "distill.losses" in graph["distill.fused"]  # from distill.losses import ...
     assert "decode" in graph["distill.target_data"]  # from decode import speculative_generate
-    assert "distill.hub" in graph["scripts.train"]  # imported inside a function
+    assert "distill.hub" in graph["distill.export"]  # imported inside a function
     assert "decode.stats" in graph["decode"]  # a package's __init__
 
 
