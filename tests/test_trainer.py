@@ -24,7 +24,6 @@ from distill.recipe_loader import load_recipe
 from distill.models import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
 from distill.trainer import DistillTrainer
 from distill import models
-from scripts import train as train_script
 from helpers import ROOT, TINY_RECIPE, accelerate_launch, assert_same_weights, cli_error, torchrun
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
