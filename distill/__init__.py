@@ -8,7 +8,11 @@
                            distill.fused is its closed-form-gradient path for a plain lm_head
     distill.lora, distill.distributed: LoRA drafts (peft); launch-mode checks and DeepSpeed ZeRO-3 weights
     distill.trainer        `DistillTrainer`, one transformers.Trainer for 1..N processes
-    distill.callbacks      acceptance at every checkpoint, best-checkpoint export
+    distill.preflight      the checks of a run before any weight loads; distill.run_folder: what OUTPUT_DIR holds
+    distill.sources        the training rows: the dataset's, the target's responses, the teacher cache, on-policy
+    distill.callbacks      AcceptanceCallback: acceptance at every checkpoint and at the end
+    distill.export         the best checkpoint as a model folder, its deployment check, train_results.json, push
+    distill.pipeline       `run_recipe`: one run as six steps (check, load, tokenise, distil, measure, export)
     distill.model_card     the model card from measured numbers (huggingface_hub ModelCard)
     distill.hub            publishing the exported draft: card into the folder, upload_folder(allow_patterns)
     distill.target_data, distill.teacher_cache, distill.report: target-generated training data, cached top-k
@@ -16,6 +20,6 @@
     distill.shard_store, distill.fingerprints: the resumable shard folder and input hashes of the last two
     distill.utils          IGNORE_INDEX, eval_mode(), parameter_count, saved_parameter_count, ModelSetupError
 
-Entry point: `scripts/train.py` (console script `specdistill-train`). Nothing is imported here, so that
-`import distill.losses` stays light.
+Entry point: `scripts/train.py` (console script `specdistill-train`), around distill.pipeline.run_recipe.
+Nothing is imported here, so that `import distill.losses` stays light.
 """

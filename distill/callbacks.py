@@ -1,18 +1,16 @@
-"""Acceptance measured at every checkpoint, the best checkpoint, and its export as a ready-to-use draft folder.
+"""Acceptance measured at every checkpoint: AcceptanceCallback (the measure step of a run, distill.pipeline).
 
-AcceptanceCallback runs decode.evaluate.evaluate_acceptance on rank 0 at every save (and at the end of training if
-the last step was not measured); the other ranks wait at a barrier that every rank reaches, so no collective is
-ever called from one rank alone. Each result becomes one line of OUTPUT_DIR/acceptance.jsonl
-(`{"step", "checkpoint", <result keys>}`, docs/INTERFACES.md) and TensorBoard scalars such as
-`acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance). The lines of one measurement are appended
-in one write (distill.acceptance_log); a checkpoint whose lines are missing or incomplete (the run was killed while
-measuring it) is measured from its folder at the start and at the end of training (measure_missing).
+AcceptanceCallback runs decode.evaluate.evaluate_acceptance on rank 0 at every save; the other ranks wait at a
+barrier that every rank reaches, so no collective is ever called from one rank alone. Each result becomes one line
+of OUTPUT_DIR/acceptance.jsonl (`{"step", "checkpoint", <result keys>}`, docs/INTERFACES.md) and TensorBoard
+scalars such as `acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance). The lines of one
+measurement are appended in one write (distill.acceptance_log); a checkpoint whose lines are missing or incomplete
+(the run was killed while measuring it) is measured from its folder at the start of training (measure_missing).
+After training, measure_remaining measures what is still missing and the final step if it was not saved.
 
-The best checkpoint is chosen by distill.acceptance_log.best_checkpoint at the first eval temperature: the highest
-cost-model speedup tau / (gamma * c + v), with the cost ratios c and v measured once per run (the first time
+The cost ratios c and v of the cost model tau / (gamma * c + v) are measured once per run (the first time
 acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and written into
-every record; its gamma becomes the exported draft's `generation_config.num_assistant_tokens`. The measured
-wall-clock speedup stays in each record.
+every record, next to the measured wall-clock speedup; distill.export picks the best checkpoint from them.
 
 What is measured is what gets exported: a LoRA draft is measured as a merged copy, and under DeepSpeed ZeRO-3 rank 0
 measures whole copies of draft and target gathered from every rank's partitions (all ranks take part in the
@@ -21,7 +19,6 @@ saved as a checkpoint, so the export reads whole weights from disk.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from pathlib import Path
@@ -30,17 +27,17 @@ from typing import Callable, Sequence
 import torch
 from accelerate import PartialState
 from torch import nn
-from transformers import (AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback,
-                          TrainerControl, TrainerState, TrainingArguments)
+from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from decode.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.evaluate import CostRatios, measure_cost_ratios
 # ACCEPTANCE_LOG and read_records are also imported from here (re-exported)
-from distill.acceptance_log import (ACCEPTANCE_LOG, append_records, best_checkpoint, complete_steps,  # noqa: F401
-                                    cost_gamma, read_records, rewrite_records)
+from distill.acceptance_log import (ACCEPTANCE_LOG, append_records, complete_steps, cost_gamma,  # noqa: F401
+                                    read_records, rewrite_records)
 from distill.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.config import EvalConfig
-from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
+from distill.distributed import is_partitioned, plain_copy
+from distill.export import best_record, draft_at_checkpoint
 from distill.lora import is_lora
 from distill.utils import eval_mode
 
@@ -49,12 +46,6 @@ logger = logging.getLogger(__name__)
 COST_REPEATS = 31  # timings per cost ratio, measured once per run: enough for a stable median
 # (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.evaluate.evaluate_acceptance or a fake
 Evaluate = Callable[..., list[dict]]
-
-
-def best_record(records: Sequence[dict], temperature: float) -> dict | None:
-    """The record of distill.acceptance_log.best_checkpoint at `temperature` (None when there is none)."""
-    choice = best_checkpoint(records, temperature)
-    return choice.row if choice else None
 
 
 def cost_gammas(gammas: Sequence[int | str]) -> list[int]:
@@ -127,8 +118,11 @@ class AcceptanceCallback(TrainerCallback):
         if self.cfg.at_checkpoints:
             self._measure_on_rank_zero(args, state, model, f"checkpoint-{state.global_step}")
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                     model: PreTrainedModel | None = None, **kwargs):
+    # ---- after training (distill.pipeline's measure step) -------------------------------------------------------
+
+    def measure_remaining(self, args: TrainingArguments, state: TrainerState, model: nn.Module | None) -> None:
+        """Measure every checkpoint up to state.global_step that still lacks its lines, then the final step unless
+        it is measured already; close TensorBoard. Called on every rank, after training."""
         self.measure_missing(args, state, model)
         if state.global_step not in self.measured_steps:
             self._measure_on_rank_zero(args, state, model, "final")
@@ -255,71 +249,3 @@ class AcceptanceCallback(TrainerCallback):
         best = best_record(records, self.cfg.temperatures[0])
         folder = os.path.join(args.output_dir, best["checkpoint"]) if best else None
         state.best_model_checkpoint = folder if folder and os.path.isdir(folder) else None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Export
-# ---------------------------------------------------------------------------------------------------------------
-
-def set_assisted_generation(draft: PreTrainedModel, gamma: int) -> None:
-    """Make transformers' assisted generation draft exactly `gamma` tokens per step, as measured.
-
-    A constant schedule with confidence threshold 0 reproduces the measured setting; the defaults (20 tokens,
-    'constant', threshold 0.4) would stop drafting early on low-confidence tokens and draft far more than measured.
-    """
-    draft.generation_config.num_assistant_tokens = gamma
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
-
-
-def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
-    """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
-    that are put on a copy of `final_draft` (its frozen base is the same at every step) and merged."""
-    if (folder / "adapter_config.json").is_file():
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        adapted = copy.deepcopy(final_draft)
-        weights = load_file(folder / "adapter_model.safetensors", device=str(next(adapted.parameters()).device))
-        set_peft_model_state_dict(adapted, weights)
-        return adapted.merge_and_unload()
-    with outside_zero3_init():  # export runs on rank 0 alone: no partitioning (a collective) while loading
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=next(final_draft.parameters()).dtype)
-
-
-def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Module,
-                 tokenizer: PreTrainedTokenizerBase, default_gamma: int) -> dict:
-    """Write the best draft to OUTPUT_DIR as a standard model folder (safetensors, config, generation config,
-    tokenizer) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)` load, with no peft
-    files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
-
-    `best` is the row of distill.acceptance_log.best_checkpoint (None: export `final_draft` with `default_gamma`). A ZeRO-3-partitioned
-    `final_draft` is read back from the last checkpoint instead (AcceptanceCallback saves the last step under
-    ZeRO-3). Returns what was exported: {"checkpoint", "step", "gamma"} plus the record's speedup numbers.
-    """
-    output_dir = Path(output_dir)
-    folder = output_dir / best["checkpoint"] if best else None
-    if folder is not None and folder.is_dir():
-        draft = draft_at_checkpoint(folder, final_draft)
-    elif is_partitioned(final_draft):
-        last = find_checkpoints(output_dir).latest
-        if last is None:
-            raise RuntimeError(f"the final draft is ZeRO-3-partitioned and {output_dir} holds no checkpoint to "
-                               "export it from")
-        draft = draft_at_checkpoint(last, final_draft)
-    elif is_lora(final_draft):
-        draft = plain_copy(final_draft)
-    else:
-        draft = final_draft
-    gamma = best["gamma"] if best else default_gamma
-    if gamma == "auto":  # a gamma-auto record: export its mean chosen draft length
-        gamma = max(1, round(best["mean_gamma"]))
-    set_assisted_generation(draft, gamma)
-    draft.save_pretrained(output_dir, safe_serialization=True)
-    tokenizer.save_pretrained(output_dir)
-    summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
-               "gamma": gamma}
-    if best:
-        summary.update({k: best[k] for k in ("temperature", "speedup", "acceptance_rate", "mean_accepted_tokens",
-                                             "predicted_speedup") if k in best})
-    return summary

@@ -247,3 +247,11 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | Non
     if lora is not None and lora.enabled:
         draft = apply_lora(draft, lora)
     return draft.train()
+
+
+def load_models(cfg: ModelConfig, lora: LoraConfig, device: torch.device | str) -> tuple[PreTrainedModel, nn.Module]:
+    """The load step of a run (distill.pipeline): the frozen target, then the trainable draft (built from it when
+    `model.draft_layers` says so), then the target moved to `device`. Returns (target, draft)."""
+    target = load_target(cfg)
+    draft = load_draft(cfg, target, lora)  # lora.enabled: a peft model, only adapters train
+    return target.to(device), draft

@@ -1,38 +1,102 @@
-"""What scripts/train.py checks before it tokenises anything or loads a weight, and what the output folder holds.
+"""The check step of a run (distill.pipeline): everything that can fail is checked before a weight is loaded.
 
-Every check raises an error whose one-line message names the recipe key (and file or path): RecipeError for
-keys transformers would only refuse later (scheduler, optimizer, trackers), FileProblem for paths (output folder,
-truncated weights, a target without tokenizer files), ModelSetupError for a checkpoint of another shape.
+check_run goes through, in order: the hub settings and names transformers would refuse late (RecipeError), the
+precision for this machine, the output folder and where training starts (plan_run), the processes and the
+device mode, the model files (FileProblem for truncated weights, a target without tokenizer files), the tokenizer
+and the draft plan from configs (ModelSetupError), and the dataset itself: it is read and tokenised here (once, on
+the main process first; `datasets` caches it), so that a bad file or column is named before any weight loads.
 
-The output folder: a fresh run into a folder that holds a previous run is refused (nothing is ever overwritten
-silently); train.resume_from_checkpoint=true continues it, train.overwrite_output_dir=true deletes that run first.
+The output folder (distill.run_folder): a fresh run into a folder that holds a previous run is refused (nothing is
+ever overwritten silently); train.resume_from_checkpoint=true continues it, train.overwrite_output_dir=true
+deletes that run when training starts.
 """
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
+
+from accelerate import PartialState
+from transformers import AutoConfig, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
 from decode.checks import FileProblem, check_safetensors_whole, check_tokenizer_files, check_writable_folder
-from distill.acceptance_log import ACCEPTANCE_LOG
-from distill.checkpoints import PARTIAL_DIR, Checkpoints, find_checkpoints, finished_step, report_incomplete
-from distill.config import Recipe, RecipeError
+from distill.checkpoints import Checkpoints, find_checkpoints, finished_step, report_incomplete
+from distill.config import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
+from distill.data import DistillData, build_data
+from distill.distributed import check_device_mode
+from distill.models import ModelSetupError, check_model_plan, draft_config, load_tokenizer
+from distill.run_folder import RECIPE_FILE, previous_run_files, read_results
+from distill.trainer import training_arguments
 
 logger = logging.getLogger(__name__)
 
-RESULTS_FILE = "train_results.json"
-# What a run leaves in train.output_dir (besides checkpoint-*): the exported draft, its logs and results.
-RUN_FILES = (ACCEPTANCE_LOG, RESULTS_FILE, "recipe.yaml", "model.safetensors", "model.safetensors.index.json",
-             "adapter_model.safetensors")
-RUN_GLOBS = ("checkpoint-*", PARTIAL_DIR, "runs", ACCEPTANCE_LOG + ".tmp", "model-*.safetensors", "config.json",
-             "generation_config.json", "tokenizer*", "special_tokens_map.json", "chat_template.jinja", *RUN_FILES)
+
+# ---------------------------------------------------------------------------------------------------------------
+# The check step
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class CheckedRun:
+    """What the check step hands on: where training starts and, unless the run is already done, the processes'
+    TrainingArguments, the tokenizer and the tokenised data (rows and acceptance prompts)."""
+
+    plan: RunPlan
+    args: TrainingArguments | None = None
+    tokenizer: PreTrainedTokenizerBase | None = None
+    data: DistillData | None = None
+
+    @property
+    def done(self) -> bool:
+        """The output folder holds this run finished, train_results.json written: nothing is left to do."""
+        return self.plan.results is not None
+
+
+def check_run(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> CheckedRun:
+    """Every check of a run before a weight loads (see the module docstring); `source` is the recipe file and
+    `overrides` its key=value arguments, named in the errors. Also sets up the processes and the seed."""
+    # ---- recipe and output folder ----------------------------------------------------------------------------
+    check_hub_settings(recipe, source)
+    check_train_names(recipe, source)  # scheduler, optimizer, trackers: named now, not after loading models
+    check_precision(recipe.train)  # fp16 on CPU, bf16 without a bf16 GPU: named before TrainingArguments sees them
+    plan = plan_run(recipe, source)  # a used output folder is refused; resume picks the latest complete checkpoint
+    if plan.results is not None:
+        return CheckedRun(plan)
+    args = training_arguments(recipe.train)  # also sets up the processes (accelerate launch / torchrun)
+    check_device_mode(args)
+    PartialState()
+    set_seed(recipe.train.seed)
+
+    # ---- tokenizer and model plan: configs only, no weights yet ----------------------------------------------
+    check_model_files(recipe)  # truncated safetensors, a target folder without tokenizer files
+    tokenizer = load_tokenizer(recipe.model)
+    check_model_plan(recipe.model, tokenizer)
+    check_attn_implementation(recipe)
+    check_resume_shape(recipe, plan.resume)
+    topk_from_override = any(a.startswith("distill.teacher_topk=") for a in overrides)
+    check_teacher_topk(recipe, OVERRIDE_SOURCE if topk_from_override else source)  # k <= the target's vocabulary
+
+    # ---- data: read and tokenised once on rank 0 (datasets cache), read by the others -----------------------
+    with args.main_process_first(desc="tokenise dataset"):
+        data = build_data(recipe.data, tokenizer, seed=recipe.train.seed, chat_template=recipe.eval.chat_template)
+    logger.info("%d training rows (%s), %d acceptance prompts", len(data.train), data.format, len(data.eval_prompts))
+    return CheckedRun(plan, args, tokenizer, data)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Names transformers would refuse only after the models are loaded
+# Settings that need no file
 # ---------------------------------------------------------------------------------------------------------------
+
+def check_hub_settings(recipe: Recipe, source: str) -> None:
+    """A bad hub.repo_id fails now, not after training."""
+    if recipe.hub.push_to_hub:
+        from distill.hub import check_repo_id
+        try:
+            check_repo_id(recipe.hub.repo_id)
+        except ValueError as err:
+            raise RecipeError("hub.repo_id", str(err), source) from None
+
 
 def check_train_names(recipe: Recipe, source: str) -> None:
     """train.lr_scheduler_type, train.optim and train.report_to name things transformers has (and installed)."""
@@ -62,6 +126,19 @@ def check_train_names(recipe: Recipe, source: str) -> None:
                               f"{', '.join(available) or 'none'}; use [] for no tracker", source)
 
 
+def check_teacher_topk(recipe: Recipe, source: str) -> None:
+    """distill.teacher_topk must not exceed the target's vocabulary (read from its config: no weights loaded).
+    Raises RecipeError naming the key."""
+    if recipe.distill.teacher_cache is None:
+        return
+    config = AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=recipe.model.trust_remote_code)
+    vocab = config.get_text_config().vocab_size
+    k = recipe.distill.teacher_topk
+    if k > vocab:
+        raise RecipeError("distill.teacher_topk", f"got {k}; allowed: an integer in [1, {vocab}] (the target's "
+                                                  "vocabulary size)", source)
+
+
 def check_model_files(recipe: Recipe) -> None:
     """Local model folders: whole safetensors files, and tokenizer files where the tokenizer is read from."""
     model = recipe.model
@@ -88,14 +165,6 @@ class RunPlan:
     results: dict | None = None  # its train_results.json when everything after training is done too
 
 
-def previous_run_files(output_dir: Path) -> list[str]:
-    """Names of what a previous run left in output_dir (empty for a new or unrelated folder)."""
-    if not output_dir.is_dir():
-        return []
-    found = {p.name for pattern in ("checkpoint-*", PARTIAL_DIR, *RUN_FILES) for p in output_dir.glob(pattern)}
-    return sorted(found)
-
-
 def plan_run(recipe: Recipe, source: str) -> RunPlan:
     """Check train.output_dir and decide where to start; raises RecipeError / FileProblem (one line)."""
     train, output_dir = recipe.train, Path(recipe.train.output_dir)
@@ -120,13 +189,7 @@ def plan_run(recipe: Recipe, source: str) -> RunPlan:
     step = finished_step(resume) if recipe.train.max_steps == -1 else _step_of(resume, recipe.train.max_steps)
     if step is None:
         return RunPlan(resume=resume)
-    results_file = output_dir / RESULTS_FILE
-    results = None
-    if results_file.is_file() and Path(resume).parent == output_dir:
-        try:
-            results = json.loads(results_file.read_text())
-        except ValueError:
-            results = None  # a torn write: export again
+    results = read_results(output_dir) if Path(resume).parent == output_dir else None  # None when torn: export
     return RunPlan(resume=resume, finished_at=step, results=results)
 
 
@@ -151,19 +214,10 @@ def _resume_folder(recipe: Recipe, found: Checkpoints | None, used: list[str], s
     if found.latest is not None:
         logger.info("resuming from %s", found.latest)
         return str(found.latest)
-    if "recipe.yaml" in used:  # this run started here but was stopped before its first complete checkpoint
+    if RECIPE_FILE in used:  # this run started here but was stopped before its first complete checkpoint
         logger.warning("%s holds no complete checkpoint yet: training starts again from step 0", output_dir)
         return None
     raise FileProblem(f"train.resume_from_checkpoint is true but {output_dir} holds no checkpoint-* folder")
-
-
-def clear_previous_run(output_dir: str | Path) -> None:
-    """Delete what an earlier run left in output_dir (train.overwrite_output_dir=true; rank 0)."""
-    output_dir = Path(output_dir)
-    for pattern in RUN_GLOBS:
-        for path in output_dir.glob(pattern):
-            logger.info("train.overwrite_output_dir: deleting %s", path)
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -180,8 +234,7 @@ def check_attn_implementation(recipe: Recipe) -> None:
     if name is None:
         return
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from distill.models import ModelSetupError
+    from transformers import AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=recipe.model.trust_remote_code)
     try:
@@ -197,9 +250,6 @@ def check_resume_shape(recipe: Recipe, resume: str | None) -> None:
     """The checkpoint to resume from holds a draft of the recipe's shape (else loading it fails with a trace)."""
     if resume is None or not (Path(resume) / "config.json").is_file():
         return
-    from transformers import AutoConfig
-    from distill.models import ModelSetupError, draft_config
-
     trust = recipe.model.trust_remote_code
     planned = draft_config(recipe.model, AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=trust))
     saved = AutoConfig.from_pretrained(resume, trust_remote_code=trust)

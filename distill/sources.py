@@ -10,37 +10,62 @@ weight / sum of weights (seeded with train.seed) until one source runs out. Opti
 log-probabilities of the mixed rows are cached (distill.teacher_cache) and travel with the rows, so that training
 never runs the target.
 
-The callers run whatever here uses the target on the main process first (TrainingArguments.main_process_first);
-the other processes then find the stored result complete and read it.
+training_rows (the tokenise step of a run, distill.pipeline) runs whatever uses the target on the main process
+first (TrainingArguments.main_process_first); the other processes then find the stored result complete and read it.
 """
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import datasets
+from accelerate import PartialState
 from torch import nn
-from transformers import AutoConfig, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, TrainingArguments
 
-from distill.config import DataConfig, DistillConfig, Recipe, RecipeError
-from distill.data import padding_id
+from distill.config import DataConfig, DistillConfig, Recipe
+from distill.data import DistillCollator, DistillData, padding_id
 from distill.onpolicy import OnPolicySettings
 from distill.target_data import generate_target_data, prompts_from_rows, to_training_rows
 from distill.teacher_cache import (CacheMismatchError, TeacherCollator, build_teacher_cache, output_vocab_size,
                                    with_teacher_columns)
 from distill.utils import eval_mode
 
+logger = logging.getLogger(__name__)
 
-def check_teacher_topk(recipe: Recipe, source: str) -> None:
-    """distill.teacher_topk must not exceed the target's vocabulary (read from its config: no weights loaded).
-    Raises RecipeError naming the key."""
-    if recipe.distill.teacher_cache is None:
-        return
-    config = AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=recipe.model.trust_remote_code)
-    vocab = config.get_text_config().vocab_size
-    k = recipe.distill.teacher_topk
-    if k > vocab:
-        raise RecipeError("distill.teacher_topk", f"got {k}; allowed: an integer in [1, {vocab}] (the target's "
-                                                  "vocabulary size)", source)
+
+@dataclass
+class TrainingRows:
+    """What DistillTrainer trains on: the mixed rows, the collator that pads them (with the cached teacher's
+    columns when there is a cache), and the on-policy settings (None: no draft samples)."""
+
+    rows: datasets.Dataset
+    collator: Callable[[list[dict]], Any]
+    on_policy: OnPolicySettings | None
+
+
+def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: nn.Module,
+                  tokenizer: PreTrainedTokenizerBase, args: TrainingArguments) -> TrainingRows:
+    """The tokenise step of a run (distill.pipeline): the dataset's rows (`data`, tokenised by the check step), the
+    target's responses (generated once, main process first) mixed in, the teacher cache attached, and the on-policy
+    settings. Raises CacheMismatchError when a stored folder holds results of other inputs."""
+    progress = PartialState().is_main_process
+    rows, target_rows = data.train, None
+    if recipe.data.target_weight > 0:
+        with args.main_process_first(desc="target responses"):
+            target_rows = target_response_rows(recipe.data, data.train, target, draft, tokenizer,
+                                               target_id=recipe.model.target, progress=progress)
+        rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
+        logger.info("%d training rows: %d of the dataset and %d target responses mixed %g : %g", len(rows),
+                    len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
+    collator = DistillCollator(padding_id(tokenizer))
+    if recipe.distill.teacher_cache is not None:  # the target's top-k once; training then never runs the target
+        with args.main_process_first(desc="teacher cache"):
+            rows, collator = with_teacher_cache(
+                rows, collator, recipe.distill, target, tokenizer, target_id=recipe.model.target,
+                batch_size=recipe.train.per_device_train_batch_size, progress=progress)
+    return TrainingRows(rows, collator, on_policy_settings(recipe, tokenizer, target))
 
 
 def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,

@@ -23,22 +23,30 @@ distill.distributed.check_device_mode before any weights load.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from accelerate import PartialState
 from torch import nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+from transformers import (PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainerControl,
+                          TrainerState, TrainingArguments)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from distill.checkpoints import clear_partial, partial_folder, publish
-from distill.config import DistillConfig, TrainConfig
+from distill.config import DistillConfig, Recipe, TrainConfig
 from distill.distill_loss import LossSums, chunked_distill_loss
-# check_device_mode and UnsupportedModeError live in distill.distributed; scripts/train.py still imports them here
-from distill.distributed import UnsupportedModeError, check_device_mode  # noqa: F401
+from distill.export import draft_at_checkpoint
 from distill.onpolicy import OnPolicySettings, accepts_logits_to_keep, micro_batch_generator, on_policy_batch
+from distill.run_folder import start_run_folder
+from distill.sources import TrainingRows
 from distill.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
 from distill.utils import IGNORE_INDEX
+
+logger = logging.getLogger(__name__)
 
 
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
@@ -232,3 +240,53 @@ class DistillTrainer(Trainer):
             self._log_sums.zero_()
             self._clock.seconds = 0.0
         super().log(logs, start_time)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The distil step of a run
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Distilled:
+    """The outcome of the distil step: the draft as trained (plain, a peft model, or ZeRO-3-partitioned) with the
+    Trainer's final state and metrics; `trainer` is None for a run that had already reached its last step."""
+
+    draft: nn.Module
+    state: TrainerState
+    metrics: dict
+    trainer: DistillTrainer | None = None
+
+    def end(self) -> None:
+        """Every process leaves together (accelerate's end_training: trackers closed, process group destroyed)."""
+        if self.trainer is not None:
+            self.trainer.accelerator.end_training()
+
+
+def distil(recipe: Recipe, args: TrainingArguments, target: PreTrainedModel, draft: nn.Module, rows: TrainingRows,
+           tokenizer: PreTrainedTokenizerBase, callbacks: list[TrainerCallback], *, resume: str | None,
+           finished_at: int | None) -> Distilled:
+    """Open the run folder (distill.run_folder), then train `draft` with DistillTrainer from `resume` (a checkpoint
+    folder or None). A run that already reached its last step (`finished_at`; killed while measuring or exporting)
+    trains nothing: its last checkpoint's draft is read back and the callbacks see the run begin at that step."""
+    start_run_folder(recipe)
+    if finished_at is not None:
+        return _already_trained(args, draft, callbacks, resume, finished_at)
+    trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill,
+                             train_dataset=rows.rows, data_collator=rows.collator, processing_class=tokenizer,
+                             callbacks=callbacks, on_policy=rows.on_policy)
+    metrics = trainer.train(resume_from_checkpoint=resume).metrics
+    return Distilled(trainer.accelerator.unwrap_model(trainer.model), trainer.state, metrics, trainer)
+
+
+def _already_trained(args: TrainingArguments, draft: nn.Module, callbacks: list[TrainerCallback], resume: str,
+                     finished_at: int) -> Distilled:
+    """The last checkpoint's draft and a state at its step; on_train_begin lets AcceptanceCallback measure the
+    checkpoints that lack their lines (no step is trained, nothing rotates)."""
+    logger.info("%s already reached step %d: nothing to train; measuring what is missing and exporting", resume,
+                finished_at)
+    final_draft = draft_at_checkpoint(Path(resume), draft).to(args.device)
+    state = TrainerState(global_step=finished_at, max_steps=finished_at,
+                         is_world_process_zero=PartialState().is_main_process)
+    for callback in callbacks:
+        callback.on_train_begin(args, state, TrainerControl(), model=final_draft)
+    return Distilled(final_draft, state, {})

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from distill import models
 from scripts import eval_acceptance, push_to_hub
 from scripts import train as train_script
 from tiny import TINY_TEXT, save_and_load, tiny_config, tiny_model, tiny_tokenizer
@@ -85,7 +86,7 @@ def no_weights(monkeypatch):
     """Fails the case if a command gets as far as loading model weights."""
     def refuse(*_args, **_kwargs):
         raise AssertionError("model weights were loaded before the error")
-    monkeypatch.setattr(train_script, "load_target", refuse)
+    monkeypatch.setattr(models, "load_target", refuse)
     monkeypatch.setattr(eval_acceptance, "load_causal_lm", refuse)
 
 

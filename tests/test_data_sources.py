@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, TrainingArguments
 
 import distill.target_data as target_data
+import distill.trainer
 from decode import autoregressive_generate
 from decode.sampling import SamplingConfig
 from distill.config import DataConfig, DistillConfig, RecipeError
@@ -32,7 +33,7 @@ from distill.sources import mix_sources
 from distill.target_data import load_target_data
 from distill.trainer import DistillTrainer
 from distill.utils import eval_mode
-from scripts import train as train_script
+from distill import models
 from helpers import ROOT, TINY_RECIPE, accelerate_launch, cli_error
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -73,7 +74,7 @@ class TargetForwards:
 
     def __init__(self, monkeypatch):
         self.calls, self.during_training = 0, None
-        load_target, train = train_script.load_target, DistillTrainer.train
+        load_target, train = models.load_target, DistillTrainer.train
 
         def counted_target(cfg):
             model = load_target(cfg)
@@ -87,7 +88,7 @@ class TargetForwards:
             finally:
                 self.during_training = self.calls - before
 
-        monkeypatch.setattr(train_script, "load_target", counted_target)
+        monkeypatch.setattr(models, "load_target", counted_target)
         monkeypatch.setattr(DistillTrainer, "train", counted_train)
 
     def _count(self, *_args):
@@ -138,7 +139,7 @@ def test_bad_source_settings_are_named(overrides, key, allowed):
 
 
 def test_k_larger_than_the_vocabulary_stops_before_any_weights(monkeypatch, capsys, workdir, tmp_path):
-    monkeypatch.setattr(train_script, "load_target", lambda *a: pytest.fail("weights were loaded"))
+    monkeypatch.setattr(models, "load_target", lambda *a: pytest.fail("weights were loaded"))
     message = cli_error(monkeypatch, capsys, TINY_RECIPE, f"model.target={workdir / 'target'}",
                         f"data.dataset={workdir / 'code.txt'}", f"distill.teacher_cache={tmp_path / 'cache'}",
                         f"distill.teacher_topk={VOCAB + 1}")
@@ -181,7 +182,7 @@ def rows_seen(monkeypatch) -> list[datasets.Dataset]:
             seen.append(kwargs["train_dataset"])
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(train_script, "DistillTrainer", Recording)
+    monkeypatch.setattr(distill.trainer, "DistillTrainer", Recording)
     return seen
 
 

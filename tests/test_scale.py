@@ -23,12 +23,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainingArguments
 from transformers.models.llama import modeling_llama
 
-from distill.callbacks import export_draft
+from distill.export import export_draft
 from distill.config import LoraConfig, RecipeError, TrainConfig, check_precision
 from distill.recipe_loader import load_recipe
 from distill.distributed import UnsupportedModeError, check_device_mode, plain_copy, zero3_inference_config
 from distill.lora import apply_lora, is_lora
 from distill.models import ModelSetupError
+from distill import models
 from scripts import train as train_script
 from helpers import ROOT, TINY_RECIPE, assert_same_weights, run_process, run_train, torchrun
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -192,7 +193,7 @@ def test_forced_cpu_refuses_fp16_even_with_a_gpu(monkeypatch):
 
 @cpu_only
 def test_cli_names_fp16_before_any_weights_load(monkeypatch, capsys, workdir):
-    monkeypatch.setattr(train_script, "load_target", lambda *a: pytest.fail("weights were loaded"))
+    monkeypatch.setattr(models, "load_target", lambda *a: pytest.fail("weights were loaded"))
     monkeypatch.setattr(sys, "argv", ["specdistill-train", TINY_RECIPE, f"model.target={workdir / 'target'}",
                                       f"data.dataset={workdir / 'code.txt'}", "train.fp16=true"])
     with pytest.raises(SystemExit) as exit_info:
@@ -440,7 +441,7 @@ ZERO3_ON_CPU = textwrap.dedent("""
         whole = sum(p.ds_numel for p in target.parameters())
         assert sum(p.ds_tensor.numel() for p in target.parameters()) < 0.6 * whole
         return target
-    train.load_target = checked
+    models.load_target = checked
     train.main(sys.argv[1:])
 """)
 

@@ -77,7 +77,7 @@ def test_the_graph_sees_module_level_function_level_and_package_imports():
     graph = import_graph()
     assert "distill.losses" in graph["distill.fused"]  # from distill.losses import ...
     assert "decode" in graph["distill.target_data"]  # from decode import speculative_generate
-    assert "distill.hub" in graph["scripts.train"]  # imported inside a function
+    assert "distill.hub" in graph["distill.export"]  # imported inside a function
     assert "decode.stats" in graph["decode"]  # a package's __init__
 
 
@@ -104,3 +104,25 @@ def test_every_module_imports_alone():
         "sys.exit(1 if failed else 0)\n"
     )
     run_process([sys.executable, "-c", program], timeout=300, env={"PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"})
+
+
+def test_no_library_module_imports_scripts():
+    """decode/ and distill/ are the library: the entry points in scripts/ import them, never the other way."""
+    graph = import_graph()
+    climbs = {name: sorted(m for m in imported if m.split(".")[0] == "scripts")
+              for name, imported in graph.items() if name.split(".")[0] in ("decode", "distill")}
+    assert not {name: found for name, found in climbs.items() if found}
+
+
+def test_a_run_is_the_six_named_steps_in_order():
+    """distill.pipeline.run_recipe calls check, load, tokenise, distil, measure, export in the README's order,
+    each once, each in the module that owns it."""
+    tree = ast.parse((ROOT / "distill" / "pipeline.py").read_text())
+    run = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "run_recipe")
+    calls = sorted((node for node in ast.walk(run) if isinstance(node, ast.Call)), key=lambda c: c.lineno)
+    called = [c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", "") for c in calls]
+    steps = ["check_run", "load_models", "training_rows", "distil", "measure_remaining", "export_run"]
+    assert [name for name in called if name in steps] == steps
+    owners = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)
+              for alias in node.names if alias.name in steps}
+    assert owners == {"distill.preflight", "distill.models", "distill.sources", "distill.trainer", "distill.export"}

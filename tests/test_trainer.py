@@ -17,12 +17,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainerControl, TrainerState, TrainingArguments
 
 from decode.vocab import TokenizerMismatchError
-from distill.callbacks import ACCEPTANCE_LOG, AcceptanceCallback, best_record, read_records
+from distill.callbacks import ACCEPTANCE_LOG, AcceptanceCallback, read_records
+from distill.export import best_record
 from distill.config import EvalConfig, ModelConfig
 from distill.recipe_loader import load_recipe
 from distill.models import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
 from distill.trainer import DistillTrainer
-from scripts import train as train_script
+from distill import models
 from helpers import ROOT, TINY_RECIPE, accelerate_launch, assert_same_weights, cli_error, torchrun
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -195,7 +196,7 @@ def test_callback_records_each_checkpoint_and_protects_the_best(tmp_path):
         state.global_step = step
         (tmp_path / f"checkpoint-{step}").mkdir()
         callback.on_save(args, state, control, model=draft)
-    callback.on_train_end(args, state, control, model=draft)  # step 4 already measured: no new lines
+    callback.measure_remaining(args, state, draft)  # after training: step 4 already measured, no new lines
     records = read_records(tmp_path)
     assert len(records) == 2 * 2 * 2 and evaluate.calls == 4  # 2 checkpoints x 2 temperatures x 2 gammas
     assert {r["checkpoint"] for r in records} == {"checkpoint-2", "checkpoint-4"}
@@ -233,7 +234,7 @@ def no_weights(monkeypatch):
     """Fails the test if the script gets as far as loading model weights."""
     def refuse(*_args, **_kwargs):
         raise AssertionError("model weights were loaded before the error")
-    monkeypatch.setattr(train_script, "load_target", refuse)
+    monkeypatch.setattr(models, "load_target", refuse)
 
 
 def test_cli_unknown_key_and_wrong_type(monkeypatch, capsys, no_weights, workdir):

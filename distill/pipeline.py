@@ -1,0 +1,60 @@
+"""One run of a recipe, as six named steps (README, "What a run does"), each one call into the module that owns it:
+
+  1. check     distill.preflight   recipe, output folder, processes, tokenizer and draft plan from configs, and the
+                                   dataset read and tokenised: every problem named before a weight loads
+  2. load      distill.models      the frozen target and the trainable draft
+  3. tokenise  distill.sources     the training rows: the dataset's, the target's responses, the teacher cache
+  4. distil    distill.trainer     DistillTrainer, with AcceptanceCallback measuring every checkpoint it saves
+  5. measure   distill.callbacks   acceptance of every checkpoint that still lacks it, and of the final step
+  6. export    distill.export      the best checkpoint as a model folder, its deployment check,
+                                   train_results.json (last), the optional hub push
+
+Every process runs every step; what only rank 0 writes is decided inside each step. scripts/train.py is the
+command line around run_recipe.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from distill.callbacks import AcceptanceCallback
+from distill.config import Recipe
+from distill.export import export_run
+from distill.models import load_models
+from distill.preflight import check_run
+from distill.sources import training_rows
+from distill.trainer import distil
+
+
+@dataclass
+class RunOutcome:
+    """What a run did: the exported draft's summary (export_draft; empty on ranks other than 0), or, when the
+    output folder already held this run finished, that run's summary and the step it finished at."""
+
+    summary: dict
+    finished_before: int | None = None  # the step of a run found finished: nothing was done
+
+
+def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> RunOutcome:
+    """Run `recipe` (loaded from the file `source` with the key=value `overrides`, which errors name) end to end.
+    Raises the errors of each step (RecipeError, DataError, ModelSetupError, FileProblem, PushError, ...)."""
+    # 1. check: nothing heavy yet; a run found finished is left as it is
+    checked = check_run(recipe, source, overrides)
+    if checked.done:
+        return RunOutcome(checked.plan.results.get("best", {}), finished_before=checked.plan.finished_at)
+    args, tokenizer, data = checked.args, checked.tokenizer, checked.data
+    # 2. load
+    target, draft = load_models(recipe.model, recipe.lora, args.device)
+    # 3. tokenise
+    rows = training_rows(recipe, data, target, draft, tokenizer, args)
+    # 4. distil
+    acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
+                                    tensorboard="tensorboard" in recipe.train.report_to)
+    distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance], resume=checked.plan.resume,
+                       finished_at=checked.plan.finished_at)
+    # 5. measure
+    acceptance.measure_remaining(args, distilled.state, distilled.draft)
+    # 6. export
+    summary = export_run(recipe, distilled.draft, tokenizer, distilled.metrics)
+    distilled.end()  # every process leaves together
+    return RunOutcome(summary)
