@@ -169,7 +169,8 @@ def evaluate_acceptance(
     return results
 
 
-def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSettings, gamma: int | str, bar, outputs: list[dict] | None, names: list[str] | None = None,
+def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSettings, gamma: int | str, bar,
+                   outputs: list[dict] | None, names: list[str] | None = None,
                    cost_ratios: Mapping[int, CostRatios] | None = None) -> dict:
     """Time plain, speculative (and transformers assisted) decoding of every prompt at one gamma; the result over
     all prompts, with ``by_category`` when the prompts have categories (``names``)."""
