@@ -77,8 +77,9 @@ def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats
                         new_tokens: int = 32) -> CostRatios:
     """c and v of ``draft`` (a causal LM or a PromptLookupDrafter) with ``target`` at ``gamma``, measured on the
     decoder's loops from ``prompt`` [1, L] over ``new_tokens`` generated tokens (the module docstring has the
-    protocol); medians over rounds that time at least ``repeats`` steps, after a warm-up round. ``compile``: the static-cache compiled
-    path (decode.static), its steps compiled in the warm-up."""
+    protocol); medians over rounds that time at least ``repeats`` steps, after a warm-up round. ``compile``: the
+    static-cache compiled path (decode.static), its steps compiled in the warm-up. Raises ValueError for
+    ``repeats`` < 1."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     new_tokens = max(new_tokens, 2 * gamma + 2)  # at least one step that drafts the full gamma
