@@ -19,7 +19,7 @@ from decode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
 from decode.static import StaticLM, cached_lm
 from decode.stats import SpecStats
-from decode import timing
+import decode.timing as timing
 from decode.timing import StepClock, synchronize
 
 
