@@ -4,11 +4,14 @@ Used by ``scripts/eval_acceptance.py`` and by the trainer at every checkpoint (o
 
 Timing protocol: a warm-up first; the same prompts and the same number of new tokens for plain and speculative
 decoding (plain decoding generates exactly as many tokens as the speculative run produced); the device is
-synchronised around every timed call; per-prompt medians over ``repeats``.
+synchronised around every timed call. For each gamma and prompt, plain decoding is re-timed, interleaved with the
+speculative runs (speculative, plain, speculative, plain, ... ``repeats`` times each; per-prompt medians), so that
+every row's speedup is a ratio of timings taken side by side: a plain timing is never reused by a later gamma,
+whose speedup would otherwise carry whatever load the machine had when the first gamma ran.
 
-Cost model (Leviathan et al.): predicted speedup = tau / (gamma * c + v), where
-  c = draft step time / target step time, v = target pass over gamma + 1 tokens / target 1-token step,
-both measured here on the run's hardware (on the compiled path when ``compile``).
+Cost model (Leviathan et al.): predicted speedup = tau / (gamma * c + v), c and v measured on the decoder's own
+loops by decode.cost_model.measure_cost_ratios (its docstring has the definitions and protocol), on the run's
+hardware and path (compiled when ``compile``), over ``max_new_tokens`` from the first prompt.
 
 ``compile``: plain, speculative and cost-ratio timings all run on the static-cache, torch.compiled path
 (decode.static). The caches are sized once for the longest prompt, every step is compiled in the warm-up (its time
@@ -18,7 +21,6 @@ models (the trainer's checkpoints). ``gamma "auto"`` (decode.auto_gamma) gives a
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -27,10 +29,12 @@ from tqdm.auto import tqdm
 
 from decode import static
 from decode.auto_gamma import AUTO_GAMMAS, is_auto
+from decode.cost_model import CostRatios, measure_cost_ratios
 from decode.drafters import PromptLookupDrafter
 from decode.results import Result
-from decode.speculative import autoregressive_generate, check_gamma, speculative_generate
+from decode.speculative import GenerateOutput, autoregressive_generate, check_gamma, speculative_generate
 from decode.tally import Tally, category_names, category_tallies
+from decode.timing import median_time, timed_call
 
 
 @dataclass
@@ -56,78 +60,6 @@ class EvalSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# timing
-# ----------------------------------------------------------------------------------------------------------------
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_time(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[object, float]:
-    """Run ``fn`` ``repeats`` times; its last result and the median wall-clock seconds (device synchronised)."""
-    times, result = [], None
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        result = fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return result, statistics.median(times)
-
-
-@dataclass
-class CostRatios:
-    draft_cost_ratio: float   # c = draft step / target 1-token step
-    verify_cost_ratio: float  # v = target pass over gamma + 1 tokens / target 1-token step
-
-    def predicted_speedup(self, tau: float, gamma: int) -> float:
-        # speedup = tau / (gamma * c + v)
-        return tau / (gamma * self.draft_cost_ratio + self.verify_cost_ratio)
-
-
-@torch.inference_mode()
-def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats: int = 7,
-                        compile: bool = False) -> CostRatios:
-    """Time one target step, one draft step and one (gamma + 1)-token verify pass at the prompt's context
-    (on the compiled path, with its compiled steps, when ``compile``)."""
-    device = prompt.device
-    capacity = prompt.shape[1] + gamma + 2
-    target_lm = static.cached_lm(target, compile, "target", capacity, (1, gamma + 1))
-    target_lm.forward(prompt, last_only=True)
-    one = prompt[:, -1:]
-    block = prompt[:, -1:].repeat(1, gamma + 1)
-
-    def target_step():
-        target_lm.forward(one, last_only=True)
-        target_lm.rollback(1)
-
-    def verify_pass():
-        target_lm.forward(block)
-        target_lm.rollback(gamma + 1)
-
-    for _ in range(2):  # warm-up
-        target_step(), verify_pass()
-    _, t_target = median_time(target_step, device, repeats)
-    _, t_verify = median_time(verify_pass, device, repeats)
-
-    if isinstance(draft, PromptLookupDrafter):
-        history = prompt[0].tolist()
-        _, t_draft = median_time(lambda: draft.lookup(history, gamma), device, repeats)
-        t_draft /= max(gamma, 1)  # one lookup proposes the whole block
-    else:
-        draft_lm = static.cached_lm(draft, compile, "draft", capacity, (1,))
-        draft_lm.forward(prompt, last_only=True)
-
-        def draft_step():
-            draft_lm.forward(one, last_only=True)
-            draft_lm.rollback(1)
-
-        draft_step()
-        _, t_draft = median_time(draft_step, device, repeats)
-    return CostRatios(t_draft / t_target, t_verify / t_target)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -229,9 +161,8 @@ def evaluate_acceptance(
     compiled_before = static.compile_seconds(target, draft)
     if settings.warmup or settings.compile:
         warm_up(target, draft, prompts, settings)
-    plain_cache: dict[tuple[int, int], tuple[list[int], float]] = {}
     bar = tqdm(total=len(settings.gammas) * len(prompts), desc="eval-acceptance", disable=not progress, leave=False)
-    results = [evaluate_gamma(target, draft, prompts, settings, gamma, plain_cache, bar, outputs, names, cost_ratios)
+    results = [evaluate_gamma(target, draft, prompts, settings, gamma, bar, outputs, names, cost_ratios)
                for gamma in settings.gammas]
     bar.close()
     for result in results:  # the evaluation's compilation (warm-up), reported apart from every tokens/s
@@ -239,8 +170,8 @@ def evaluate_acceptance(
     return results
 
 
-def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSettings, gamma: int | str,
-                   plain_cache: dict, bar, outputs: list[dict] | None, names: list[str] | None = None,
+def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSettings, gamma: int | str, bar,
+                   outputs: list[dict] | None, names: list[str] | None = None,
                    cost_ratios: Mapping[int, CostRatios] | None = None) -> dict:
     """Time plain, speculative (and transformers assisted) decoding of every prompt at one gamma; the result over
     all prompts, with ``by_category`` when the prompts have categories (``names``)."""
@@ -250,19 +181,14 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
     tally, by_category, chosen = Tally(gamma), category_tallies(names, gamma), []
     for i, prompt in enumerate(prompts):
         seed = settings.seed + i
-        spec, t_spec = median_time(
+        spec, plain, t_spec, t_plain = time_side_by_side(
             lambda: speculative_generate(target, draft, prompt, max_new_tokens=settings.max_new_tokens,
                                          gamma=gamma, eos_token_id=settings.eos_token_id,
                                          generator=make_generator(device, seed), **sampling),
+            lambda n_new: autoregressive_generate(target, prompt, max_new_tokens=n_new,
+                                                  generator=make_generator(device, seed), **sampling),
             device, settings.repeats)
-        n_new = len(spec.new_tokens)
-        if (i, n_new) not in plain_cache:
-            plain, t_plain = median_time(
-                lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new,
-                                                generator=make_generator(device, seed), **sampling),
-                device, settings.repeats)
-            plain_cache[(i, n_new)] = (plain.new_tokens, t_plain)
-        plain_tokens, t_plain = plain_cache[(i, n_new)]
+        n_new, plain_tokens = len(spec.new_tokens), plain.new_tokens
         chosen += spec.chosen_gammas
         hf_gamma = round(statistics.mean(spec.chosen_gammas)) if spec.chosen_gammas else gamma
         t_hf = 0.0
@@ -284,11 +210,25 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
     if cost_ratios and cost_gamma in cost_ratios:  # measured once per run by the caller
         costs = cost_ratios[cost_gamma]
     else:
-        costs = measure_cost_ratios(target, draft, prompts[0], cost_gamma, compile=settings.compile)
+        costs = measure_cost_ratios(target, draft, prompts[0], cost_gamma, compile=settings.compile,
+                                    new_tokens=settings.max_new_tokens)
     result = summarize(tally, settings, costs, mean_gamma)
     if by_category:
         result.by_category = {name: summarize(t, settings, costs, mean_gamma) for name, t in by_category.items()}
     return result.to_dict()
+
+
+def time_side_by_side(speculative: Callable[[], GenerateOutput], plain: Callable[[int], GenerateOutput],
+                      device: torch.device, repeats: int) -> tuple[GenerateOutput, GenerateOutput, float, float]:
+    """Speculative and plain decoding timed alternately ``repeats`` times each (plain generating as many tokens as
+    the speculative run): both outputs and both median seconds."""
+    spec_s, plain_s = [], []
+    for _ in range(repeats):
+        spec, seconds = timed_call(speculative, device)
+        spec_s.append(seconds)
+        base, seconds = timed_call(lambda: plain(len(spec.new_tokens)), device)
+        plain_s.append(seconds)
+    return spec, base, statistics.median(spec_s), statistics.median(plain_s)
 
 
 def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios, mean_gamma: float | None = None) -> Result:

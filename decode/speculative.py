@@ -9,7 +9,6 @@ The committed tokens are then distributed exactly as the (warped) target's own s
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +19,8 @@ from decode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
 from decode.static import StaticLM, cached_lm
 from decode.stats import SpecStats
+import decode.timing as timing
+from decode.timing import StepClock, synchronize
 
 
 @dataclass
@@ -77,11 +78,6 @@ def check_gamma(gamma: int | str) -> tuple[int, ...]:
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1 or 'auto', got {gamma!r}")
     return (gamma,)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -174,11 +170,13 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
     compile: bool = False,
+    clock: StepClock | None = None,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, L] with ``draft`` proposing ``gamma`` tokens
     per target pass (``"auto"``: chosen at every step, decode.auto_gamma). Greedy (temperature 0) output equals the
     target's own greedy decoding; sampled output is distributed exactly as the target's warped distribution.
     ``compile``: static KV caches and torch.compiled steps (decode.static), else eager with dynamic caches.
+    ``clock``: records each step's drafting and remaining time (the cost model's measurement, decode.cost_model).
 
     Raises ValueError for a batch > 1, an empty prompt, a gamma that is neither >= 1 nor "auto", or models on
     different devices."""
@@ -192,6 +190,7 @@ def speculative_generate(
     target_lm = cached_lm(target, compile, "target", capacity, tuple(g + 1 for g in gammas))
     chooser = GammaChooser(gammas) if is_auto(gamma) else None
     device = input_ids.device
+    timed = chooser is not None or clock is not None
 
     history = input_ids[0].tolist()
     new: list[int] = []
@@ -199,11 +198,11 @@ def speculative_generate(
     while len(new) < max_new_tokens:
         step_gamma = chooser.choose() if chooser else gammas[0]
         k_max = min(step_gamma, max_new_tokens - len(new) - 1)  # never produce more than asked for
-        started = time.perf_counter()
+        started = timing.now() if timed else 0.0
         drafts, q = drafter.propose(history, cur, k_max, cfg, generator)
-        if chooser:
+        if timed:
             synchronize(device)
-            drafted_at = time.perf_counter()
+            drafted_at = timing.now()
         logits = verify(target_lm, cur, drafts)
         if cfg.greedy:
             step = accept_greedy(logits, drafts)
@@ -211,7 +210,7 @@ def speculative_generate(
             step = accept_sampled(logits, drafts, q, cfg, generator)
         k, n = drafts.numel(), step.num_accepted
         if chooser:
-            chooser.observe(step_gamma, k, step.min_pq, drafted_at - started, time.perf_counter() - drafted_at)
+            chooser.observe(step_gamma, k, step.min_pq, drafted_at - started, timing.now() - drafted_at)
         # roll back: the target keeps cur, d_1..d_n; the drafter likewise
         target_lm.rollback(k - n)
         drafter.commit(n)
@@ -219,9 +218,11 @@ def speculative_generate(
         stats.record_step(k, n, step.min_pq, len(produced))  # tokens after an eos are never emitted: not counted
         new += produced
         history += produced
+        cur = torch.tensor([[step.next_token]], dtype=torch.long, device=device)
+        if clock is not None:
+            clock.record(k_max, started, drafted_at)
         if produced[-1] in stop:
             break
-        cur = torch.tensor([[step.next_token]], dtype=torch.long, device=device)
     out = torch.cat([input_ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
     return GenerateOutput(sequences=out, stats=stats, new_tokens=new, chosen_gammas=chooser.chosen if chooser else [])
 

@@ -9,13 +9,14 @@ The synthetic pair gives real partial acceptance at realistic cost ratios: a ran
 layers write only small updates into the residual stream (``--depth-scale``), and a draft made of its first
 ``--draft-layers`` layers (embeddings, final norm and lm_head shared). Goals checked by the printed ratios:
 speculative tokens/s >= 1.5x transformers assisted generation, measured speedup >= 0.9x the cost model.
+The machine description, the command line and the markdown table come from the shared harness
+(scripts/benchmark.py).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import json
-import platform
 from pathlib import Path
 
 import torch
@@ -23,7 +24,10 @@ import torch
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import encode_prompts, load_causal_lm, load_tokenizer, read_prompts, resolve_device, resolve_dtype
 from decode.table import format_table
+from scripts import benchmark
 from scripts.eval_acceptance import gamma_value
+
+CODE = ["decode/speculative.py", "decode/static.py", "decode/cost_model.py", "decode/evaluate.py"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,12 +73,6 @@ def synthetic_pair(args, device, dtype):
     return target.to(device, dtype), draft.to(device, dtype), prompts, name
 
 
-def machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-
-
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     device = resolve_device(args.device)
@@ -94,7 +92,8 @@ def main(argv=None) -> list[dict]:
         results += evaluate_acceptance(target, draft, prompts, settings)
 
     rows = [{"drafter": "compiled" if r["compiled"] else "eager", **r} for r in results]
-    print(f"pair: {name}\nmachine: {machine(device)}, {str(dtype).replace('torch.', '')}, greedy, batch 1")
+    where = benchmark.machine(device.type)
+    print(f"pair: {name}\nmachine: {where}; {str(dtype).replace('torch.', '')}, greedy, batch 1")
     print(format_table(rows))
     for r in results:
         path = "compiled" if r["compiled"] else "eager"
@@ -104,9 +103,9 @@ def main(argv=None) -> list[dict]:
     for line in compiled_vs_eager(results):
         print(line)
     if args.markdown:
-        write_markdown(args.markdown, name, machine(device), dtype, results)
+        write_markdown(args.markdown, name, device, dtype, results)
     if args.json:
-        args.json.write_text(json.dumps({"pair": name, "machine": machine(device), "results": results}, indent=2))
+        args.json.write_text(json.dumps({"pair": name, "machine": where, "results": results}, indent=2))
     return results
 
 
@@ -124,25 +123,31 @@ def compiled_vs_eager(results: list[dict]) -> list[str]:
     return lines
 
 
-def write_markdown(path: Path, name: str, where: str, dtype, results: list[dict]) -> None:
-    lines = [f"\n### {name}\n", f"Machine: {where}; {str(dtype).replace('torch.', '')}; greedy; batch 1.\n",
-             "| path | gamma | acceptance_rate | tau | c | v | plain tok/s | speculative tok/s | hf assisted tok/s | "
-             "speedup | predicted | spec / hf | measured / predicted |", "|" + "---|" * 13]
+def write_markdown(path: Path, name: str, device: torch.device, dtype, results: list[dict]) -> None:
+    """Append the pair's section: the harness's header (command, machine, code version), the load average, the
+    table of every row and the compiled / eager ratios."""
+    headers = ["path", "gamma", "acceptance_rate", "tau", "c", "v", "plain tok/s", "speculative tok/s",
+               "hf assisted tok/s", "speedup", "predicted", "spec / hf", "measured / predicted"]
+    rows = []
     for r in results:
         gamma = f"auto (mean {r['mean_gamma']:.2f})" if r["gamma"] == "auto" else r["gamma"]
-        lines.append(f"| {'compiled' if r['compiled'] else 'eager'} | {gamma} | {r['acceptance_rate']:.3f} | "
-                     f"{r['mean_accepted_tokens']:.2f} | {r['draft_cost_ratio']:.2f} | {r['verify_cost_ratio']:.2f} | "
-                     f"{r['target_tokens_per_s']:.1f} | {r['speculative_tokens_per_s']:.1f} | "
-                     f"{r['hf_assisted_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['predicted_speedup']:.2f}x | "
-                     f"{r['speculative_tokens_per_s'] / r['hf_assisted_tokens_per_s']:.2f}x | "
-                     f"{r['speedup'] / r['predicted_speedup']:.2f} |")
+        rows.append(["compiled" if r["compiled"] else "eager", gamma, f"{r['acceptance_rate']:.3f}",
+                     f"{r['mean_accepted_tokens']:.2f}", f"{r['draft_cost_ratio']:.2f}",
+                     f"{r['verify_cost_ratio']:.2f}", f"{r['target_tokens_per_s']:.1f}",
+                     f"{r['speculative_tokens_per_s']:.1f}", f"{r['hf_assisted_tokens_per_s']:.1f}",
+                     f"{r['speedup']:.2f}x", f"{r['predicted_speedup']:.2f}x",
+                     f"{r['speculative_tokens_per_s'] / r['hf_assisted_tokens_per_s']:.2f}x",
+                     f"{r['speedup'] / r['predicted_speedup']:.2f}"])
+    lines = [f"\n### {name}\n",
+             *benchmark.header(benchmark.command_line(__file__), device.type, CODE),
+             f"{str(dtype).replace('torch.', '')}; greedy; batch 1; load average at the end "
+             f"{benchmark.load_average()}.", "", *benchmark.markdown_table(headers, rows)]
     ratios = compiled_vs_eager(results)
     if ratios:
         lines += ["", *[f"- {line}" for line in ratios]]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write("\n".join(lines) + "\n")
-
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,65 @@
+"""Clocks for the decoder: one place that reads the time, so tests can swap in a deterministic clock.
+
+``now`` is read through this module (``timing.now()``) by every timed region of the decoder and its evaluation;
+``StepClock`` records, for each step of ``speculative_generate``, the time spent drafting and the time spent on
+the rest of the step (the verify pass, acceptance, both rollbacks, the drafter's commit, host-side bookkeeping).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+def now() -> float:
+    """Seconds on a monotonic clock (time.perf_counter); replaced by a fake clock in tests."""
+    return time.perf_counter()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a clock read after it counts it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_call(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
+    """``fn()`` and its wall-clock seconds (device synchronised at both ends)."""
+    synchronize(device)
+    start = now()
+    result = fn()
+    synchronize(device)
+    return result, now() - start
+
+
+def median_time(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[object, float]:
+    """Run ``fn`` ``repeats`` times; its last result and the median wall-clock seconds (device synchronised)."""
+    times, result = [], None
+    for _ in range(repeats):
+        result, seconds = timed_call(fn, device)
+        times.append(seconds)
+    return result, statistics.median(times)
+
+
+@dataclass
+class StepClock:
+    """Per-step times of one speculative generation: ``asked`` draft tokens (the step's gamma after the cap at the
+    end of the generation), ``draft_s`` (propose) and ``rest_s`` (everything else in the step)."""
+
+    device: torch.device
+    asked: list[int] = field(default_factory=list)
+    draft_s: list[float] = field(default_factory=list)
+    rest_s: list[float] = field(default_factory=list)
+
+    def record(self, asked: int, started: float, drafted_at: float) -> None:
+        """Close a step that began at ``started`` and finished drafting at ``drafted_at``."""
+        synchronize(self.device)  # rollbacks may still be queued on a GPU
+        self.asked.append(asked)
+        self.draft_s.append(drafted_at - started)
+        self.rest_s.append(now() - drafted_at)
+
+    def full_steps(self, gamma: int) -> list[tuple[float, float]]:
+        """(draft_s, rest_s) of the steps that asked for all ``gamma`` draft tokens."""
+        return [(d, r) for a, d, r in zip(self.asked, self.draft_s, self.rest_s) if a == gamma]
