@@ -209,7 +209,8 @@ class AcceptanceCallback(TrainerCallback):
             if self.cost_ratios is None:  # architectures and hardware: the same at every checkpoint
                 prompt = self.prompts[0].view(1, -1).to(next(target.parameters()).device)
                 self.cost_ratios = {g: measure_cost_ratios(target, draft, prompt, g, repeats=COST_REPEATS,
-                                                           compile=self.cfg.compile)
+                                                           compile=self.cfg.compile,
+                                                           new_tokens=self.cfg.max_new_tokens)
                                     for g in cost_gammas(self.cfg.gammas)}
             results = []
             for temperature in self.cfg.temperatures:
