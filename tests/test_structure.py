@@ -126,3 +126,21 @@ def test_a_run_is_the_six_named_steps_in_order():
     owners = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)
               for alias in node.names if alias.name in steps}
     assert owners == {"distill.preflight", "distill.models", "distill.sources", "distill.trainer", "distill.export"}
+
+
+def readme_module_map() -> list[str]:
+    """The modules listed in the README's "Where things are" table, in order ('decode/cache.py' -> 'decode.cache')."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Where things are\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [row.split("`")[1].removesuffix(".py").replace("/", ".") for row in rows]
+
+
+def test_the_readme_module_map_matches_the_tree_in_dependency_order():
+    listed = readme_module_map()
+    graph = import_graph()
+    files = {name for name in graph if "." in name and not name.startswith("decode.metrics")}
+    assert sorted(listed) == sorted(files), (sorted(set(files) - set(listed)), sorted(set(listed) - set(files)))
+    position = {name: i for i, name in enumerate(listed)}
+    late = [(name, dep) for name in listed for dep in graph[name] if dep in position and position[dep] > position[name]]
+    assert not late, f"listed before a module it imports: {late}"
