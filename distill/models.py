@@ -123,7 +123,7 @@ def draft_config(cfg: ModelConfig, target_config: PretrainedConfig) -> Pretraine
     return _config_overrides(target_config, cfg.draft_config or {})
 
 
-def count_parameters(config: PretrainedConfig, trust_remote_code: bool = False) -> int:
+def planned_parameter_count(config: PretrainedConfig, trust_remote_code: bool = False) -> int:
     """Parameters of a model with this config, counted on the meta device (no memory, no weights)."""
     with torch.device("meta"), no_init_weights(), outside_zero3_init():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
@@ -145,8 +145,8 @@ def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> No
     if planned.get_text_config().vocab_size < len(tokenizer):
         raise ModelSetupError(f"the draft's vocabulary ({planned.get_text_config().vocab_size} rows) is smaller "
                               f"than the tokenizer ({len(tokenizer)} tokens)")
-    draft_params = count_parameters(planned, cfg.trust_remote_code)
-    target_params = count_parameters(target_config, cfg.trust_remote_code)
+    draft_params = planned_parameter_count(planned, cfg.trust_remote_code)
+    target_params = planned_parameter_count(target_config, cfg.trust_remote_code)
     if draft_params > target_params:
         logger.warning("the draft has more parameters (%s) than the target (%s): it will not speed decoding up",
                        f"{draft_params:,}", f"{target_params:,}")
