@@ -31,9 +31,7 @@ from transformers import PreTrainedModel, TrainerCallback, TrainerControl, Train
 
 from decode.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.evaluate import CostRatios, measure_cost_ratios
-# ACCEPTANCE_LOG and read_records are also imported from here (re-exported)
-from distill.acceptance_log import (ACCEPTANCE_LOG, append_records, complete_steps, cost_gamma,  # noqa: F401
-                                    read_records, rewrite_records)
+from distill.acceptance_log import append_records, complete_steps, cost_gamma, read_records, rewrite_records
 from distill.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.config import EvalConfig
 from distill.distributed import is_partitioned, plain_copy

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainerControl, TrainerState, TrainingArguments
 
 from decode.vocab import TokenizerMismatchError
-from distill.callbacks import ACCEPTANCE_LOG, AcceptanceCallback, read_records
+from distill.acceptance_log import ACCEPTANCE_LOG, read_records
+from distill.callbacks import AcceptanceCallback
 from distill.export import best_record
 from distill.config import EvalConfig, ModelConfig
 from distill.recipe_loader import load_recipe
