@@ -148,6 +148,10 @@ class Eagle3Head(nn.Module):
         self._embed = [embed_tokens]
         return self
 
+    @property
+    def has_embeddings(self) -> bool:
+        return bool(self._embed)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self._embed:
             raise RuntimeError("the head has no token embedding: call bind_embeddings(target.get_input_embeddings())")
