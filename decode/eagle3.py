@@ -33,8 +33,15 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """vLLM's default layer ids for EAGLE-3 aux hidden states: (2, L // 2, L - 3)."""
-    return [min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)]
+    """vLLM's default layer ids for EAGLE-3 aux hidden states, (2, L // 2, L - 3), made distinct: vLLM keeps one
+    hidden state per distinct id, so a shallow target's repeated id (L = 6 gives (2, 3, 3)) would leave fc with
+    too few inputs there; a repeated id moves to the nearest free layer (the deeper one on a tie). Ascending."""
+    chosen: list[int] = []
+    for wanted in (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)):
+        free = [i for i in range(num_layers) if i not in chosen]
+        if free:
+            chosen.append(min(free, key=lambda i: (abs(i - wanted), -i)))
+    return sorted(chosen)
 
 
 def is_eagle3_config(config: dict | PretrainedConfig) -> bool:
@@ -64,6 +71,9 @@ def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None
     if not layers or min(layers) < 0 or max(layers) >= text.num_hidden_layers:
         raise ValueError(f"aux layer ids {layers} must lie in 0..{text.num_hidden_layers - 1} (the target has "
                          f"{text.num_hidden_layers} decoder layers)")
+    if layers != sorted(set(layers)):  # vLLM concatenates one hidden state per distinct id, in layer order
+        raise ValueError(f"aux layer ids {layers} must be distinct and ascending (vLLM concatenates the hidden "
+                         f"states in layer order, one per id): e.g. {sorted(set(layers))}")
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     return LlamaConfig(
         architectures=[ARCHITECTURE],
@@ -230,10 +240,18 @@ class Eagle3Head(nn.Module):
         return self.logits(normed), prenorm
 
     # -- files ----------------------------------------------------------------------------------------------------
+    @property
+    def full_vocab(self) -> bool:
+        """Whether the draft vocabulary is the target's whole vocabulary (d2t all zero)."""
+        return self.config.draft_vocab_size == self.config.vocab_size
+
     def state_for_export(self) -> dict[str, torch.Tensor]:
-        """The tensors of the served folder, under the names vLLM and SGLang load (no rotary, no embedding)."""
+        """The tensors of the served folder, under the names vLLM and SGLang load (no rotary, no embedding). A
+        head over the whole vocabulary has no d2t/t2d: vLLM 0.32 then has no parameter to load them into, and
+        refuses the folder ("no module or parameter named 'draft_id_to_target_id'")."""
+        vocab_maps = ("d2t", "t2d") if self.full_vocab else ()
         return {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()
-                if not name.startswith("rotary.")}
+                if not name.startswith("rotary.") and name not in vocab_maps}
 
     def save_pretrained(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
         """config.json (vLLM's eagle3 format) and model.safetensors into `folder`."""
@@ -265,10 +283,11 @@ class Eagle3Head(nn.Module):
         head = cls(config)
         state = load_file(str(folder / WEIGHTS_FILE))
         state.pop("embed_tokens.weight", None)
-        expected = set(head.state_for_export())
-        missing = sorted(expected - set(state) - {"t2d"})
+        expected = set(head.state_for_export()) | {"d2t", "t2d"}
+        missing = sorted(expected - set(state) - {"t2d"} - ({"d2t"} if head.full_vocab else set()))
         if missing:
             raise ValueError(f"{folder}: the head's weights lack {', '.join(missing)}")
+        state.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # whole vocabulary
         if "t2d" not in state:  # vLLM ignores t2d; rebuild it from d2t
             state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
             state["t2d"][torch.arange(config.draft_vocab_size) + state["d2t"]] = True
