@@ -62,7 +62,7 @@ def cut_at_eos(tokens: list[int], stop: set[int]) -> list[int]:
 
 
 def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compile: bool = False,
-               capacity: int = 0) -> Drafter:
+               capacity: int = 0, max_gamma: int = 8) -> Drafter:
     """The drafter of ``draft``: a causal LM (ModelDrafter), an Eagle3Head (HeadDrafter; bound to the target's
     input embedding if it has none), or a drafter as is."""
     if isinstance(draft, (PromptLookupDrafter, ModelDrafter, HeadDrafter)):
@@ -76,7 +76,7 @@ def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compil
     if isinstance(draft, Eagle3Head):
         if not draft.has_embeddings:
             draft.bind_embeddings(target.get_input_embeddings())
-        return HeadDrafter(draft, compile=compile, capacity=capacity)
+        return HeadDrafter(draft, compile=compile, capacity=capacity, max_gamma=max_gamma)
     return ModelDrafter(draft, compile=compile, capacity=capacity)
 
 
@@ -195,7 +195,7 @@ def speculative_generate(
     check_inputs(input_ids, max_new_tokens)
     cfg = SamplingConfig(temperature, top_k, top_p)
     capacity = input_ids.shape[1] + max_new_tokens + max(gammas) + 1
-    drafter = as_drafter(draft, target, compile, capacity)
+    drafter = as_drafter(draft, target, compile, capacity, max(gammas))
     stop = eos_set(eos_token_id)
     stats = SpecStats(max(gammas))
     target_lm = cached_lm(target, compile, "target", capacity, tuple(g + 1 for g in gammas), drafter.aux_layers)
