@@ -61,6 +61,38 @@ def is_eagle3_folder(path: str | Path) -> bool:
         return False
 
 
+def read_config(folder: str | Path) -> dict:
+    """A head folder's config.json as a dict."""
+    return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+
+
+def aux_layer_ids(config: dict) -> list[int]:
+    """The aux layer ids of a head's config dict ([] when it names none)."""
+    return list((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [])
+
+
+def fit_problems(config: dict, target_config: PretrainedConfig) -> dict[str, str]:
+    """What keeps a head (its config.json as a dict) from reading this target, {check: one line}:
+    hidden_size (the head's hidden_size and target_hidden_size must be the target's: it shares the target's
+    embedding and reads its hidden states), vocab (vocab_size = the target's), aux_layers (ids among the target's
+    layers)."""
+    text = target_config.get_text_config()
+    problems = {}
+    sizes = {"hidden_size": config.get("hidden_size"), "target_hidden_size": config.get("target_hidden_size")}
+    wrong = {name: size for name, size in sizes.items() if size is not None and size != text.hidden_size}
+    if wrong:
+        problems["hidden_size"] = (f"the head's {', '.join(f'{k}={v}' for k, v in wrong.items())} but the target's "
+                                   f"hidden_size is {text.hidden_size}: this head was trained for another target")
+    if config.get("vocab_size") != text.vocab_size:
+        problems["vocab"] = (f"the head's vocab_size={config.get('vocab_size')} but the target's is "
+                             f"{text.vocab_size}: this head was trained for another target")
+    layers = aux_layer_ids(config)
+    if not layers or min(layers) < 0 or max(layers) >= text.num_hidden_layers:
+        problems["aux_layers"] = (f"the head reads the target's layers {layers} but the target has "
+                                  f"{text.num_hidden_layers} (ids 0..{text.num_hidden_layers - 1})")
+    return problems
+
+
 def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None = None,
                 draft_vocab_size: int | None = None, intermediate_size: int | None = None) -> LlamaConfig:
     """The head's config, built from the target's: same hidden size (the embedding is shared), heads, rope and

@@ -138,6 +138,13 @@ class HeadCache:
         self.length -= num_positions
 
 
+def bound_head(head: Eagle3Head, target: torch.nn.Module) -> Eagle3Head:
+    """``head``, bound to the target's input embedding when it has none yet."""
+    if not head.has_embeddings:
+        head.bind_embeddings(target.get_input_embeddings())
+    return head
+
+
 def head_cache(head: Eagle3Head, capacity: int, compile: bool, max_gamma: int) -> HeadCache:
     """An empty head cache for one generation: eager, a new one; compiled, the registry's (decode.static) for this
     head, whose compiled 1-token and (max_gamma + 1)-token steps are reused across generations."""

@@ -17,7 +17,7 @@ from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
 from decode.cache import CachedLM
 from decode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from decode.eagle3 import Eagle3Head
-from decode.head_drafter import HeadDrafter
+from decode.head_drafter import HeadDrafter, bound_head
 from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
 from decode.static import StaticLM, cached_lm
 from decode.stats import SpecStats
@@ -74,9 +74,7 @@ def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compil
     if target_device != draft_device:
         raise ValueError(f"target is on {target_device} but draft is on {draft_device}; put both on one device")
     if isinstance(draft, Eagle3Head):
-        if not draft.has_embeddings:
-            draft.bind_embeddings(target.get_input_embeddings())
-        return HeadDrafter(draft, compile=compile, capacity=capacity, max_gamma=max_gamma)
+        return HeadDrafter(bound_head(draft, target), compile=compile, capacity=capacity, max_gamma=max_gamma)
     return ModelDrafter(draft, compile=compile, capacity=capacity)
 
 
