@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from decode import static
+from decode.static import bucket, compile_options, register
 from decode.eagle3 import Eagle3Head
 from decode.sampling import SamplingConfig, draw, probs_from_logits
 
@@ -52,7 +52,7 @@ class HeadCache:
         if self.k.numel() and capacity <= self.capacity:
             return
         attn = self.head.midlayer.self_attn
-        k = self.head.fc.weight.new_zeros(1, attn.num_kv_heads, static.bucket(capacity), attn.head_dim)
+        k = self.head.fc.weight.new_zeros(1, attn.num_kv_heads, bucket(capacity), attn.head_dim)
         v = torch.zeros_like(k)
         if self.length:
             k[:, :, : self.length], v[:, :, : self.length] = self.k[:, :, : self.length], self.v[:, :, : self.length]
@@ -107,7 +107,7 @@ class HeadCache:
                   torch.zeros(1, length, dtype=torch.long, device=device))
         for buffer in (*inputs, self.k, self.v):
             torch._dynamo.mark_static_address(buffer)
-        function = torch.compile(self.forward, **static.compile_options(device))
+        function = torch.compile(self.forward, **compile_options(device))
 
         def run(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             for buffer, value in zip(inputs, args):
@@ -150,7 +150,7 @@ def head_cache(head: Eagle3Head, capacity: int, compile: bool, max_gamma: int) -
     head, whose compiled 1-token and (max_gamma + 1)-token steps are reused across generations."""
     if not compile:
         return HeadCache(head, capacity)
-    cache = static.register(head, "head", lambda: HeadCache(head, capacity, True, (1, max_gamma + 1)))
+    cache = register(head, "head", lambda: HeadCache(head, capacity, True, (1, max_gamma + 1)))
     if max_gamma + 1 not in cache.lengths:
         cache.lengths, cache.steps = tuple(sorted({*cache.lengths, max_gamma + 1})), {}
     cache.reserve(capacity)
