@@ -266,3 +266,16 @@ def test_head_compile_failure_falls_back_to_eager_with_a_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="torch.compile failed for the EAGLE-3 head"):
         out = speculative_generate(target, head, PROMPT, max_new_tokens=12, gamma=2, compile=True)
     assert out.sequences.tolist() == plain.sequences.tolist()
+
+
+@pytest.mark.integration
+def test_compiled_head_sampling_is_lossless(aot_eager):
+    target, head = sampling_pair(5)
+    cfg = sampling.CONFIGS[3]
+    p1, p2, p3, _ = sampling.exact_marginals(target, cfg)
+    g = torch.Generator().manual_seed(0)
+    s = torch.stack([speculative_generate(target, head, sampling.PROMPT, max_new_tokens=3, gamma=2, generator=g,
+                                          temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                          compile=True).sequences[0, -3:] for _ in range(1200)])
+    for observed, expected in [(s[:, 0], p1), (s[:, 1], p2), (s[:, 2], p3)]:
+        assert sampling.chi2_pvalue(torch.bincount(observed, minlength=sampling.VOCAB), expected) > 1e-4
