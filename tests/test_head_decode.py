@@ -123,7 +123,8 @@ def sampling_pair(draft_vocab_size: int | None = None):
     return target, head
 
 
-@pytest.mark.parametrize("draft_vocab_size", [None, 5], ids=["full-vocab", "draft-vocab-5"])
+@pytest.mark.parametrize("draft_vocab_size", [pytest.param(None, marks=pytest.mark.integration), 5],
+                         ids=["full-vocab", "draft-vocab-5"])
 def test_head_sampling_is_lossless(draft_vocab_size):
     target, head = sampling_pair(draft_vocab_size)
     cfg = sampling.CONFIGS[0]
