@@ -35,17 +35,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from distill.fsdp import plain_class
 from distill.losses import TAIL_FLOOR, LossOptions, SparseTeacher, take_rows, upcast
 
 
 def fusable_head(head: nn.Module) -> bool:
     """Whether `head` is a plain linear layer with whole weights: the fused path can read W and b directly.
 
-    Anything else (a peft wrapper, a ZeRO-3-partitioned weight, accelerate's offload hooks) takes the
-    checkpointed path, which calls the module itself.
+    An FSDP2-wrapped nn.Linear whose weight is whole at the moment (gathered: distill.fsdp.whole_head) counts as
+    plain. Anything else (a peft wrapper, a ZeRO-3-partitioned weight or FSDP2 shard, accelerate's offload hooks)
+    takes the checkpointed path, which calls the module itself.
     """
-    return (type(head) is nn.Linear and not hasattr(head.weight, "ds_id") and not hasattr(head, "_hf_hook"))
+    return (plain_class(head) is nn.Linear and not hasattr(head.weight, "ds_id") and not hasattr(head, "_hf_hook")
+            and not isinstance(head.weight, DTensor))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from decode.loading import DTYPES
 from decode.vocab import check_tokenizers_compatible
 from distill.config import LoraConfig, ModelConfig
 from distill.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
+from distill.fsdp import fsdp_enabled, remember_layout
 from distill.lora import apply_lora
 from distill.utils import ModelSetupError, parameter_count
 
@@ -251,7 +252,14 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | Non
 
 def load_models(cfg: ModelConfig, lora: LoraConfig, device: torch.device | str) -> tuple[PreTrainedModel, nn.Module]:
     """The load step of a run (distill.pipeline): the frozen target, then the trainable draft (built from it when
-    `model.draft_layers` says so), then the target moved to `device`. Returns (target, draft)."""
+    `model.draft_layers` says so), then the target moved to `device`. Returns (target, draft).
+
+    Under FSDP2 the target stays whole on the CPU until distill.fsdp.shard_for_inference shards it (after the
+    tokenise step, which may run it on the main process alone), and the draft's layout is remembered for the
+    whole copies made of it once accelerate has sharded it."""
     target = load_target(cfg)
     draft = load_draft(cfg, target, lora)  # lora.enabled: a peft model, only adapters train
+    if fsdp_enabled():
+        remember_layout(draft)
+        return target, draft
     return target.to(device), draft

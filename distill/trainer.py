@@ -15,10 +15,12 @@ Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
                         steps), on_policy (share of rows that were the draft's samples, when on); learning_rate and
                         grad_norm come from Trainer.
 
-The target is never wrapped or trained: it is frozen, moved to this process's device and used under no_grad.
-Device modes (single process, DDP, DeepSpeed ZeRO-1/2) come from the accelerate config, not from this file;
-modes DistillTrainer cannot run (FSDP, ZeRO-3 without whole-weight checkpoints) are refused by
-distill.distributed.check_device_mode before any weights load.
+The target is never wrapped by the Trainer or trained: it is frozen and used under no_grad, a replica on this
+process's device (single process, DDP, ZeRO-1/2) or sharded for inference (ZeRO-3, FSDP2: every rank runs every
+target forward). Device modes come from the accelerate config, not from this file; settings DistillTrainer cannot
+run are refused by distill.distributed.check_device_mode before any weights load. Under FSDP2 the draft is sharded
+by accelerate, checkpoints hold the sharded training state (torch distributed checkpoint) and the whole weights
+gathered onto rank 0 (save_model), and on-policy rows are sampled from a local whole copy of the draft.
 """
 from __future__ import annotations
 
@@ -39,7 +41,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from distill.checkpoints import clear_partial, partial_folder, publish
 from distill.config import DistillConfig, Recipe, TrainConfig
 from distill.distill_loss import LossSums, chunked_distill_loss
+from distill.distributed import is_partitioned
 from distill.export import draft_at_checkpoint
+from distill.fsdp import is_sharded, local_copy, whole_head
 from distill.onpolicy import OnPolicySettings, accepts_logits_to_keep, micro_batch_generator, on_policy_batch
 from distill.run_folder import start_run_folder
 from distill.sources import TrainingRows
@@ -117,7 +121,8 @@ class DistillTrainer(Trainer):
                          processing_class=processing_class, callbacks=callbacks)
         self.distill = distill
         self.on_policy = on_policy  # None: no on-policy rows
-        self.target = target.to(self.args.device)  # frozen by distill.models.load_target; never prepared
+        # frozen by distill.models.load_target; never prepared (a sharded target is already where its shards live)
+        self.target = target if is_partitioned(target) else target.to(self.args.device)
         self._draft_takes_logits_to_keep = accepts_logits_to_keep(model)
         # [kd, tv, ce, loss tokens, input tokens, rows, on-policy rows] summed on this process since the last log
         self._log_sums = torch.zeros(7, dtype=torch.float64, device=self.args.device)
@@ -150,6 +155,14 @@ class DistillTrainer(Trainer):
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
         self.accelerator.wait_for_everyone()
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Trainer's save_model; under FSDP2 the sharded checkpoint (written by Trainer with the optimizer) gets the
+        whole weights next to it, gathered onto rank 0 (a collective), as acceptance and the export read them."""
+        if self.is_fsdp_enabled and is_sharded(self.model):
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+            return
+        super().save_model(output_dir, _internal_call)
+
     # ---- the global token count N of one optimizer step ----------------------------------------------------
 
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int,
@@ -158,18 +171,25 @@ class DistillTrainer(Trainer):
         process. The replacement comes first, so N counts the tokens the loss is actually taken on."""
         batches = list(itertools.islice(epoch_iterator, num_batches))
         if self.on_policy is not None:
-            batches = [self.with_on_policy_rows(batch, micro) for micro, batch in enumerate(batches)]
+            sampler = self.on_policy_sampler()
+            batches = [self.with_on_policy_rows(batch, micro, sampler) for micro, batch in enumerate(batches)]
         # position t predicts token t+1, so the loss tokens are the labels[:, 1:] that are not -100
         local = sum((b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in batches) if batches else torch.tensor(0)
         local = torch.as_tensor(local, device=device).reshape(1)
         return batches, self.accelerator.gather(local).sum() if self.accelerator.num_processes > 1 else local[0]
 
-    def with_on_policy_rows(self, batch: dict[str, torch.Tensor], micro_batch: int) -> dict[str, torch.Tensor]:
-        """The micro-batch with a lambda share of its rows replaced by the current draft's samples (no collective:
-        each process samples its own rows, from a generator seeded by seed, process, step and micro-batch)."""
+    def on_policy_sampler(self) -> nn.Module:
+        """The draft that samples on-policy rows: itself, or under FSDP2 a whole copy on every rank (a collective,
+        once per optimizer step on every rank), since the ranks sample different numbers of tokens."""
+        draft = self.accelerator.unwrap_model(self.model)
+        return local_copy(draft) if is_sharded(draft) else draft
+
+    def with_on_policy_rows(self, batch: dict[str, torch.Tensor], micro_batch: int,
+                            draft: nn.Module) -> dict[str, torch.Tensor]:
+        """The micro-batch with a lambda share of its rows replaced by `draft`'s samples (no collective: each process
+        samples its own rows, from a generator seeded by seed, process, step and micro-batch)."""
         generator = micro_batch_generator(self.on_policy.seed, self.args.process_index, self.state.global_step,
                                           micro_batch)
-        draft = self.accelerator.unwrap_model(self.model)
         batch, rows = on_policy_batch(batch, draft, self.on_policy, generator)
         self._log_sums[5] += batch["input_ids"].shape[0]
         self._log_sums[6] += len(rows.selected)
@@ -186,7 +206,12 @@ class DistillTrainer(Trainer):
 
     @torch.no_grad()
     def target_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Final (normed) hidden states of the target [B, T, H'] from its base model (no logits)."""
+        """Final (normed) hidden states of the target [B, T, H'] from its base model (no logits); an FSDP2-sharded
+        target runs from its root (whose forward gathers the embeddings), logits at the last position only."""
+        if is_sharded(self.target):
+            outputs = self.target(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                  use_cache=False, output_hidden_states=True, logits_to_keep=1)
+            return outputs.hidden_states[-1]
         outputs = self.target.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                                          use_cache=False)
         return outputs.last_hidden_state
@@ -203,13 +228,14 @@ class DistillTrainer(Trainer):
             teacher = self.target_hidden_states(inputs)[:, :-1]  # [B, T-1, H']
             teacher_head = self.target.get_output_embeddings()
         labels = inputs["labels"][:, 1:]  # [B, T-1]: the token each position predicts
-        return chunked_distill_loss(
-            draft_hidden[:, :-1], self.accelerator.unwrap_model(model).get_output_embeddings(),
-            teacher, labels, inputs["attention_mask"][:, 1:].bool(),
-            teacher_head=teacher_head, chunk_size=self.distill.chunk_size,
-            loss=self.distill.loss, beta=self.distill.beta, temperature=self.distill.temperature,
-            ce_weight=self.distill.ce_weight,
-        )
+        with whole_head(self.target, teacher_head):  # FSDP2: gathered once here, not once per chunk
+            return chunked_distill_loss(
+                draft_hidden[:, :-1], self.accelerator.unwrap_model(model).get_output_embeddings(),
+                teacher, labels, inputs["attention_mask"][:, 1:].bool(),
+                teacher_head=teacher_head, chunk_size=self.distill.chunk_size,
+                loss=self.distill.loss, beta=self.distill.beta, temperature=self.distill.temperature,
+                ce_weight=self.distill.ce_weight,
+            )
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
