@@ -25,6 +25,7 @@ from distill.acceptance_log import best_checkpoint, read_records
 from distill.checkpoints import crash_point, find_checkpoints
 from distill.config import Recipe
 from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
+from distill.fsdp import unsharded_original
 from distill.lora import is_lora
 from distill.run_folder import write_results
 
@@ -58,12 +59,13 @@ def set_assisted_generation(draft: PreTrainedModel, gamma: int) -> None:
 
 def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
     """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
-    that are put on a copy of `final_draft` (its frozen base is the same at every step) and merged."""
+    that are put on a copy of `final_draft` (its frozen base is the same at every step; under FSDP2 the unsharded
+    copy kept before sharding) and merged."""
     if (folder / "adapter_config.json").is_file():
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        adapted = copy.deepcopy(final_draft)
+        adapted = copy.deepcopy(unsharded_original(final_draft))
         weights = load_file(folder / "adapter_model.safetensors", device=str(next(adapted.parameters()).device))
         set_peft_model_state_dict(adapted, weights)
         return adapted.merge_and_unload()

@@ -121,14 +121,21 @@ def plain_class(module: nn.Module) -> type:
 # Whole copies
 # ---------------------------------------------------------------------------------------------------------------
 
-def remember_layout(model: nn.Module) -> None:
+def remember_layout(model: nn.Module, keep_weights: bool = False) -> None:
     """Keep a copy of `model` with its parameters on the meta device (no memory) and its buffers real, taken before
-    it is sharded: the skeleton of every whole copy of it."""
+    it is sharded: the skeleton of every whole copy of it. `keep_weights` keeps a real copy of the weights instead
+    (a LoRA draft: its frozen base, which rank 0 needs alone to merge the adapters of a checkpoint)."""
     if LAYOUT in model.__dict__:
         return
-    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-            for p in model.parameters()}
+    memo = {} if keep_weights else {
+        id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+        for p in model.parameters()}
     model.__dict__[LAYOUT] = copy.deepcopy(model, memo)
+
+
+def unsharded_original(model: nn.Module) -> nn.Module:
+    """The copy remember_layout kept of `model` (its weights as loaded when kept), else `model` itself."""
+    return model.__dict__.get(LAYOUT, model)
 
 
 def _from_layout(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:

@@ -30,7 +30,7 @@ from decode.vocab import check_tokenizers_compatible
 from distill.config import LoraConfig, ModelConfig
 from distill.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
 from distill.fsdp import fsdp_enabled, remember_layout
-from distill.lora import apply_lora
+from distill.lora import apply_lora, is_lora
 from distill.utils import ModelSetupError, parameter_count
 
 logger = logging.getLogger(__name__)
@@ -260,6 +260,6 @@ def load_models(cfg: ModelConfig, lora: LoraConfig, device: torch.device | str) 
     target = load_target(cfg)
     draft = load_draft(cfg, target, lora)  # lora.enabled: a peft model, only adapters train
     if fsdp_enabled():
-        remember_layout(draft)
+        remember_layout(draft, keep_weights=is_lora(draft))  # LoRA: the frozen base, to merge checkpoints on rank 0
         return target, draft
     return target.to(device), draft
