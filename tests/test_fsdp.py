@@ -93,8 +93,11 @@ def fsdp_command(workdir: Path, out: Path, *args: str) -> list[str]:
                               f"train.output_dir={out}", *args, config_file=FSDP_CONFIG)
 
 
+FSDP_ENV = {"ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(ROOT)}  # the launcher lives outside the repository
+
+
 def fsdp_launch(workdir: Path, out: Path, *args: str, timeout: float = 240) -> Path:
-    run_process(fsdp_command(workdir, out, *args), timeout=timeout, env={"ACCELERATE_USE_CPU": "true"})
+    run_process(fsdp_command(workdir, out, *args), timeout=timeout, env=FSDP_ENV)
     return out
 
 
@@ -140,7 +143,7 @@ def test_fsdp2_on_two_processes_matches_one_process(reference, fsdp_run):
         assert any((fsdp_run / name / "pytorch_model_fsdp_0").glob("*.distcp"))  # the sharded draft
         assert any((fsdp_run / name / "optimizer_0").glob("*.distcp"))  # its sharded Adam states
     assert [step for step, *_ in acceptance(fsdp_run)] == [2, 4]
-    assert acceptance(fsdp_run) == pytest.approx(acceptance(reference), rel=1e-6)
+    assert acceptance(fsdp_run) == acceptance(reference)  # greedy acceptance: counts, exactly the same
     assert_exported_best(fsdp_run)
 
 
@@ -151,8 +154,7 @@ def test_fsdp2_killed_while_saving_resumes_to_the_uninterrupted_run(workdir, fsd
     out = workdir / "fsdp_killed"
     args = run_args(workdir, "train.per_device_train_batch_size=3")
     killed = subprocess.run(fsdp_command(workdir, out, *args), cwd=ROOT, capture_output=True, text=True, timeout=240,
-                            env={**os.environ, **CHILD_ENV, "ACCELERATE_USE_CPU": "true",
-                                 KILL_ENV: "checkpoint-save:2"})
+                            env={**os.environ, **CHILD_ENV, **FSDP_ENV, KILL_ENV: "checkpoint-save:2"})
     assert killed.returncode != 0, killed.stderr[-3000:]
     assert not (out / "checkpoint-4").exists() and (out / PARTIAL_DIR / "checkpoint-4").is_dir()
     assert [r["step"] for r in read_records(out)] == [2]
@@ -184,7 +186,7 @@ def test_fsdp2_lora_draft_with_target_responses_and_teacher_cache_matches_one_pr
     assert logged_losses(two / "checkpoint-4") == pytest.approx(logged_losses(one / "checkpoint-4"), rel=2e-5)
     for name in ("checkpoint-2", "checkpoint-4"):
         assert_same_weights(one / name / "adapter_model.safetensors", two / name / "adapter_model.safetensors")
-    assert acceptance(two) == pytest.approx(acceptance(one), rel=1e-6)
+    assert acceptance(two) == acceptance(one)
     assert not (two / "adapter_config.json").exists()  # the export is merged, as under DDP
     assert_same_weights(one / "model.safetensors", two / "model.safetensors")
 
