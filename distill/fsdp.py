@@ -54,9 +54,10 @@ def _layer_classes(model: nn.Module) -> set[str]:
 
 def shard_for_inference(target: nn.Module, device: torch.device) -> nn.Module:
     """Shard the frozen `target` in place over every process with fully_shard: one unit per layer (classes named in
-    `_no_split_modules`), the output head (when not tied to the input embedding), the rest as the root; each unit
-    is gathered for its forward and freed after it (reshard_after_forward for the root too). Every process holds
-    1/P of each weight on `device` and must run every forward. Returns `target` in eval mode."""
+    `_no_split_modules`), the input embedding (when not tied to the output head), the rest (final norm, output
+    head) as the root; each unit is gathered for its forward and freed after it (reshard_after_forward for the root
+    too). Every process holds 1/P of each weight on `device` and must run every forward. Returns `target` in eval
+    mode."""
     from torch.distributed import get_world_size
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -68,28 +69,31 @@ def shard_for_inference(target: nn.Module, device: torch.device) -> nn.Module:
         if type(module).__name__ in layers:
             fully_shard(module, mesh=mesh, reshard_after_forward=True)
     head, embed = target.get_output_embeddings(), target.get_input_embeddings()
-    if head is not None and (embed is None or head.weight is not embed.weight):
-        fully_shard(head, mesh=mesh, reshard_after_forward=True)
+    if embed is not None and (head is None or head.weight is not embed.weight):
+        fully_shard(embed, mesh=mesh, reshard_after_forward=True)
+    # the head stays in the root: whole_head gathers it for the loss, which calls it as a plain module
     fully_shard(target, mesh=mesh, reshard_after_forward=True)
     return target.eval()
 
 
 @contextlib.contextmanager
 def whole_head(model: nn.Module, head: nn.Module | None) -> Iterator[None]:
-    """`head`'s weights whole inside the block when `model` is FSDP-sharded: the unit holding them (the head's own,
-    else the root's) is gathered before and freed after. A collective: every rank enters it. Lets the loss call the
-    head on its own chunks after the forward, without a collective per chunk (ranks keep different token counts)."""
+    """`head`'s weights whole inside the block when they belong to the root unit of the FSDP-sharded `model` (as
+    shard_for_inference leaves the target's head): the root is gathered before and freed after. A collective:
+    every rank enters it. The loss then calls the head, a plain module without FSDP hooks, on its own chunks with
+    no collective per chunk (ranks keep different numbers of tokens)."""
     from torch.distributed.fsdp import FSDPModule
 
-    owner = head if isinstance(head, FSDPModule) else model
-    if head is None or not isinstance(owner, FSDPModule) or not isinstance(head.weight, DTensor):
+    if head is None or not isinstance(head.weight, DTensor):
         yield  # not sharded, or already whole (the draft's head: accelerate keeps it whole after the forward)
         return
-    owner.unshard()
+    if isinstance(head, FSDPModule) or not isinstance(model, FSDPModule):
+        raise RuntimeError(f"the output head of {type(model).__name__} must belong to its root FSDP unit")
+    model.unshard()
     try:
         yield
     finally:
-        owner.reshard()
+        model.reshard()
 
 
 @contextlib.contextmanager

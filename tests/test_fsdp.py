@@ -59,7 +59,8 @@ FSDP_ON_CPU = textwrap.dedent("""
 RUN = ("data.dataset={chat}", "data.format=chat", "data.max_length=48", "data.num_eval_prompts=2",
        "eval.gammas=[2]", "eval.max_new_tokens=8", "model.draft_config=null", "model.draft_layers=[1]",
        "train.max_steps=4", "train.logging_steps=1", "train.save_steps=2", "train.learning_rate=3e-3",
-       "train.save_total_limit=null", "train.report_to=[]")
+       "train.save_total_limit=null", "train.report_to=[]",
+       "distill.chunk_size=8")  # several chunks per micro-batch, a different number on each rank
 
 
 # ---------------------------------------------------------------------------------------------------------------
