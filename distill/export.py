@@ -4,7 +4,7 @@ export_run is the last step of a run (distill.pipeline), on rank 0 while the oth
   best      distill.acceptance_log.best_checkpoint at the first eval temperature (cost-model speedup
             tau / (gamma * c + v) from the measured acceptance); no measurement: the final draft
   export    that checkpoint's draft written to OUTPUT_DIR as a plain model folder (safetensors, config, tokenizer;
-            a LoRA draft merged, a ZeRO-3 draft read back from its checkpoint), with
+            a LoRA draft merged, a ZeRO-3 / FSDP2 draft read back from its checkpoint), with
             generation_config.num_assistant_tokens = its gamma (export_draft)
   check     decode.deploy_check on the folder against the target; problems are warnings, never fatal
   results   OUTPUT_DIR/train_results.json = {Trainer metrics..., "best": summary, "deploy_check": report}, last
@@ -80,8 +80,8 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
 
     `best` is the row of distill.acceptance_log.best_checkpoint (None: export `final_draft` with `default_gamma`).
-    A ZeRO-3-partitioned `final_draft` is read back from the last checkpoint instead (AcceptanceCallback saves the
-    last step under ZeRO-3). Returns what was exported: {"checkpoint", "step", "gamma"} plus the record's speedup
+    A ZeRO-3-partitioned or FSDP2-sharded `final_draft` is read back from the last checkpoint instead
+    (AcceptanceCallback saves the last step under both). Returns what was exported: {"checkpoint", "step", "gamma"} plus the record's speedup
     numbers.
     """
     output_dir = Path(output_dir)
@@ -91,7 +91,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     elif is_partitioned(final_draft):
         last = find_checkpoints(output_dir).latest
         if last is None:
-            raise RuntimeError(f"the final draft is ZeRO-3-partitioned and {output_dir} holds no checkpoint to "
+            raise RuntimeError(f"the final draft is sharded (ZeRO-3 / FSDP2) and {output_dir} holds no checkpoint to "
                                "export it from")
         draft = draft_at_checkpoint(last, final_draft)
     elif is_lora(final_draft):

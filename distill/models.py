@@ -6,7 +6,8 @@ The draft comes from exactly one of (see ModelConfig):
 - `model.draft_config`: a fresh model with the target's config and these keys overridden (trained from scratch).
 
 With `lora.enabled` the draft is wrapped by peft (distill/lora.py). Under DeepSpeed ZeRO-3 both models are
-partitioned as they load and the target is hooked for inference (distill/distributed.py).
+partitioned as they load and the target is hooked for inference (distill/distributed.py); under FSDP2 both load
+whole on the CPU and are sharded later (distill/fsdp.py: the target after the tokenise step, the draft by the Trainer).
 
 `check_model_plan` reads only configs and tokenizers, so its errors come before any weights are loaded.
 """
