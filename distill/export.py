@@ -81,8 +81,8 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
 
     `best` is the row of distill.acceptance_log.best_checkpoint (None: export `final_draft` with `default_gamma`).
     A ZeRO-3-partitioned or FSDP2-sharded `final_draft` is read back from the last checkpoint instead
-    (AcceptanceCallback saves the last step under both). Returns what was exported: {"checkpoint", "step", "gamma"} plus the record's speedup
-    numbers.
+    (AcceptanceCallback saves the last step under both). Returns what was exported: {"checkpoint", "step",
+    "gamma"} plus the record's speedup numbers.
     """
     output_dir = Path(output_dir)
     folder = output_dir / best["checkpoint"] if best else None

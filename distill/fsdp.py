@@ -68,7 +68,8 @@ def shard_for_inference(target: nn.Module, device: torch.device) -> nn.Module:
     for module in list(target.modules())[1:]:
         if type(module).__name__ in layers:
             fully_shard(module, mesh=mesh, reshard_after_forward=True)
-    head, embed = target.get_output_embeddings(), target.get_input_embeddings()
+    head = getattr(target, "get_output_embeddings", lambda: None)()  # any nn.Module: these are transformers' names
+    embed = getattr(target, "get_input_embeddings", lambda: None)()
     if embed is not None and (head is None or head.weight is not embed.weight):
         fully_shard(embed, mesh=mesh, reshard_after_forward=True)
     # the head stays in the root: whole_head gathers it for the loss, which calls it as a plain module

@@ -23,7 +23,7 @@ from distill.checkpoints import KILL_ENV, PARTIAL_DIR
 from distill.distributed import UnsupportedModeError, check_device_mode
 from distill.fsdp import LAYOUT, plain_class, remember_layout
 from helpers import (CHILD_ENV, ROOT, TINY_RECIPE, accelerate_command, accelerate_launch, assert_same_weights,
-                     run_process, run_train)
+                     run_process, run_train, torchrun)
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 FSDP_CONFIG = ROOT / "recipes" / "accelerate" / "fsdp.yaml"
@@ -224,6 +224,60 @@ def test_fsdp2_on_policy_rows_match_ddp(workdir, tmp_path):
     assert shares[0] == shares[1] and len(shares[0]) == 4 and 0 < sum(shares[0]) < 4
     assert logged_losses(fsdp / "checkpoint-4") == pytest.approx(logged_losses(ddp / "checkpoint-4"), rel=2e-5)
     assert_same_weights(ddp / "model.safetensors", fsdp / "model.safetensors")
+
+
+# Any nn.Module (a hidden-state draft head, not a transformers model): sharded, run, copied whole on rank 0 and
+# on every rank, each copy of its own class and equal to the module before sharding.
+GENERIC_MODULE = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    from torch import nn
+    from distill.fsdp import is_sharded, local_copy, shard_for_inference, whole_copy
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+        def forward(self, x):
+            return x + torch.tanh(self.fc(x))
+
+    class Head(nn.Module):
+        _no_split_modules = ["Block"]  # one FSDP unit per Block
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block(), Block()])
+            self.norm, self.out = nn.LayerNorm(8), nn.Linear(8, 11, bias=False)
+            self.register_buffer("scale", torch.tensor(2.0), persistent=False)  # in no state dict
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.out(self.norm(x) * self.scale)
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    head, x = Head(), torch.randn(3, 8)
+    expected = head(x).detach()
+    shard_for_inference(head, torch.device("cpu"))
+    assert is_sharded(head) and all(is_sharded(block) for block in head.blocks)
+    with torch.no_grad():
+        torch.testing.assert_close(head(x), expected)  # every rank runs the forward
+    whole = whole_copy(head)
+    if dist.get_rank() == 0:
+        assert type(whole) is Head and not is_sharded(whole)
+        torch.testing.assert_close(whole(x), expected)
+    else:
+        assert whole is None
+    local = local_copy(head)
+    assert type(local) is Head and not is_sharded(local)
+    torch.testing.assert_close(local(x), expected)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.integration
+def test_any_module_is_sharded_and_copied_whole(tmp_path):
+    script = tmp_path / "generic_module.py"
+    script.write_text(GENERIC_MODULE)
+    torchrun(script, timeout=120)
 
 
 # ---------------------------------------------------------------------------------------------------------------
