@@ -103,12 +103,12 @@ def text_problem(path: str | Path) -> str | None:
     with Path(path).open("rb") as f:
         while chunk := f.read(TEXT_CHUNK_BYTES):
             if offset == 0 and chunk.startswith(UTF16_BOMS):
-                return "it is UTF-16 text; save it as UTF-8"
+                return "it starts with a UTF-16 byte-order mark; save it as UTF-8"
             pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
             try:
                 decoder.decode(chunk)
             except UnicodeDecodeError as err:
-                return f"byte {offset - pending + err.start} is not UTF-8: {err.reason}"
+                return f"byte {offset - pending + err.start}: {err.reason}"
             nul = chunk.find(b"\0")
             if nul >= 0:
                 return f"a NUL byte at byte {offset + nul}: binary data or UTF-16"
@@ -116,7 +116,7 @@ def text_problem(path: str | Path) -> str | None:
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as err:
-        return f"it ends inside a UTF-8 character ({err.reason})"
+        return f"it ends inside a character: {err.reason}"
     return None
 
 
@@ -125,7 +125,7 @@ def check_text_file(path: str | Path, what: str | None = None) -> None:
     problem = text_problem(path)
     if problem is not None:
         where = f"{what}: " if what else ""
-        raise FileProblem(f"{where}{path} is not a text file ({problem})")
+        raise FileProblem(f"{where}{path} is not UTF-8 text ({problem})")
 
 
 def read_text(path: str | Path, what: str | None = None) -> str:

@@ -92,7 +92,7 @@ def environment() -> dict[str, Any]:
     import evaluate
 
     with tempfile.TemporaryDirectory(prefix="specdistill-env-") as folder:
-        return json.loads(Path(evaluate.save(str(Path(folder) / "environment.json"))).read_text())
+        return json.loads(read_text(evaluate.save(str(Path(folder) / "environment.json"))))
 
 
 def write_eval_json(path: Path, report: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from decode.checks import check_text_file
+from decode.checks import FileProblem, check_text_file
 from decode.loading import LoadError
 from decode.prompts import (PromptRow, check_chat_template, prompt_messages, prompt_token_ids, read_prompt_rows,
                             uses_template)
@@ -86,8 +86,11 @@ def load_rows(cfg: DataConfig) -> datasets.Dataset:
     empty = first_empty_file(local[1]) if local is not None else None
     if empty is not None:
         raise DataError(f"data.dataset: {empty} is empty")
-    for file in local[1] if local is not None and local[0] != "parquet" else []:
-        check_text_file(file, "data.dataset")  # FileProblem naming a binary or UTF-16 file
+    try:
+        for file in local[1] if local is not None and local[0] != "parquet" else []:
+            check_text_file(file, "data.dataset")  # a binary or UTF-16 file, named before datasets reads it
+    except FileProblem as err:
+        raise DataError(str(err)) from None
     try:
         if local is not None and local[0] == "text":  # plain text read as text (distill/text_files.py)
             rows = load_text_files(local[1], cfg.text_sample_by)
