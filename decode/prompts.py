@@ -33,6 +33,7 @@ from decode.loading import LoadError, first_line
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")
 DATA_FILE_BUILDERS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # other files: through datasets
+TEXT_DATA_SUFFIXES = (".json", ".jsonl", ".txt", ".csv")
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # Dataset(Dict).save_to_disk
 
 
@@ -152,12 +153,16 @@ def load_prompt_dataset(source: str, split: str, config: str | None):
                 check_text_file(source, "prompts file")  # datasets' message for a binary file names no file
             return datasets.load_dataset(DATA_FILE_BUILDERS[Path(source).suffix], data_files=source, split="train")
         if Path(source).is_dir() and any((Path(source) / name).is_file() for name in SAVED_DATASET_FILES):
-            loaded = datasets.load_from_disk(source)
+            loaded = datasets.load_from_disk(source)  # Arrow files: binary by design
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:
                     raise LoadError(f"prompt dataset {source!r} has no split {split!r} (splits: {', '.join(loaded)})")
                 loaded = loaded[split]
             return loaded
+        if Path(source).is_dir():  # a folder of data files: datasets reads those it knows by their suffix
+            for file in sorted(Path(source).rglob("*")):
+                if file.suffix in TEXT_DATA_SUFFIXES:
+                    check_text_file(file, "prompts file")
         return datasets.load_dataset(source, config, split=split)
     except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError, OSError) as err:
         if isinstance(err, (LoadError, FileProblem)):

@@ -289,6 +289,7 @@ FILE_CASES = [
     eval_case("--prompts", "prompts.jsonl", "--prompts", "{w}/prompts.jsonl"),
     eval_case("--prompts", "prompts.json", "--prompts", "{w}/prompts.json"),
     eval_case("--prompts", "prompts.csv", "--prompts", "{w}/prompts.csv"),
+    eval_case("--prompts", "prompt_rows/b.jsonl", "--prompts", "{w}/prompt_rows"),
     eval_case("--target", "target/config.json"),
     eval_case("--target", "target/tokenizer.json"),
     eval_case("--draft", "draft/config.json"),
@@ -346,6 +347,9 @@ def sources(w: Path) -> Path:
     (root / "prompts.jsonl").write_text('{"prompt": "def add(a, b):"}\n{"prompt": "class Point:"}\n')
     (root / "prompts.json").write_text('[{"prompt": "def add(a, b):"}, {"prompt": "class Point:"}]')
     (root / "prompts.csv").write_text("prompt\ndef add(a b)\nclass Point\n")
+    (root / "prompt_rows").mkdir()  # a local dataset folder of data files
+    for name in ("a.jsonl", "b.jsonl"):
+        shutil.copyfile(root / "prompts.jsonl", root / "prompt_rows" / name)
     for run, step in (("run", 2), ("done", 24)):  # a run stopped at step 4 of 24, and one that finished
         checkpoint = root / run / f"checkpoint-{step if run == 'done' else 4}"
         shutil.copytree(w / "draft", checkpoint)
