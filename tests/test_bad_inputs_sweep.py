@@ -32,6 +32,7 @@ import yaml
 
 from decode import checks
 from distill.config import SECTION_TYPES
+from helpers import run_train
 from scripts import check_deploy, eval_acceptance, push_to_hub
 from scripts import train as train_script
 from test_bad_inputs import RECIPE, no_weights, one_error_line, w  # noqa: F401 - fixtures used by name
@@ -378,6 +379,21 @@ def test_file_not_text(case, payload, sources, tmp_path, request, monkeypatch, c
     bad.write_bytes(NOT_TEXT[payload](bad.read_text() if bad.is_file() else TEXT))
     line = run_command(case.prog, [a.format(w=tmp_path) for a in case.argv], monkeypatch, capsys)
     assert f"{bad} is not UTF-8 text (" in line, line
+
+
+@pytest.mark.integration
+def test_resume_reads_a_non_text_acceptance_log_as_one_line(w, tmp_path, monkeypatch, capsys):
+    """specdistill-train reads OUTPUT_DIR/acceptance.jsonl when it resumes, once the models are loaded (a real
+    4-step run makes the checkpoint): a log that is not text is one line naming it."""
+    short = ["train.save_steps=4", "eval.gammas=[1]", "eval.max_new_tokens=4"]
+    out = run_train(w, "resume_bad_log", "train.max_steps=4", *short)
+    log = out / "acceptance.jsonl"
+    assert log.read_text().strip()  # the checkpoint was measured
+    log.write_bytes(NOT_TEXT["png"](""))
+    argv = [RECIPE, f"model.target={w / 'target'}", f"data.dataset={w / 'code.txt'}", f"train.output_dir={out}",
+            "train.max_steps=8", "train.resume_from_checkpoint=true", *short]
+    line = run_command("specdistill-train", argv, monkeypatch, capsys)
+    assert f"{log} is not UTF-8 text (" in line, line
 
 
 def test_binary_safetensors_header_is_one_line(sources, tmp_path, monkeypatch, capsys):
