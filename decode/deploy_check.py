@@ -218,8 +218,8 @@ def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False
     draft_dir = Path(draft)
     if not (draft_dir / "config.json").is_file():
         raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
-    check_json_files_text(draft_dir, "--draft")
-    check_json_files_text(target, "--target")
+    check_json_files_text(draft_dir, "draft")
+    check_json_files_text(target, "target")
     try:
         draft_config = AutoConfig.from_pretrained(draft_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
