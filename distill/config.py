@@ -14,8 +14,6 @@ from typing import Any, Literal
 from distill.losses import LOSSES
 from distill.recipe_fields import OVERRIDE_SOURCE, RecipeError, check_types, option, require
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DATA_FORMATS = ("auto", "text", "chat")
 SECTIONS = ("model", "lora", "data", "distill", "train", "eval", "hub")
 
 __all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTION_TYPES", "SECTIONS", "ModelConfig", "LoraConfig",

@@ -81,7 +81,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
     )
 
 
-class StepClock(TrainerCallback):
+class TrainStepTimer(TrainerCallback):
     """Seconds spent inside optimizer steps (forward, backward, update); logging, saving and acceptance
     measurements at checkpoints are left out, so tokens_per_s is the training throughput."""
 
@@ -121,8 +121,8 @@ class DistillTrainer(Trainer):
         self._draft_takes_logits_to_keep = accepts_logits_to_keep(model)
         # [kd, tv, ce, loss tokens, input tokens, rows, on-policy rows] summed on this process since the last log
         self._log_sums = torch.zeros(7, dtype=torch.float64, device=self.args.device)
-        self._clock = StepClock()
-        self.add_callback(self._clock)
+        self._step_timer = TrainStepTimer()
+        self.add_callback(self._step_timer)
         self._saving_into: str | None = None  # while a checkpoint is written: OUTPUT_DIR/.partial
 
     # ---- checkpoints: complete or absent (distill.checkpoints) ----------------------------------------------
@@ -234,11 +234,11 @@ class DistillTrainer(Trainer):
                 else self._log_sums
             kd, tv, ce, loss_tokens, input_tokens, rows, on_policy_rows = totals.tolist()
             logs.update(kd=kd / max(loss_tokens, 1), tv=tv / max(loss_tokens, 1), ce=ce / max(loss_tokens, 1),
-                        tokens_per_s=input_tokens / max(self._clock.seconds, 1e-9))
+                        tokens_per_s=input_tokens / max(self._step_timer.seconds, 1e-9))
             if self.on_policy is not None:
                 logs["on_policy"] = on_policy_rows / max(rows, 1)
             self._log_sums.zero_()
-            self._clock.seconds = 0.0
+            self._step_timer.seconds = 0.0
         super().log(logs, start_time)
 
 

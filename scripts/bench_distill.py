@@ -234,7 +234,7 @@ def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes:
 
 def run_pair(out: Path, pair: Pair, rows: list[str], sizes: Sizes, data) -> dict[str, dict]:
     """Train and measure every missing row of one pair; the measured rows (cached ones included)."""
-    from decode.loading import read_prompts
+    from decode.prompts import read_prompt_rows
     from distill.data import eval_prompts
 
     corpus, tokenizer, target_file, draft_file = data
@@ -242,7 +242,7 @@ def run_pair(out: Path, pair: Pair, rows: list[str], sizes: Sizes, data) -> dict
     banner(f"pair {pair.name}: target")
     target_dir = pair_dir / "target"
     train("target.yaml", target_dir, target_overrides(seed_target(out, pair, tokenizer), target_file, sizes))
-    prompts = eval_prompts(read_prompts(str(corpus.eval_prompts))[: sizes.num_prompts], "text", tokenizer, 64)
+    prompts = eval_prompts(read_prompt_rows(corpus.eval_prompts, limit=sizes.num_prompts), "text", tokenizer, 64)
     blocks = heldout_blocks(corpus, tokenizer, sizes)
     measured = {}
     for name in rows:
