@@ -20,7 +20,7 @@ from distill.losses import (
     total_variation,
 )
 
-KD_LOSSES = ("forward_kl", "reverse_kl", "jsd", "tv")
+KD_LOSSES = ("forward_kl", "reverse_kl", "jsd", "tv", "nla", "lk_hybrid")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -47,12 +47,29 @@ def ref_tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64)
 
 
+def ref_acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """alpha = sum_x min(p, q) per row."""
+    rows = [sum(min(x, y) for x, y in zip(rp, rq)) for rp, rq in zip(p.tolist(), q.tolist())]
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def ref_nla(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([-math.log(a) for a in ref_acceptance(p, q).tolist()], dtype=torch.float64)
+
+
+def ref_lk_hybrid(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    lam = torch.tensor([math.exp(-3.0 * a) for a in ref_acceptance(p, q).tolist()], dtype=torch.float64)
+    return lam * ref_kl(p, q) + (1 - lam) * ref_tv(p, q)
+
+
 # the references, by loss name: student probabilities q, teacher probabilities p [N, V] -> [N]
 REFERENCES = {
     "forward_kl": lambda q, p, beta: ref_kl(p, q),
     "reverse_kl": lambda q, p, beta: ref_kl(q, p),
     "jsd": lambda q, p, beta: ref_jsd(p, q, beta),
     "tv": lambda q, p, beta: ref_tv(p, q),
+    "nla": lambda q, p, beta: ref_nla(p, q),
+    "lk_hybrid": lambda q, p, beta: ref_lk_hybrid(p, q),
 }
 
 
@@ -81,7 +98,8 @@ def random_logits(*shape: int, seed: int, scale: float = 3.0, dtype=torch.float3
 # Divergences on log-probabilities
 # ---------------------------------------------------------------------------------------------------------------
 
-DIVERGENCE_CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.1), ("jsd", 0.5), ("jsd", 0.9), ("tv", 0.5)]
+DIVERGENCE_CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.1), ("jsd", 0.5), ("jsd", 0.9), ("tv", 0.5),
+                    ("nla", 0.5), ("lk_hybrid", 0.5)]
 
 
 @pytest.mark.parametrize("name,beta", DIVERGENCE_CASES)
@@ -586,7 +604,12 @@ def test_chunked_gradient_accumulation_over_two_micro_batches():
 # ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(loss="kl"), r"unknown loss 'kl'; allowed values: forward_kl, reverse_kl, jsd, tv, ce"),
+    (dict(loss="kl"), r"unknown loss 'kl'; allowed values: forward_kl, reverse_kl, jsd, tv, nla, lk_hybrid, ce"),
+    (dict(loss="tvd"), r"unknown loss 'tvd' \(did you mean 'tv'\?\); allowed values: forward_kl, "),
+    (dict(loss={"ce": 0.5, "lk_hybird": 0.5}), r"unknown loss 'lk_hybird' \(did you mean 'lk_hybrid'\?\)"),
+    (dict(loss={"ce": 0.5, "tv": -0.5}), r"loss weight of 'tv' must be a number >= 0, got -0.5"),
+    (dict(loss={}), r"a combination of losses needs at least one term"),
+    (dict(loss={"tv": 1.0}, ce_weight=0.2), r"ce_weight must be 0 with a combination of losses"),
     (dict(loss="jsd", beta=-0.1), r"beta must be in \[0, 1\], got -0.1"),
     (dict(loss="jsd", beta=1.5), r"beta must be in \[0, 1\], got 1.5"),
     (dict(loss="forward_kl", temperature=0.0), r"temperature must be > 0, got 0.0"),
