@@ -253,10 +253,10 @@ class DistillTrainer(Trainer):
 
 
     def _log_terms(self, logs: dict[str, float], loss_tokens: float) -> None:
-        """loss/<name>: each term's per-token mean since the last log; weight/<name>: its weight at this step."""
+        """loss/<name>: each term's per-token mean since the last log; weight/<name>: its weight in the last step."""
         sums = self.accelerator.reduce(self._term_sums, reduction="sum") if self.accelerator.num_processes > 1 \
             else self._term_sums
-        weights = self.distill.loss_at(self.state.global_step, self.state.max_steps)
+        weights = self.distill.loss_at(max(self.state.global_step - 1, 0), self.state.max_steps)
         for name, total in zip(self._term_names, sums.tolist()):
             logs[f"loss/{name}"] = total / max(loss_tokens, 1)
             logs[f"weight/{name}"] = weights[name]
