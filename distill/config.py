@@ -173,7 +173,8 @@ class DataConfig:
 
 @dataclass
 class DistillConfig:
-    """The per-token objective: a divergence between target and draft next-token distributions, plus optional CE."""
+    """The per-token objective: a divergence between target and draft next-token distributions, plus optional CE,
+    or a weighted combination of such losses (distill.loss_mix)."""
 
     loss: str | dict[str, Any] = option(
         "forward_kl", f"One of {', '.join(LOSSES)}; or a weighted combination {{name: weight}}, each weight a "
