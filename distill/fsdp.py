@@ -174,4 +174,7 @@ def whole_copy(model: nn.Module) -> nn.Module | None:
 def local_copy(model: nn.Module) -> nn.Module:
     """A plain copy of the FSDP-sharded `model` on every rank, on its device (e.g. to sample from it without a
     collective per forward). A collective: every rank calls it."""
-    return _from_layout(model, _full_state(model, everywhere=True))
+    state = _full_state(model, everywhere=True)
+    copied = _from_layout(model, state)
+    # the layout's buffers were kept on the CPU: they join the weights on this rank's device
+    return copied.to(next(iter(state.values())).device) if state else copied
