@@ -4,6 +4,7 @@ from __future__ import annotations
 import datasets
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import distill.target_data as target_data
 from distill.teacher_cache import CacheMismatchError
@@ -14,7 +15,7 @@ from distill.target_data import (
     prompts_from_rows,
     to_training_rows,
 )
-from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
+from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_config, tiny_model, tiny_tokenizer
 
 EOS = 2
 NEW_TOKENS = 12
@@ -208,3 +209,117 @@ def test_prompts_from_rows_end_before_the_first_trained_label():
         "labels": [[IGNORE_INDEX, IGNORE_INDEX, 7, IGNORE_INDEX, 9], [10, 11, 12, 13]],  # chat row, packed text
     })
     assert prompts_from_rows(rows, prompt_tokens=3)["prompt_ids"] == [[5, 6], [10, 11, 12]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batched generation (batch_size > 1): the batch-1 rows, resumable, behind the engine seam
+# ---------------------------------------------------------------------------------------------------------------
+
+def with_early_eos(model, prompt: list[int]):
+    """A copy of `model` with the lm_head rows of EOS and of `prompt`'s 4th greedy token swapped: greedy rows that
+    would emit that token emit EOS there instead and stop early, the others run to NEW_TOKENS."""
+    x = plain_greedy(model, prompt, NEW_TOKENS, EOS)[3]
+    swapped = perturbed_copy(model, 0.0)
+    with torch.no_grad():
+        head = swapped.get_output_embeddings().weight
+        head[[EOS, x]] = head[[x, EOS]].clone()
+    return swapped
+
+
+def untied_gpt2(vocab_size: int):
+    """A tiny GPT-2 (absolute positions) with its own lm_head: tied to the input embeddings, swapping two lm_head
+    rows would swap the tokens' input embeddings too."""
+    config = tiny_config("gpt2", vocab_size=vocab_size)
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)  # sharpened like tiny.tiny_model
+    return model.eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2: absolute positions, so pads must not advance them
+def test_batched_greedy_rows_are_the_batch_1_rows(arch, target, tokenizer, prompts, tmp_path):
+    model = with_early_eos(target if arch == "llama" else untied_gpt2(len(tokenizer)), prompts[0])
+    one = run(model, tokenizer, prompts, tmp_path / "one", temperature=0.0, top_k=None)
+    lengths = [len(r) for r in one["response_ids"]]
+    assert min(lengths) < NEW_TOKENS and one["stopped_at_eos"].count(True) < len(prompts)  # early stops and full rows
+    assert len({len(p) for p in prompts}) > 2  # prompts of different lengths: left padding in every batch
+    for row, prompt in zip(one, prompts):
+        assert row["response_ids"] == plain_greedy(model, prompt, NEW_TOKENS, EOS)
+    for batch_size in (3, 4):
+        batched = run(model, tokenizer, prompts, tmp_path / f"batch{batch_size}", temperature=0.0, top_k=None,
+                      batch_size=batch_size)
+        assert batched.to_dict() == one.to_dict(), batch_size
+
+
+@pytest.mark.parametrize("batch_size", [3, 4])
+def test_batched_sampled_rows_draw_from_the_same_per_prompt_seeds(sampled, target, tokenizer, prompts, tmp_path,
+                                                                  batch_size):
+    # Each row draws from its own generator (seed + index) in the batch-1 order. Equality holds as long as padded
+    # shapes round no logit across a draw's token boundary (decode/batched.py); on these models none does.
+    batched = run(target, tokenizer, prompts, tmp_path, batch_size=batch_size)
+    assert batched["response_ids"] == sampled["response_ids"]
+
+
+class CountingBatches:
+    """Stands in for target_data.batched_generate: records each batch's size, raises on call `fail_at`."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.sizes, self.fail_at, self.real = [], fail_at, target_data.batched_generate
+
+    def __call__(self, model, prompts, **kwargs):
+        self.sizes.append(len(prompts))
+        if len(self.sizes) == self.fail_at:
+            raise KeyboardInterrupt("simulated interruption")
+        return self.real(model, prompts, **kwargs)
+
+
+def test_an_interrupted_batched_run_resumes_with_the_same_rows(sampled, target, tokenizer, prompts, tmp_path,
+                                                               monkeypatch):
+    # 7 prompts, shards of 4, batches of 2: shard 0 = batches of 2 + 2, shard 1 = 2 + 1; interrupted in shard 1
+    interrupted = CountingBatches(fail_at=3)
+    monkeypatch.setattr(target_data, "batched_generate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(target, tokenizer, prompts, tmp_path, batch_size=2, shard_size=4)
+    assert interrupted.sizes == [2, 2, 2]
+
+    resumed = CountingBatches()
+    monkeypatch.setattr(target_data, "batched_generate", resumed)
+    ds = run(target, tokenizer, prompts, tmp_path, batch_size=2, shard_size=4)
+    assert resumed.sizes == [2, 1]  # only shard 1 again
+    assert ds.to_dict() == sampled.to_dict()
+    # the batch size is not part of the spec: a batch-1 run finds the folder complete
+    monkeypatch.setattr(target_data, "generate_response", CountingGenerate(fail_at=1))
+    assert run(target, tokenizer, prompts, tmp_path).to_dict() == sampled.to_dict()
+
+
+class RecordingEngine:
+    """A ResponseEngine that records what it is asked and answers [seed] for every prompt."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate_responses(self, prompts, seeds, sampling, batch_size):
+        self.calls.append((prompts, seeds, batch_size))
+        return [[seed] for seed in seeds]
+
+
+def test_an_engine_gets_batches_of_one_shard_with_their_seeds(target, tokenizer, prompts, tmp_path):
+    engine = RecordingEngine()
+    ds = run(target, tokenizer, prompts, tmp_path, seed=100, batch_size=2, shard_size=3, engine=engine)
+    assert ds["response_ids"] == [[100 + i] for i in range(len(prompts))]  # row i sampled with seed + i
+    shard_of = {tuple(p): i // 3 for i, p in enumerate(prompts)}
+    for asked, seeds, batch_size in engine.calls:
+        assert batch_size == 2 and 1 <= len(asked) <= 2
+        assert len({shard_of[tuple(p)] for p in asked}) == 1  # a batch never spans two shards
+        assert [prompts[s - 100] for s in seeds] == asked
+        assert len(asked) == 1 or len(asked[0]) >= len(asked[1])  # longest first: less padding
+    assert sorted(s for _, seeds, _ in engine.calls for s in seeds) == [100 + i for i in range(len(prompts))]
+
+
+def test_batches_decode_with_the_target_alone(target, tokenizer, prompts, tmp_path):
+    with pytest.raises(ValueError, match="1 with a draft"):
+        run(target, tokenizer, prompts, tmp_path, batch_size=2, draft=perturbed_copy(target, 0.3))
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        run(target, tokenizer, prompts, tmp_path, batch_size=0)
