@@ -1,6 +1,12 @@
 """Sequence-level KD data: the target's responses, generated in resumable shards, reused, turned into rows."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import datasets
 import pytest
 import torch
@@ -15,6 +21,7 @@ from distill.target_data import (
     prompts_from_rows,
     to_training_rows,
 )
+from helpers import CHILD_ENV, ROOT
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_config, tiny_model, tiny_tokenizer
 
 EOS = 2
@@ -323,3 +330,39 @@ def test_batches_decode_with_the_target_alone(target, tokenizer, prompts, tmp_pa
         run(target, tokenizer, prompts, tmp_path, batch_size=2, draft=perturbed_copy(target, 0.3))
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         run(target, tokenizer, prompts, tmp_path, batch_size=0)
+
+
+KILLED_RUN = """
+import sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from distill.target_data import generate_target_data
+folder, out = sys.argv[1], sys.argv[2]
+prompts = [[int(t) for t in line.split()] for line in open(folder + "/prompts.txt")]
+generate_target_data(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), AutoTokenizer.from_pretrained(
+    folder), prompts, out, max_new_tokens=12, temperature=1.0, top_k=20, seed=0, batch_size=3, shard_size=6,
+    target_id="tiny-target", progress=False)
+"""
+
+
+@pytest.mark.integration
+def test_a_killed_batched_run_resumes_with_the_batch_1_rows(target, tokenizer, prompts, tmp_path):
+    # a real kill -9 once two shards are on disk, then a resume in this process
+    folder, out = tmp_path / "target", tmp_path / "responses"
+    target.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    many = [p[:n] for n in range(2, 8) for p in prompts]  # 42 prompts of 2..7 tokens, 7 shards
+    (folder / "prompts.txt").write_text("\n".join(" ".join(map(str, p)) for p in many) + "\n")
+    child = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(folder), str(out)], cwd=ROOT,
+                             env={**os.environ, **CHILD_ENV}, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (out / "shards" / "shard-00001").is_dir():
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read().decode()[-2000:]
+        time.sleep(0.005)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert not (out / "shards" / f"shard-{len(many) // 6:05d}").is_dir()  # killed before its last shard
+    with pytest.raises(FileNotFoundError, match="unfinished"):
+        load_target_data(out)
+    resumed = run(target, tokenizer, many, out, batch_size=3, shard_size=6)
+    one_at_a_time = run(target, tokenizer, many, tmp_path / "batch1")
+    assert resumed.to_dict() == one_at_a_time.to_dict()
