@@ -47,7 +47,9 @@ def draw_rows(logits: torch.Tensor, sampling: SamplingConfig, generators: list[t
     return torch.cat([next_token(logits[i:i + 1], sampling, g) for i, g in enumerate(generators)])
 
 
-@torch.no_grad()  # not inference_mode: on-policy rows decode with the trained draft (ZeRO-3 hooks)
+# no_grad, not inference_mode: on-policy rows decode with the draft being trained, whose DeepSpeed / FSDP hooks may
+# write parameters in place (which inference_mode forbids)
+@torch.no_grad()
 def batched_generate(model: nn.Module, prompts: list[torch.Tensor] | list[list[int]], *, max_new_tokens: int,
                      sampling: SamplingConfig, seeds: list[int], eos_token_id: int | None, pad_token_id: int,
                      vocab_size: int | None = None) -> list[list[int]]:

@@ -102,8 +102,9 @@ def main() -> None:
     print(f"Target: Llama hidden 256 x 6 layers, vocab {VOCAB}, RANDOM weights (lm_head x{SHARPEN:g}), float32. "
           f"{args.rows} random-token prompts of 8..64 tokens, {args.new_tokens}-token greedy responses (no eos), "
           "through generate_target_data (shards written).\n")
-    print("\n".join(markdown_table(["path", "data.target_batch_size", "rows/s", "seconds", f"vs batch {args.batch_sizes[0]}",
-                                    "rows equal to the baseline's"], table)))
+    headers = ["path", "data.target_batch_size", "rows/s", "seconds", f"vs batch {args.batch_sizes[0]}",
+               "rows equal to the baseline's"]
+    print("\n".join(markdown_table(headers, table)))
 
 
 if __name__ == "__main__":
