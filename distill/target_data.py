@@ -150,7 +150,7 @@ def check_batch_size(batch_size: int, draft: nn.Module | Any | None) -> None:
 
 
 class ResponseEngine(Protocol):
-    """What decodes the target's responses (this project's decoder: DecoderEngine)."""
+    """What decodes the target's responses (this project's decoder: DecoderEngine), given one shard at a time."""
 
     def generate_responses(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling,
                            batch_size: int) -> list[list[int]]:
@@ -176,13 +176,21 @@ class DecoderEngine:
             return [generate_response(self.target, self.draft, p, sampling, self.eos_token_id, s)
                     for p, s in zip(prompts, seeds)]
         decoding = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p)
-        responses = []
-        for start in range(0, len(prompts), batch_size):
-            responses += batched_generate(self.target, prompts[start:start + batch_size],
-                                          max_new_tokens=sampling.max_new_tokens, sampling=decoding,
-                                          seeds=seeds[start:start + batch_size], eos_token_id=self.eos_token_id,
-                                          pad_token_id=self.pad_token_id)
+        responses: list[list[int]] = [[] for _ in prompts]
+        for batch in length_batches(prompts, batch_size):
+            out = batched_generate(self.target, [prompts[j] for j in batch], max_new_tokens=sampling.max_new_tokens,
+                                   sampling=decoding, seeds=[seeds[j] for j in batch],
+                                   eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id)
+            for j, response in zip(batch, out):
+                responses[j] = response
         return responses
+
+
+def length_batches(prompts: list[list[int]], batch_size: int) -> list[list[int]]:
+    """Positions of the prompts in batches of batch_size, longest prompts first: prompts of similar length share a
+    batch (less padding)."""
+    order = sorted(range(len(prompts)), key=lambda j: (-len(prompts[j]), j))
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 def generate_target_data(
@@ -211,8 +219,8 @@ def generate_target_data(
 
     prompts: a Dataset with a `prompt_column` of token ids, or a list of token-id lists / 1-D tensors.
     batch_size: prompts decoded at once (1 = one at a time; > 1 needs draft=None). shard_size: prompts per stored
-    shard (None: 64 rounded up to a multiple of batch_size); a batch never spans two shards. engine: what decodes
-    (None: DecoderEngine on target and draft).
+    shard (None: 64 rounded up to a multiple of batch_size); the engine is given one shard at a time, so a batch
+    never spans two shards. engine: what decodes (None: DecoderEngine on target and draft).
     Resumes an interrupted run after its last complete shard and returns a finished one without generating.
     Raises ValueError for an empty prompt or a bad setting, CacheMismatchError when out_dir holds responses of
     other inputs (overwrite=True deletes them).
@@ -233,13 +241,10 @@ def generate_target_data(
         return load_target_data(store.root)
 
     def make(shard: int, indices: range, scratch: Path) -> datasets.Dataset:
-        responses = {}
-        for batch in batches(indices, prompt_ids, batch_size):
-            out = engine.generate_responses([prompt_ids[i] for i in batch], [row_seed(sampling, i) for i in batch],
-                                            sampling, batch_size)
-            responses.update(zip(batch, out))
-            bar.update(len(batch))
-        rows = [_row(tokenizer, i, prompt_ids[i], responses[i]) for i in indices]
+        responses = engine.generate_responses([prompt_ids[i] for i in indices],
+                                              [row_seed(sampling, i) for i in indices], sampling, batch_size)
+        bar.update(len(indices))
+        rows = [_row(tokenizer, i, prompt_ids[i], r) for i, r in zip(indices, responses)]
         return datasets.Dataset.from_list(rows, features=FEATURES)
 
     with eval_mode(target), tqdm(total=len(prompt_ids), desc="target responses", unit="prompt",
@@ -247,13 +252,6 @@ def generate_target_data(
         store.fill(metadata, len(prompt_ids), make, bar, size_key="shard_size")
     store.finish(metadata)
     return load_target_data(store.root)
-
-
-def batches(indices: range, prompt_ids: list[list[int]], batch_size: int) -> list[list[int]]:
-    """The prompt indices of one shard in batches of batch_size: in order for batch 1, else longest prompts first so
-    that prompts of similar length share a batch (less padding)."""
-    order = list(indices) if batch_size == 1 else sorted(indices, key=lambda i: (-len(prompt_ids[i]), i))
-    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 def _store(out_dir: str | os.PathLike) -> ShardStore:

@@ -275,13 +275,15 @@ def test_batched_sampled_rows_draw_from_the_same_per_prompt_seeds(sampled, targe
 
 
 class CountingBatches:
-    """Stands in for target_data.batched_generate: records each batch's size, raises on call `fail_at`."""
+    """Stands in for target_data.batched_generate: records each batch's size and prompt lengths, raises on call
+    `fail_at`."""
 
     def __init__(self, fail_at: int | None = None):
-        self.sizes, self.fail_at, self.real = [], fail_at, target_data.batched_generate
+        self.sizes, self.lengths, self.fail_at, self.real = [], [], fail_at, target_data.batched_generate
 
     def __call__(self, model, prompts, **kwargs):
         self.sizes.append(len(prompts))
+        self.lengths.append([len(p) for p in prompts])
         if len(self.sizes) == self.fail_at:
             raise KeyboardInterrupt("simulated interruption")
         return self.real(model, prompts, **kwargs)
@@ -317,17 +319,21 @@ class RecordingEngine:
         return [[seed] for seed in seeds]
 
 
-def test_an_engine_gets_batches_of_one_shard_with_their_seeds(target, tokenizer, prompts, tmp_path):
+def test_an_engine_gets_one_shard_at_a_time_with_its_seeds(target, tokenizer, prompts, tmp_path):
     engine = RecordingEngine()
     ds = run(target, tokenizer, prompts, tmp_path, seed=100, batch_size=2, shard_size=3, engine=engine)
     assert ds["response_ids"] == [[100 + i] for i in range(len(prompts))]  # row i sampled with seed + i
-    shard_of = {tuple(p): i // 3 for i, p in enumerate(prompts)}
-    for asked, seeds, batch_size in engine.calls:
-        assert batch_size == 2 and 1 <= len(asked) <= 2
-        assert len({shard_of[tuple(p)] for p in asked}) == 1  # a batch never spans two shards
-        assert [prompts[s - 100] for s in seeds] == asked
-        assert len(asked) == 1 or len(asked[0]) >= len(asked[1])  # longest first: less padding
-    assert sorted(s for _, seeds, _ in engine.calls for s in seeds) == [100 + i for i in range(len(prompts))]
+    assert engine.calls == [(prompts[0:3], [100, 101, 102], 2), (prompts[3:6], [103, 104, 105], 2),
+                            (prompts[6:7], [106], 2)]
+
+
+def test_batches_group_prompts_of_similar_length(target, tokenizer, prompts, tmp_path, monkeypatch):
+    batches = CountingBatches()
+    monkeypatch.setattr(target_data, "batched_generate", batches)
+    run(target, tokenizer, prompts, tmp_path, batch_size=3, shard_size=7)
+    assert batches.sizes == [3, 3, 1]
+    longest_first = sorted((len(p) for p in prompts), reverse=True)
+    assert batches.lengths == [longest_first[0:3], longest_first[3:6], longest_first[6:7]]
 
 
 def test_batches_decode_with_the_target_alone(target, tokenizer, prompts, tmp_path):
