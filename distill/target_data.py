@@ -13,9 +13,9 @@ the default, DecoderEngine, is this project's decoder:
                  decode.autoregressive_generate
   batch_size B   the target alone, B prompts at a time (decode.batched: left padding, attention mask, positions of
                  real tokens, one generator per prompt); prompts of similar length share a batch. Greedy rows are
-                 the batch-1 rows; sampled rows draw from the same per-prompt seeds in the same order, so they are
-                 the batch-1 rows too unless float rounding of padded shapes moves a draw across a token boundary
-                 (decode/batched.py), after which only that row differs.
+                 the batch-1 rows, and sampled rows draw from the same per-prompt seeds in the same order, so they
+                 are too; the one exception is float rounding of padded shapes breaking a near-tie (an argmax, or
+                 a draw between two tokens; decode/batched.py), after which only that row differs.
 The batch size is therefore not part of what the responses depend on: a folder can be resumed with another one.
 
 Layout on disk (out_dir):
