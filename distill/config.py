@@ -142,6 +142,9 @@ class DataConfig:
     target_gamma: int | None = option(
         None, "Generate the responses with the speculative decoder, the initial draft proposing this many tokens "
               "per target pass (greedy: the same tokens; sampled: the same distribution); null = the target alone.")
+    target_batch_size: int = option(
+        1, "Prompts the target answers at once (left-padded, the target alone; 1 with data.target_gamma): greedy "
+           "rows are the same at every size, sampled rows use the same per-prompt seeds (recipes/README.md).")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -167,6 +170,9 @@ class DataConfig:
                 "null or a number in (0, 1]")
         require(self.target_gamma is None or self.target_gamma > 0, "target_gamma", self.target_gamma,
                 "null or an integer > 0")
+        require(self.target_batch_size > 0, "target_batch_size", self.target_batch_size, "an integer > 0")
+        require(self.target_gamma is None or self.target_batch_size == 1, "target_batch_size",
+                self.target_batch_size, "1 with data.target_gamma (the speculative decoder runs one prompt at a time)")
 
 
 @dataclass

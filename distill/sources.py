@@ -84,8 +84,8 @@ def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Mod
             responses = generate_target_data(
                 target, tokenizer, prompts, cfg.target_data_dir, max_new_tokens=cfg.target_max_new_tokens,
                 temperature=cfg.target_temperature, top_k=cfg.target_top_k, top_p=cfg.target_top_p,
-                seed=cfg.target_seed, draft=decoder_draft, gamma=cfg.target_gamma or 1, target_id=target_id,
-                progress=progress)
+                seed=cfg.target_seed, batch_size=cfg.target_batch_size, draft=decoder_draft,
+                gamma=cfg.target_gamma or 1, target_id=target_id, progress=progress)
     except CacheMismatchError as err:
         raise CacheMismatchError(f"data.target_data_dir: {_for_recipes(err)}") from None
     return to_training_rows(responses, cfg.max_length, num_proc=cfg.num_proc)

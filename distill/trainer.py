@@ -40,13 +40,14 @@ from transformers import (PreTrainedModel, PreTrainedTokenizerBase, Trainer, Tra
                           TrainerState, TrainingArguments)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from decode.batched import accepts_logits_to_keep
 from distill.checkpoints import clear_partial, partial_folder, publish
 from distill.config import DistillConfig, Recipe, TrainConfig
 from distill.distill_loss import LossSums, chunked_distill_loss
 from distill.distributed import is_partitioned
 from distill.export import draft_at_checkpoint
 from distill.fsdp import is_sharded, local_copy, whole_head
-from distill.onpolicy import OnPolicySettings, accepts_logits_to_keep, micro_batch_generator, on_policy_batch
+from distill.onpolicy import OnPolicySettings, micro_batch_generator, on_policy_batch
 from distill.run_folder import start_run_folder
 from distill.sources import TrainingRows
 from distill.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
