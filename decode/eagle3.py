@@ -28,6 +28,8 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from decode.checks import read_text
+
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # what vLLM and SGLang dispatch on
 WEIGHTS_FILE = "model.safetensors"
 
@@ -63,7 +65,7 @@ def is_eagle3_folder(path: str | Path) -> bool:
 
 def read_config(folder: str | Path) -> dict:
     """A head folder's config.json as a dict."""
-    return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    return json.loads(read_text(Path(folder) / "config.json"))
 
 
 def aux_layer_ids(config: dict) -> list[int]:

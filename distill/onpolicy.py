@@ -14,14 +14,14 @@ No collective is called: every process generates for its own rows, so DDP and De
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from decode.sampling import SamplingConfig, next_token
+from decode.batched import batched_generate
+from decode.sampling import SamplingConfig
 from distill.data import DistillCollator
 from distill.utils import IGNORE_INDEX, eval_mode
 
@@ -90,76 +90,15 @@ def prompt_length(labels: torch.Tensor, length: int, prompt_tokens: int) -> int:
 # Sampling from the draft, batched, with a KV cache
 # ---------------------------------------------------------------------------------------------------------------
 
-def accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether model.forward takes logits_to_keep (named, or through **kwargs as a peft model passes it on)."""
-    parameters = inspect.signature(model.forward).parameters
-    return "logits_to_keep" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-
-
-def _left_pad(prompts: list[torch.Tensor], pad_token_id: int,
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(p.numel() for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long, device=device)  # [B, L]
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)  # [B, L]
-    for i, prompt in enumerate(prompts):
-        input_ids[i, width - prompt.numel():] = prompt
-        attention_mask[i, width - prompt.numel():] = 1
-    return input_ids, attention_mask
-
-
-def _draw(logits: torch.Tensor, sampling: SamplingConfig, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row of logits [B, V] -> [B]; row i draws from generators[i] exactly as decode does for a
-    single sequence (next_token on [1, V]), so a row's tokens match decode.autoregressive_generate's."""
-    if sampling.greedy:
-        return logits.argmax(dim=-1)
-    return torch.cat([next_token(logits[i:i + 1], sampling, g) for i, g in enumerate(generators)])
-
-
-@torch.no_grad()
 def sample_continuations(draft: nn.Module, prompts: list[torch.Tensor], *, max_new_tokens: int,
                          sampling: SamplingConfig, seeds: list[int], eos_token_id: int | None, pad_token_id: int,
                          vocab_size: int | None = None) -> list[list[int]]:
-    """The draft's continuation of each prompt (1-D token ids): up to max_new_tokens tokens, ending at eos (kept).
-
-    Prompts are left-padded into one batch (positions count real tokens only) and decoded token by token with the
-    KV cache; prompt i samples with a generator seeded with seeds[i]. vocab_size limits sampling to the first
-    vocab_size ids. The draft is put in eval mode meanwhile. Raises ValueError for an empty prompt.
-    """
-    if any(p.numel() == 0 for p in prompts):
-        raise ValueError("on-policy sampling needs at least one prompt token per row")
-    if not prompts or max_new_tokens < 1:
-        return [[] for _ in prompts]
-    device = next(draft.parameters()).device
-    generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-    input_ids, attention_mask = _left_pad(prompts, pad_token_id, device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # [B, L]: pads do not advance positions
+    """The draft's continuation of each prompt (decode.batched.batched_generate, the draft in eval mode meanwhile):
+    up to max_new_tokens tokens, ending at eos (kept); prompt i samples with seeds[i]. Raises ValueError for an
+    empty prompt."""
     with eval_mode(draft):
-        last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(draft) else {}  # no [B, L, V] prefill logits
-        out = draft(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-                    **last_only)
-        cache, logits = out.past_key_values, out.logits[:, -1, :vocab_size]  # [B, V]
-        finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)  # [B]
-        tokens = []
-        for step in range(max_new_tokens):
-            token = _draw(logits, sampling, generators).masked_fill(finished, pad_token_id)  # [B]
-            tokens.append(token)
-            if eos_token_id is not None:
-                finished |= token == eos_token_id
-            if step == max_new_tokens - 1 or bool(finished.all()):
-                break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(prompts), 1)], dim=1)
-            position_ids = position_ids[:, -1:] + 1  # [B, 1]
-            out = draft(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1, :vocab_size]  # [B, V]
-    rows = torch.stack(tokens, dim=1).tolist()  # [B, n]
-    return [_cut_at_eos(row, eos_token_id) for row in rows]
-
-
-def _cut_at_eos(tokens: list[int], eos_token_id: int | None) -> list[int]:
-    if eos_token_id is not None and eos_token_id in tokens:
-        return tokens[: tokens.index(eos_token_id) + 1]
-    return tokens
+        return batched_generate(draft, prompts, max_new_tokens=max_new_tokens, sampling=sampling, seeds=seeds,
+                                eos_token_id=eos_token_id, pad_token_id=pad_token_id, vocab_size=vocab_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------

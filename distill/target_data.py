@@ -1,13 +1,22 @@
 """Sequence-level KD data: the target's own responses to prompts, generated once and stored with `datasets`.
 
     responses = generate_target_data(target, tokenizer, prompts, "data/target-responses", max_new_tokens=256,
-                                     temperature=0.0, top_k=None, top_p=None, seed=0, draft=draft)
+                                     temperature=0.0, top_k=None, top_p=None, seed=0, batch_size=16)
     train_rows = to_training_rows(responses, max_length=1024)   # input_ids = prompt + response, labels on response
 
 Prompt i is decoded with its own generator seeded with seed + i, so the responses do not depend on the shard size
 or on where an interrupted run resumed. Decoding stops after the tokenizer's EOS (kept in response_ids) or after
-max_new_tokens. With a draft, decode.speculative_generate produces them (greedy: the same tokens as the target
-alone; sampled: the same distribution, another random stream), else decode.autoregressive_generate.
+max_new_tokens. What decodes them is a ResponseEngine (`generate_responses(prompts, seeds, sampling, batch_size)`);
+the default, DecoderEngine, is this project's decoder:
+  batch_size 1   one prompt at a time: with a draft, decode.speculative_generate (greedy: the same tokens as the
+                 target alone; sampled: the same distribution, another random stream), else
+                 decode.autoregressive_generate
+  batch_size B   the target alone, B prompts at a time (decode.batched: left padding, attention mask, positions of
+                 real tokens, one generator per prompt); prompts of similar length share a batch. Greedy rows are
+                 the batch-1 rows, and sampled rows draw from the same per-prompt seeds in the same order, so they
+                 are too; the one exception is float rounding of padded shapes breaking a near-tie (an argmax, or
+                 a draw between two tokens; decode/batched.py), after which only that row differs.
+The batch size is therefore not part of what the responses depend on: a folder can be resumed with another one.
 
 Layout on disk (out_dir):
     target_data.json      what the responses depend on (target, tokenizer, prompts, sampling settings, seed, draft)
@@ -17,11 +26,12 @@ responses of other inputs raises CacheMismatchError (a ValueError) naming what d
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import datasets
 import torch
@@ -30,11 +40,15 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from decode import autoregressive_generate, speculative_generate
+from decode.batched import batched_generate
+from decode.sampling import SamplingConfig
+from distill.data import padding_id
 from distill.fingerprints import config_hash, token_lists_hash, vocab_hash, weights_hash
 from distill.shard_store import ShardStore
 from distill.utils import IGNORE_INDEX, eval_mode
 
 FORMAT_VERSION = 1
+SHARD_PROMPTS = 64  # prompts per shard by default (rounded up to a multiple of the batch size)
 METADATA_FILE = "target_data.json"
 # plain names of spec keys in mismatch messages (those target data shares with a teacher cache)
 SPEC_MEANINGS = {"target_id": "target", "tokenizer_vocab_hash": "tokenizer vocabulary",
@@ -109,17 +123,74 @@ def data_spec(target: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: li
     }
 
 
+def row_seed(sampling: Sampling, index: int) -> int:
+    """The seed of prompt `index`'s generator: seed + index, whatever the shard, batch or resume point."""
+    return sampling.seed + index
+
+
 def generate_response(target: nn.Module, draft: nn.Module | Any | None, prompt: list[int], sampling: Sampling,
-                      eos_token_id: int | None, index: int) -> list[int]:
-    """The target's response to one prompt (EOS included when reached), seeded with seed + index."""
+                      eos_token_id: int | None, seed: int) -> list[int]:
+    """The target's response to one prompt (EOS included when reached), decoded alone with a generator seeded
+    `seed`: with the speculative decoder when there is a draft, else plain decoding."""
     device = next(target.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(sampling.seed + index)
+    generator = torch.Generator(device=device).manual_seed(seed)
     input_ids = torch.tensor([prompt], dtype=torch.long, device=device)  # [1, L]
     decode = dict(max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
                   top_p=sampling.top_p, eos_token_id=eos_token_id, generator=generator)
     if draft is None:
         return autoregressive_generate(target, input_ids, **decode).new_tokens
     return speculative_generate(target, draft, input_ids, gamma=sampling.gamma, **decode).new_tokens
+
+
+def check_batch_size(batch_size: int, draft: nn.Module | Any | None) -> None:
+    """Raises ValueError unless batch_size >= 1, and 1 with a draft (the speculative decoder is batch-1)."""
+    if batch_size < 1 or (draft is not None and batch_size > 1):
+        raise ValueError(f"batch_size must be >= 1, and 1 with a draft (the speculative decoder runs one prompt at a "
+                         f"time; batches decode with the target alone), got {batch_size}")
+
+
+class ResponseEngine(Protocol):
+    """What decodes the target's responses (this project's decoder: DecoderEngine), given one shard at a time."""
+
+    def generate_responses(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling,
+                           batch_size: int) -> list[list[int]]:
+        """Response i to prompts[i] (EOS kept when reached), sampled with seeds[i], decoding at most batch_size
+        prompts at once."""
+        ...
+
+
+@dataclass(frozen=True)
+class DecoderEngine:
+    """This project's decoder on `target` (module docstring): batch 1 as decode does it, or batched plain decoding.
+    A draft (the speculative decoder) needs batch size 1."""
+
+    target: nn.Module
+    draft: nn.Module | Any | None
+    eos_token_id: int | None
+    pad_token_id: int
+
+    def generate_responses(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling,
+                           batch_size: int) -> list[list[int]]:
+        check_batch_size(batch_size, self.draft)
+        if batch_size == 1:
+            return [generate_response(self.target, self.draft, p, sampling, self.eos_token_id, s)
+                    for p, s in zip(prompts, seeds)]
+        decoding = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p)
+        responses: list[list[int]] = [[] for _ in prompts]
+        for batch in length_batches(prompts, batch_size):
+            out = batched_generate(self.target, [prompts[j] for j in batch], max_new_tokens=sampling.max_new_tokens,
+                                   sampling=decoding, seeds=[seeds[j] for j in batch],
+                                   eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id)
+            for j, response in zip(batch, out):
+                responses[j] = response
+        return responses
+
+
+def length_batches(prompts: list[list[int]], batch_size: int) -> list[list[int]]:
+    """Positions of the prompts in batches of batch_size, longest prompts first: prompts of similar length share a
+    batch (less padding)."""
+    order = sorted(range(len(prompts)), key=lambda j: (-len(prompts[j]), j))
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 def generate_target_data(
@@ -133,9 +204,11 @@ def generate_target_data(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
-    shard_size: int = 64,
+    batch_size: int = 1,
+    shard_size: int | None = None,
     draft: nn.Module | Any | None = None,
     gamma: int = 4,
+    engine: ResponseEngine | None = None,
     target_id: str = "",
     prompt_column: str = "prompt_ids",
     overwrite: bool = False,
@@ -145,16 +218,22 @@ def generate_target_data(
     prompt_text, response_text, stopped_at_eos.
 
     prompts: a Dataset with a `prompt_column` of token ids, or a list of token-id lists / 1-D tensors.
+    batch_size: prompts decoded at once (1 = one at a time; > 1 needs draft=None). shard_size: prompts per stored
+    shard (None: 64 rounded up to a multiple of batch_size); the engine is given one shard at a time, so a batch
+    never spans two shards. engine: what decodes (None: DecoderEngine on target and draft).
     Resumes an interrupted run after its last complete shard and returns a finished one without generating.
     Raises ValueError for an empty prompt or a bad setting, CacheMismatchError when out_dir holds responses of
     other inputs (overwrite=True deletes them).
     """
+    check_batch_size(batch_size, draft)
+    shard_size = shard_size if shard_size is not None else math.ceil(SHARD_PROMPTS / batch_size) * batch_size
     if shard_size < 1 or max_new_tokens < 0 or gamma < 1:
         raise ValueError(f"shard_size and gamma must be >= 1 and max_new_tokens >= 0, got shard_size={shard_size}, "
                          f"gamma={gamma}, max_new_tokens={max_new_tokens}")
     prompt_ids = prompt_lists(prompts, prompt_column)
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, gamma)
     spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id)
+    engine = engine or DecoderEngine(target, draft, tokenizer.eos_token_id, padding_id(tokenizer))
     store = _store(out_dir)
     metadata = store.start(spec, num_rows=len(prompt_ids), rows_per_shard=shard_size, size_key="shard_size",
                            overwrite=overwrite)
@@ -162,11 +241,10 @@ def generate_target_data(
         return load_target_data(store.root)
 
     def make(shard: int, indices: range, scratch: Path) -> datasets.Dataset:
-        rows = []
-        for i in indices:
-            response = generate_response(target, draft, prompt_ids[i], sampling, tokenizer.eos_token_id, i)
-            rows.append(_row(tokenizer, i, prompt_ids[i], response))
-            bar.update(1)
+        responses = engine.generate_responses([prompt_ids[i] for i in indices],
+                                              [row_seed(sampling, i) for i in indices], sampling, batch_size)
+        bar.update(len(indices))
+        rows = [_row(tokenizer, i, prompt_ids[i], r) for i, r in zip(indices, responses)]
         return datasets.Dataset.from_list(rows, features=FEATURES)
 
     with eval_mode(target), tqdm(total=len(prompt_ids), desc="target responses", unit="prompt",

@@ -127,6 +127,8 @@ def test_lambda_outside_0_1_is_refused_naming_the_key(value):
     (("data.dataset_weight=-1", "data.target_weight=2"), "data.dataset_weight", ">= 0"),
     (("data.target_weight=0.5",), "data.target_data_dir", "a folder"),
     (("data.target_top_p=0",), "data.target_top_p", "(0, 1]"),
+    (("data.target_batch_size=0",), "data.target_batch_size", "an integer > 0"),
+    (("data.target_gamma=4", "data.target_batch_size=8"), "data.target_batch_size", "1 with data.target_gamma"),
     (("distill.teacher_cache=c", "distill.temperature=2"), "distill.temperature", "1.0 with distill.teacher_cache"),
     (("distill.teacher_cache=c", "distill.on_policy_fraction=0.5"), "distill.on_policy_fraction", "0 with"),
     (("distill.on_policy_fraction=0.5", "distill.loss=ce"), "distill.on_policy_fraction", "loss ce"),
@@ -220,9 +222,14 @@ def test_target_responses_end_to_end_and_reused_by_a_second_run(workdir, monkeyp
 
 
 @pytest.mark.integration
-def test_dataset_and_target_rows_mixed_in_one_run(workdir, rows_seen):
+def test_dataset_and_target_rows_mixed_in_one_run(workdir, rows_seen, monkeypatch):
+    batch_sizes, real = [], target_data.batched_generate
+    monkeypatch.setattr(target_data, "batched_generate",
+                        lambda model, prompts, **kw: batch_sizes.append(len(prompts)) or real(model, prompts, **kw))
     run(workdir, "mixed", "data.dataset_weight=1", "data.target_weight=1", "data.prompt_tokens=6",
-        f"data.target_data_dir={workdir / 'responses_mixed'}", "data.target_max_new_tokens=10", *QUICK)
+        f"data.target_data_dir={workdir / 'responses_mixed'}", "data.target_max_new_tokens=10",
+        "data.target_batch_size=4", *QUICK)
+    assert max(batch_sizes) == 4 and sum(batch_sizes) == len(load_target_data(workdir / "responses_mixed"))
     prompted = [row[0] == IGNORE_INDEX for row in rows_seen[0]["labels"]]  # target rows mask their prompt
     assert any(prompted) and not all(prompted)  # text blocks are trained from their first token
 

@@ -1,9 +1,16 @@
 """Sequence-level KD data: the target's responses, generated in resumable shards, reused, turned into rows."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import datasets
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import distill.target_data as target_data
 from distill.teacher_cache import CacheMismatchError
@@ -14,7 +21,8 @@ from distill.target_data import (
     prompts_from_rows,
     to_training_rows,
 )
-from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
+from helpers import CHILD_ENV, ROOT
+from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_config, tiny_model, tiny_tokenizer
 
 EOS = 2
 NEW_TOKENS = 12
@@ -208,3 +216,164 @@ def test_prompts_from_rows_end_before_the_first_trained_label():
         "labels": [[IGNORE_INDEX, IGNORE_INDEX, 7, IGNORE_INDEX, 9], [10, 11, 12, 13]],  # chat row, packed text
     })
     assert prompts_from_rows(rows, prompt_tokens=3)["prompt_ids"] == [[5, 6], [10, 11, 12]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batched generation (batch_size > 1): the batch-1 rows, resumable, behind the engine seam
+# ---------------------------------------------------------------------------------------------------------------
+
+def with_early_eos(model, prompt: list[int]):
+    """A copy of `model` with the lm_head rows of EOS and of `prompt`'s 4th greedy token swapped: greedy rows that
+    would emit that token emit EOS there instead and stop early, the others run to NEW_TOKENS."""
+    x = plain_greedy(model, prompt, NEW_TOKENS, EOS)[3]
+    swapped = perturbed_copy(model, 0.0)
+    with torch.no_grad():
+        head = swapped.get_output_embeddings().weight
+        head[[EOS, x]] = head[[x, EOS]].clone()
+    return swapped
+
+
+def untied_gpt2(vocab_size: int):
+    """A tiny GPT-2 (absolute positions) with its own lm_head: tied to the input embeddings, swapping two lm_head
+    rows would swap the tokens' input embeddings too."""
+    config = tiny_config("gpt2", vocab_size=vocab_size)
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)  # sharpened like tiny.tiny_model
+    return model.eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2: absolute positions, so pads must not advance them
+def test_batched_greedy_rows_are_the_batch_1_rows(arch, target, tokenizer, prompts, tmp_path):
+    model = with_early_eos(target if arch == "llama" else untied_gpt2(len(tokenizer)), prompts[0])
+    one = run(model, tokenizer, prompts, tmp_path / "one", temperature=0.0, top_k=None)
+    lengths = [len(r) for r in one["response_ids"]]
+    assert min(lengths) < NEW_TOKENS and one["stopped_at_eos"].count(True) < len(prompts)  # early stops and full rows
+    assert len({len(p) for p in prompts}) > 2  # prompts of different lengths: left padding in every batch
+    for row, prompt in zip(one, prompts):
+        assert row["response_ids"] == plain_greedy(model, prompt, NEW_TOKENS, EOS)
+    for batch_size in (3, 4):
+        batched = run(model, tokenizer, prompts, tmp_path / f"batch{batch_size}", temperature=0.0, top_k=None,
+                      batch_size=batch_size)
+        assert batched.to_dict() == one.to_dict(), batch_size
+
+
+@pytest.mark.parametrize("batch_size", [3, 4])
+def test_batched_sampled_rows_draw_from_the_same_per_prompt_seeds(sampled, target, tokenizer, prompts, tmp_path,
+                                                                  batch_size):
+    # Each row draws from its own generator (seed + index) in the batch-1 order. Equality holds as long as padded
+    # shapes round no draw across a token boundary (decode/batched.py); on these models none does.
+    batched = run(target, tokenizer, prompts, tmp_path / "batched", batch_size=batch_size)
+    assert batched["response_ids"] == sampled["response_ids"]
+    early_eos = with_early_eos(target, prompts[0])  # sampled rows that stop early leave the batch
+    one = run(early_eos, tokenizer, prompts, tmp_path / "early_one")
+    assert 0 < one["stopped_at_eos"].count(True) < len(prompts)
+    assert run(early_eos, tokenizer, prompts, tmp_path / "early_batched", batch_size=batch_size).to_dict() == \
+        one.to_dict()
+
+
+class CountingBatches:
+    """Stands in for target_data.batched_generate: records each batch's size and prompt lengths, raises on call
+    `fail_at`."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.sizes, self.lengths, self.fail_at, self.real = [], [], fail_at, target_data.batched_generate
+
+    def __call__(self, model, prompts, **kwargs):
+        self.sizes.append(len(prompts))
+        self.lengths.append([len(p) for p in prompts])
+        if len(self.sizes) == self.fail_at:
+            raise KeyboardInterrupt("simulated interruption")
+        return self.real(model, prompts, **kwargs)
+
+
+def test_an_interrupted_batched_run_resumes_with_the_same_rows(sampled, target, tokenizer, prompts, tmp_path,
+                                                               monkeypatch):
+    # 7 prompts, shards of 4, batches of 2: shard 0 = batches of 2 + 2, shard 1 = 2 + 1; interrupted in shard 1
+    interrupted = CountingBatches(fail_at=3)
+    monkeypatch.setattr(target_data, "batched_generate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(target, tokenizer, prompts, tmp_path, batch_size=2, shard_size=4)
+    assert interrupted.sizes == [2, 2, 2]
+
+    resumed = CountingBatches()
+    monkeypatch.setattr(target_data, "batched_generate", resumed)
+    ds = run(target, tokenizer, prompts, tmp_path, batch_size=2, shard_size=4)
+    assert resumed.sizes == [2, 1]  # only shard 1 again
+    assert ds.to_dict() == sampled.to_dict()
+    # the batch size is not part of the spec: a batch-1 run finds the folder complete
+    monkeypatch.setattr(target_data, "generate_response", CountingGenerate(fail_at=1))
+    assert run(target, tokenizer, prompts, tmp_path).to_dict() == sampled.to_dict()
+
+
+class RecordingEngine:
+    """A ResponseEngine that records what it is asked and answers [seed] for every prompt."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate_responses(self, prompts, seeds, sampling, batch_size):
+        self.calls.append((prompts, seeds, batch_size))
+        return [[seed] for seed in seeds]
+
+
+def test_an_engine_gets_one_shard_at_a_time_with_its_seeds(target, tokenizer, prompts, tmp_path):
+    engine = RecordingEngine()
+    ds = run(target, tokenizer, prompts, tmp_path, seed=100, batch_size=2, shard_size=3, engine=engine)
+    assert ds["response_ids"] == [[100 + i] for i in range(len(prompts))]  # row i sampled with seed + i
+    assert engine.calls == [(prompts[0:3], [100, 101, 102], 2), (prompts[3:6], [103, 104, 105], 2),
+                            (prompts[6:7], [106], 2)]
+
+
+def test_batches_group_prompts_of_similar_length(target, tokenizer, prompts, tmp_path, monkeypatch):
+    batches = CountingBatches()
+    monkeypatch.setattr(target_data, "batched_generate", batches)
+    run(target, tokenizer, prompts, tmp_path, batch_size=3, shard_size=7)
+    assert batches.sizes == [3, 3, 1]
+    longest_first = sorted((len(p) for p in prompts), reverse=True)
+    assert batches.lengths == [longest_first[0:3], longest_first[3:6], longest_first[6:7]]
+
+
+def test_batches_decode_with_the_target_alone(target, tokenizer, prompts, tmp_path):
+    with pytest.raises(ValueError, match="1 with a draft"):
+        run(target, tokenizer, prompts, tmp_path, batch_size=2, draft=perturbed_copy(target, 0.3))
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        run(target, tokenizer, prompts, tmp_path, batch_size=0)
+
+
+KILLED_RUN = """
+import sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from distill.target_data import generate_target_data
+folder, out = sys.argv[1], sys.argv[2]
+prompts = [[int(t) for t in line.split()] for line in open(folder + "/prompts.txt")]
+generate_target_data(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), AutoTokenizer.from_pretrained(
+    folder), prompts, out, max_new_tokens=12, temperature=1.0, top_k=20, seed=0, batch_size=3, shard_size=6,
+    target_id="tiny-target", progress=False)
+"""
+
+
+@pytest.mark.integration
+def test_a_killed_batched_run_resumes_with_the_batch_1_rows(target, tokenizer, prompts, tmp_path):
+    # a real kill -9 once two shards are on disk, then a resume in this process
+    folder, out = tmp_path / "target", tmp_path / "responses"
+    target.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    many = [p[:n] for n in range(2, 8) for p in prompts]  # 42 prompts of 2..7 tokens, 7 shards
+    (folder / "prompts.txt").write_text("\n".join(" ".join(map(str, p)) for p in many) + "\n")
+    child = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(folder), str(out)], cwd=ROOT,
+                             env={**os.environ, **CHILD_ENV}, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (out / "shards" / "shard-00001").is_dir():
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read().decode()[-2000:]
+        time.sleep(0.005)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert not (out / "shards" / f"shard-{len(many) // 6:05d}").is_dir()  # killed before its last shard
+    with pytest.raises(FileNotFoundError, match="unfinished"):
+        load_target_data(out)
+    resumed = run(target, tokenizer, many, out, batch_size=3, shard_size=6)
+    one_at_a_time = run(target, tokenizer, many, tmp_path / "batch1")
+    assert resumed.to_dict() == one_at_a_time.to_dict()
