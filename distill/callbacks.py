@@ -36,6 +36,7 @@ from distill.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.config import EvalConfig
 from distill.distributed import is_partitioned, plain_copy
 from distill.export import best_record, draft_at_checkpoint
+from distill.heads import served_draft
 from distill.lora import is_lora
 from distill.utils import eval_mode
 
@@ -93,6 +94,7 @@ class AcceptanceCallback(TrainerCallback):
                        model: PreTrainedModel | None = None, **kwargs):
         """Keep the complete measurements of steps this run has already done (resume), drop those of an abandoned
         future and any interrupted one, then measure every saved checkpoint that still lacks its lines."""
+        model = served_draft(model)
         if state.is_world_process_zero:
             records = read_records(args.output_dir)
             done = complete_steps(records, self.cfg.gammas, self.cfg.temperatures)
@@ -114,7 +116,7 @@ class AcceptanceCallback(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 model: PreTrainedModel | None = None, **kwargs):
         if self.cfg.at_checkpoints:
-            self._measure_on_rank_zero(args, state, model, f"checkpoint-{state.global_step}")
+            self._measure_on_rank_zero(args, state, served_draft(model), f"checkpoint-{state.global_step}")
 
     # ---- after training (distill.pipeline's measure step) -------------------------------------------------------
 

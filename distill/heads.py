@@ -18,7 +18,7 @@ import torch
 from accelerate import PartialState
 from safetensors.torch import load_file
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from decode.eagle3 import Eagle3Head, head_config
 from distill.config import ModelConfig
@@ -48,13 +48,19 @@ def plan_head(cfg: ModelConfig, target_config: PretrainedConfig) -> PretrainedCo
         raise ModelSetupError(f"model.aux_layers: {err}") from None
 
 
-def build_head(cfg: ModelConfig, target: PreTrainedModel, steps: int, dtype: torch.dtype) -> UnrolledHead:
-    """A fresh head on `target` (its input embedding shared, frozen), wrapped for training-time test over `steps`
-    steps, in train mode. Its vocabulary is the first draft_vocab_size ids until set_draft_vocabulary."""
+def build_head(cfg: ModelConfig, target: PreTrainedModel, dtype: torch.dtype) -> Eagle3Head:
+    """A fresh, trainable head on `target` (its input embedding shared and frozen), in train mode. Its vocabulary
+    is the first draft_vocab_size ids until set_draft_vocabulary."""
     head = Eagle3Head(plan_head(cfg, target.config)).to(dtype)
     head.bind_embeddings(target.get_input_embeddings())
     head.set_vocab(torch.arange(head.d2t.numel()))
-    return UnrolledHead(head, steps).train()
+    return head.requires_grad_(True).train()
+
+
+def served_draft(model: nn.Module | None) -> nn.Module | None:
+    """The draft that is measured and exported: the head of an UnrolledHead (what Trainer holds while training a
+    head); any other model as it is."""
+    return model.head if isinstance(model, UnrolledHead) else model
 
 
 def served_head(model: nn.Module) -> Eagle3Head | None:
@@ -119,3 +125,15 @@ def head_at_checkpoint(folder: Path, final: nn.Module) -> Eagle3Head:
     head.load_state_dict({k.removeprefix(CHECKPOINT_PREFIX): v for k, v in state.items()}, strict=True)
     head.to(trained.fc.weight.device)
     return head.bind_embeddings(trained.bound_embeddings).eval()
+
+
+def save_head(head: Eagle3Head, folder: str | Path, gamma: int) -> None:
+    """The served folder: Eagle3Head.save_pretrained (config.json for vLLM's and SGLang's eagle3, model.safetensors
+    without the shared embedding) and generation_config.json drafting `gamma` tokens (constant, threshold 0: the
+    same rule as standalone drafts, distill.export.set_assisted_generation)."""
+    head.save_pretrained(folder)
+    config = head.config
+    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                     pad_token_id=config.pad_token_id, num_assistant_tokens=gamma,
+                     num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
+                     ).save_pretrained(folder)

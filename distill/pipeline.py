@@ -4,6 +4,7 @@
                                    dataset read and tokenised: every problem named before a weight loads
   2. load      distill.models      the frozen target and the trainable draft
   3. tokenise  distill.sources     the training rows: the dataset's, the target's responses, the teacher cache
+                                   (an EAGLE-3 head's draft vocabulary is then counted on them: distill.heads)
   4. distil    distill.trainer     DistillTrainer, with AcceptanceCallback measuring every checkpoint it saves
   5. measure   distill.callbacks   acceptance of every checkpoint that still lacks it, and of the final step
   6. export    distill.export      the best checkpoint as a model folder, its deployment check,
@@ -20,6 +21,7 @@ from typing import Sequence
 from distill.callbacks import AcceptanceCallback
 from distill.config import Recipe
 from distill.export import export_run
+from distill.heads import set_draft_vocabulary
 from distill.models import load_models
 from distill.preflight import check_run
 from distill.sources import training_rows
@@ -47,6 +49,8 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     target, draft = load_models(recipe.model, recipe.lora, args.device)
     # 3. tokenise
     rows = training_rows(recipe, data, target, draft, tokenizer, args)
+    if recipe.model.draft_kind == "eagle3":  # the head's vocabulary: the rows' most frequent label tokens
+        set_draft_vocabulary(draft, rows.rows)
     # 4. distil
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to)

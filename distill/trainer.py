@@ -150,6 +150,10 @@ class DistillTrainer(Trainer):
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
         self.accelerator.wait_for_everyone()
 
+    def trained_draft(self) -> nn.Module:
+        """The draft as acceptance measures it and export writes it (a plain or peft model)."""
+        return self.accelerator.unwrap_model(self.model)
+
     # ---- the global token count N of one optimizer step ----------------------------------------------------
 
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int,
@@ -271,11 +275,14 @@ def distil(recipe: Recipe, args: TrainingArguments, target: PreTrainedModel, dra
     start_run_folder(recipe)
     if finished_at is not None:
         return _already_trained(args, draft, callbacks, resume, finished_at)
-    trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill,
-                             train_dataset=rows.rows, data_collator=rows.collator, processing_class=tokenizer,
-                             callbacks=callbacks, on_policy=rows.on_policy)
+    trainer_class = DistillTrainer
+    if recipe.model.draft_kind == "eagle3":  # an EAGLE-3 head, trained with training-time test
+        from distill.head_trainer import HeadTrainer as trainer_class
+    trainer = trainer_class(model=draft, target=target, args=args, distill=recipe.distill,
+                            train_dataset=rows.rows, data_collator=rows.collator, processing_class=tokenizer,
+                            callbacks=callbacks, on_policy=rows.on_policy)
     metrics = trainer.train(resume_from_checkpoint=resume).metrics
-    return Distilled(trainer.accelerator.unwrap_model(trainer.model), trainer.state, metrics, trainer)
+    return Distilled(trainer.trained_draft(), trainer.state, metrics, trainer)
 
 
 def _already_trained(args: TrainingArguments, draft: nn.Module, callbacks: list[TrainerCallback], resume: str,
