@@ -5,16 +5,26 @@ import torch
 from transformers import DynamicCache
 
 
+def aux_hidden(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """The residual streams entering decoder layers ``layers`` (``hidden_states[i]`` of a transformers forward with
+    output_hidden_states), concatenated: [1, T, H] each -> [T, len(layers) * H]."""
+    return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
+
+
 class CachedLM:
     """Wraps a ``transformers`` causal LM and the ``DynamicCache`` of one sequence (batch size 1).
 
-    ``length`` is the number of tokens whose keys/values are in the cache.
+    ``length`` is the number of tokens whose keys/values are in the cache. With ``aux_layers`` (a hidden-state
+    drafter's layer ids), every forward also leaves ``aux`` [T, len(aux_layers) * H]: those layers' hidden states
+    of the T tokens it processed, from the same pass.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, aux_layers: tuple[int, ...] = ()) -> None:
         self.model = model
         self.cache = DynamicCache(config=model.config)
         self.length = 0
+        self.aux_layers = tuple(aux_layers)
+        self.aux: torch.Tensor | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -28,7 +38,10 @@ class CachedLM:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            output_hidden_states=bool(self.aux_layers),
         )
+        if self.aux_layers:
+            self.aux = aux_hidden(out.hidden_states, self.aux_layers)  # [T, k * H]
         self.length += tokens.shape[1]
         return out.logits[0]
 

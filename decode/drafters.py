@@ -3,6 +3,10 @@
 A drafter keeps whatever state it needs (a KV cache for a model) consistent with the committed sequence:
 after ``commit(n)`` its state covers the committed tokens except the newest one, which arrives as ``cur`` in the
 next ``propose``.
+
+A drafter that reads the target's hidden states (decode/head_drafter.py) names their layers in ``aux_layers``; the
+target's prefill and verify passes then return them (no second target pass), and the loop hands over those of the
+committed tokens with ``target_features`` (after ``start`` and after each ``commit``).
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from decode.static import StaticLM, cached_lm
 
 
 class Drafter(Protocol):
+    aux_layers: tuple[int, ...]  # target layer ids whose hidden states the drafter reads; () for none
+
     def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
         """Begin a sequence whose committed tokens, all but the newest, are ``prefix`` [1, L]."""
 
@@ -29,10 +35,16 @@ class Drafter(Protocol):
     def commit(self, num_accepted: int) -> None:
         """The target kept the first ``num_accepted`` proposed tokens."""
 
+    def target_features(self, aux: torch.Tensor) -> None:
+        """(Only with ``aux_layers``.) The target's hidden states [T, len(aux_layers) * H] at ``aux_layers`` of the
+        next T committed tokens: the prefix after ``start``; cur, d_1..d_n after ``commit(n)``."""
+
 
 class ModelDrafter:
     """A small causal LM as the draft, with its own KV cache (static, with a compiled 1-token step, when
     ``compile``; ``capacity`` positions are then preallocated)."""
+
+    aux_layers: tuple[int, ...] = ()
 
     def __init__(self, model: torch.nn.Module, compile: bool = False, capacity: int = 0) -> None:
         self.model = model
@@ -102,6 +114,8 @@ class PromptLookupDrafter:
     earlier in the sequence; the tokens that followed its most recent occurrence are proposed. The proposal is
     deterministic, so q is the one-hot of each proposed token. The free baseline every trained draft must beat.
     """
+
+    aux_layers: tuple[int, ...] = ()
 
     def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 1) -> None:
         if not 1 <= min_ngram_size <= max_ngram_size:

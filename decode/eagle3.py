@@ -149,6 +149,10 @@ class Eagle3Head(nn.Module):
         return self
 
     @property
+    def has_embeddings(self) -> bool:
+        return bool(self._embed)
+
+    @property
     def bound_embeddings(self) -> nn.Module | None:
         """The target's input embedding set by `bind_embeddings` (None before)."""
         return self._embed[0] if self._embed else None

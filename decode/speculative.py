@@ -16,6 +16,8 @@ import torch
 from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
 from decode.cache import CachedLM
 from decode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from decode.eagle3 import Eagle3Head
+from decode.head_drafter import HeadDrafter
 from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
 from decode.static import StaticLM, cached_lm
 from decode.stats import SpecStats
@@ -61,13 +63,20 @@ def cut_at_eos(tokens: list[int], stop: set[int]) -> list[int]:
 
 def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compile: bool = False,
                capacity: int = 0) -> Drafter:
-    if isinstance(draft, (PromptLookupDrafter, ModelDrafter)):
+    """The drafter of ``draft``: a causal LM (ModelDrafter), an Eagle3Head (HeadDrafter; bound to the target's
+    input embedding if it has none), or a drafter as is."""
+    if isinstance(draft, (PromptLookupDrafter, ModelDrafter, HeadDrafter)):
         return draft
     if not isinstance(draft, torch.nn.Module):
-        raise TypeError(f"draft must be a causal LM or a PromptLookupDrafter, got {type(draft).__name__}")
+        raise TypeError(f"draft must be a causal LM, an Eagle3Head or a PromptLookupDrafter, got "
+                        f"{type(draft).__name__}")
     target_device, draft_device = next(target.parameters()).device, next(draft.parameters()).device
     if target_device != draft_device:
         raise ValueError(f"target is on {target_device} but draft is on {draft_device}; put both on one device")
+    if isinstance(draft, Eagle3Head):
+        if not draft.has_embeddings:
+            draft.bind_embeddings(target.get_input_embeddings())
+        return HeadDrafter(draft, compile=compile, capacity=capacity)
     return ModelDrafter(draft, compile=compile, capacity=capacity)
 
 
@@ -148,6 +157,8 @@ def prefill(target: CachedLM | StaticLM, drafter: Drafter, input_ids: torch.Tens
     if prefix.shape[1] > 0:
         target.forward(prefix, last_only=True)
     drafter.start(prefix, target.vocab_size)
+    if drafter.aux_layers and prefix.shape[1] > 0:
+        drafter.target_features(target.aux)  # the prefix's hidden states, from the same pass
     return cur
 
 
@@ -187,7 +198,7 @@ def speculative_generate(
     drafter = as_drafter(draft, target, compile, capacity)
     stop = eos_set(eos_token_id)
     stats = SpecStats(max(gammas))
-    target_lm = cached_lm(target, compile, "target", capacity, tuple(g + 1 for g in gammas))
+    target_lm = cached_lm(target, compile, "target", capacity, tuple(g + 1 for g in gammas), drafter.aux_layers)
     chooser = GammaChooser(gammas) if is_auto(gamma) else None
     device = input_ids.device
     timed = chooser is not None or clock is not None
@@ -214,6 +225,8 @@ def speculative_generate(
         # roll back: the target keeps cur, d_1..d_n; the drafter likewise
         target_lm.rollback(k - n)
         drafter.commit(n)
+        if drafter.aux_layers:  # the verify pass's hidden states of cur, d_1..d_n
+            drafter.target_features(target_lm.aux[: n + 1])
         produced = cut_at_eos(drafts[:n].tolist() + [step.next_token], stop)
         stats.record_step(k, n, step.min_pq, len(produced))  # tokens after an eos are never emitted: not counted
         new += produced

@@ -28,7 +28,7 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
-from decode.cache import CachedLM
+from decode.cache import CachedLM, aux_hidden
 
 MIN_CAPACITY = 64
 BACKEND = "inductor"  # torch.compile backend (tests of the decode logic swap in "aot_eager": no code generation)
@@ -62,6 +62,7 @@ class Session:
     steps: dict[int, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     compile_seconds: float = 0.0   # first calls of each compiled step (compilation and one run)
     eager: bool = False            # compilation failed once: every step runs eagerly on the static cache
+    aux_layers: tuple[int, ...] = ()  # hidden-state layers every step also returns (a head drafter's features)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -88,10 +89,13 @@ class Session:
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(length)
 
-    def eager_step(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=tokens, past_key_values=self.cache, use_cache=True).logits[0]  # [T, V]
+    def eager_step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [T, V], the aux layers' hidden states [T, k * H] or None without aux layers)."""
+        out = self.model(input_ids=tokens, past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=bool(self.aux_layers))
+        return out.logits[0], aux_hidden(out.hidden_states, self.aux_layers) if self.aux_layers else None
 
-    def step(self, length: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def step(self, length: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]:
         """The step for ``length`` tokens: compiled on first use (its time is added to compile_seconds)."""
         if self.eager:
             return self.eager_step
@@ -100,7 +104,7 @@ class Session:
         return self.steps[length]
 
     @torch.inference_mode()
-    def first_call(self, length: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def first_call(self, length: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]:
         device = next(self.model.parameters()).device
         options = compile_options(device)
         graphs = options.get("mode") == "reduce-overhead"
@@ -109,19 +113,20 @@ class Session:
         torch._dynamo.mark_static_address(buffer)
         compiled: list[Callable] = []
 
-        def run(tokens: torch.Tensor) -> torch.Tensor:
+        def run(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
             buffer.copy_(tokens)
-            if graphs:  # CUDA graphs reuse their output buffers: copy the logits out
+            if graphs:  # CUDA graphs reuse their output buffers: copy the outputs out
                 torch.compiler.cudagraph_mark_step_begin()
-                return compiled[0](buffer).clone()
+                logits, aux = compiled[0](buffer)
+                return logits.clone(), None if aux is None else aux.clone()
             return compiled[0](buffer)
 
-        def warm(tokens: torch.Tensor) -> torch.Tensor:
+        def warm(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
             start = time.perf_counter()
             position = int(self.cache.layers[0].cumulative_length)
             try:
                 compiled.append(torch.compile(self.eager_step, **options))
-                logits = run(tokens)
+                outputs = run(tokens)
                 self.steps[length] = run
             except Exception as err:  # noqa: BLE001 - any compiler failure means: use the eager path
                 reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -130,11 +135,11 @@ class Session:
                               stacklevel=2)
                 self.eager = True
                 self.set_position(position)
-                logits = self.eager_step(tokens)
+                outputs = self.eager_step(tokens)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             self.compile_seconds += time.perf_counter() - start
-            return logits
+            return outputs
 
         return warm
 
@@ -143,11 +148,26 @@ class Session:
 _SESSIONS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Session]]" = weakref.WeakKeyDictionary()
 
 
-def session(model: torch.nn.Module, role: str) -> Session:
-    """The registry's session of ``model`` in ``role`` (created on first use)."""
+def role_name(role: str, aux_layers: tuple[int, ...] = ()) -> str:
+    """The session role of a model that also returns aux hidden states: its steps differ, so its cache is apart."""
+    return f"{role}+aux{','.join(map(str, aux_layers))}" if aux_layers else role
+
+
+def session(model: torch.nn.Module, role: str, aux_layers: tuple[int, ...] = ()) -> Session:
+    """The registry's session of ``model`` in ``role`` (created on first use; ``aux_layers``: see role_name)."""
+    sessions = _SESSIONS.setdefault(model, {})
+    name = role_name(role, aux_layers)
+    if name not in sessions:
+        sessions[name] = Session(weakref.ref(model), aux_layers=tuple(aux_layers))
+    return sessions[name]
+
+
+def register(model: torch.nn.Module, role: str, made: Callable[[], object]) -> object:
+    """A session of another kind (anything with ``compile_seconds``, e.g. a head drafter's static cache) kept in
+    the registry beside the models' own: created by ``made()`` on first use."""
     sessions = _SESSIONS.setdefault(model, {})
     if role not in sessions:
-        sessions[role] = Session(weakref.ref(model))
+        sessions[role] = made()
     return sessions[role]
 
 
@@ -158,11 +178,15 @@ def compile_seconds(*models: torch.nn.Module) -> float:
 
 
 class StaticLM:
-    """``CachedLM``'s interface on a session's static cache; ``lengths`` are the token counts that run compiled."""
+    """``CachedLM``'s interface on a session's static cache; ``lengths`` are the token counts that run compiled.
+    With ``aux_layers``, every forward also leaves ``aux`` [T, k * H] (as CachedLM does)."""
 
-    def __init__(self, model: torch.nn.Module, role: str, capacity: int, lengths: tuple[int, ...]) -> None:
+    def __init__(self, model: torch.nn.Module, role: str, capacity: int, lengths: tuple[int, ...],
+                 aux_layers: tuple[int, ...] = ()) -> None:
         self.model = model
-        self.session = session(model, role)
+        self.aux_layers = tuple(aux_layers)
+        self.aux: torch.Tensor | None = None
+        self.session = session(model, role, self.aux_layers)
         self.session.reserve(capacity)
         self.lengths = tuple(sorted(set(lengths)))
         self.precompile()
@@ -191,10 +215,12 @@ class StaticLM:
                              f"{self.length}")
         padded = next((t for t in self.lengths if t >= n), None)
         if padded is None or self.length + padded > self.session.capacity:
-            logits = self.session.eager_step(tokens)
+            logits, aux = self.session.eager_step(tokens)
         else:
             pad = tokens[:, -1:].expand(1, padded - n)  # any ids: their entries lie beyond the committed length
-            logits = self.session.step(padded)(torch.cat([tokens, pad], dim=1) if padded > n else tokens)[:n]
+            logits, aux = self.session.step(padded)(torch.cat([tokens, pad], dim=1) if padded > n else tokens)
+            logits, aux = logits[:n], None if aux is None else aux[:n]
+        self.aux = aux
         self.length += n
         if padded != n:
             self.session.set_position(self.length)
@@ -210,13 +236,13 @@ class StaticLM:
 
 
 def cached_lm(model: torch.nn.Module, compile: bool, role: str, capacity: int,
-              lengths: tuple[int, ...]) -> CachedLM | StaticLM:
+              lengths: tuple[int, ...], aux_layers: tuple[int, ...] = ()) -> CachedLM | StaticLM:
     """A ``StaticLM`` when ``compile`` (falling back, with a warning, to the eager ``CachedLM`` for a model whose
-    cache cannot be static), else a ``CachedLM``."""
+    cache cannot be static), else a ``CachedLM``; both leave ``aux`` after each forward when given ``aux_layers``."""
     if not compile:
-        return CachedLM(model)
+        return CachedLM(model, aux_layers)
     try:
-        return StaticLM(model, role, capacity, lengths)
+        return StaticLM(model, role, capacity, lengths, aux_layers)
     except StaticCacheUnsupported as err:
         warnings.warn(f"{err}: no static cache, decoding it eagerly", RuntimeWarning, stacklevel=2)
-        return CachedLM(model)
+        return CachedLM(model, aux_layers)

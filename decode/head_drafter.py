@@ -1,0 +1,142 @@
+"""The EAGLE-3 head as a drafter: it reads the target's own hidden states, which the verify pass returns.
+
+State, after the target has processed x_0..x_{M-1} (features h_0..h_{M-1}) and x_M = `cur` is the newest token:
+the head's KV cache holds positions 0..P-1, all computed from TARGET features; `features` holds h_P..h_{M-1}.
+
+    propose: positions P..M-1 = (x_{p+1}, fc(h_p)) in one pass -> the last output gives d_1      (P := M)
+             position M + j = (d_{j+1}, prenorm output of position M + j - 1) -> d_{j+2}         (own features)
+    commit:  the drafted positions M.. are dropped from the head's cache (recomputed next time from the target's
+             features of the accepted tokens, as vLLM does); the loop then hands over h of cur, d_1..d_n.
+
+Position p attends to positions <= p, and its rope position is p (decode/eagle3.py has the head's maths).
+q (sampling) is the head's distribution over its draft vocabulary scattered into the target's: zero outside it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from decode.eagle3 import Eagle3Head
+from decode.sampling import SamplingConfig, draw, probs_from_logits
+
+MIN_CAPACITY = 64
+
+
+class HeadCache:
+    """The head's keys and values [1, nkv, capacity, d], one slot per head position (slot p = position p), and
+    its eager step. ``length`` positions are valid; rollback moves it back (later slots are stale, masked out)."""
+
+    def __init__(self, head: Eagle3Head, capacity: int) -> None:
+        self.head = head
+        self.length = 0
+        self.k = self.v = torch.empty(0)
+        self.reserve(capacity)
+
+    def reserve(self, capacity: int) -> None:
+        """Hold at least ``capacity`` positions (valid ones are kept)."""
+        if self.k.numel() and capacity <= self.k.shape[2]:
+            return
+        attn = self.head.midlayer.self_attn
+        weight = self.head.fc.weight
+        size = max(MIN_CAPACITY, 1 << (max(capacity, 1) - 1).bit_length())
+        k = weight.new_zeros(1, attn.num_kv_heads, size, attn.head_dim)
+        v = torch.zeros_like(k)
+        if self.length:
+            k[:, :, : self.length], v[:, :, : self.length] = self.k[:, :, : self.length], self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions length..length+T-1 of tokens [1, T] read with hidden [1, T, H]: (draft logits [T, V_draft],
+        prenorm [T, H]); their keys and values join the cache."""
+        t, start = tokens.shape[1], self.length
+        self.reserve(start + t)
+        positions = torch.arange(start, start + t, device=tokens.device).view(1, t)  # [1, T]
+        q, k, v, residual = self.head.project(tokens, hidden, positions)
+        self.k[:, :, start: start + t], self.v[:, :, start: start + t] = k, v
+        # position p attends to slots s <= p
+        slots = torch.arange(start + t, device=tokens.device)
+        mask = (slots.view(1, -1) <= positions.view(-1, 1)).view(1, 1, t, start + t)
+        attended = self.head.attend(q, self.k[:, :, : start + t], self.v[:, :, : start + t], mask)
+        normed, prenorm = self.head.finish(attended, residual)
+        self.length += t
+        return self.head.logits(normed)[0], prenorm[0]
+
+    def rollback(self, num_positions: int) -> None:
+        if num_positions < 0 or num_positions > self.length:
+            raise ValueError(f"cannot roll back {num_positions} positions from a head cache of {self.length}")
+        self.length -= num_positions
+
+
+class HeadDrafter:
+    """Drafts with an EAGLE-3 head (decode.eagle3.Eagle3Head bound to the target's input embedding).
+    ``aux_layers``: the target layers whose hidden states the loop hands over (``target_features``)."""
+
+    def __init__(self, head: Eagle3Head, compile: bool = False, capacity: int = 0) -> None:
+        self.head = head
+        self.aux_layers = tuple(head.aux_layers)
+        self.compile, self.capacity = compile, capacity
+        self.cache: HeadCache | None = None
+        self.features: list[torch.Tensor] = []  # target features [T, k * H] of positions not yet in the cache
+        self.drafted = 0                         # head positions of the last proposal beyond the target's
+        self.vocab_size = 0
+
+    def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
+        head_vocab = self.head.config.vocab_size
+        if head_vocab > target_vocab_size:
+            raise ValueError(f"the head's vocab_size {head_vocab} exceeds the target's {target_vocab_size} rows")
+        self.vocab_size = target_vocab_size
+        self.cache = HeadCache(self.head, max(self.capacity, prefix.shape[1] + 1))
+        self.features, self.drafted = [], 0
+
+    def target_features(self, aux: torch.Tensor) -> None:
+        """The target's aux hidden states [T, k * H] of the next T committed tokens (those it processed last)."""
+        self.features.append(aux)
+
+    def full_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [1, V_draft] -> target-vocabulary logits [1, V] (-inf outside the draft vocab)."""
+        logits = self.head.to_target_vocab(draft_logits)
+        if logits.shape[-1] < self.vocab_size:  # a target lm_head padded past the tokenizer: never proposed
+            logits = F.pad(logits, (0, self.vocab_size - logits.shape[-1]), value=float("-inf"))
+        return logits
+
+    def propose(self, history, cur, gamma, cfg, generator):
+        assert self.cache is not None, "start() first"
+        pending = torch.cat(self.features) if self.features else None  # [T, k * H]
+        if gamma == 0 or pending is None:  # nothing to draft, or no target feature yet (a one-token prompt)
+            self.drafted = 0
+            return cur.new_empty(0), None
+        first, new = self.cache.length, pending.shape[0]
+        # positions P..M-1 hold tokens x_{P+1}..x_M (x_M = cur = history[-1]) and the target's features h_P..h_{M-1}
+        tokens = torch.tensor([history[first + 1: first + 1 + new]], dtype=torch.long, device=cur.device)
+        hidden = self.head.fuse(pending.to(self.head.fc.weight.dtype)).unsqueeze(0)  # [1, T, H]
+        self.features = []
+        logits, prenorm = self.cache.step(tokens, hidden)
+        drafts, rows = [], []
+        for j in range(gamma):
+            token, q = self.choose(logits[-1:], cfg, generator)
+            drafts.append(token)
+            rows.append(q)
+            if j + 1 < gamma:  # the next position reads the drafted token and this position's own output
+                logits, prenorm = self.cache.step(token.view(1, 1), prenorm[-1:].unsqueeze(0))
+        self.drafted = gamma - 1
+        proposed = torch.cat(drafts)
+        return proposed, None if cfg.greedy else torch.cat(rows)
+
+    def choose(self, draft_logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A draft token [1] (target id) from logits [1, V_draft], and q [1, V] when sampling."""
+        logits = self.full_vocab(draft_logits)  # [1, V]
+        if cfg.greedy:
+            return logits.argmax(dim=-1), None
+        q = probs_from_logits(logits, cfg)  # zero outside the draft vocabulary
+        return draw(q, cfg, generator), q
+
+    def commit(self, num_accepted: int) -> None:
+        """Drop the drafted positions: the head's cache keeps target-feature positions only."""
+        assert self.cache is not None
+        self.cache.rollback(self.drafted)
+        self.drafted = 0
