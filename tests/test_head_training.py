@@ -1,0 +1,184 @@
+"""EAGLE-3 heads through scripts/train.py: recipe refusals (one line, before any weight loads), a whole run
+(acceptance measured by the head drafter, the best checkpoint exported in vLLM's layout with the same logits),
+2 processes = 1 process x accumulation 2 = one big batch, and a resumed run bit for bit."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from decode.eagle3 import Eagle3Head, is_eagle3_folder, target_aux_hidden
+from distill import models
+from distill.acceptance_log import read_records
+from distill.data import build_data
+from distill.heads import head_at_checkpoint, label_token_counts, most_frequent
+from distill.recipe_loader import load_recipe
+from helpers import ROOT, accelerate_launch, cli_error, train_script
+from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
+
+HEAD_RECIPE = str(ROOT / "recipes" / "tiny_eagle3.yaml")
+LINES = TINY_TEXT.split("\n\n")[:4]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """target/ (a 4-layer tiny Llama that has learnt TINY_TEXT, with its tokenizer), code.txt, chat.jsonl."""
+    root = tmp_path_factory.mktemp("heads")
+    tokenizer = tiny_tokenizer()
+    target = tiny_model("llama", vocab_size=len(tokenizer), hidden=32, layers=4).train()
+    ids = torch.tensor(tokenizer(TINY_TEXT)["input_ids"])
+    optimizer = torch.optim.AdamW(target.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        starts = torch.randint(0, len(ids) - 65, (8,), generator=generator)
+        batch = torch.stack([ids[s:s + 65] for s in starts])  # [8, 65]
+        target(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    target.eval().save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    (root / "code.txt").write_text(TINY_TEXT)
+    # conversations of different lengths: micro-batches hold different numbers of loss tokens per TTT step
+    rows = [{"messages": [{"role": "user", "content": f"show {i}"},
+                          {"role": "assistant", "content": "\n".join(LINES[: 1 + i % 4])}]} for i in range(36)]
+    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def run(workdir: Path, out: str, *overrides: str) -> Path:
+    output_dir = workdir / out
+    train_script.main([HEAD_RECIPE, f"model.target={workdir / 'target'}", f"data.dataset={workdir / 'code.txt'}",
+                       f"train.output_dir={output_dir}", "train.report_to=[]", *overrides])
+    return output_dir
+
+
+def train_losses(folder: Path) -> list[float]:
+    state = json.loads((folder / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Refusals: one line, before any weights load
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("model weights were loaded before the error")
+    monkeypatch.setattr(models, "load_target", refuse)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("model.draft_config={num_hidden_layers: 1}", "model.draft_config: got {'num_hidden_layers': 1}; allowed: null "
+                                                  "with model.draft_kind eagle3"),
+    ("lora.enabled=true", "lora.enabled: got True; allowed: false with model.draft_kind eagle3"),
+    ("distill.teacher_cache=cache", "distill.teacher_cache: got 'cache'; allowed: null with model.draft_kind eagle3"),
+    ("distill.on_policy_fraction=0.5", "distill.on_policy_fraction: got 0.5; allowed: 0 with model.draft_kind"),
+    ("distill.ttt_steps=0", "distill.ttt_steps: got 0; allowed: an integer >= 1"),
+    ("distill.ttt_decay=1.5", "distill.ttt_decay: got 1.5; allowed: a number in (0, 1]"),
+    ("model.aux_layers=[0, 1]", "model.aux_layers: got [0, 1]; allowed: null or 3 layer ids"),
+    ("model.aux_layers=[0, 1, 4]", "model.aux_layers: aux layer ids [0, 1, 4] must lie in 0..3"),
+    ("model.draft_vocab_size=100000", "model.draft_vocab_size: got 100000; allowed: an integer in [1, 320]"),
+])
+def test_head_recipe_refusals_are_one_line(monkeypatch, capsys, no_weights, workdir, tmp_path, override, expected):
+    message = cli_error(monkeypatch, capsys, HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                        f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={tmp_path / 'out'}", override)
+    assert expected in message, message
+
+
+def test_standalone_recipes_refuse_head_keys(monkeypatch, capsys, no_weights, workdir):
+    message = cli_error(monkeypatch, capsys, str(ROOT / "recipes" / "tiny_distill.yaml"), "model.target=t",
+                        "data.dataset=x.txt", "distill.ttt_steps=3")
+    assert "distill.ttt_steps: got 3; allowed: 1 with model.draft_kind standalone" in message
+    message = cli_error(monkeypatch, capsys, str(ROOT / "recipes" / "tiny_distill.yaml"), "model.target=t",
+                        "data.dataset=x.txt", "model.draft_vocab_size=64")
+    assert "model.draft_vocab_size: got 64; allowed: null with model.draft_kind standalone" in message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whole runs
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_a_trained_head_is_accepted_more_and_exports_the_served_folder(workdir):
+    out = run(workdir, "run", "model.draft_vocab_size=200", "train.save_steps=8", "train.save_total_limit=null")
+    records = read_records(out)
+    assert sorted({r["step"] for r in records}) == [8, 16, 24]
+    rate = {step: sum(r["acceptance_rate"] for r in records if r["step"] == step) / 3 for step in (8, 24)}
+    assert rate[24] > rate[8] + 0.1, rate
+    assert all(r["greedy_match"] == 1.0 for r in records)  # the head drafter stays lossless
+
+    # the best checkpoint, exported in vLLM's eagle3 layout; reloaded, it computes the trained head's logits
+    best = json.loads((out / "train_results.json").read_text())["best"]
+    assert is_eagle3_folder(out) and (out / "tokenizer.json").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 200
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 2, 1]  # (2, L // 2, L - 3), L = 4
+    assert set(load_file(out / "model.safetensors")) >= {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+                                                          "midlayer.hidden_norm.weight"}
+    assert json.loads((out / "generation_config.json").read_text())["num_assistant_tokens"] == best["gamma"]
+    target = AutoModelForCausalLM.from_pretrained(workdir / "target").eval()
+    trained = head_at_checkpoint(out / best["checkpoint"], Eagle3Head.from_pretrained(out).bind_embeddings(
+        target.get_input_embeddings()))
+    exported = Eagle3Head.from_pretrained(out, target.get_input_embeddings())
+    ids = torch.tensor([[1, 40, 50, 60, 70, 80, 90]])
+    aux = target_aux_hidden(target(ids, output_hidden_states=True).hidden_states, exported.aux_layers)
+    positions = torch.arange(ids.shape[1]).view(1, -1)
+    with torch.no_grad():
+        expected = trained(ids, trained.fuse(aux), positions)[0]
+        got = exported(ids, exported.fuse(aux), positions)[0]
+    assert torch.equal(got, expected)
+    # the draft vocabulary: the 200 most frequent label tokens of the training rows (held-out prompts excluded)
+    recipe = load_recipe(out / "recipe.yaml")
+    rows = build_data(recipe.data, tiny_tokenizer(), seed=recipe.train.seed).train
+    assert torch.equal(exported.target_ids, most_frequent(label_token_counts(rows, config["vocab_size"]), 200))
+
+    state = json.loads((out / "checkpoint-24" / "trainer_state.json").read_text())
+    logs = [entry for entry in state["log_history"] if "loss" in entry]
+    assert all({"ttt/step0_kd", "ttt/step2_tv", "kd", "tv", "tokens_per_s"} <= set(e) for e in logs)
+    assert logs[-1]["ttt/step0_tv"] < logs[0]["ttt/step0_tv"] and logs[-1]["ttt/step2_tv"] < logs[0]["ttt/step2_tv"]
+
+
+CHAT_RUN = ("data.dataset={chat}", "data.format=chat", "data.max_length=48", "data.num_eval_prompts=0",
+            "train.max_steps=4", "train.logging_steps=1", "train.save_steps=4", "train.per_device_train_batch_size=3",
+            "model.draft_vocab_size=150")
+
+
+@pytest.mark.integration
+def test_two_processes_match_one_process_and_one_big_batch(workdir):
+    args = [a.format(chat=workdir / "chat.jsonl") for a in CHAT_RUN]
+    big = run(workdir, "one_batch", *args, "train.per_device_train_batch_size=6")
+    single = run(workdir, "one_process", *args, "train.gradient_accumulation_steps=2")
+    two = workdir / "two_processes"
+    accelerate_launch(ROOT / "scripts" / "train.py", HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                      f"train.output_dir={two}", "train.report_to=[]", *args, "train.gradient_accumulation_steps=1",
+                      timeout=300)
+    reference = train_losses(big / "checkpoint-4")
+    assert len(reference) == 4
+    for folder in (single, two):
+        assert train_losses(folder / "checkpoint-4") == pytest.approx(reference, rel=2e-5)
+        ours, theirs = load_file(folder / "model.safetensors"), load_file(big / "model.safetensors")
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.integration
+def test_resumed_head_run_is_the_same_run_bit_for_bit(workdir):
+    common = ("data.num_eval_prompts=0", "train.max_steps=6", "train.save_steps=3", "train.logging_steps=1",
+              "train.lr_scheduler_type=cosine", "train.save_total_limit=null")
+    whole = run(workdir, "whole", *common)
+    resumed = workdir / "resumed"
+    resumed.mkdir()
+    shutil.copytree(whole / "checkpoint-3", resumed / "checkpoint-3")  # a run interrupted after step 3
+    run(workdir, "resumed", *common, "train.resume_from_checkpoint=true")
+    ours, theirs = (load_file(f / "checkpoint-6" / "model.safetensors") for f in (resumed, whole))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert train_losses(resumed / "checkpoint-6") == train_losses(whole / "checkpoint-6")
+    exported, saved = load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")
+    assert all(torch.equal(exported[k], saved[k]) for k in saved)
