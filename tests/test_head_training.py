@@ -23,6 +23,8 @@ from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 HEAD_RECIPE = str(ROOT / "recipes" / "tiny_eagle3.yaml")
 LINES = TINY_TEXT.split("\n\n")[:4]
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +32,7 @@ def workdir(tmp_path_factory) -> Path:
     """target/ (a 4-layer tiny Llama that has learnt TINY_TEXT, with its tokenizer), code.txt, chat.jsonl."""
     root = tmp_path_factory.mktemp("heads")
     tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
     target = tiny_model("llama", vocab_size=len(tokenizer), hidden=32, layers=4).train()
     ids = torch.tensor(tokenizer(TINY_TEXT)["input_ids"])
     optimizer = torch.optim.AdamW(target.parameters(), lr=3e-3)
