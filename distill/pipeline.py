@@ -25,7 +25,11 @@ from distill.heads import set_draft_vocabulary
 from distill.models import load_models
 from distill.preflight import check_run
 from distill.sources import training_rows
-from distill.trainer import distil
+from distill.head_trainer import HeadTrainer
+from distill.trainer import DistillTrainer, distil
+
+# model.draft_kind -> the trainer of that kind of draft
+TRAINERS: dict[str, type[DistillTrainer]] = {"standalone": DistillTrainer, "eagle3": HeadTrainer}
 
 
 @dataclass
@@ -55,7 +59,7 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to)
     distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance], resume=checked.plan.resume,
-                       finished_at=checked.plan.finished_at)
+                       finished_at=checked.plan.finished_at, trainer_class=TRAINERS[recipe.model.draft_kind])
     # 5. measure
     acceptance.measure_remaining(args, distilled.state, distilled.draft)
     # 6. export

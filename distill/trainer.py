@@ -268,16 +268,13 @@ class Distilled:
 
 def distil(recipe: Recipe, args: TrainingArguments, target: PreTrainedModel, draft: nn.Module, rows: TrainingRows,
            tokenizer: PreTrainedTokenizerBase, callbacks: list[TrainerCallback], *, resume: str | None,
-           finished_at: int | None) -> Distilled:
-    """Open the run folder (distill.run_folder), then train `draft` with DistillTrainer from `resume` (a checkpoint
-    folder or None). A run that already reached its last step (`finished_at`; killed while measuring or exporting)
+           finished_at: int | None, trainer_class: type[DistillTrainer] = DistillTrainer) -> Distilled:
+    """Open the run folder (distill.run_folder), then train `draft` with `trainer_class` (DistillTrainer, or a
+    subclass for another kind of draft: distill.pipeline.TRAINERS) from `resume` (a checkpoint folder or None). A run that already reached its last step (`finished_at`; killed while measuring or exporting)
     trains nothing: its last checkpoint's draft is read back and the callbacks see the run begin at that step."""
     start_run_folder(recipe)
     if finished_at is not None:
         return _already_trained(args, draft, callbacks, resume, finished_at)
-    trainer_class = DistillTrainer
-    if recipe.model.draft_kind == "eagle3":  # an EAGLE-3 head, trained with training-time test
-        from distill.head_trainer import HeadTrainer as trainer_class
     trainer = trainer_class(model=draft, target=target, args=args, distill=recipe.distill,
                             train_dataset=rows.rows, data_collator=rows.collator, processing_class=tokenizer,
                             callbacks=callbacks, on_policy=rows.on_policy)
