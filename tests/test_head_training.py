@@ -16,6 +16,7 @@ from decode.eagle3 import Eagle3Head, is_eagle3_folder, target_aux_hidden
 from distill import models
 from distill.acceptance_log import read_records
 from distill.data import build_data
+from distill.hub import push_to_hub
 from distill.heads import head_at_checkpoint, label_token_counts, most_frequent
 from distill.recipe_loader import load_recipe
 from helpers import ROOT, accelerate_launch, cli_error, train_script
@@ -141,6 +142,13 @@ def test_a_trained_head_is_accepted_more_and_exports_the_served_folder(workdir):
     recipe = load_recipe(out / "recipe.yaml")
     rows = build_data(recipe.data, tiny_tokenizer(), seed=recipe.train.seed).train
     assert torch.equal(exported.target_ids, most_frequent(label_token_counts(rows, config["vocab_size"]), 200))
+
+    # card and push as for standalone drafts: the card says what it is and how vLLM and SGLang serve it
+    plan = push_to_hub(out, repo_id="someone/tiny-head", dry_run=True)
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= set(plan.files)
+    card = (out / "README.md").read_text()
+    assert "An EAGLE-3 draft head" in card and "- eagle3" in card
+    assert '"method": "eagle3", "model": "someone/tiny-head"' in card and "--speculative-algorithm EAGLE3" in card
 
     state = json.loads((out / "checkpoint-24" / "trainer_state.json").read_text())
     logs = [entry for entry in state["log_history"] if "loss" in entry]
