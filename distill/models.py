@@ -140,6 +140,9 @@ def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> No
     """
     target_config = _load("model.target", cfg.target, AutoConfig, trust_remote_code=cfg.trust_remote_code)
     if cfg.draft_kind == "eagle3":  # aux layer ids and draft vocabulary against the target's config
+        if zero3_enabled():
+            raise ModelSetupError("model.draft_kind: EAGLE-3 heads are not supported under DeepSpeed ZeRO-3 (a "
+                                  "head is one layer: use DDP or ZeRO-2, recipes/accelerate/deepspeed_zero2.yaml)")
         plan_head(cfg, target_config)
         return
     planned = draft_config(cfg, target_config)

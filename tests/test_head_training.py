@@ -181,7 +181,7 @@ def test_two_processes_match_one_process_and_one_big_batch(workdir):
 
 
 @pytest.mark.integration
-def test_resumed_head_run_is_the_same_run_bit_for_bit(workdir):
+def test_resumed_head_run_is_the_same_run_bit_for_bit(workdir, monkeypatch, capsys):
     common = ("data.num_eval_prompts=0", "train.max_steps=6", "train.save_steps=3", "train.logging_steps=1",
               "train.lr_scheduler_type=cosine", "train.save_total_limit=null")
     whole = run(workdir, "whole", *common)
@@ -194,3 +194,9 @@ def test_resumed_head_run_is_the_same_run_bit_for_bit(workdir):
     assert train_losses(resumed / "checkpoint-6") == train_losses(whole / "checkpoint-6")
     exported, saved = load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
+    # a checkpoint of another head shape is named in one line before any weights load
+    message = cli_error(monkeypatch, capsys, HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                        f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={resumed}", "train.report_to=[]",
+                        *common, "train.max_steps=9", "train.resume_from_checkpoint=true", "model.draft_vocab_size=100")
+    assert "holds no EAGLE-3 head of the recipe's shape (lm_head.weight: [320, 32], the recipe's head has [100, 32])" \
+        in message, message
