@@ -43,8 +43,9 @@ class UnrolledHead(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor) -> list[torch.Tensor]:
         """input_ids [B, T], the target's aux hidden states [B, T, k * H'] -> the normed output of each step,
-        K tensors [B, T] x H (index t of step j predicts x_{t+2+j})."""
-        return unroll(self.head, input_ids, self.head.fuse(aux_hidden), self.steps)
+        K tensors [B, T, H] (index t of step j predicts x_{t+2+j})."""
+        fused = self.head.fuse(aux_hidden.to(self.head.fc.weight.dtype))  # a bf16 target, a float32 head
+        return unroll(self.head, input_ids, fused, self.steps)
 
 
 def ttt_mask(length: int, step: int, device: torch.device | str | None = None) -> torch.Tensor:

@@ -270,8 +270,9 @@ def distil(recipe: Recipe, args: TrainingArguments, target: PreTrainedModel, dra
            tokenizer: PreTrainedTokenizerBase, callbacks: list[TrainerCallback], *, resume: str | None,
            finished_at: int | None, trainer_class: type[DistillTrainer] = DistillTrainer) -> Distilled:
     """Open the run folder (distill.run_folder), then train `draft` with `trainer_class` (DistillTrainer, or a
-    subclass for another kind of draft: distill.pipeline.TRAINERS) from `resume` (a checkpoint folder or None). A run that already reached its last step (`finished_at`; killed while measuring or exporting)
-    trains nothing: its last checkpoint's draft is read back and the callbacks see the run begin at that step."""
+    subclass for another kind of draft: distill.pipeline.TRAINERS) from `resume` (a checkpoint folder or None).
+    A run that already reached its last step (`finished_at`; killed while measuring or exporting) trains nothing:
+    its last checkpoint's draft is read back and the callbacks see the run begin at that step."""
     start_run_folder(recipe)
     if finished_at is not None:
         return _already_trained(args, draft, callbacks, resume, finished_at)
