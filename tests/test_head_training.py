@@ -200,3 +200,16 @@ def test_resumed_head_run_is_the_same_run_bit_for_bit(workdir, monkeypatch, caps
                         *common, "train.max_steps=9", "train.resume_from_checkpoint=true", "model.draft_vocab_size=100")
     assert "holds no EAGLE-3 head of the recipe's shape (lm_head.weight: [320, 32], the recipe's head has [100, 32])" \
         in message, message
+
+
+@pytest.mark.integration
+def test_target_responses_train_a_head(workdir):
+    """Sequence-level KD rows (the target's responses) are token rows: a head trains on them mixed with the
+    dataset's, and its vocabulary is counted over the mixed rows."""
+    out = run(workdir, "responses", "data.num_eval_prompts=0", "train.max_steps=2", "train.logging_steps=1",
+              "train.save_steps=2", "data.target_weight=1.0", f"data.target_data_dir={workdir / 'responses'}",
+              "data.target_max_new_tokens=16", "data.prompt_tokens=8")
+    logs = [e for e in json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+            if "loss" in e]
+    assert len(logs) == 2 and all(e["ttt/step0_kd"] > 0 for e in logs)
+    assert is_eagle3_folder(out) and any((workdir / "responses").iterdir())
