@@ -1,10 +1,15 @@
 """EAGLE-3 heads through scripts/train.py: recipe refusals (one line, before any weight loads), a whole run
 (acceptance measured by the head drafter, the best checkpoint exported in vLLM's layout with the same logits),
-2 processes = 1 process x accumulation 2 = one big batch, and a resumed run bit for bit."""
+2 processes = 1 process x accumulation 2 = one big batch, resumed and killed (kill -9) runs bit for bit, and the
+target's responses as training rows."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from decode.eagle3 import Eagle3Head, is_eagle3_folder, target_aux_hidden
 from distill import models
 from distill.acceptance_log import read_records
+from distill.checkpoints import KILL_ENV
 from distill.data import build_data
 from distill.hub import push_to_hub
 from distill.heads import head_at_checkpoint, label_token_counts, most_frequent
@@ -213,3 +219,39 @@ def test_target_responses_train_a_head(workdir):
             if "loss" in e]
     assert len(logs) == 2 and all(e["ttt/step0_kd"] > 0 for e in logs)
     assert is_eagle3_folder(out) and any((workdir / "responses").iterdir())
+
+
+KILL_RUN = ("train.max_steps=12", "train.save_steps=4", "train.save_total_limit=null", "train.logging_steps=4",
+            "data.num_eval_prompts=2", "eval.gammas=[2]", "eval.max_new_tokens=8")
+MEASURED = ("step", "checkpoint", "gamma", "acceptance_rate", "mean_accepted_tokens", "greedy_match")
+
+
+def killed_run(workdir: Path, out: str, point: str) -> Path:
+    """scripts/train.py in a real process that SIGKILLs itself at `point` (distill.checkpoints.crash_point)."""
+    env = {**os.environ, KILL_ENV: point, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, str(ROOT / "scripts" / "train.py"), HEAD_RECIPE, f"model.target={workdir / 'target'}",
+               f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={workdir / out}", "train.report_to=[]",
+               *KILL_RUN]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    return workdir / out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("point", ["acceptance:2", "export"])
+def test_a_killed_head_run_resumes_to_the_same_run(workdir, point):
+    """kill -9 while measuring checkpoint-8 (measured from its folder on resume) or while exporting (nothing is
+    trained again: the last checkpoint's head is read back and exported): the same weights and measurements."""
+    reference = workdir / "kill_reference"
+    if not (reference / "train_results.json").is_file():
+        run(workdir, "kill_reference", *KILL_RUN)
+    out = killed_run(workdir, f"killed_{point.split(':')[0]}", point)
+    run(workdir, out.name, *KILL_RUN, "train.resume_from_checkpoint=true")
+    for step in (4, 8, 12):
+        ours, theirs = (load_file(f / f"checkpoint-{step}" / "model.safetensors") for f in (out, reference))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), step
+    measured = [sorted(tuple(json.dumps(r[k]) for k in MEASURED) for r in read_records(f)) for f in (out, reference)]
+    assert measured[0] == measured[1] and {r["step"] for r in read_records(out)} == {4, 8, 12}
+    exported, expected = load_file(out / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert exported.keys() == expected.keys() and all(torch.equal(exported[k], expected[k]) for k in expected)
