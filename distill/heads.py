@@ -79,8 +79,8 @@ def label_token_counts(rows: datasets.Dataset, vocab_size: int, batch_size: int 
     other than -100."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     for batch in rows.select_columns(["labels"]).iter(batch_size=batch_size):
-        flat = np.fromiter((t for row in batch["labels"] for t in row if t != IGNORE_INDEX), dtype=np.int64)
-        counts += np.bincount(flat, minlength=vocab_size)[:vocab_size]
+        flat = np.concatenate([np.asarray(row, dtype=np.int64) for row in batch["labels"]] or [np.zeros(0, np.int64)])
+        counts += np.bincount(flat[flat != IGNORE_INDEX], minlength=vocab_size)[:vocab_size]
     return torch.from_numpy(counts)
 
 
