@@ -41,6 +41,14 @@ def plan_head(cfg: ModelConfig, target_config: PretrainedConfig) -> PretrainedCo
     if size > vocab:
         raise ModelSetupError(f"model.draft_vocab_size: got {size}; allowed: an integer in [1, {vocab}] (the "
                               "target's vocabulary size)")
+    text = target_config.get_text_config()
+    missing = [key for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings")
+               + (("intermediate_size",) if cfg.head_intermediate_size is None else ())
+               if not isinstance(getattr(text, key, None), int)]
+    if missing or getattr(text, "rope_parameters", None) is None:
+        raise ModelSetupError(f"model.draft_kind: an EAGLE-3 head needs a Llama-like target with rotary positions "
+                              f"(Llama, Qwen2, Mistral, ...); {type(text).__name__} has no "
+                              f"{', '.join(missing) or 'rope_parameters'}")
     try:
         return head_config(target_config, aux_layers=cfg.aux_layers, draft_vocab_size=size,
                            intermediate_size=cfg.head_intermediate_size)

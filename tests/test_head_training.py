@@ -23,7 +23,9 @@ from distill.acceptance_log import read_records
 from distill.checkpoints import KILL_ENV
 from distill.data import build_data
 from distill.hub import push_to_hub
-from distill.heads import head_at_checkpoint, label_token_counts, most_frequent
+from distill.config import ModelConfig
+from distill.heads import build_head, head_at_checkpoint, label_token_counts, most_frequent, plan_head
+from distill.utils import ModelSetupError
 from distill.recipe_loader import load_recipe
 from helpers import ROOT, accelerate_launch, cli_error, train_script
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -109,6 +111,17 @@ def test_standalone_recipes_refuse_head_keys(monkeypatch, capsys, no_weights, wo
     message = cli_error(monkeypatch, capsys, str(ROOT / "recipes" / "tiny_distill.yaml"), "model.target=t",
                         "data.dataset=x.txt", "model.draft_vocab_size=64")
     assert "model.draft_vocab_size: got 64; allowed: null with model.draft_kind standalone" in message
+
+
+def test_a_head_is_built_from_the_target_config_and_shares_its_embedding():
+    target = tiny_model("qwen2", layers=6)
+    head = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
+    assert head.aux_layers == [2, 3, 3] and head.lm_head.weight.shape == (40, 32)  # (2, L // 2, L - 3), L = 6
+    assert head.bound_embeddings is target.get_input_embeddings()
+    assert not any(name.startswith("embed") for name in head.state_dict())  # shared, never saved
+    assert head.training and all(p.requires_grad for p in head.parameters())
+    with pytest.raises(ModelSetupError, match="needs a Llama-like target with rotary positions.*GPT2Config"):
+        plan_head(ModelConfig(target="t", draft_kind="eagle3"), tiny_model("gpt2").config)
 
 
 # ---------------------------------------------------------------------------------------------------------------
