@@ -33,8 +33,15 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """vLLM's default layer ids for EAGLE-3 aux hidden states: (2, L // 2, L - 3)."""
-    return [min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)]
+    """vLLM's default layer ids for EAGLE-3 aux hidden states, (2, L // 2, L - 3), made distinct: vLLM keeps one
+    hidden state per distinct id, so a shallow target's repeated id (L = 6 gives (2, 3, 3)) would leave fc with
+    too few inputs there; a repeated id moves to the nearest free layer (the deeper one on a tie). Ascending."""
+    chosen: list[int] = []
+    for wanted in (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)):
+        free = [i for i in range(num_layers) if i not in chosen]
+        if free:
+            chosen.append(min(free, key=lambda i: (abs(i - wanted), -i)))
+    return sorted(chosen)
 
 
 def is_eagle3_config(config: dict | PretrainedConfig) -> bool:
@@ -54,6 +61,38 @@ def is_eagle3_folder(path: str | Path) -> bool:
         return False
 
 
+def read_config(folder: str | Path) -> dict:
+    """A head folder's config.json as a dict."""
+    return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+
+
+def aux_layer_ids(config: dict) -> list[int]:
+    """The aux layer ids of a head's config dict ([] when it names none)."""
+    return list((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [])
+
+
+def fit_problems(config: dict, target_config: PretrainedConfig) -> dict[str, str]:
+    """What keeps a head (its config.json as a dict) from reading this target, {check: one line}:
+    hidden_size (the head's hidden_size and target_hidden_size must be the target's: it shares the target's
+    embedding and reads its hidden states), vocab (vocab_size = the target's), aux_layers (ids among the target's
+    layers)."""
+    text = target_config.get_text_config()
+    problems = {}
+    sizes = {"hidden_size": config.get("hidden_size"), "target_hidden_size": config.get("target_hidden_size")}
+    wrong = {name: size for name, size in sizes.items() if size is not None and size != text.hidden_size}
+    if wrong:
+        problems["hidden_size"] = (f"the head's {', '.join(f'{k}={v}' for k, v in wrong.items())} but the target's "
+                                   f"hidden_size is {text.hidden_size}: this head was trained for another target")
+    if config.get("vocab_size") != text.vocab_size:
+        problems["vocab"] = (f"the head's vocab_size={config.get('vocab_size')} but the target's is "
+                             f"{text.vocab_size}: this head was trained for another target")
+    layers = aux_layer_ids(config)
+    if not layers or min(layers) < 0 or max(layers) >= text.num_hidden_layers:
+        problems["aux_layers"] = (f"the head reads the target's layers {layers} but the target has "
+                                  f"{text.num_hidden_layers} (ids 0..{text.num_hidden_layers - 1})")
+    return problems
+
+
 def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None = None,
                 draft_vocab_size: int | None = None, intermediate_size: int | None = None) -> LlamaConfig:
     """The head's config, built from the target's: same hidden size (the embedding is shared), heads, rope and
@@ -64,6 +103,9 @@ def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None
     if not layers or min(layers) < 0 or max(layers) >= text.num_hidden_layers:
         raise ValueError(f"aux layer ids {layers} must lie in 0..{text.num_hidden_layers - 1} (the target has "
                          f"{text.num_hidden_layers} decoder layers)")
+    if layers != sorted(set(layers)):  # vLLM concatenates one hidden state per distinct id, in layer order
+        raise ValueError(f"aux layer ids {layers} must be distinct and ascending (vLLM concatenates the hidden "
+                         f"states in layer order, one per id): e.g. {sorted(set(layers))}")
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     return LlamaConfig(
         architectures=[ARCHITECTURE],
@@ -235,10 +277,18 @@ class Eagle3Head(nn.Module):
         return self.logits(normed), prenorm
 
     # -- files ----------------------------------------------------------------------------------------------------
+    @property
+    def full_vocab(self) -> bool:
+        """Whether the draft vocabulary is the target's whole vocabulary (d2t all zero)."""
+        return self.config.draft_vocab_size == self.config.vocab_size
+
     def state_for_export(self) -> dict[str, torch.Tensor]:
-        """The tensors of the served folder, under the names vLLM and SGLang load (no rotary, no embedding)."""
+        """The tensors of the served folder, under the names vLLM and SGLang load (no rotary, no embedding). A
+        head over the whole vocabulary has no d2t/t2d: vLLM 0.32 then has no parameter to load them into, and
+        refuses the folder ("no module or parameter named 'draft_id_to_target_id'")."""
+        vocab_maps = ("d2t", "t2d") if self.full_vocab else ()
         return {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()
-                if not name.startswith("rotary.")}
+                if not name.startswith("rotary.") and name not in vocab_maps}
 
     def save_pretrained(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
         """config.json (vLLM's eagle3 format) and model.safetensors into `folder`."""
@@ -270,10 +320,11 @@ class Eagle3Head(nn.Module):
         head = cls(config)
         state = load_file(str(folder / WEIGHTS_FILE))
         state.pop("embed_tokens.weight", None)
-        expected = set(head.state_for_export())
-        missing = sorted(expected - set(state) - {"t2d"})
+        expected = set(head.state_for_export()) | {"d2t", "t2d"}
+        missing = sorted(expected - set(state) - {"t2d"} - ({"d2t"} if head.full_vocab else set()))
         if missing:
             raise ValueError(f"{folder}: the head's weights lack {', '.join(missing)}")
+        state.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # whole vocabulary
         if "t2d" not in state:  # vLLM ignores t2d; rebuild it from d2t
             state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
             state["t2d"][torch.arange(config.draft_vocab_size) + state["d2t"]] = True

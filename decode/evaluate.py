@@ -31,6 +31,8 @@ from decode import static
 from decode.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.cost_model import CostRatios, measure_cost_ratios
 from decode.drafters import PromptLookupDrafter
+from decode.eagle3 import Eagle3Head
+from decode.head_drafter import bound_head, head_cache
 from decode.results import Result
 from decode.speculative import GenerateOutput, autoregressive_generate, check_gamma, speculative_generate
 from decode.tally import Tally, category_names, category_tallies
@@ -121,10 +123,13 @@ def warm_up(target, draft, prompts: list[torch.Tensor], settings: EvalSettings) 
     max_gamma = max(max(check_gamma(g)) for g in settings.gammas)
     if settings.compile:
         capacity = longest.shape[1] + settings.max_new_tokens + max_gamma + 2
-        for model, role in ((target, "target"), (draft, "draft")):
-            if isinstance(model, torch.nn.Module):
-                with torch.inference_mode():
-                    static.session(model, role).reserve(capacity)
+        with torch.inference_mode():
+            static.session(target, "target").reserve(capacity)
+            if isinstance(draft, Eagle3Head):  # the target's verify pass with its aux layers, and the head's cache
+                static.session(target, "target", tuple(draft.aux_layers)).reserve(capacity)
+                head_cache(bound_head(draft, target), capacity, True, max_gamma)
+            elif isinstance(draft, torch.nn.Module):
+                static.session(draft, "draft").reserve(capacity)
     sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
     for gamma in settings.gammas:
         speculative_generate(target, draft, longest, max_new_tokens=min(8, settings.max_new_tokens), gamma=gamma,
@@ -153,6 +158,9 @@ def evaluate_acceptance(
     measures them once per run)."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
+    if settings.compare_hf and isinstance(draft, Eagle3Head):
+        raise ValueError("--compare-hf: transformers' assisted generation cannot run an EAGLE-3 head (it runs in "
+                         "specdistill's decoder, vLLM and SGLang)")
     names = category_names(categories)
     if names is not None and len(names) != len(prompts):
         raise ValueError(f"{len(names)} categories for {len(prompts)} prompts")

@@ -13,57 +13,124 @@ q (sampling) is the head's distribution over its draft vocabulary scattered into
 """
 from __future__ import annotations
 
+import time
+import warnings
+import weakref
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
+from decode import static
 from decode.eagle3 import Eagle3Head
 from decode.sampling import SamplingConfig, draw, probs_from_logits
 
-MIN_CAPACITY = 64
-
-
 class HeadCache:
     """The head's keys and values [1, nkv, capacity, d], one slot per head position (slot p = position p), and
-    its eager step. ``length`` positions are valid; rollback moves it back (later slots are stale, masked out)."""
+    its step. ``length`` positions are valid; rollback moves it back (later slots are stale: a query at position p
+    attends to slots <= p only, and the next step overwrites them).
 
-    def __init__(self, head: Eagle3Head, capacity: int) -> None:
-        self.head = head
+    ``compile``: steps of ``lengths`` tokens run torch.compiled (decode.static's backend and options) on fixed
+    buffers; a step of fewer tokens is padded up to the next compiled length (the padding writes stale slots past
+    the valid ones, its outputs are dropped); a longer one (a prefill) runs eagerly on the same buffers. A step that
+    fails to compile falls back to eager, with a RuntimeWarning naming why."""
+
+    def __init__(self, head: Eagle3Head, capacity: int, compile: bool = False,
+                 lengths: tuple[int, ...] = ()) -> None:
+        self.head_ref = weakref.ref(head)  # weak: the registry must not keep the head alive
         self.length = 0
         self.k = self.v = torch.empty(0)
+        self.compile, self.lengths = compile, tuple(sorted(set(lengths)))
+        self.steps: dict[int, Callable] = {}
+        self.compile_seconds = 0.0
         self.reserve(capacity)
 
     def reserve(self, capacity: int) -> None:
-        """Hold at least ``capacity`` positions (valid ones are kept)."""
-        if self.k.numel() and capacity <= self.k.shape[2]:
+        """Hold at least ``capacity`` positions plus a padded step's overhang (valid ones are kept; new buffers
+        recompile the steps)."""
+        capacity += max(self.lengths, default=0)
+        if self.k.numel() and capacity <= self.capacity:
             return
         attn = self.head.midlayer.self_attn
-        weight = self.head.fc.weight
-        size = max(MIN_CAPACITY, 1 << (max(capacity, 1) - 1).bit_length())
-        k = weight.new_zeros(1, attn.num_kv_heads, size, attn.head_dim)
+        k = self.head.fc.weight.new_zeros(1, attn.num_kv_heads, static.bucket(capacity), attn.head_dim)
         v = torch.zeros_like(k)
         if self.length:
             k[:, :, : self.length], v[:, :, : self.length] = self.k[:, :, : self.length], self.v[:, :, : self.length]
-        self.k, self.v = k, v
+        self.k, self.v, self.steps = k, v, {}
+
+    @property
+    def head(self) -> Eagle3Head:
+        return self.head_ref()
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head at ``positions`` [1, T] (= their slots) for tokens [1, T] read with hidden [1, T, H]: writes
+        their keys and values, attends over the whole buffer (slots <= each position); (draft logits [T, V_draft],
+        prenorm [T, H])."""
+        q, k, v, residual = self.head.project(tokens, hidden, positions)
+        self.k.index_copy_(2, positions[0], k)
+        self.v.index_copy_(2, positions[0], v)
+        slots = torch.arange(self.capacity, device=tokens.device)
+        mask = (slots.view(1, -1) <= positions.view(-1, 1)).view(1, 1, tokens.shape[1], -1)  # [1, 1, T, C]
+        normed, prenorm = self.head.finish(self.head.attend(q, self.k, self.v, mask), residual)
+        return self.head.logits(normed)[0], prenorm[0]
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions length..length+T-1 of tokens [1, T] read with hidden [1, T, H]: (draft logits [T, V_draft],
         prenorm [T, H]); their keys and values join the cache."""
         t, start = tokens.shape[1], self.length
         self.reserve(start + t)
-        positions = torch.arange(start, start + t, device=tokens.device).view(1, t)  # [1, T]
-        q, k, v, residual = self.head.project(tokens, hidden, positions)
-        self.k[:, :, start: start + t], self.v[:, :, start: start + t] = k, v
-        # position p attends to slots s <= p
-        slots = torch.arange(start + t, device=tokens.device)
-        mask = (slots.view(1, -1) <= positions.view(-1, 1)).view(1, 1, t, start + t)
-        attended = self.head.attend(q, self.k[:, :, : start + t], self.v[:, :, : start + t], mask)
-        normed, prenorm = self.head.finish(attended, residual)
+        padded = next((n for n in self.lengths if n >= t), None) if self.compile else None
+        if padded is None:
+            positions = torch.arange(start, start + t, device=tokens.device).view(1, t)
+            outputs = self.forward(tokens, hidden, positions)
+        else:  # pad by repeating the last token: its slots lie past the valid ones
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(1, padded - t)], dim=1)
+            hidden = torch.cat([hidden, hidden[:, -1:].expand(1, padded - t, -1)], dim=1)
+            positions = torch.arange(start, start + padded, device=tokens.device).view(1, padded)
+            logits, prenorm = self.compiled(padded)(tokens, hidden, positions)
+            outputs = logits[:t], prenorm[:t]
         self.length += t
-        return self.head.logits(normed)[0], prenorm[0]
+        return outputs
+
+    def compiled(self, length: int) -> Callable:
+        """The compiled step for ``length`` tokens (compiled on first use, its time added to compile_seconds)."""
+        if length in self.steps:
+            return self.steps[length]
+        device = self.k.device
+        inputs = (torch.zeros(1, length, dtype=torch.long, device=device),
+                  self.k.new_zeros(1, length, self.head.config.hidden_size),
+                  torch.zeros(1, length, dtype=torch.long, device=device))
+        for buffer in (*inputs, self.k, self.v):
+            torch._dynamo.mark_static_address(buffer)
+        function = torch.compile(self.forward, **static.compile_options(device))
+
+        def run(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            for buffer, value in zip(inputs, args):
+                buffer.copy_(value)
+            logits, prenorm = function(*inputs)
+            return (logits.clone(), prenorm.clone()) if device.type == "cuda" else (logits, prenorm)
+
+        started = time.perf_counter()
+        try:
+            run(*inputs)  # slots from 0: stale until written by a real step
+            self.steps[length] = run
+        except Exception as err:  # noqa: BLE001 - any compiler failure means: draft eagerly
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            warnings.warn(f"torch.compile failed for the EAGLE-3 head ({type(err).__name__}: {reason}); drafting "
+                          "with it eagerly (the target stays compiled)", RuntimeWarning, stacklevel=2)
+            self.steps[length] = self.forward
+        self.compile_seconds += time.perf_counter() - started
+        return self.steps[length]
+
+    def precompile(self) -> None:
+        """Compile every step now, so that no compilation happens mid-generation."""
+        for length in self.lengths:
+            self.compiled(length)
 
     def rollback(self, num_positions: int) -> None:
         if num_positions < 0 or num_positions > self.length:
@@ -71,14 +138,35 @@ class HeadCache:
         self.length -= num_positions
 
 
+def bound_head(head: Eagle3Head, target: torch.nn.Module) -> Eagle3Head:
+    """``head``, bound to the target's input embedding when it has none yet."""
+    if not head.has_embeddings:
+        head.bind_embeddings(target.get_input_embeddings())
+    return head
+
+
+def head_cache(head: Eagle3Head, capacity: int, compile: bool, max_gamma: int) -> HeadCache:
+    """An empty head cache for one generation: eager, a new one; compiled, the registry's (decode.static) for this
+    head, whose compiled 1-token and (max_gamma + 1)-token steps are reused across generations."""
+    if not compile:
+        return HeadCache(head, capacity)
+    cache = static.register(head, "head", lambda: HeadCache(head, capacity, True, (1, max_gamma + 1)))
+    if max_gamma + 1 not in cache.lengths:
+        cache.lengths, cache.steps = tuple(sorted({*cache.lengths, max_gamma + 1})), {}
+    cache.reserve(capacity)
+    cache.precompile()
+    cache.length = 0
+    return cache
+
+
 class HeadDrafter:
     """Drafts with an EAGLE-3 head (decode.eagle3.Eagle3Head bound to the target's input embedding).
     ``aux_layers``: the target layers whose hidden states the loop hands over (``target_features``)."""
 
-    def __init__(self, head: Eagle3Head, compile: bool = False, capacity: int = 0) -> None:
+    def __init__(self, head: Eagle3Head, compile: bool = False, capacity: int = 0, max_gamma: int = 8) -> None:
         self.head = head
         self.aux_layers = tuple(head.aux_layers)
-        self.compile, self.capacity = compile, capacity
+        self.compile, self.capacity, self.max_gamma = compile, capacity, max_gamma
         self.cache: HeadCache | None = None
         self.features: list[torch.Tensor] = []  # target features [T, k * H] of positions not yet in the cache
         self.drafted = 0                         # head positions of the last proposal beyond the target's
@@ -89,7 +177,7 @@ class HeadDrafter:
         if head_vocab > target_vocab_size:
             raise ValueError(f"the head's vocab_size {head_vocab} exceeds the target's {target_vocab_size} rows")
         self.vocab_size = target_vocab_size
-        self.cache = HeadCache(self.head, max(self.capacity, prefix.shape[1] + 1))
+        self.cache = head_cache(self.head, max(self.capacity, prefix.shape[1] + 1), self.compile, self.max_gamma)
         self.features, self.drafted = [], 0
 
     def target_features(self, aux: torch.Tensor) -> None:

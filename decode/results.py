@@ -15,8 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-EVAL_JSON_KEYS = ("device", "dtype", "torch_version", "target", "draft", "prompts", "chat_template", "compiled",
-                  "compile_seconds", "results")  # + "environment" (evaluate.save's record)
+EVAL_JSON_KEYS = ("device", "dtype", "torch_version", "target", "draft", "draft_kind", "prompts", "chat_template",
+                  "compiled", "compile_seconds", "results")  # + "environment" (evaluate.save's record)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
 from decode.cache import CachedLM
 from decode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from decode.eagle3 import Eagle3Head
-from decode.head_drafter import HeadDrafter
+from decode.head_drafter import HeadDrafter, bound_head
 from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
 from decode.static import StaticLM, cached_lm
 from decode.stats import SpecStats
@@ -62,7 +62,7 @@ def cut_at_eos(tokens: list[int], stop: set[int]) -> list[int]:
 
 
 def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compile: bool = False,
-               capacity: int = 0) -> Drafter:
+               capacity: int = 0, max_gamma: int = 8) -> Drafter:
     """The drafter of ``draft``: a causal LM (ModelDrafter), an Eagle3Head (HeadDrafter; bound to the target's
     input embedding if it has none), or a drafter as is."""
     if isinstance(draft, (PromptLookupDrafter, ModelDrafter, HeadDrafter)):
@@ -74,9 +74,7 @@ def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compil
     if target_device != draft_device:
         raise ValueError(f"target is on {target_device} but draft is on {draft_device}; put both on one device")
     if isinstance(draft, Eagle3Head):
-        if not draft.has_embeddings:
-            draft.bind_embeddings(target.get_input_embeddings())
-        return HeadDrafter(draft, compile=compile, capacity=capacity)
+        return HeadDrafter(bound_head(draft, target), compile=compile, capacity=capacity, max_gamma=max_gamma)
     return ModelDrafter(draft, compile=compile, capacity=capacity)
 
 
@@ -195,7 +193,7 @@ def speculative_generate(
     check_inputs(input_ids, max_new_tokens)
     cfg = SamplingConfig(temperature, top_k, top_p)
     capacity = input_ids.shape[1] + max_new_tokens + max(gammas) + 1
-    drafter = as_drafter(draft, target, compile, capacity)
+    drafter = as_drafter(draft, target, compile, capacity, max(gammas))
     stop = eos_set(eos_token_id)
     stats = SpecStats(max(gammas))
     target_lm = cached_lm(target, compile, "target", capacity, tuple(g + 1 for g in gammas), drafter.aux_layers)

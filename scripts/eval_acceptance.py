@@ -6,6 +6,7 @@
     specdistill-eval --target TARGET --draft DRAFT --prompts question.jsonl --messages-field turns \
         --category-field category --chat-template auto        # Spec-Bench's 480 prompts, by category
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
+    specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 6   # an EAGLE-3 head
 
 The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
 """
@@ -20,6 +21,7 @@ import torch
 
 from decode.checks import OneLineArgumentParser, check_safetensors_whole, check_writable_file
 from decode.drafters import PromptLookupDrafter
+from decode.eagle3 import Eagle3Head, fit_problems, is_eagle3_folder, read_config
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
@@ -30,6 +32,7 @@ from decode.tally import category_rows
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
 
 PROMPT_LOOKUP = "prompt-lookup"
+DRAFT_KINDS = ("model", "prompt_lookup", "eagle3")  # the results JSON's draft_kind
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
@@ -39,7 +42,9 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="specdistill-eval", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="target model: local folder or hub id")
-    p.add_argument("--draft", required=True, help=f"draft model: local folder, hub id, or '{PROMPT_LOOKUP}'")
+    p.add_argument("--draft", required=True,
+                   help=f"draft model (local folder or hub id), an EAGLE-3 head folder (recognised by its config), "
+                        f"or '{PROMPT_LOOKUP}'")
     p.add_argument("--prompts", required=True,
                    help=".jsonl (a 'prompt' or 'messages' field per line), .txt (one prompt per line), a local dataset "
                         "folder, or a hub dataset id")
@@ -126,9 +131,32 @@ def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:
             check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
 
 
-def load_draft(args, device, dtype):
-    if args.draft == PROMPT_LOOKUP:
+def draft_kind(draft: str) -> str:
+    """One of DRAFT_KINDS: prompt lookup, an EAGLE-3 head folder (by its config.json), or a draft model."""
+    if draft == PROMPT_LOOKUP:
+        return "prompt_lookup"
+    return "eagle3" if is_eagle3_folder(draft) else "model"
+
+
+def check_head_fits(args: argparse.Namespace) -> None:
+    """An EAGLE-3 head reads this target's hidden states and embedding (checked on the configs, before any
+    weights load)."""
+    from transformers import AutoConfig
+
+    target_config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
+    problems = fit_problems(read_config(args.draft), target_config)
+    if problems:
+        raise LoadError(f"--draft {args.draft} (an EAGLE-3 head) does not fit --target {args.target}: "
+                        f"{next(iter(problems.values()))}")
+
+
+def load_draft(args, kind: str, target, device, dtype):
+    """The draft of ``kind``: a PromptLookupDrafter, an Eagle3Head on the target's input embedding, or a causal LM."""
+    if kind == "prompt_lookup":
         return PromptLookupDrafter()
+    if kind == "eagle3":
+        head = Eagle3Head.from_pretrained(args.draft, target.get_input_embeddings(), dtype=target.dtype)
+        return head.to(device)
     return load_causal_lm(args.draft, device, dtype, args.trust_remote_code)
 
 
@@ -144,12 +172,15 @@ def main(argv: list[str] | None = None) -> dict:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     check_model_paths(args)
+    kind = draft_kind(args.draft)
+    if kind == "eagle3":
+        check_head_fits(args)
     tokenizer = load_tokenizer(args.target)
     check_draft_tokenizer(args, tokenizer)
     check_chat_template(tokenizer, args.chat_template)
     prompt_ids = encode_prompt_rows(tokenizer, rows, args.chat_template, args.max_prompt_tokens)
     target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
-    draft = load_draft(args, device, dtype)
+    draft = load_draft(args, kind, target, device, dtype)
 
     # ---- measure ------------------------------------------------------------------------------------------
     settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
@@ -163,8 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- report -------------------------------------------------------------------------------------------
     report = {"device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
               "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
-              "prompts": args.prompts, "chat_template": args.chat_template, "compiled": args.compile,
-              "compile_seconds": results[0]["compile_seconds"], "results": results}
+              "draft_kind": kind, "prompts": args.prompts, "chat_template": args.chat_template,
+              "compiled": args.compile, "compile_seconds": results[0]["compile_seconds"], "results": results}
     print(format_table([{"drafter": args.draft, **r} for r in results]))
     if any("by_category" in r for r in results):
         print("\nby category:\n" + format_table(category_rows(results)))

@@ -184,3 +184,25 @@ def test_export_reload_gives_the_same_logits(trained, tmp_path):
     a = speculative_generate(target, head, PROMPT, max_new_tokens=20, gamma=3)
     b = speculative_generate(target, loaded, PROMPT, max_new_tokens=20, gamma=3)
     assert a.sequences.tolist() == b.sequences.tolist() and a.stats.to_dict() == b.stats.to_dict()
+
+
+def test_export_layout_vllm_loads(tmp_path):
+    """vLLM 0.32 refuses d2t in a whole-vocabulary head (it has no parameter for it) and keeps one hidden state per
+    distinct aux layer id, in layer order: the export and the default ids follow that."""
+    from safetensors.torch import load_file
+
+    from decode.eagle3 import default_aux_layers
+
+    assert default_aux_layers(6) == [2, 3, 4] and default_aux_layers(32) == [2, 16, 29]
+    assert all(len(set(default_aux_layers(n))) == min(n, 3) for n in range(1, 40))
+    target = tiny_model("llama", seed=0, layers=6)
+    with pytest.raises(ValueError, match="distinct and ascending"):
+        head_config(target.config, aux_layers=[4, 2, 3])
+    new_head(target).save_pretrained(tmp_path / "full")
+    assert not {"d2t", "t2d"} & set(load_file(tmp_path / "full" / "model.safetensors"))
+    small = new_head(target, draft_vocab_size=10)
+    small.set_vocab(torch.arange(10) * 3)
+    small.save_pretrained(tmp_path / "small")
+    assert "d2t" in load_file(tmp_path / "small" / "model.safetensors")
+    loaded = Eagle3Head.from_pretrained(tmp_path / "small")
+    assert torch.equal(loaded.target_ids, torch.arange(10) * 3) and torch.equal(loaded.t2d, small.t2d)

@@ -1,0 +1,66 @@
+"""Measuring an EAGLE-3 head: evaluate_acceptance with a head, and `specdistill-eval --draft HEAD_DIR`."""
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from decode.eagle3 import Eagle3Head, head_config
+from decode.evaluate import EvalSettings, evaluate_acceptance
+from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
+from test_head_decode import new_head, train_head
+from tiny import tiny_model
+
+
+@pytest.fixture(scope="module")
+def head_dir(pair):
+    """A briefly trained head for the pair's target, exported with the target's tokenizer and a served gamma."""
+    target = AutoModelForCausalLM.from_pretrained(pair / "target").eval()
+    head = train_head(target, new_head(target), steps=30)
+    head.save_pretrained(pair / "head")
+    (pair / "head" / "generation_config.json").write_text(json.dumps(
+        {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (pair / "head" / name).write_bytes((pair / "target" / name).read_bytes())
+    return pair / "head"
+
+
+def test_evaluate_acceptance_with_a_head_by_category():
+    target = tiny_model("llama", seed=0, layers=4)
+    head = train_head(target, new_head(target), steps=30)
+    prompts = [torch.tensor([1, 5, 7, 9]), torch.tensor([1, 40, 41, 42, 43]), torch.tensor([1, 9])]
+    settings = EvalSettings(gammas=[2, "auto"], max_new_tokens=12)
+    results = evaluate_acceptance(target, head, prompts, settings, progress=False,
+                                  categories=["a", "a", None])
+    for r in results:
+        assert r["greedy_match"] == 1.0 and r["num_prompts"] == 3 and r["new_tokens"] == 36
+        assert r["draft_cost_ratio"] > 0 and r["predicted_speedup"] > 0
+        assert sorted(r["by_category"]) == ["a", "uncategorized"]
+    assert results[0]["stats"]["accepted_tokens"] > 0
+    with pytest.raises(ValueError, match="compare-hf"):
+        evaluate_acceptance(target, head, prompts, EvalSettings(gammas=[2], compare_hf=True), progress=False)
+
+
+def test_cli_recognises_a_head_folder(pair, head_dir, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code, stdout, err = run_cli(["--target", str(pair / "target"), "--draft", str(head_dir), "--prompts",
+                                 str(pair / "prompts.jsonl"), "--gamma", "2", "auto", "--max-new-tokens", "10",
+                                 "--output", str(out), "--quiet"], capsys)
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    assert report["draft_kind"] == "eagle3"
+    assert [r["greedy_match"] for r in report["results"]] == [1.0, 1.0]
+    for draft, kind in ((str(pair / "draft"), "model"), ("prompt-lookup", "prompt_lookup")):
+        run_cli(["--target", str(pair / "target"), "--draft", draft, "--prompts", str(pair / "prompts.txt"),
+                 "--max-new-tokens", "4", "--output", str(out), "--quiet"], capsys)
+        assert json.loads(out.read_text())["draft_kind"] == kind
+
+
+def test_cli_refuses_a_head_of_another_target_in_one_line(pair, tmp_path, capsys):
+    other = tiny_model("llama", seed=0, hidden=64, layers=4, vocab_size=320)
+    Eagle3Head(head_config(other.config)).save_pretrained(tmp_path / "other-head")
+    code, _, err = run_cli(["--target", str(pair / "target"), "--draft", str(tmp_path / "other-head"), "--prompts",
+                            str(pair / "prompts.txt"), "--quiet"], capsys)
+    assert code == 1 and "Traceback" not in err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "does not fit" in lines[0] and "hidden_size" in lines[0], err
