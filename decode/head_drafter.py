@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from decode import static
+import decode.static as static
 from decode.eagle3 import Eagle3Head
 from decode.sampling import SamplingConfig, draw, probs_from_logits
 
