@@ -12,10 +12,11 @@ The cost ratios c and v of the cost model tau / (gamma * c + v) are measured onc
 acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and written into
 every record, next to the measured wall-clock speedup; distill.export picks the best checkpoint from them.
 
-What is measured is what gets exported: a LoRA draft is measured as a merged copy, and under DeepSpeed ZeRO-3 rank 0
-measures whole copies of draft and target gathered from every rank's partitions (all ranks take part in the
-gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 the last step is always
-saved as a checkpoint, so the export reads whole weights from disk.
+What is measured is what gets exported: an EAGLE-3 head is measured as the Eagle3Head itself (the trainer holds it
+inside distill.head_loss.UnrolledHead; decode's head drafter runs it), a LoRA draft as a merged copy, and under
+DeepSpeed ZeRO-3 rank 0 measures whole copies of draft and target gathered from every rank's partitions (all ranks
+take part in the gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 the last
+step is always saved as a checkpoint, so the export reads whole weights from disk.
 """
 from __future__ import annotations
 
