@@ -53,8 +53,9 @@ class ModelConfig:
     attn_implementation: str | None = option(None, "eager, sdpa, flash_attention_2, ...; null = transformers' pick.")
     # EAGLE-3 heads (draft_kind eagle3; recipes/README.md, "EAGLE-3 heads")
     aux_layers: list[int] | None = option(
-        None, "eagle3: the target's layer ids whose hidden states the head reads (exactly 3, as vLLM requires; id i "
-              "= the residual stream entering decoder layer i); null = vLLM's default (2, L // 2, L - 3).")
+        None, "eagle3: the target's layer ids whose hidden states the head reads (3 distinct, ascending, as vLLM "
+              "requires; id i = the residual stream entering decoder layer i); null = vLLM's default "
+              "(2, L // 2, L - 3), a repeated id moved to the nearest free layer.")
     draft_vocab_size: int | None = option(
         None, "eagle3: rows of the head's lm_head, the most frequent target tokens of the training data; null = the "
               "whole vocabulary when it has <= 32768 tokens, else 32768.")
@@ -85,8 +86,9 @@ class ModelConfig:
         """Ranges of the eagle3 keys that need no config (aux layer ids are checked against the target's config
         in distill.preflight)."""
         if self.aux_layers is not None:
-            require(len(self.aux_layers) == 3 and min(self.aux_layers) >= 0, "aux_layers", self.aux_layers,
-                    "null or 3 layer ids >= 0 (vLLM's EAGLE-3 reads exactly 3)")
+            layers = self.aux_layers
+            require(len(layers) == 3 and min(layers) >= 0 and layers == sorted(set(layers)), "aux_layers", layers,
+                    "null or 3 distinct, ascending layer ids >= 0 (vLLM's EAGLE-3 reads exactly 3, in layer order)")
         require(self.draft_vocab_size is None or self.draft_vocab_size > 0, "draft_vocab_size",
                 self.draft_vocab_size, "null or an integer > 0")
         require(self.head_intermediate_size is None or self.head_intermediate_size > 0, "head_intermediate_size",

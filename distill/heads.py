@@ -49,6 +49,9 @@ def plan_head(cfg: ModelConfig, target_config: PretrainedConfig) -> PretrainedCo
         raise ModelSetupError(f"model.draft_kind: an EAGLE-3 head needs a Llama-like target with rotary positions "
                               f"(Llama, Qwen2, Mistral, ...); {type(text).__name__} has no "
                               f"{', '.join(missing) or 'rope_parameters'}")
+    if text.num_hidden_layers < 3:
+        raise ModelSetupError(f"model.draft_kind: an EAGLE-3 head reads the hidden states of 3 distinct target "
+                              f"layers (as vLLM serves it); the target has {text.num_hidden_layers}")
     try:
         return head_config(target_config, aux_layers=cfg.aux_layers, draft_vocab_size=size,
                            intermediate_size=cfg.head_intermediate_size)

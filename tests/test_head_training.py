@@ -94,7 +94,8 @@ def no_weights(monkeypatch):
     ("train.gradient_checkpointing=true", "train.gradient_checkpointing: got True; allowed: false with model"),
     ("distill.ttt_steps=0", "distill.ttt_steps: got 0; allowed: an integer >= 1"),
     ("distill.ttt_decay=1.5", "distill.ttt_decay: got 1.5; allowed: a number in (0, 1]"),
-    ("model.aux_layers=[0, 1]", "model.aux_layers: got [0, 1]; allowed: null or 3 layer ids"),
+    ("model.aux_layers=[0, 1]", "model.aux_layers: got [0, 1]; allowed: null or 3 distinct, ascending layer ids"),
+    ("model.aux_layers=[2, 1, 0]", "model.aux_layers: got [2, 1, 0]; allowed: null or 3 distinct, ascending"),
     ("model.aux_layers=[0, 1, 4]", "model.aux_layers: aux layer ids [0, 1, 4] must lie in 0..3"),
     ("model.draft_vocab_size=100000", "model.draft_vocab_size: got 100000; allowed: an integer in [1, 320]"),
 ])
@@ -116,10 +117,12 @@ def test_standalone_recipes_refuse_head_keys(monkeypatch, capsys, no_weights, wo
 def test_a_head_is_built_from_the_target_config_and_shares_its_embedding():
     target = tiny_model("qwen2", layers=6)
     head = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
-    assert head.aux_layers == [2, 3, 3] and head.lm_head.weight.shape == (40, 32)  # (2, L // 2, L - 3), L = 6
+    assert head.aux_layers == [2, 3, 4] and head.lm_head.weight.shape == (40, 32)  # (2, 3, 3) made distinct
     assert head.bound_embeddings is target.get_input_embeddings()
     assert not any(name.startswith("embed") for name in head.state_dict())  # shared, never saved
     assert head.training and all(p.requires_grad for p in head.parameters())
+    with pytest.raises(ModelSetupError, match="3 distinct target layers .* the target has 2"):
+        plan_head(ModelConfig(target="t", draft_kind="eagle3"), tiny_model("llama", layers=2).config)
     with pytest.raises(ModelSetupError, match="needs a Llama-like target with rotary positions.*GPT2Config"):
         plan_head(ModelConfig(target="t", draft_kind="eagle3"), tiny_model("gpt2").config)
 
@@ -142,7 +145,7 @@ def test_a_trained_head_is_accepted_more_and_exports_the_served_folder(workdir):
     assert is_eagle3_folder(out) and (out / "tokenizer.json").is_file()
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 200
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 2, 1]  # (2, L // 2, L - 3), L = 4
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # (2, 2, 1) made distinct
     assert set(load_file(out / "model.safetensors")) >= {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
                                                           "midlayer.hidden_norm.weight"}
     assert json.loads((out / "generation_config.json").read_text())["num_assistant_tokens"] == best["gamma"]
