@@ -14,9 +14,9 @@ every record, next to the measured wall-clock speedup; distill.export picks the 
 
 What is measured is what gets exported: an EAGLE-3 head is measured as the Eagle3Head itself (the trainer holds it
 inside distill.head_loss.UnrolledHead; decode's head drafter runs it), a LoRA draft as a merged copy, and under
-DeepSpeed ZeRO-3 rank 0 measures whole copies of draft and target gathered from every rank's partitions (all ranks
-take part in the gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 the last
-step is always saved as a checkpoint, so the export reads whole weights from disk.
+ZeRO-3 or FSDP2 rank 0 measures whole copies of draft and target gathered from every rank's partitions (all ranks
+take part in the gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 / FSDP2
+the last step is always saved as a checkpoint, so the export reads whole weights from disk.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class AcceptanceCallback(TrainerCallback):
         self.tensorboard = tensorboard
         self._writer = None
         self.measured_steps: set[int] = set()
-        self._whole_target: PreTrainedModel | None = None  # ZeRO-3: rank 0's gathered copy (CPU), made once
+        self._whole_target: PreTrainedModel | None = None  # ZeRO-3 / FSDP2: rank 0's gathered copy (CPU), made once
         self._target_gathered = False  # on every rank: whether that (collective) gathering has happened
         self.cost_ratios: dict[int, CostRatios] | None = None  # gamma -> c, v: measured once per run
 
@@ -110,7 +110,7 @@ class AcceptanceCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     model: PreTrainedModel | None = None, **kwargs):
-        """Under ZeRO-3 save the last step too: the export then loads whole weights from that checkpoint."""
+        """Under ZeRO-3 or FSDP2 save the last step too: the export then loads whole weights from that checkpoint."""
         if model is not None and state.global_step >= state.max_steps and is_partitioned(model):
             control.should_save = True
 
@@ -136,10 +136,10 @@ class AcceptanceCallback(TrainerCallback):
     def _measure_on_rank_zero(self, args: TrainingArguments, state: TrainerState, model: PreTrainedModel | None,
                               checkpoint: str) -> None:
         """Rank 0 measures and records; every rank (this is called on all of them) then meets at one barrier.
-        Under ZeRO-3 every rank first takes part in gathering the whole draft (and, once, the target)."""
+        Under ZeRO-3 / FSDP2 every rank first takes part in gathering the whole draft (and, once, the target)."""
         if not self.prompts or model is None:
             draft = None
-        elif is_partitioned(model):  # ZeRO-3: a collective, the gathered copy lands on rank 0 (None elsewhere)
+        elif is_partitioned(model):  # ZeRO-3 / FSDP2: a collective, the copy lands on rank 0 (None elsewhere)
             draft = plain_copy(model)
             if is_partitioned(self.target) and not self._target_gathered:
                 self._whole_target = plain_copy(self.target)
@@ -195,7 +195,7 @@ class AcceptanceCallback(TrainerCallback):
     def measure(self, draft: PreTrainedModel, device: torch.device | str | None = None) -> list[dict]:
         """Result dicts (one per gamma and temperature) of `draft` against the target; draft in eval mode meanwhile.
 
-        `device`: where copies of the models (LoRA merged, ZeRO-3 gathered) are measured; the draft itself is
+        `device`: where copies of the models (LoRA merged, ZeRO-3 / FSDP2 gathered) are measured; the draft itself is
         measured where it is. A partitioned target is replaced by its gathered copy, moved there and back.
         """
         from decode.evaluate import EvalSettings
@@ -203,7 +203,7 @@ class AcceptanceCallback(TrainerCallback):
         target = self.target
         if is_partitioned(target):
             if self._whole_target is None:
-                raise RuntimeError("the ZeRO-3 target was not gathered before measuring (see _measure_on_rank_zero)")
+                raise RuntimeError("the sharded target was not gathered before measuring (see _measure_on_rank_zero)")
             target = self._whole_target.to(device)
             draft = draft.to(device)
         try:

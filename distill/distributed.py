@@ -1,7 +1,9 @@
 """Distributed set-up: which launch mode this process is in, and DeepSpeed ZeRO-3's partitioned weights.
 
-Device modes (single process, DDP, DeepSpeed ZeRO-1/2/3, FSDP) come from the accelerate config given to
-`accelerate launch`; `check_device_mode` refuses the ones DistillTrainer cannot run, before any weights load.
+Device modes (single process, DDP, DeepSpeed ZeRO-1/2/3, FSDP2) come from the accelerate config given to
+`accelerate launch`; `check_device_mode` refuses the settings DistillTrainer cannot run, before any weights load.
+FSDP2's sharding of the target and its whole copies live in distill/fsdp.py; `is_partitioned` and `plain_copy`
+answer for both kinds of sharded model.
 
 Under DeepSpeed ZeRO-3 (`zero3_enabled`) both models are partitioned as they load (transformers' zero.Init): the
 target gets DeepSpeed's inference hooks (`shard_for_inference`, every forward gathers one layer at a time) instead
@@ -11,15 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from typing import Any, Iterator
 
 import torch
-from accelerate.state import AcceleratorState, is_initialized
-from accelerate.utils import DistributedType, parse_flag_from_env
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainingArguments
 from transformers.initialization import no_init_weights
 
+from distill.fsdp import fsdp_enabled, is_sharded, whole_copy
 from distill.lora import is_lora
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -27,7 +29,7 @@ from distill.lora import is_lora
 # ---------------------------------------------------------------------------------------------------------------
 
 class UnsupportedModeError(ValueError):
-    """The launch configuration shards the draft (DeepSpeed ZeRO-3 or FSDP), which DistillTrainer does not do yet."""
+    """The launch configuration asks for a setting DistillTrainer cannot run (named in the message)."""
 
 
 def fsdp_requested(args: TrainingArguments) -> bool:
@@ -35,19 +37,26 @@ def fsdp_requested(args: TrainingArguments) -> bool:
     Accelerator that already exists.
 
     The check runs before the Trainer creates its Accelerator, when accelerate has not decided yet: `accelerate
-    launch` with an FSDP config passes ACCELERATE_USE_FSDP, which AcceleratorState reads when it is created; it is
-    read here with accelerate's own flag parser. An AcceleratorState set up earlier in this process (a script that
-    made its own Accelerator) answers for itself.
+    launch` with an FSDP config passes ACCELERATE_USE_FSDP, which AcceleratorState reads when it is created
+    (distill.fsdp.fsdp_enabled reads it with accelerate's own flag parser). An AcceleratorState set up earlier in
+    this process (a script that made its own Accelerator) answers for itself.
     """
-    if args.fsdp or parse_flag_from_env("ACCELERATE_USE_FSDP"):
-        return True
-    return is_initialized() and AcceleratorState().distributed_type == DistributedType.FSDP
+    return bool(args.fsdp) or fsdp_enabled()
+
+
+# FSDP settings from the accelerate config (the launcher passes them as these variables) -> what they must be
+FSDP_SETTINGS = {
+    "FSDP_VERSION": ("2", "fsdp_version: 2 (FSDP1 is not supported)"),
+    "FSDP_STATE_DICT_TYPE": ("SHARDED_STATE_DICT", "fsdp_state_dict_type: SHARDED_STATE_DICT (resume reads the "
+                             "sharded state; whole weights are written next to it)"),
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": ("false", "fsdp_cpu_ram_efficient_loading: false (every process loads the "
+                                       "models before sharding them)"),
+}
 
 
 def check_device_mode(args: TrainingArguments) -> None:
-    """Raise UnsupportedModeError for FSDP, and for ZeRO-3 unless checkpoints hold whole weights (the export and
-    acceptance read them). ZeRO-3 shards the target too (shard_for_inference); FSDP would need the loss to call
-    the draft's lm_head inside its wrapped forward, which DistillTrainer does not do."""
+    """Raise UnsupportedModeError for ZeRO-3 unless checkpoints hold whole weights (the export and acceptance read
+    them), and for FSDP settings other than FSDP_SETTINGS (recipes/accelerate/fsdp.yaml has them)."""
     if args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == 3:
         zero = args.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
         if zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
@@ -56,8 +65,13 @@ def check_device_mode(args: TrainingArguments) -> None:
                 "accelerate config (recipes/accelerate/deepspeed_zero3.yaml), or "
                 "zero_optimization.stage3_gather_16bit_weights_on_model_save: true in a DeepSpeed JSON config")
     if fsdp_requested(args):
-        raise UnsupportedModeError("FSDP is not supported yet (docs/memory.md); use DDP (recipes/accelerate/ddp.yaml)"
-                                   " or DeepSpeed ZeRO-2/3 (recipes/accelerate/deepspeed_zero*.yaml)")
+        defaults = {"FSDP_VERSION": "1", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
+                    "FSDP_CPU_RAM_EFFICIENT_LOADING": "false"}  # accelerate's defaults when the config says nothing
+        for variable, (wanted, setting) in FSDP_SETTINGS.items():
+            value = os.environ.get(variable, defaults[variable])
+            if value.upper() != wanted.upper():
+                raise UnsupportedModeError(f"FSDP needs {setting} in the accelerate config, got {value} "
+                                           "(recipes/accelerate/fsdp.yaml)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -71,7 +85,12 @@ def zero3_enabled() -> bool:
 
 
 def is_partitioned(model: nn.Module) -> bool:
-    """True when some weight of `model` is a ZeRO-3 partition (only 1/P of it lives in this process)."""
+    """True when some weight of `model` is a ZeRO-3 partition or an FSDP2 shard (only 1/P of it lives in this
+    process): every rank must run its forwards, and whole copies are gathered (plain_copy)."""
+    return _zero3_partitioned(model) or is_sharded(model)
+
+
+def _zero3_partitioned(model: nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
@@ -147,13 +166,17 @@ def _empty_like(model: PreTrainedModel) -> PreTrainedModel:
 
 def plain_copy(model: nn.Module) -> PreTrainedModel | None:
     """A plain transformers model equal to `model`, which is left unchanged: LoRA adapters are merged into the
-    weights (merge_and_unload), ZeRO-3 partitions gathered. The copy is on the CPU when gathered, else on the
-    model's device.
+    weights (merge_and_unload), ZeRO-3 partitions or FSDP2 shards gathered. The copy is on the CPU when gathered,
+    else on the model's device.
 
     A collective when `model` is partitioned (every rank must call it; the copy is returned on rank 0, None
     elsewhere); otherwise a local copy.
     """
-    if is_partitioned(model):
+    if is_sharded(model):  # FSDP2: the full state dict into the layout remembered before sharding
+        copied = whole_copy(model)
+        if copied is None:
+            return None
+    elif _zero3_partitioned(model):
         state = _gathered_state_dict(model)
         if state is None:
             return None

@@ -4,7 +4,7 @@ export_run is the last step of a run (distill.pipeline), on rank 0 while the oth
   best      distill.acceptance_log.best_checkpoint at the first eval temperature (cost-model speedup
             tau / (gamma * c + v) from the measured acceptance); no measurement: the final draft
   export    that checkpoint's draft written to OUTPUT_DIR as a plain model folder (safetensors, config, tokenizer;
-            a LoRA draft merged, a ZeRO-3 draft read back from its checkpoint), with
+            a LoRA draft merged, a ZeRO-3 / FSDP2 draft read back from its checkpoint), with
             generation_config.num_assistant_tokens = its gamma (export_draft)
   check     decode.deploy_check on the folder against the target; problems are warnings, never fatal
   results   OUTPUT_DIR/train_results.json = {Trainer metrics..., "best": summary, "deploy_check": report}, last
@@ -25,6 +25,7 @@ from distill.acceptance_log import best_checkpoint, read_records
 from distill.checkpoints import crash_point, find_checkpoints
 from distill.config import Recipe
 from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
+from distill.fsdp import unsharded_original
 from distill.heads import head_at_checkpoint, save_head, served_head
 from distill.lora import is_lora
 from distill.run_folder import write_results
@@ -59,15 +60,15 @@ def set_assisted_generation(draft: PreTrainedModel, gamma: int) -> None:
 
 def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
     """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
-    that are put on a copy of `final_draft` (its frozen base is the same at every step) and merged; an EAGLE-3
-    head's weights (distill.heads)."""
+    that are put on a copy of `final_draft` (its frozen base is the same at every step; under FSDP2 the unsharded
+    copy kept before sharding) and merged; an EAGLE-3 head's weights (distill.heads)."""
     if served_head(final_draft) is not None:
         return head_at_checkpoint(folder, final_draft)
     if (folder / "adapter_config.json").is_file():
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        adapted = copy.deepcopy(final_draft)
+        adapted = copy.deepcopy(unsharded_original(final_draft))
         weights = load_file(folder / "adapter_model.safetensors", device=str(next(adapted.parameters()).device))
         set_peft_model_state_dict(adapted, weights)
         return adapted.merge_and_unload()
@@ -82,9 +83,9 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
 
     `best` is the row of distill.acceptance_log.best_checkpoint (None: export `final_draft` with `default_gamma`).
-    A ZeRO-3-partitioned `final_draft` is read back from the last checkpoint instead (AcceptanceCallback saves the
-    last step under ZeRO-3). Returns what was exported: {"checkpoint", "step", "gamma"} plus the record's speedup
-    numbers.
+    A ZeRO-3-partitioned or FSDP2-sharded `final_draft` is read back from the last checkpoint instead
+    (AcceptanceCallback saves the last step under both). Returns what was exported: {"checkpoint", "step",
+    "gamma"} plus the record's speedup numbers.
     """
     output_dir = Path(output_dir)
     folder = output_dir / best["checkpoint"] if best else None
@@ -93,7 +94,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     elif is_partitioned(final_draft):
         last = find_checkpoints(output_dir).latest
         if last is None:
-            raise RuntimeError(f"the final draft is ZeRO-3-partitioned and {output_dir} holds no checkpoint to "
+            raise RuntimeError(f"the final draft is sharded (ZeRO-3 / FSDP2) and {output_dir} holds no checkpoint to "
                                "export it from")
         draft = draft_at_checkpoint(last, final_draft)
     elif is_lora(final_draft):

@@ -22,6 +22,8 @@ ids). A position whose next token lies outside the draft vocabulary is not kept 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -120,10 +122,11 @@ def restricted_head(target_head: nn.Module, head: Eagle3Head) -> nn.Module:
 
 def ttt_step_sums(head: Eagle3Head, outputs: list[torch.Tensor], teacher_hidden: torch.Tensor,
                   teacher_head: nn.Module, labels: torch.Tensor, attention_mask: torch.Tensor,
-                  distill: DistillConfig) -> list[LossSums]:
+                  distill: DistillConfig, loss: str | Mapping[str, float] | None = None) -> list[LossSums]:
     """Loss sums of every step: outputs (from unroll) K x [B, T, H], teacher_hidden the target's final normed
     hidden states [B, T, H'], teacher_head from restricted_head, labels and attention_mask [B, T]; the loss
-    settings are the recipe's distill section (loss, beta, temperature, ce_weight, chunk_size)."""
+    settings are the recipe's distill section (beta, temperature, ce_weight, chunk_size) and `loss`, a loss name or
+    a combination's weights at this step (DistillConfig.loss_at; None: distill.loss)."""
     ids = draft_labels(labels, attention_mask, head)  # [B, T]
     length, sums = labels.shape[1], []
     for step, normed in enumerate(outputs):
@@ -136,7 +139,7 @@ def ttt_step_sums(head: Eagle3Head, outputs: list[torch.Tensor], teacher_hidden:
         sums.append(chunked_distill_loss(
             normed[:, :n], head.lm_head, teacher_hidden[:, 1 + step:1 + step + n].detach(), step_labels,
             step_labels != IGNORE_INDEX, teacher_head=teacher_head, chunk_size=distill.chunk_size,
-            loss=distill.loss, beta=distill.beta, temperature=distill.temperature, ce_weight=distill.ce_weight))
+            loss=distill.loss if loss is None else loss, beta=distill.beta, temperature=distill.temperature, ce_weight=distill.ce_weight))
     return sums
 
 

@@ -62,7 +62,8 @@ class HeadTrainer(DistillTrainer):
                                      self.head.aux_layers)  # [B, T, k H'], [B, T, H']
         outputs = model(inputs["input_ids"], aux)  # K x [B, T, H], through DDP's forward
         sums = ttt_step_sums(self.head, outputs, final, self._teacher_head, inputs["labels"],
-                             inputs["attention_mask"], self.distill)
+                             inputs["attention_mask"], self.distill,
+                             loss=self.distill.loss_at(self.state.global_step, self.state.max_steps))
         if num_items_in_batch is None:
             counts, processes = torch.tensor([s.num_tokens for s in sums], device=final.device), 1
         else:

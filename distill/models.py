@@ -6,7 +6,8 @@ The draft comes from exactly one of (see ModelConfig):
 - `model.draft_config`: a fresh model with the target's config and these keys overridden (trained from scratch).
 
 With `lora.enabled` the draft is wrapped by peft (distill/lora.py). Under DeepSpeed ZeRO-3 both models are
-partitioned as they load and the target is hooked for inference (distill/distributed.py).
+partitioned as they load and the target is hooked for inference (distill/distributed.py); under FSDP2 both load
+whole on the CPU and are sharded later (distill/fsdp.py: the target after the tokenise step, the draft by the Trainer).
 
 `check_model_plan` reads only configs and tokenizers, so its errors come before any weights are loaded.
 """
@@ -29,8 +30,9 @@ from decode.loading import DTYPES
 from decode.vocab import check_tokenizers_compatible
 from distill.config import LoraConfig, ModelConfig
 from distill.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
+from distill.fsdp import fsdp_enabled, remember_layout
 from distill.heads import build_head, plan_head
-from distill.lora import apply_lora
+from distill.lora import apply_lora, is_lora
 from distill.utils import ModelSetupError, parameter_count
 
 logger = logging.getLogger(__name__)
@@ -140,9 +142,10 @@ def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> No
     """
     target_config = _load("model.target", cfg.target, AutoConfig, trust_remote_code=cfg.trust_remote_code)
     if cfg.draft_kind == "eagle3":  # aux layer ids and draft vocabulary against the target's config
-        if zero3_enabled():
-            raise ModelSetupError("model.draft_kind: EAGLE-3 heads are not supported under DeepSpeed ZeRO-3 (a "
-                                  "head is one layer: use DDP or ZeRO-2, recipes/accelerate/deepspeed_zero2.yaml)")
+        if zero3_enabled() or fsdp_enabled():
+            raise ModelSetupError("model.draft_kind: EAGLE-3 heads are not supported under DeepSpeed ZeRO-3 or "
+                                  "FSDP (a head is one layer: use DDP or ZeRO-2, "
+                                  "recipes/accelerate/deepspeed_zero2.yaml)")
         plan_head(cfg, target_config)
         return
     planned = draft_config(cfg, target_config)
@@ -261,7 +264,14 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | Non
 
 def load_models(cfg: ModelConfig, lora: LoraConfig, device: torch.device | str) -> tuple[PreTrainedModel, nn.Module]:
     """The load step of a run (distill.pipeline): the frozen target, then the trainable draft (built from it when
-    `model.draft_layers` says so), then the target moved to `device`. Returns (target, draft)."""
+    `model.draft_layers` says so), then the target moved to `device`. Returns (target, draft).
+
+    Under FSDP2 the target stays whole on the CPU until distill.fsdp.shard_for_inference shards it (after the
+    tokenise step, which may run it on the main process alone), and the draft's layout is remembered for the
+    whole copies made of it once accelerate has sharded it."""
     target = load_target(cfg)
     draft = load_draft(cfg, target, lora)  # lora.enabled: a peft model, only adapters train
+    if fsdp_enabled():
+        remember_layout(draft, keep_weights=is_lora(draft))  # LoRA: the frozen base, to merge checkpoints on rank 0
+        return target, draft
     return target.to(device), draft

@@ -2,7 +2,8 @@
 
   1. check     distill.preflight   recipe, output folder, processes, tokenizer and draft plan from configs, and the
                                    dataset read and tokenised: every problem named before a weight loads
-  2. load      distill.models      the frozen target and the trainable draft
+  2. load      distill.models      the frozen target and the trainable draft (under FSDP2 the target is sharded
+                                   by distill.fsdp after step 3, which may run it on the main process alone)
   3. tokenise  distill.sources     the training rows: the dataset's, the target's responses, the teacher cache
                                    (an EAGLE-3 head's draft vocabulary is then counted on them: distill.heads)
   4. distil    distill.trainer     DistillTrainer, with AcceptanceCallback measuring every checkpoint it saves
@@ -21,6 +22,7 @@ from typing import Sequence
 from distill.callbacks import AcceptanceCallback
 from distill.config import Recipe
 from distill.export import export_run
+from distill.fsdp import fsdp_enabled, shard_for_inference
 from distill.heads import set_draft_vocabulary
 from distill.models import load_models
 from distill.preflight import check_run
@@ -53,6 +55,8 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     target, draft = load_models(recipe.model, recipe.lora, args.device)
     # 3. tokenise
     rows = training_rows(recipe, data, target, draft, tokenizer, args)
+    if fsdp_enabled():  # FSDP2: nothing runs the target on one process alone any more: shard it over all of them
+        shard_for_inference(target, args.device)
     if recipe.model.draft_kind == "eagle3":  # the head's vocabulary: the rows' most frequent label tokens
         set_draft_vocabulary(draft, rows.rows)
     # 4. distil

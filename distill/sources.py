@@ -12,6 +12,8 @@ never runs the target.
 
 training_rows (the tokenise step of a run, distill.pipeline) runs whatever uses the target on the main process
 first (TrainingArguments.main_process_first); the other processes then find the stored result complete and read it.
+Under FSDP2 the target is still whole on every process's CPU here (it is sharded after this step); the main process
+moves it to its device while it generates (distill.fsdp.generating_on).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from transformers import PreTrainedTokenizerBase, TrainingArguments
 
 from distill.config import DataConfig, DistillConfig, Recipe
 from distill.data import DistillCollator, DistillData, padding_id
+from distill.fsdp import generating_on
 from distill.onpolicy import OnPolicySettings
 from distill.target_data import generate_target_data, prompts_from_rows, to_training_rows
 from distill.teacher_cache import (CacheMismatchError, TeacherCollator, build_teacher_cache, output_vocab_size,
@@ -53,7 +56,7 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
     progress = PartialState().is_main_process
     rows, target_rows = data.train, None
     if recipe.data.target_weight > 0:
-        with args.main_process_first(desc="target responses"):
+        with args.main_process_first(desc="target responses"), generating_on(target, args.device):
             target_rows = target_response_rows(recipe.data, data.train, target, draft, tokenizer,
                                                target_id=recipe.model.target, progress=progress)
         rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
@@ -61,7 +64,7 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
                     len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
     collator = DistillCollator(padding_id(tokenizer))
     if recipe.distill.teacher_cache is not None:  # the target's top-k once; training then never runs the target
-        with args.main_process_first(desc="teacher cache"):
+        with args.main_process_first(desc="teacher cache"), generating_on(target, args.device):
             rows, collator = with_teacher_cache(
                 rows, collator, recipe.distill, target, tokenizer, target_id=recipe.model.target,
                 batch_size=recipe.train.per_device_train_batch_size, progress=progress)

@@ -4,21 +4,25 @@ Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
   get_batch_samples  -> the G micro-batches, with on-policy rows (distill.onpolicy) put in first when
                         distill.on_policy_fraction > 0, and N = number of loss tokens of those rows summed over all
                         processes and micro-batches
-  compute_loss       -> draft and target final hidden states (or the cached top-k teacher of the batch, when the
-                        rows carry one: the target is then not run); chunked_distill_loss gives S_pg (a sum over
+  compute_loss       -> the loss's weights at this optimizer step (DistillConfig.loss_at); draft and target final
+                        hidden states (or the cached top-k teacher of the batch, when the rows carry one: the
+                        target is then not run); chunked_distill_loss gives S_pg (a sum over
                         tokens); the returned loss is S_pg * P / N
   backward           -> DDP / DeepSpeed / FSDP average gradients over the P processes, so the update follows
                         (1/P) sum_p sum_g grad(S_pg * P / N) = grad(sum_pg S_pg) / N: the per-token mean over the
                         whole optimizer batch, identical for (P processes x G micro-batches) = (1 x P*G).
   log                -> loss (per token), kd (per-token divergence), tv (per-token total variation of the batch at
                         temperature 1), ce, tokens_per_s (all processes' input tokens per second of training
-                        steps), on_policy (share of rows that were the draft's samples, when on); learning_rate and
-                        grad_norm come from Trainer.
+                        steps), on_policy (share of rows that were the draft's samples, when on); with a combination
+                        of losses (distill.loss_mix) also loss/<name> (each term's per-token mean) and weight/<name>
+                        (its scheduled weight); learning_rate and grad_norm come from Trainer.
 
-The target is never wrapped or trained: it is frozen, moved to this process's device and used under no_grad.
-Device modes (single process, DDP, DeepSpeed ZeRO-1/2) come from the accelerate config, not from this file;
-modes DistillTrainer cannot run (FSDP, ZeRO-3 without whole-weight checkpoints) are refused by
-distill.distributed.check_device_mode before any weights load.
+The target is never wrapped by the Trainer or trained: it is frozen and used under no_grad, a replica on this
+process's device (single process, DDP, ZeRO-1/2) or sharded for inference (ZeRO-3, FSDP2: every rank runs every
+target forward). Device modes come from the accelerate config, not from this file; settings DistillTrainer cannot
+run are refused by distill.distributed.check_device_mode before any weights load. Under FSDP2 the draft is sharded
+by accelerate, checkpoints hold the sharded training state (torch distributed checkpoint) and the whole weights
+gathered onto rank 0 (save_model), and on-policy rows are sampled from a local whole copy of the draft.
 """
 from __future__ import annotations
 
@@ -39,7 +43,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from distill.checkpoints import clear_partial, partial_folder, publish
 from distill.config import DistillConfig, Recipe, TrainConfig
 from distill.distill_loss import LossSums, chunked_distill_loss
+from distill.distributed import is_partitioned
 from distill.export import draft_at_checkpoint
+from distill.fsdp import is_sharded, local_copy, whole_head
 from distill.onpolicy import OnPolicySettings, accepts_logits_to_keep, micro_batch_generator, on_policy_batch
 from distill.run_folder import start_run_folder
 from distill.sources import TrainingRows
@@ -81,7 +87,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
     )
 
 
-class StepClock(TrainerCallback):
+class TrainStepTimer(TrainerCallback):
     """Seconds spent inside optimizer steps (forward, backward, update); logging, saving and acceptance
     measurements at checkpoints are left out, so tokens_per_s is the training throughput."""
 
@@ -117,12 +123,17 @@ class DistillTrainer(Trainer):
                          processing_class=processing_class, callbacks=callbacks)
         self.distill = distill
         self.on_policy = on_policy  # None: no on-policy rows
-        self.target = target.to(self.args.device)  # frozen by distill.models.load_target; never prepared
+        # frozen by distill.models.load_target; never prepared (a sharded target is already where its shards live)
+        self.target = target if is_partitioned(target) else target.to(self.args.device)
         self._draft_takes_logits_to_keep = accepts_logits_to_keep(model)
         # [kd, tv, ce, loss tokens, input tokens, rows, on-policy rows] summed on this process since the last log
         self._log_sums = torch.zeros(7, dtype=torch.float64, device=self.args.device)
-        self._clock = StepClock()
-        self.add_callback(self._clock)
+        # a combination of losses: each term's sum since the last log (loss/<name>) and its weight (weight/<name>)
+        self._term_names = [] if isinstance(distill.loss, str) else list(distill.loss)
+        self._term_sums = torch.zeros(len(self._term_names), dtype=torch.float64, device=self.args.device) \
+            if self._term_names else None
+        self._step_timer = TrainStepTimer()
+        self.add_callback(self._step_timer)
         self._saving_into: str | None = None  # while a checkpoint is written: OUTPUT_DIR/.partial
 
     # ---- checkpoints: complete or absent (distill.checkpoints) ----------------------------------------------
@@ -150,6 +161,14 @@ class DistillTrainer(Trainer):
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
         self.accelerator.wait_for_everyone()
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Trainer's save_model; under FSDP2 the sharded checkpoint (written by Trainer with the optimizer) gets the
+        whole weights next to it, gathered onto rank 0 (a collective), as acceptance and the export read them."""
+        if self.is_fsdp_enabled and is_sharded(self.model):
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+            return
+        super().save_model(output_dir, _internal_call)
+
     def trained_draft(self) -> nn.Module:
         """The draft as acceptance measures it and export writes it (a plain or peft model)."""
         return self.accelerator.unwrap_model(self.model)
@@ -162,18 +181,25 @@ class DistillTrainer(Trainer):
         process. The replacement comes first, so N counts the tokens the loss is actually taken on."""
         batches = list(itertools.islice(epoch_iterator, num_batches))
         if self.on_policy is not None:
-            batches = [self.with_on_policy_rows(batch, micro) for micro, batch in enumerate(batches)]
+            sampler = self.on_policy_sampler()
+            batches = [self.with_on_policy_rows(batch, micro, sampler) for micro, batch in enumerate(batches)]
         # position t predicts token t+1, so the loss tokens are the labels[:, 1:] that are not -100
         local = sum((b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in batches) if batches else torch.tensor(0)
         local = torch.as_tensor(local, device=device).reshape(1)
         return batches, self.accelerator.gather(local).sum() if self.accelerator.num_processes > 1 else local[0]
 
-    def with_on_policy_rows(self, batch: dict[str, torch.Tensor], micro_batch: int) -> dict[str, torch.Tensor]:
-        """The micro-batch with a lambda share of its rows replaced by the current draft's samples (no collective:
-        each process samples its own rows, from a generator seeded by seed, process, step and micro-batch)."""
+    def on_policy_sampler(self) -> nn.Module:
+        """The draft that samples on-policy rows: itself, or under FSDP2 a whole copy on every rank (a collective,
+        once per optimizer step on every rank), since the ranks sample different numbers of tokens."""
+        draft = self.accelerator.unwrap_model(self.model)
+        return local_copy(draft) if is_sharded(draft) else draft
+
+    def with_on_policy_rows(self, batch: dict[str, torch.Tensor], micro_batch: int,
+                            draft: nn.Module) -> dict[str, torch.Tensor]:
+        """The micro-batch with a lambda share of its rows replaced by `draft`'s samples (no collective: each process
+        samples its own rows, from a generator seeded by seed, process, step and micro-batch)."""
         generator = micro_batch_generator(self.on_policy.seed, self.args.process_index, self.state.global_step,
                                           micro_batch)
-        draft = self.accelerator.unwrap_model(self.model)
         batch, rows = on_policy_batch(batch, draft, self.on_policy, generator)
         self._log_sums[5] += batch["input_ids"].shape[0]
         self._log_sums[6] += len(rows.selected)
@@ -190,7 +216,12 @@ class DistillTrainer(Trainer):
 
     @torch.no_grad()
     def target_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Final (normed) hidden states of the target [B, T, H'] from its base model (no logits)."""
+        """Final (normed) hidden states of the target [B, T, H'] from its base model (no logits); an FSDP2-sharded
+        target runs from its root (whose forward gathers the embeddings), logits at the last position only."""
+        if is_sharded(self.target):
+            outputs = self.target(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                  use_cache=False, output_hidden_states=True, logits_to_keep=1)
+            return outputs.hidden_states[-1]
         outputs = self.target.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                                          use_cache=False)
         return outputs.last_hidden_state
@@ -201,19 +232,20 @@ class DistillTrainer(Trainer):
         draft_hidden = self.draft_hidden_states(model, inputs)  # [B, T, H]
         if TEACHER_COLUMNS[0] in inputs:  # cached top-k teacher (distill.teacher_cache): the target is not run
             teacher, teacher_head = sparse_teacher_from_batch(inputs), None  # SparseTeacher, B * (T-1) positions
-        elif self.distill.loss == "ce":  # plain cross-entropy on the data: the target is not run (kd = tv = 0)
+        elif not self.distill.needs_teacher:  # cross-entropy on the data alone: the target is not run (kd = tv = 0)
             teacher, teacher_head = None, None
         else:
             teacher = self.target_hidden_states(inputs)[:, :-1]  # [B, T-1, H']
             teacher_head = self.target.get_output_embeddings()
         labels = inputs["labels"][:, 1:]  # [B, T-1]: the token each position predicts
-        return chunked_distill_loss(
-            draft_hidden[:, :-1], self.accelerator.unwrap_model(model).get_output_embeddings(),
-            teacher, labels, inputs["attention_mask"][:, 1:].bool(),
-            teacher_head=teacher_head, chunk_size=self.distill.chunk_size,
-            loss=self.distill.loss, beta=self.distill.beta, temperature=self.distill.temperature,
-            ce_weight=self.distill.ce_weight,
-        )
+        with whole_head(self.target, teacher_head):  # FSDP2: gathered once here, not once per chunk
+            return chunked_distill_loss(
+                draft_hidden[:, :-1], self.accelerator.unwrap_model(model).get_output_embeddings(),
+                teacher, labels, inputs["attention_mask"][:, 1:].bool(),
+                teacher_head=teacher_head, chunk_size=self.distill.chunk_size,
+                loss=self.distill.loss_at(self.state.global_step, self.state.max_steps), beta=self.distill.beta,
+                temperature=self.distill.temperature, ce_weight=self.distill.ce_weight,
+            )
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
@@ -227,6 +259,8 @@ class DistillTrainer(Trainer):
         num_tokens = torch.tensor(sums.num_tokens, device=self._log_sums.device)
         logged = (sums.kd, sums.tv, sums.ce, num_tokens, inputs["attention_mask"].sum())
         self._log_sums[:5] += torch.stack([value.double() for value in logged])
+        if self._term_sums is not None:  # a combination: each term's own sum, logged as loss/<name>
+            self._term_sums += torch.stack([sums.terms[name].double() for name in self._term_names])
         return (loss, sums) if return_outputs else loss
 
     # ---- logging ----------------------------------------------------------------------------------------------
@@ -238,12 +272,25 @@ class DistillTrainer(Trainer):
                 else self._log_sums
             kd, tv, ce, loss_tokens, input_tokens, rows, on_policy_rows = totals.tolist()
             logs.update(kd=kd / max(loss_tokens, 1), tv=tv / max(loss_tokens, 1), ce=ce / max(loss_tokens, 1),
-                        tokens_per_s=input_tokens / max(self._clock.seconds, 1e-9))
+                        tokens_per_s=input_tokens / max(self._step_timer.seconds, 1e-9))
             if self.on_policy is not None:
                 logs["on_policy"] = on_policy_rows / max(rows, 1)
+            if self._term_sums is not None:
+                self._log_terms(logs, loss_tokens)
             self._log_sums.zero_()
-            self._clock.seconds = 0.0
+            self._step_timer.seconds = 0.0
         super().log(logs, start_time)
+
+
+    def _log_terms(self, logs: dict[str, float], loss_tokens: float) -> None:
+        """loss/<name>: each term's per-token mean since the last log; weight/<name>: its weight in the last step."""
+        sums = self.accelerator.reduce(self._term_sums, reduction="sum") if self.accelerator.num_processes > 1 \
+            else self._term_sums
+        weights = self.distill.loss_at(max(self.state.global_step - 1, 0), self.state.max_steps)
+        for name, total in zip(self._term_names, sums.tolist()):
+            logs[f"loss/{name}"] = total / max(loss_tokens, 1)
+            logs[f"weight/{name}"] = weights[name]
+        self._term_sums.zero_()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from decode.checks import OneLineArgumentParser, check_safetensors_whole, check_writable_file
+from decode.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
+                           check_writable_file)
 from decode.drafters import PromptLookupDrafter
 from decode.eagle3 import Eagle3Head, fit_problems, is_eagle3_folder, read_config
 from decode.evaluate import EvalSettings, evaluate_acceptance
@@ -121,6 +122,7 @@ def check_model_paths(args: argparse.Namespace) -> None:
         if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
             raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
         check_safetensors_whole(name, flag)
+        check_json_files_text(name, flag)
 
 
 def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:

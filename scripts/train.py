@@ -2,7 +2,7 @@
 
 One process (CPU or one GPU):
     python scripts/train.py recipes/tiny_distill.yaml model.target=TARGET_DIR data.dataset=TEXT_FILE
-Several GPUs (DDP), the same code:
+Several GPUs (DDP), the same code; FSDP2 (draft and target sharded) with recipes/accelerate/fsdp.yaml:
     accelerate launch --config_file recipes/accelerate/ddp.yaml scripts/train.py recipes/qwen2.5-7b-to-0.5b.yaml
 Two CPU processes (gloo), e.g. to check multi-process maths without GPUs:
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \

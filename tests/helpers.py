@@ -51,11 +51,20 @@ def run_process(command: list[str], *, timeout: float, env: dict[str, str] | Non
     return done
 
 
-def accelerate_launch(script: Path | str, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    """`script` in 2 CPU processes under `accelerate launch` (DDP over gloo; shared/ENVIRONMENT.md); must exit 0."""
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *args]
-    return run_process(command, timeout=timeout, env={"ACCELERATE_USE_CPU": "true"})
+def accelerate_launch(script: Path | str, *args: str, timeout: float,
+                      config_file: Path | None = None) -> subprocess.CompletedProcess:
+    """`script` in 2 CPU processes under `accelerate launch` (DDP over gloo, shared/ENVIRONMENT.md; or the launch
+    config `config_file` with --num_processes 2); must exit 0."""
+    return run_process(accelerate_command(script, *args, config_file=config_file), timeout=timeout,
+                       env={"ACCELERATE_USE_CPU": "true"})
+
+
+def accelerate_command(script: Path | str, *args: str, config_file: Path | None = None) -> list[str]:
+    """The `accelerate launch` command line of accelerate_launch."""
+    mode = ["--config_file", str(config_file)] if config_file else ["--multi_gpu", "--num_machines", "1",
+                                                                    "--mixed_precision", "no"]
+    return [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", "2", "--dynamo_backend",
+            "no", str(script), *args]
 
 
 def torchrun(script: Path | str, *args: str, timeout: float) -> subprocess.CompletedProcess:

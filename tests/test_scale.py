@@ -309,14 +309,14 @@ def test_export_of_a_final_lora_draft_is_merged(tmp_path):
 # accelerate launch configs
 # ---------------------------------------------------------------------------------------------------------------
 
-# file -> (distributed_type, zero_stage, offload device for optimizer and params, accepted by check_device_mode)
+# file -> (distributed_type, zero_stage, offload device for optimizer and params)
 LAUNCH_CONFIGS = {
-    "ddp.yaml": ("MULTI_GPU", None, None, True),
-    "single_process.yaml": ("NO", None, None, True),
-    "deepspeed_zero2.yaml": ("DEEPSPEED", 2, "none", True),
-    "deepspeed_zero3.yaml": ("DEEPSPEED", 3, "none", True),
-    "deepspeed_zero3_offload.yaml": ("DEEPSPEED", 3, "cpu", True),
-    "fsdp.yaml": ("FSDP", None, None, False),
+    "ddp.yaml": ("MULTI_GPU", None, None),
+    "single_process.yaml": ("NO", None, None),
+    "deepspeed_zero2.yaml": ("DEEPSPEED", 2, "none"),
+    "deepspeed_zero3.yaml": ("DEEPSPEED", 3, "none"),
+    "deepspeed_zero3_offload.yaml": ("DEEPSPEED", 3, "cpu"),
+    "fsdp.yaml": ("FSDP", None, None),
 }
 
 
@@ -326,7 +326,7 @@ def test_every_accelerate_config_is_listed_here():
 
 @pytest.mark.parametrize("name", sorted(LAUNCH_CONFIGS))
 def test_accelerate_config_keys_and_header(name):
-    distributed_type, stage, offload, _ = LAUNCH_CONFIGS[name]
+    distributed_type, stage, offload = LAUNCH_CONFIGS[name]
     path = ACCELERATE / name
     text = path.read_text()
     assert text.startswith("#") and f"accelerate launch --config_file recipes/accelerate/{name} scripts/train.py" \
@@ -342,13 +342,15 @@ def test_accelerate_config_keys_and_header(name):
     if stage == 3:
         assert deepspeed["zero3_init_flag"] is True and deepspeed["zero3_save_16bit_model"] is True
     if distributed_type == "FSDP":
-        assert config["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+        fsdp = config["fsdp_config"]
+        assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+        assert fsdp["fsdp_cpu_ram_efficient_loading"] is False
 
 
 @pytest.mark.parametrize("name", sorted(LAUNCH_CONFIGS))
 def test_accelerate_config_as_launched_meets_check_device_mode(name):
     """Parse the file the way `accelerate launch` does, give this process the environment it would get, and ask
-    check_device_mode: every mode is accepted except FSDP."""
+    check_device_mode: every shipped mode is accepted."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
@@ -362,32 +364,12 @@ def test_accelerate_config_as_launched_meets_check_device_mode(name):
         env = prepare_multi_gpu_env(args)
     else:
         env = {}
-    env = {k: v for k, v in env.items() if k.startswith(("ACCELERATE_USE_", "ACCELERATE_DEEPSPEED_"))}
+    env = {k: v for k, v in env.items() if k.startswith(("ACCELERATE_USE_", "ACCELERATE_DEEPSPEED_", "FSDP_"))}
     with mock.patch.dict(os.environ, env):
         plugin = DeepSpeedPlugin() if env.get("ACCELERATE_USE_DEEPSPEED") == "true" else None
         mode = types.SimpleNamespace(deepspeed_plugin=plugin, fsdp="")
-        if LAUNCH_CONFIGS[name][3]:
-            check_device_mode(mode)
-            assert (plugin.zero_stage if plugin else None) == LAUNCH_CONFIGS[name][1]
-        else:
-            with pytest.raises(UnsupportedModeError, match="FSDP is not supported yet"):
-                check_device_mode(mode)
-
-
-def test_fsdp_from_the_launcher_is_refused_after_an_accelerator_state_exists(monkeypatch):
-    """An AcceleratorState made earlier in the process (e.g. by an earlier Trainer) does not hide the launcher's
-    FSDP request from check_device_mode."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, is_initialized
-    try:
-        Accelerator(cpu=True)
-        assert is_initialized()
-        check_device_mode(types.SimpleNamespace(deepspeed_plugin=None, fsdp=""))  # no FSDP asked for: accepted
-        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-        with pytest.raises(UnsupportedModeError, match="FSDP is not supported yet"):
-            check_device_mode(types.SimpleNamespace(deepspeed_plugin=None, fsdp=""))
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
+        check_device_mode(mode)
+        assert (plugin.zero_stage if plugin else None) == LAUNCH_CONFIGS[name][1]
 
 
 def test_zero3_without_whole_weights_in_checkpoints_is_refused(monkeypatch):
