@@ -13,7 +13,7 @@ from distill.config import DistillConfig
 from distill.head_loss import (UnrolledHead, restricted_head, step_token_counts, target_features, ttt_mask,
                                ttt_step_sums, weighted_loss)
 from distill.heads import label_token_counts, most_frequent
-from distill.losses import DIVERGENCES, LossOptions
+from distill.losses import DIVERGENCES
 from distill.utils import IGNORE_INDEX
 from tiny import tiny_model
 
@@ -69,7 +69,7 @@ def reference_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfi
     fused = head.fuse(target_aux_hidden(out.hidden_states, head.aux_layers))  # [B, T, H]
     teacher_logits = out.logits[..., head.target_ids]  # [B, T, V_draft]: p restricted to the draft vocabulary
     draft_id = {int(t): i for i, t in enumerate(head.target_ids)}
-    a, w = LossOptions(distill.loss, distill.beta, distill.temperature, distill.ce_weight).weights()
+    w = distill.ce_weight  # loss = (1 - w) kd + w ce; loss "ce" is ce alone
     divergence = DIVERGENCES.get(distill.loss)
     steps, (rows, length) = distill.ttt_steps, ids.shape
     sums, counts = [0.0] * steps, [0] * steps
@@ -102,7 +102,7 @@ def reference_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfi
                 teacher = F.log_softmax(teacher_logits[b, t + 1 + j] / distill.temperature, -1)[None]
                 ce = F.cross_entropy(logits[None], torch.tensor([draft_id[label]]))
                 kd = divergence.value(student, teacher, distill.beta)[0] if divergence else 0.0
-                sums[j] = sums[j] + (ce if distill.loss == "ce" else a * kd + w * ce)
+                sums[j] = sums[j] + (ce if distill.loss == "ce" else (1 - w) * kd + w * ce)
                 counts[j] += 1
     return sum(distill.ttt_decay ** j * sums[j] / max(counts[j], 1) for j in range(steps))
 
@@ -112,7 +112,7 @@ def batched_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfig)
     aux, final = target_features(target, inputs["input_ids"], inputs["attention_mask"], head.aux_layers)
     outputs = UnrolledHead(head, distill.ttt_steps)(inputs["input_ids"], aux)
     sums = ttt_step_sums(head, outputs, final, restricted_head(target.get_output_embeddings(), head),
-                         inputs["labels"], inputs["attention_mask"], distill)
+                         inputs["labels"], inputs["attention_mask"], distill, loss=distill.loss_at(0, 1))
     counts = step_token_counts(inputs["labels"], inputs["attention_mask"], head, distill.ttt_steps)
     assert [s.num_tokens for s in sums] == counts.tolist()
     return weighted_loss(sums, counts, distill.ttt_decay)
@@ -181,3 +181,13 @@ def test_draft_vocabulary_is_the_most_frequent_label_tokens_ties_by_id():
     # 9 (3 times), then 2, 5, 7 (twice each): the tie keeps the smaller ids; ascending order
     assert most_frequent(counts, 3).tolist() == [2, 5, 9]
     assert most_frequent(counts, 12).tolist() == list(range(12))
+
+
+def test_a_loss_combination_is_the_weighted_sum_of_its_terms_for_heads():
+    """distill.loss as a weighted combination ({name: weight}) goes through ttt_step_sums like a single name."""
+    target, head = tiny_pair(draft_vocab=40)
+    inputs = batch(seed=5)
+    steps = dict(ttt_steps=3, ttt_decay=0.8)
+    mixed = batched_loss(target, head, inputs, DistillConfig(loss={"forward_kl": 0.25, "tv": 0.75}, **steps))
+    parts = [batched_loss(target, head, inputs, DistillConfig(loss=name, **steps)) for name in ("forward_kl", "tv")]
+    torch.testing.assert_close(mixed, 0.25 * parts[0] + 0.75 * parts[1], rtol=1e-10, atol=1e-12)
