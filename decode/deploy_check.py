@@ -15,6 +15,8 @@ Checks (each failure is one line naming the check, what was found and what to do
 - generation_config: num_assistant_tokens (gamma) set, with a constant schedule and confidence threshold 0, so
   transformers drafts the measured gamma (its defaults draft up to 20 tokens and stop early on low confidence).
 The target can be a local folder or a hub id (its config and tokenizer are read); the draft is a local folder.
+An EAGLE-3 head folder (its config's architectures, decode.eagle3.is_eagle3_folder) gets the head's checks instead
+(decode/head_deploy_check.py) and the head's serving commands.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from decode.checks import check_json_files_text, read_text
+from decode.eagle3 import is_eagle3_folder
+from decode.head_deploy_check import HEAD_CHECKS, check_head, head_serving_commands
 from decode.loading import LoadError, first_line
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
 
@@ -37,12 +41,15 @@ DEFAULT_GAMMA = 4  # shown in the commands when the draft's generation_config na
 @dataclass
 class DeployReport:
     """What check_deploy found: ``problems`` maps a check to its one-line failure; ``gamma`` is the draft's
-    generation_config.num_assistant_tokens (None when unset)."""
+    generation_config.num_assistant_tokens (None when unset); ``kind`` is "model" or "eagle3" (a head), whose
+    ``checks`` were run."""
 
     target: str
     draft: str
     gamma: int | None = None
     problems: dict[str, str] = field(default_factory=dict)
+    kind: str = "model"
+    checks: tuple[str, ...] = CHECKS
 
     @property
     def passed(self) -> bool:
@@ -50,10 +57,11 @@ class DeployReport:
 
     def lines(self) -> list[str]:
         """One line per check: ``ok   <check>`` or ``FAIL <check>: <problem>``."""
-        return [f"FAIL {name}: {self.problems[name]}" if name in self.problems else f"ok   {name}" for name in CHECKS]
+        return [f"FAIL {name}: {self.problems[name]}" if name in self.problems else f"ok   {name}"
+                for name in self.checks]
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "passed": self.passed, "checks": list(CHECKS)}
+        return {**asdict(self), "passed": self.passed, "checks": list(self.checks)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -220,6 +228,8 @@ def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False
         raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
     check_json_files_text(draft_dir, "draft")
     check_json_files_text(target, "target")
+    if is_eagle3_folder(draft_dir):
+        return check_head_deploy(target, draft_dir, trust_remote_code)
     try:
         draft_config = AutoConfig.from_pretrained(draft_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -240,10 +250,30 @@ def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False
                         problems={name: line for name, line in found.items() if line})
 
 
+def check_head_deploy(target: str, draft_dir: Path, trust_remote_code: bool = False) -> DeployReport:
+    """HEAD_CHECKS of an EAGLE-3 head folder (decode/head_deploy_check.py) next to ``target``. Raises LoadError
+    when the target's config cannot be read."""
+    from transformers import AutoConfig
+
+    try:
+        target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
+    tensors = draft_tensors(draft_dir)
+    generation_problem, gamma = check_generation_config(draft_dir)
+    found = {"safetensors": check_safetensors(draft_dir, tensors), **check_head(draft_dir, target_config, tensors),
+             "dtype": check_dtype(target_config, tensors), "generation_config": generation_problem}
+    return DeployReport(target=str(target), draft=str(draft_dir), gamma=gamma, kind="eagle3", checks=HEAD_CHECKS,
+                        problems={name: line for name, line in found.items() if line})
+
+
 def serving_commands(report: DeployReport) -> str:
-    """Copy-paste commands serving the pair: transformers (assistant_model), vLLM (draft_model), SGLang (STANDALONE)."""
+    """Copy-paste commands serving the pair: transformers (assistant_model), vLLM (draft_model), SGLang (STANDALONE);
+    for a head: specdistill-eval, vLLM (eagle3) and SGLang (EAGLE3)."""
     target, draft = report.target, report.draft
     gamma = report.gamma or DEFAULT_GAMMA
+    if report.kind == "eagle3":
+        return head_serving_commands(target, draft, gamma)
     vllm = json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": gamma})
     return f"""# transformers (assisted generation; gamma = {gamma} from the draft's generation_config)
 python -c "

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-import decode.static as static
+from decode.static import bucket, compile_options, register
 from decode.eagle3 import Eagle3Head
 from decode.sampling import SamplingConfig, draw, probs_from_logits
 
@@ -52,7 +52,7 @@ class HeadCache:
         if self.k.numel() and capacity <= self.capacity:
             return
         attn = self.head.midlayer.self_attn
-        k = self.head.fc.weight.new_zeros(1, attn.num_kv_heads, static.bucket(capacity), attn.head_dim)
+        k = self.head.fc.weight.new_zeros(1, attn.num_kv_heads, bucket(capacity), attn.head_dim)
         v = torch.zeros_like(k)
         if self.length:
             k[:, :, : self.length], v[:, :, : self.length] = self.k[:, :, : self.length], self.v[:, :, : self.length]
@@ -102,12 +102,13 @@ class HeadCache:
         if length in self.steps:
             return self.steps[length]
         device = self.k.device
+        # the compiling call writes the last slots, past any valid position (reserve keeps that overhang free)
         inputs = (torch.zeros(1, length, dtype=torch.long, device=device),
                   self.k.new_zeros(1, length, self.head.config.hidden_size),
-                  torch.zeros(1, length, dtype=torch.long, device=device))
+                  torch.arange(self.capacity - length, self.capacity, device=device).view(1, length))
         for buffer in (*inputs, self.k, self.v):
             torch._dynamo.mark_static_address(buffer)
-        function = torch.compile(self.forward, **static.compile_options(device))
+        function = torch.compile(self.forward, **compile_options(device))
 
         def run(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             for buffer, value in zip(inputs, args):
@@ -117,7 +118,7 @@ class HeadCache:
 
         started = time.perf_counter()
         try:
-            run(*inputs)  # slots from 0: stale until written by a real step
+            run(*inputs)
             self.steps[length] = run
         except Exception as err:  # noqa: BLE001 - any compiler failure means: draft eagerly
             reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -150,9 +151,9 @@ def head_cache(head: Eagle3Head, capacity: int, compile: bool, max_gamma: int) -
     head, whose compiled 1-token and (max_gamma + 1)-token steps are reused across generations."""
     if not compile:
         return HeadCache(head, capacity)
-    cache = static.register(head, "head", lambda: HeadCache(head, capacity, True, (1, max_gamma + 1)))
+    cache = register(head, "head", lambda: HeadCache(head, capacity, True, (1, max_gamma + 1)))
     if max_gamma + 1 not in cache.lengths:
-        cache.lengths, cache.steps = tuple(sorted({*cache.lengths, max_gamma + 1})), {}
+        cache.lengths = tuple(sorted({*cache.lengths, max_gamma + 1}))
     cache.reserve(capacity)
     cache.precompile()
     cache.length = 0
@@ -184,7 +185,7 @@ class HeadDrafter:
         """The target's aux hidden states [T, k * H] of the next T committed tokens (those it processed last)."""
         self.features.append(aux)
 
-    def full_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
+    def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [1, V_draft] -> target-vocabulary logits [1, V] (-inf outside the draft vocab)."""
         logits = self.head.to_target_vocab(draft_logits)
         if logits.shape[-1] < self.vocab_size:  # a target lm_head padded past the tokenizer: never proposed
@@ -198,6 +199,7 @@ class HeadDrafter:
             self.drafted = 0
             return cur.new_empty(0), None
         first, new = self.cache.length, pending.shape[0]
+        assert len(history) == first + new + 1, "the committed tokens and the target's features disagree"
         # positions P..M-1 hold tokens x_{P+1}..x_M (x_M = cur = history[-1]) and the target's features h_P..h_{M-1}
         tokens = torch.tensor([history[first + 1: first + 1 + new]], dtype=torch.long, device=cur.device)
         hidden = self.head.fuse(pending.to(self.head.fc.weight.dtype)).unsqueeze(0)  # [1, T, H]
@@ -217,7 +219,7 @@ class HeadDrafter:
     def choose(self, draft_logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A draft token [1] (target id) from logits [1, V_draft], and q [1, V] when sampling."""
-        logits = self.full_vocab(draft_logits)  # [1, V]
+        logits = self.target_logits(draft_logits)  # [1, V]
         if cfg.greedy:
             return logits.argmax(dim=-1), None
         q = probs_from_logits(logits, cfg)  # zero outside the draft vocabulary

@@ -206,3 +206,76 @@ def test_export_layout_vllm_loads(tmp_path):
     assert "d2t" in load_file(tmp_path / "small" / "model.safetensors")
     loaded = Eagle3Head.from_pretrained(tmp_path / "small")
     assert torch.equal(loaded.target_ids, torch.arange(10) * 3) and torch.equal(loaded.t2d, small.t2d)
+
+
+# ---- the compiled path (static head cache, compiled steps; aot_eager as in tests/test_decode_compile.py) -----------
+@pytest.fixture()
+def aot_eager(monkeypatch):
+    import decode.static as static
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(static, "BACKEND", "aot_eager")
+    yield
+    torch._dynamo.reset()
+
+
+def test_compiled_trained_head_is_lossless_and_matches_the_reference(trained, aot_eager, monkeypatch):
+    target, head = trained
+    plain = autoregressive_generate(target, PROMPT, max_new_tokens=30)
+    seen = []
+    original = HeadDrafter.propose
+
+    def recording(self, history, cur, gamma, cfg, generator):
+        drafts, q = original(self, history, cur, gamma, cfg, generator)
+        seen.append((list(history), drafts.tolist()))
+        return drafts, q
+
+    monkeypatch.setattr(HeadDrafter, "propose", recording)
+    for prompt in (PROMPT, PROMPT[:, :1]):
+        out = speculative_generate(target, head, prompt, max_new_tokens=30, gamma=3, compile=True)
+        assert out.sequences.tolist() == autoregressive_generate(target, prompt, max_new_tokens=30).sequences.tolist()
+    out = speculative_generate(target, head, PROMPT, max_new_tokens=30, gamma=3, compile=True)
+    assert out.sequences.tolist() == plain.sequences.tolist()
+    assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens
+    assert len(seen) > 10
+    for history, drafts in seen:  # padded first passes and stale slots never change a proposal
+        if drafts:  # (a one-token prompt's first step has no target feature to draft from)
+            assert drafts == reference_proposal(target, head, history, len(drafts))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_random_head_greedy_equals_plain_decoding(arch, aot_eager):
+    target = tiny_model(arch, seed=0, layers=4)
+    head = new_head(target)
+    plain = autoregressive_generate(target, PROMPT, max_new_tokens=24)
+    out = speculative_generate(target, head, PROMPT, max_new_tokens=24, gamma=2, compile=True)
+    assert out.sequences.tolist() == plain.sequences.tolist()
+
+
+def test_head_compile_failure_falls_back_to_eager_with_a_warning(monkeypatch):
+    import decode.static as static
+
+    def broken_backend(graph, example_inputs):
+        raise RuntimeError("this backend cannot compile anything")
+
+    monkeypatch.setattr(static, "BACKEND", broken_backend)
+    target = tiny_model("qwen2", seed=4, layers=4)
+    head = new_head(target)
+    plain = autoregressive_generate(target, PROMPT, max_new_tokens=12)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed for the EAGLE-3 head"):
+        out = speculative_generate(target, head, PROMPT, max_new_tokens=12, gamma=2, compile=True)
+    assert out.sequences.tolist() == plain.sequences.tolist()
+
+
+@pytest.mark.integration
+def test_compiled_head_sampling_is_lossless(aot_eager):
+    target, head = sampling_pair(5)
+    cfg = sampling.CONFIGS[3]
+    p1, p2, p3, _ = sampling.exact_marginals(target, cfg)
+    g = torch.Generator().manual_seed(0)
+    s = torch.stack([speculative_generate(target, head, sampling.PROMPT, max_new_tokens=3, gamma=2, generator=g,
+                                          temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                          compile=True).sequences[0, -3:] for _ in range(1200)])
+    for observed, expected in [(s[:, 0], p1), (s[:, 1], p2), (s[:, 2], p3)]:
+        assert sampling.chi2_pvalue(torch.bincount(observed, minlength=sampling.VOCAB), expected) > 1e-4

@@ -1,0 +1,98 @@
+"""The deployment checks of an EAGLE-3 head folder (decode/eagle3.py), next to its target; decode/deploy_check.py
+runs them when the draft folder's config names the head's architecture.
+
+Checks (each failure is one line naming what was found and what to do):
+- safetensors: the folder holds *.safetensors weights;
+- aux_layers: exactly 3 distinct ascending target layer ids, all among the target's layers (vLLM's fc reads 3
+  hidden states, one per distinct id, in layer order);
+- hidden_size: the head's hidden_size and target_hidden_size are the target's (shared embedding, its hidden states);
+- vocab: the head's vocab_size is the target's;
+- lm_head: lm_head.weight has draft_vocab_size rows of hidden_size;
+- d2t: a head over part of the vocabulary stores d2t [draft_vocab_size] mapping every draft id to a distinct target
+  id (i + d2t[i]) inside the vocabulary; a whole-vocabulary head stores none (vLLM refuses it there);
+- dtype: the stored weights have the target's dtype;
+- generation_config: num_assistant_tokens (the served gamma) set, constant schedule, threshold 0.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from decode.eagle3 import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
+
+HEAD_CHECKS = ("safetensors", "aux_layers", "hidden_size", "vocab", "lm_head", "d2t", "dtype", "generation_config")
+VLLM_AUX_LAYERS = 3
+
+
+def check_aux_layers(config: dict, target_config) -> str | None:
+    layers = aux_layer_ids(config)
+    if len(layers) != VLLM_AUX_LAYERS or layers != sorted(set(layers)):
+        return (f"eagle_config.eagle_aux_hidden_state_layer_ids is {layers}: vLLM and SGLang read exactly "
+                f"{VLLM_AUX_LAYERS} distinct target layers, ascending; train the head with 3 model.aux_layers")
+    return fit_problems(config, target_config).get("aux_layers")
+
+
+def check_lm_head(config: dict, tensors: dict) -> str | None:
+    rows, hidden = config.get("draft_vocab_size") or config.get("vocab_size"), config.get("hidden_size")
+    shape = tensors.get("lm_head.weight", {}).get("shape")
+    if shape is None:
+        return "the head's weights have no lm_head.weight: export the head with Eagle3Head.save_pretrained"
+    if list(shape) != [rows, hidden]:
+        return (f"lm_head.weight is {list(shape)} but the config says draft_vocab_size={rows}, hidden_size={hidden}: "
+                "the config and the weights come from different heads")
+    return None
+
+
+def check_d2t(config: dict, folder: Path, tensors: dict) -> str | None:
+    vocab = config.get("vocab_size")
+    draft_vocab = config.get("draft_vocab_size") or vocab
+    if draft_vocab >= vocab:  # the whole vocabulary (a larger one is the vocab check's finding)
+        if "d2t" in tensors:
+            return ("a whole-vocabulary head stores d2t: vLLM has no parameter for it there and refuses the folder; "
+                    "re-export it with Eagle3Head.save_pretrained")
+        return None
+    if "d2t" not in tensors:
+        return (f"draft_vocab_size={draft_vocab} < vocab_size={vocab} but the weights have no d2t (draft id -> "
+                "target id offsets): vLLM would read draft ids as target ids")
+    with safe_open(str(folder / WEIGHTS_FILE), "pt") as f:
+        d2t = f.get_tensor("d2t").long()
+    if d2t.shape != (draft_vocab,):
+        return f"d2t has shape {list(d2t.shape)} but draft_vocab_size is {draft_vocab}"
+    target_ids = torch.arange(draft_vocab) + d2t  # target id of draft id i = i + d2t[i]
+    if target_ids.min() < 0 or target_ids.max() >= vocab or target_ids.unique().numel() != draft_vocab:
+        return (f"d2t maps draft ids to target ids {int(target_ids.min())}..{int(target_ids.max())} "
+                f"({target_ids.unique().numel()} distinct of {draft_vocab}): they must be distinct ids in "
+                f"0..{vocab - 1}")
+    return None
+
+
+def check_head(folder: Path, target_config, tensors: dict) -> dict[str, str | None]:
+    """The head-specific checks of the module docstring ({check: problem or None}); deploy_check adds safetensors,
+    dtype and generation_config, which drafts of every kind share."""
+    config = read_config(folder)
+    fit = fit_problems(config, target_config)
+    return {
+        "aux_layers": check_aux_layers(config, target_config),
+        "hidden_size": fit.get("hidden_size"),
+        "vocab": fit.get("vocab"),
+        "lm_head": check_lm_head(config, tensors),
+        "d2t": check_d2t(config, folder, tensors) if tensors else None,
+    }
+
+
+def head_serving_commands(target: str, draft: str, gamma: int) -> str:
+    """vLLM and SGLang commands serving ``draft`` (an EAGLE-3 head folder) next to ``target`` with ``gamma``."""
+    vllm = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": gamma})
+    return f"""# specdistill's own decoder (the same measurement as the trainer's)
+specdistill-eval --target {target} --draft {draft} --prompts PROMPTS --gamma {gamma}
+
+# vLLM
+vllm serve {target} --speculative-config '{vllm}'
+
+# SGLang
+python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\
+    --speculative-draft-model-path {draft} --speculative-num-steps {gamma} --speculative-eagle-topk 1 \\
+    --speculative-num-draft-tokens {gamma + 1}"""
