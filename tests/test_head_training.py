@@ -141,7 +141,9 @@ def test_a_trained_head_is_accepted_more_and_exports_the_served_folder(workdir):
     assert all(r["greedy_match"] == 1.0 for r in records)  # the head drafter stays lossless
 
     # the best checkpoint, exported in vLLM's eagle3 layout; reloaded, it computes the trained head's logits
-    best = json.loads((out / "train_results.json").read_text())["best"]
+    results = json.loads((out / "train_results.json").read_text())
+    best = results["best"]
+    assert results["deploy_check"]["passed"] is True, results["deploy_check"]  # specdistill-check knows heads
     assert is_eagle3_folder(out) and (out / "tokenizer.json").is_file()
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 200
