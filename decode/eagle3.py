@@ -196,6 +196,11 @@ class Eagle3Head(nn.Module):
     def has_embeddings(self) -> bool:
         return bool(self._embed)
 
+    @property
+    def bound_embeddings(self) -> nn.Module | None:
+        """The target's input embedding set by `bind_embeddings` (None before)."""
+        return self._embed[0] if self._embed else None
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self._embed:
             raise RuntimeError("the head has no token embedding: call bind_embeddings(target.get_input_embeddings())")

@@ -12,10 +12,11 @@ The cost ratios c and v of the cost model tau / (gamma * c + v) are measured onc
 acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and written into
 every record, next to the measured wall-clock speedup; distill.export picks the best checkpoint from them.
 
-What is measured is what gets exported: a LoRA draft is measured as a merged copy, and under ZeRO-3 or FSDP2 rank 0
-measures whole copies of draft and target gathered from every rank's partitions (all ranks take part in the
-gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 / FSDP2 the last step is always
-saved as a checkpoint, so the export reads whole weights from disk.
+What is measured is what gets exported: an EAGLE-3 head is measured as the Eagle3Head itself (the trainer holds it
+inside distill.head_loss.UnrolledHead; decode's head drafter runs it), a LoRA draft as a merged copy, and under
+ZeRO-3 or FSDP2 rank 0 measures whole copies of draft and target gathered from every rank's partitions (all ranks
+take part in the gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 / FSDP2
+the last step is always saved as a checkpoint, so the export reads whole weights from disk.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from distill.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.config import EvalConfig
 from distill.distributed import is_partitioned, plain_copy
 from distill.export import best_record, draft_at_checkpoint
+from distill.heads import served_draft
 from distill.lora import is_lora
 from distill.utils import eval_mode
 
@@ -93,6 +95,7 @@ class AcceptanceCallback(TrainerCallback):
                        model: PreTrainedModel | None = None, **kwargs):
         """Keep the complete measurements of steps this run has already done (resume), drop those of an abandoned
         future and any interrupted one, then measure every saved checkpoint that still lacks its lines."""
+        model = served_draft(model)
         if state.is_world_process_zero:
             records = read_records(args.output_dir)
             done = complete_steps(records, self.cfg.gammas, self.cfg.temperatures)
@@ -114,7 +117,7 @@ class AcceptanceCallback(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 model: PreTrainedModel | None = None, **kwargs):
         if self.cfg.at_checkpoints:
-            self._measure_on_rank_zero(args, state, model, f"checkpoint-{state.global_step}")
+            self._measure_on_rank_zero(args, state, served_draft(model), f"checkpoint-{state.global_step}")
 
     # ---- after training (distill.pipeline's measure step) -------------------------------------------------------
 

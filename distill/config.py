@@ -25,11 +25,19 @@ __all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTION_TYPES", "SECTION
 # The sections
 # ---------------------------------------------------------------------------------------------------------------
 
+DRAFT_KINDS = ("standalone", "eagle3")
+STANDALONE_KEYS = ("draft", "draft_layers", "draft_config")
+
+
 @dataclass
 class ModelConfig:
-    """Which target to distil from and how the draft is made (exactly one of draft, draft_layers, draft_config)."""
+    """Which target to distil from and how the draft is made: a standalone model (exactly one of draft,
+    draft_layers, draft_config) or an EAGLE-3 head on the target's hidden states (draft_kind eagle3)."""
 
     target: str = option("", "Target LLM: local folder or hub id (required).")
+    draft_kind: Literal["standalone", "eagle3"] = option(
+        "standalone", "standalone: a small LM of its own (model.draft / draft_layers / draft_config); eagle3: an "
+                      "EAGLE-3 head (one decoder layer on the target's hidden states, served by vLLM and SGLang).")
     target_dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
         "auto", "dtype the frozen target is loaded in; auto = the dtype in its config.")
     draft: str | None = option(None, "Draft to fine-tune: local folder or hub id.")
@@ -42,17 +50,72 @@ class ModelConfig:
     tokenizer: str | None = option(None, "Tokenizer folder or hub id; null = the target's.")
     trust_remote_code: bool = option(False, "Allow model code from the hub (only for repos you trust).")
     attn_implementation: str | None = option(None, "eager, sdpa, flash_attention_2, ...; null = transformers' pick.")
+    # EAGLE-3 heads (draft_kind eagle3; recipes/README.md, "EAGLE-3 heads")
+    aux_layers: list[int] | None = option(
+        None, "eagle3: the target's layer ids whose hidden states the head reads (3 distinct, ascending, as vLLM "
+              "requires; id i = the residual stream entering decoder layer i); null = vLLM's default "
+              "(2, L // 2, L - 3), a repeated id moved to the nearest free layer.")
+    draft_vocab_size: int | None = option(
+        None, "eagle3: rows of the head's lm_head, the most frequent target tokens of the training data; null = the "
+              "whole vocabulary when it has <= 32768 tokens, else 32768.")
+    head_intermediate_size: int | None = option(
+        None, "eagle3: the MLP width of the head's decoder layer; null = the target's intermediate_size.")
 
     def __post_init__(self) -> None:
         check_types(self)
         require(bool(self.target), "target", self.target, "a local folder or hub id of the target model")
-        chosen = [k for k in ("draft", "draft_layers", "draft_config") if getattr(self, k) is not None]
+        chosen = [k for k in STANDALONE_KEYS if getattr(self, k) is not None]
+        if self.draft_kind == "eagle3":
+            require(not chosen, chosen[0] if chosen else "draft", getattr(self, chosen[0]) if chosen else None,
+                    "null with model.draft_kind eagle3 (model.draft, draft_layers and draft_config are for "
+                    "standalone drafts; a head is built from the target)")
+            self._check_head_keys()
+            return
         require(len(chosen) == 1, "draft", chosen or None,
                 "exactly one of model.draft, model.draft_layers, model.draft_config")
+        for key in ("aux_layers", "draft_vocab_size", "head_intermediate_size"):
+            require(getattr(self, key) is None, key, getattr(self, key),
+                    "null with model.draft_kind standalone (it is a key of EAGLE-3 heads: model.draft_kind eagle3)")
         if self.draft_layers is not None:
             layers = self.draft_layers
             require(len(layers) > 0 and min(layers) >= 0 and layers == sorted(set(layers)), "draft_layers", layers,
                     "a non-empty, strictly increasing list of layer indices >= 0")
+
+    def _check_head_keys(self) -> None:
+        """Ranges of the eagle3 keys that need no config (aux layer ids are checked against the target's config
+        in distill.preflight)."""
+        if self.aux_layers is not None:
+            layers = self.aux_layers
+            require(len(layers) == 3 and min(layers) >= 0 and layers == sorted(set(layers)), "aux_layers", layers,
+                    "null or 3 distinct, ascending layer ids >= 0 (vLLM's EAGLE-3 reads exactly 3, in layer order)")
+        require(self.draft_vocab_size is None or self.draft_vocab_size > 0, "draft_vocab_size",
+                self.draft_vocab_size, "null or an integer > 0")
+        require(self.head_intermediate_size is None or self.head_intermediate_size > 0, "head_intermediate_size",
+                self.head_intermediate_size, "null or an integer > 0")
+
+
+def _check_head_run(sections: dict[str, Any], source: str, override_keys: typing.Collection[str]) -> None:
+    """What an EAGLE-3 head cannot be trained with: each refusal names the key."""
+    refusals = [
+        ("lora.enabled", sections["lora"].enabled, "false with model.draft_kind eagle3 (a head is one small "
+                                                   "layer trained in full; LoRA adapts pre-trained drafts)"),
+        ("distill.teacher_cache", sections["distill"].teacher_cache is not None,
+         "null with model.draft_kind eagle3 (a head reads the target's hidden states at every step, which the "
+         "cache of top-k log-probabilities does not hold)"),
+        ("distill.on_policy_fraction", sections["distill"].on_policy_fraction > 0,
+         "0 with model.draft_kind eagle3 (on-policy rows are sampled from standalone drafts only)"),
+        ("train.gradient_checkpointing", sections["train"].gradient_checkpointing,
+         "false with model.draft_kind eagle3 (a head is one layer: there is nothing to recompute)"),
+        ("data.target_gamma", sections["data"].target_gamma is not None,
+         "null with model.draft_kind eagle3 (the target's responses are generated by the target alone: an "
+         "untrained head would only slow them down)"),
+    ]
+    for key, refused, allowed in refusals:
+        if refused:
+            section, name = key.split(".")
+            value = getattr(sections[section], name)
+            where = OVERRIDE_SOURCE if {key, "model.draft_kind"} & set(override_keys) else source
+            raise RecipeError(key, f"got {value!r}; allowed: {allowed}", where)
 
 
 LORA_ALL_LINEAR = "all-linear"
@@ -91,6 +154,16 @@ class LoraConfig:
 def check_across_sections(sections: dict[str, Any], source: str, override_keys: typing.Collection[str]) -> None:
     """Rules that involve two sections (each section has already checked its own keys)."""
     lora, model = sections["lora"], sections["model"]
+    if model.draft_kind == "eagle3":
+        _check_head_run(sections, source, override_keys)
+    else:
+        distill = sections["distill"]
+        for key, default in (("ttt_steps", 1), ("ttt_decay", 1.0)):
+            if getattr(distill, key) != default:
+                where = OVERRIDE_SOURCE if {f"distill.{key}", "model.draft_kind"} & set(override_keys) else source
+                raise RecipeError(f"distill.{key}", f"got {getattr(distill, key)!r}; allowed: {default} with "
+                                  "model.draft_kind standalone (training-time test unrolls EAGLE-3 heads: "
+                                  "model.draft_kind eagle3)", where)
     if lora.enabled and model.draft_config is not None:
         where = OVERRIDE_SOURCE if {"lora.enabled", "model.draft_config"} & set(override_keys) else source
         raise RecipeError("lora.enabled", "got true with model.draft_config; allowed: false for a draft built from "
@@ -204,6 +277,12 @@ class DistillConfig:
     on_policy_max_new_tokens: int = option(
         128, "Tokens the draft samples per on-policy row (stops earlier at eos; the row stays <= data.max_length).")
     on_policy_temperature: float = option(1.0, "Sampling temperature of the draft's on-policy samples; 0 = greedy.")
+    # training-time test of EAGLE-3 heads (recipes/README.md, "EAGLE-3 heads")
+    ttt_steps: int = option(
+        1, "eagle3: K, steps the head is unrolled on its own outputs in training (training-time test; EAGLE-3 "
+           "uses 7); step j is scored against the target at its position. >= 1; 1 = no unrolling.")
+    ttt_decay: float = option(
+        1.0, "eagle3: step j's loss is weighted by ttt_decay ** j, in (0, 1].")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -229,6 +308,8 @@ class DistillConfig:
                 "an integer > 0")
         require(self.on_policy_temperature >= 0, "on_policy_temperature", self.on_policy_temperature,
                 "a number >= 0")
+        require(self.ttt_steps >= 1, "ttt_steps", self.ttt_steps, "an integer >= 1")
+        require(0.0 < self.ttt_decay <= 1.0, "ttt_decay", self.ttt_decay, "a number in (0, 1]")
         require(self.on_policy_fraction == 0 or bool(teacher_terms), "on_policy_fraction", self.on_policy_fraction,
                 "0 with distill.loss ce (cross-entropy on the draft's own samples teaches nothing)")
         if self.teacher_cache is not None:

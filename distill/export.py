@@ -26,6 +26,7 @@ from distill.checkpoints import crash_point, find_checkpoints
 from distill.config import Recipe
 from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.fsdp import unsharded_original
+from distill.heads import head_at_checkpoint, save_head, served_head
 from distill.lora import is_lora
 from distill.run_folder import write_results
 
@@ -60,7 +61,9 @@ def set_assisted_generation(draft: PreTrainedModel, gamma: int) -> None:
 def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
     """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
     that are put on a copy of `final_draft` (its frozen base is the same at every step; under FSDP2 the unsharded
-    copy kept before sharding) and merged."""
+    copy kept before sharding) and merged; an EAGLE-3 head's weights (distill.heads)."""
+    if served_head(final_draft) is not None:
+        return head_at_checkpoint(folder, final_draft)
     if (folder / "adapter_config.json").is_file():
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
@@ -101,8 +104,11 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     gamma = best["gamma"] if best else default_gamma
     if gamma == "auto":  # a gamma-auto record: export its mean chosen draft length
         gamma = max(1, round(best["mean_gamma"]))
-    set_assisted_generation(draft, gamma)
-    draft.save_pretrained(output_dir, safe_serialization=True)
+    if served_head(draft) is not None:  # the served layout of vLLM and SGLang (decode/eagle3.py)
+        save_head(served_head(draft), output_dir, gamma)
+    else:
+        set_assisted_generation(draft, gamma)
+        draft.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}

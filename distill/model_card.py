@@ -22,6 +22,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from decode.checks import read_text
+from decode.eagle3 import ARCHITECTURE, is_eagle3_folder
 from decode.results import read_eval_json
 from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table
 from distill.acceptance_log import best_checkpoint, log_path, read_records
@@ -134,7 +135,13 @@ def describe_draft(model_dir: Path) -> str:
     """One line on the draft's architecture from config.json and its parameter count from the safetensors headers."""
     parts = []
     config_path = Path(model_dir) / "config.json"
-    if config_path.is_file():
+    if config_path.is_file() and is_eagle3_folder(model_dir):
+        config = json.loads(read_text(config_path))
+        layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        parts += [f"EAGLE-3 head ({ARCHITECTURE}): one decoder layer on the target's hidden states at layers {layers}",
+                  f"hidden size {config.get('hidden_size')}",
+                  f"draft vocabulary {config.get('draft_vocab_size')} of {config.get('vocab_size')} tokens"]
+    elif config_path.is_file():
         config = json.loads(read_text(config_path))
         parts.append(str(config.get("model_type", "unknown architecture")))
         layers = config.get("num_hidden_layers", config.get("n_layer"))
@@ -275,6 +282,48 @@ vllm serve {target} --speculative-config '{spec}'
 """
 
 
+def head_usage_section(target: str, repo_id: str, gamma: int | None) -> str:
+    """'## Usage' of an EAGLE-3 head: vLLM (method eagle3) and SGLang (EAGLE3, chain drafting) at ``gamma``."""
+    g = gamma if gamma is not None else 4
+    why = ("the gamma with the best cost-model speedup above" if gamma is not None
+           else "an untuned default: measure and pick your own")
+    spec = json.dumps({"method": "eagle3", "model": repo_id, "num_speculative_tokens": g})
+    return f"""## Usage
+
+An EAGLE-3 head reads the target's own hidden states: it runs only next to `{target}` (same tokenizer; the
+target's input embedding is shared, not stored here). The target's output distribution is unchanged.
+`gamma = {g}` is {why}.
+
+### vLLM
+
+```python
+from vllm import LLM, SamplingParams
+
+llm = LLM(model="{target}", speculative_config={spec})
+outputs = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0.0, max_tokens=128))
+print(outputs[0].outputs[0].text)
+```
+
+```bash
+vllm serve {target} --speculative-config '{spec}'
+```
+
+### SGLang
+
+```bash
+python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\
+    --speculative-draft-model-path {repo_id} --speculative-num-steps {g} --speculative-eagle-topk 1 \\
+    --speculative-num-draft-tokens {g + 1}
+```
+
+### specdistill (the decoder that measured it)
+
+```bash
+specdistill-eval --target {target} --draft {repo_id} --gamma {g}
+```
+"""
+
+
 def eval_results(results: list[dict], prompts: str | None) -> list[EvalResult]:
     """The model-index entries: one EvalResult per measured CARD_METRICS value of each (gamma, temperature)."""
     dataset = prompts or "eval prompts"
@@ -304,19 +353,25 @@ def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, e
         prompts = shown_path(prompts, model_dir)
     target_ref = f"[`{target}`](https://huggingface.co/{target})" if is_hub_id(target) else f"`{target}`"
     draft_line = describe_draft(model_dir)
+    head = is_eagle3_folder(model_dir)
     recipe = (f"```yaml\n{recipe_text.rstrip()}\n```\n" if recipe_text
               else "No recipe.yaml was saved with this model.\n")
     sections = [
         f"# {repo_id.split('/')[-1]}\n\n"
-        f"A draft model for speculative decoding with target {target_ref}, trained with specdistill. "
-        "The draft proposes tokens that the target verifies in one forward pass, so generation follows the "
+        + (f"An EAGLE-3 draft head for speculative decoding with target {target_ref}, trained with specdistill "
+           "(training-time test). It is one decoder layer that reads the target's own hidden states; vLLM "
+           "(`method: eagle3`) and SGLang (`EAGLE3`) serve this folder as it is. " if head else
+           f"A draft model for speculative decoding with target {target_ref}, trained with specdistill. ")
+        + "The draft proposes tokens that the target verifies in one forward pass, so generation follows the "
         "target's distribution and only its speed changes.\n\n"
         f"- **Target model:** `{target}`\n"
         + (f"- **Draft:** {draft_line}\n" if draft_line else ""),
         results_section(eval_results, hardware),
         *[section for section in (category_section(eval_results), deploy_section(model_dir)) if section],
-        usage_section(target, repo_id, best_gamma(eval_results)),
+        (head_usage_section if head else usage_section)(target, repo_id, best_gamma(eval_results)),
         f"## Training recipe\n\n{recipe}",
     ]
     metadata = card_metadata(target, repo_id, eval_results, prompts)
+    if head:
+        metadata.tags = [*metadata.tags, "eagle3"]
     return str(ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n" + "\n".join(sections)))

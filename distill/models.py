@@ -31,6 +31,7 @@ from decode.vocab import check_tokenizers_compatible
 from distill.config import LoraConfig, ModelConfig
 from distill.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
 from distill.fsdp import fsdp_enabled, remember_layout
+from distill.heads import build_head, plan_head
 from distill.lora import apply_lora, is_lora
 from distill.utils import ModelSetupError, parameter_count
 
@@ -140,6 +141,13 @@ def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> No
     the draft has more parameters than the target.
     """
     target_config = _load("model.target", cfg.target, AutoConfig, trust_remote_code=cfg.trust_remote_code)
+    if cfg.draft_kind == "eagle3":  # aux layer ids and draft vocabulary against the target's config
+        if zero3_enabled() or fsdp_enabled():
+            raise ModelSetupError("model.draft_kind: EAGLE-3 heads are not supported under DeepSpeed ZeRO-3 or "
+                                  "FSDP (a head is one layer: use DDP or ZeRO-2, "
+                                  "recipes/accelerate/deepspeed_zero2.yaml)")
+        plan_head(cfg, target_config)
+        return
     planned = draft_config(cfg, target_config)
     draft_tokenizer = load_draft_tokenizer(cfg)
     if draft_tokenizer is not None:
@@ -229,7 +237,8 @@ def draft_from_layers(target: PreTrainedModel, layers: list[int], dtype: torch.d
 
 def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | None = None) -> nn.Module:
     """The trainable draft in `model.draft_dtype`, in train mode: every weight trains, or with `lora.enabled` only
-    the LoRA adapters (a peft PeftModel, see apply_lora).
+    the LoRA adapters (a peft PeftModel, see apply_lora); for model.draft_kind eagle3 an Eagle3Head on the target
+    (distill.heads).
 
     Raises ModelSetupError for LoRA under DeepSpeed ZeRO-3 (not supported: LoRA drafts fit ZeRO-2 or DDP) and for
     lora.target_modules / lora.modules_to_save naming no module of the draft.
@@ -238,6 +247,8 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | Non
         raise ModelSetupError("lora.enabled: LoRA drafts are not supported under DeepSpeed ZeRO-3 (the adapters "
                               "are small: use DDP or ZeRO-2, recipes/accelerate/deepspeed_zero2.yaml)")
     dtype = DTYPES[cfg.draft_dtype]
+    if cfg.draft_kind == "eagle3":
+        return build_head(cfg, target, dtype)
     if cfg.draft is not None:
         draft = AutoModelForCausalLM.from_pretrained(cfg.draft, dtype=dtype, **_load_kwargs(cfg))
     elif cfg.draft_layers is not None:

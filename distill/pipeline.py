@@ -5,6 +5,7 @@
   2. load      distill.models      the frozen target and the trainable draft (under FSDP2 the target is sharded
                                    by distill.fsdp after step 3, which may run it on the main process alone)
   3. tokenise  distill.sources     the training rows: the dataset's, the target's responses, the teacher cache
+                                   (an EAGLE-3 head's draft vocabulary is then counted on them: distill.heads)
   4. distil    distill.trainer     DistillTrainer, with AcceptanceCallback measuring every checkpoint it saves
   5. measure   distill.callbacks   acceptance of every checkpoint that still lacks it, and of the final step
   6. export    distill.export      the best checkpoint as a model folder, its deployment check,
@@ -22,10 +23,15 @@ from distill.callbacks import AcceptanceCallback
 from distill.config import Recipe
 from distill.export import export_run
 from distill.fsdp import fsdp_enabled, shard_for_inference
+from distill.heads import set_draft_vocabulary
 from distill.models import load_models
 from distill.preflight import check_run
 from distill.sources import training_rows
-from distill.trainer import distil
+from distill.head_trainer import HeadTrainer
+from distill.trainer import DistillTrainer, distil
+
+# model.draft_kind -> the trainer of that kind of draft
+TRAINERS: dict[str, type[DistillTrainer]] = {"standalone": DistillTrainer, "eagle3": HeadTrainer}
 
 
 @dataclass
@@ -51,11 +57,13 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     rows = training_rows(recipe, data, target, draft, tokenizer, args)
     if fsdp_enabled():  # FSDP2: nothing runs the target on one process alone any more: shard it over all of them
         shard_for_inference(target, args.device)
+    if recipe.model.draft_kind == "eagle3":  # the head's vocabulary: the rows' most frequent label tokens
+        set_draft_vocabulary(draft, rows.rows)
     # 4. distil
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to)
     distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance], resume=checked.plan.resume,
-                       finished_at=checked.plan.finished_at)
+                       finished_at=checked.plan.finished_at, trainer_class=TRAINERS[recipe.model.draft_kind])
     # 5. measure
     acceptance.measure_remaining(args, distilled.state, distilled.draft)
     # 6. export

@@ -253,6 +253,9 @@ def check_attn_implementation(recipe: Recipe) -> None:
 
 def check_resume_shape(recipe: Recipe, resume: str | None) -> None:
     """The checkpoint to resume from holds a draft of the recipe's shape (else loading it fails with a trace)."""
+    if resume is not None and recipe.model.draft_kind == "eagle3":
+        check_resume_head_shape(recipe, resume)
+        return
     if resume is None or not (Path(resume) / "config.json").is_file():
         return
     check_json_files_text(resume, "train.resume_from_checkpoint")
@@ -265,3 +268,29 @@ def check_resume_shape(recipe: Recipe, resume: str | None) -> None:
             raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds a draft with {key} {got!r}, the "
                                   f"recipe's draft has {want!r}; resume with the recipe that made it, or start a "
                                   "new run (train.overwrite_output_dir=true)")
+
+
+def check_resume_head_shape(recipe: Recipe, resume: str) -> None:
+    """An EAGLE-3 head's checkpoint (weights only, `head.*`) has the shapes of the recipe's head (read from the
+    safetensors header: no weights load)."""
+    from safetensors import safe_open
+
+    from distill.heads import CHECKPOINT_PREFIX, plan_head
+
+    weights = Path(resume) / "model.safetensors"
+    if not weights.is_file():
+        return
+    trust = recipe.model.trust_remote_code
+    planned = plan_head(recipe.model, AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=trust))
+    want = {"fc.weight": [planned.hidden_size, 3 * planned.target_hidden_size],
+            "lm_head.weight": [planned.draft_vocab_size, planned.hidden_size],
+            "midlayer.mlp.up_proj.weight": [planned.intermediate_size, planned.hidden_size]}
+    with safe_open(str(weights), framework="pt") as saved:
+        names = set(saved.keys())
+        for name, shape in want.items():
+            got = saved.get_slice(CHECKPOINT_PREFIX + name).get_shape() if CHECKPOINT_PREFIX + name in names \
+                else None
+            if got != shape:
+                raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds no EAGLE-3 head of the "
+                                      f"recipe's shape ({name}: {got}, the recipe's head has {shape}); resume with "
+                                      "the recipe that made it, or start a new run (train.overwrite_output_dir=true)")

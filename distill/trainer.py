@@ -170,6 +170,10 @@ class DistillTrainer(Trainer):
             return
         super().save_model(output_dir, _internal_call)
 
+    def trained_draft(self) -> nn.Module:
+        """The draft as acceptance measures it and export writes it (a plain or peft model)."""
+        return self.accelerator.unwrap_model(self.model)
+
     # ---- the global token count N of one optimizer step ----------------------------------------------------
 
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int,
@@ -312,18 +316,19 @@ class Distilled:
 
 def distil(recipe: Recipe, args: TrainingArguments, target: PreTrainedModel, draft: nn.Module, rows: TrainingRows,
            tokenizer: PreTrainedTokenizerBase, callbacks: list[TrainerCallback], *, resume: str | None,
-           finished_at: int | None) -> Distilled:
-    """Open the run folder (distill.run_folder), then train `draft` with DistillTrainer from `resume` (a checkpoint
-    folder or None). A run that already reached its last step (`finished_at`; killed while measuring or exporting)
-    trains nothing: its last checkpoint's draft is read back and the callbacks see the run begin at that step."""
+           finished_at: int | None, trainer_class: type[DistillTrainer] = DistillTrainer) -> Distilled:
+    """Open the run folder (distill.run_folder), then train `draft` with `trainer_class` (DistillTrainer, or a
+    subclass for another kind of draft: distill.pipeline.TRAINERS) from `resume` (a checkpoint folder or None).
+    A run that already reached its last step (`finished_at`; killed while measuring or exporting) trains nothing:
+    its last checkpoint's draft is read back and the callbacks see the run begin at that step."""
     start_run_folder(recipe)
     if finished_at is not None:
         return _already_trained(args, draft, callbacks, resume, finished_at)
-    trainer = DistillTrainer(model=draft, target=target, args=args, distill=recipe.distill,
-                             train_dataset=rows.rows, data_collator=rows.collator, processing_class=tokenizer,
-                             callbacks=callbacks, on_policy=rows.on_policy)
+    trainer = trainer_class(model=draft, target=target, args=args, distill=recipe.distill,
+                            train_dataset=rows.rows, data_collator=rows.collator, processing_class=tokenizer,
+                            callbacks=callbacks, on_policy=rows.on_policy)
     metrics = trainer.train(resume_from_checkpoint=resume).metrics
-    return Distilled(trainer.accelerator.unwrap_model(trainer.model), trainer.state, metrics, trainer)
+    return Distilled(trainer.trained_draft(), trainer.state, metrics, trainer)
 
 
 def _already_trained(args: TrainingArguments, draft: nn.Module, callbacks: list[TrainerCallback], resume: str,

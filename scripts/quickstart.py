@@ -7,9 +7,10 @@
    byte-level BPE tokenizer (4096 tokens) trained on the train split;
 2. target: a small Llama (hidden 256, 4 layers) pre-trained on it with cross-entropy (recipes/quickstart/target.yaml);
 3. drafts: two identical small drafts (hidden 128, 2 layers), same data and steps: one with plain cross-entropy
-   (recipes/quickstart/draft_ce.yaml), one distilled from the target (recipes/quickstart/draft_kd.yaml);
-4. eval-acceptance of both drafts and of prompt lookup against the target on held-out prompts (each prompt's
-   category is its stdlib package, so results are also given by package);
+   (recipes/quickstart/draft_ce.yaml), one distilled from the target (recipes/quickstart/draft_kd.yaml); and an
+   EAGLE-3 head on the target's hidden states, same data and steps (recipes/quickstart/head.yaml);
+4. eval-acceptance of the drafts, the head and prompt lookup against the target on held-out prompts (each
+   prompt's category is its stdlib package, so results are also given by package);
 5. a comparison table here (overall and by package) and a report folder (report.md + PNG plots).
 Every step reuses what an earlier run left in --out, so a re-run only redoes what is missing.
 """
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 RECIPES = ROOT / "recipes" / "quickstart"
-DRAFTS = ("draft_ce", "draft_kd")
+DRAFTS = ("draft_ce", "draft_kd", "head")
+DRAFT_KINDS = {"draft_ce": "plain cross-entropy", "draft_kd": "distilled from the target",
+               "head": "an EAGLE-3 head on the target's hidden states, training-time test"}
 GAMMAS = ["1", "2", "3", "4"]
 FAST_TRAIN = ["train.max_steps=8", "train.save_steps=4", "train.logging_steps=2",
               "train.per_device_train_batch_size=4", "data.max_samples=40", "eval.max_new_tokens=12"]
@@ -109,9 +112,10 @@ def seed_target(out: Path, tokenizer: PreTrainedTokenizerBase) -> Path:
 
 
 def train_drafts(out: Path, corpus: CorpusPaths, fast: bool) -> None:
-    """out/draft_ce and out/draft_kd: the same small draft, data and steps; plain CE vs distilled from the target."""
+    """out/draft_ce, out/draft_kd and out/head: the same data and steps; the same small draft with plain CE and
+    distilled from the target, and an EAGLE-3 head."""
     for name in DRAFTS:
-        banner(f"3/5 training {name} ({'plain cross-entropy' if name == 'draft_ce' else 'distilled from the target'})")
+        banner(f"3/5 training {name} ({DRAFT_KINDS[name]})")
         train(f"{name}.yaml", out / name, [f"model.target={out / 'target'}", f"data.dataset={corpus.train}",
                                            f"data.eval_prompts={corpus.eval_prompts}"], fast)
 
@@ -131,7 +135,8 @@ def train(recipe: str, output_dir: Path, overrides: list[str], fast: bool) -> No
 
 
 def evaluate_drafters(out: Path, corpus: CorpusPaths, fast: bool) -> dict[str, Path]:
-    """Both drafts and prompt lookup against the target on the held-out prompts: drafter name -> out/eval/NAME.json."""
+    """The drafts, the head and prompt lookup against the target on the held-out prompts: drafter name ->
+    out/eval/NAME.json."""
     banner("4/5 eval-acceptance against the target on held-out prompts")
     evals = {name: evaluate(out, str(out / name), name, corpus.eval_prompts, fast) for name in DRAFTS}
     evals["prompt_lookup"] = evaluate(out, "prompt-lookup", "prompt_lookup", corpus.eval_prompts, fast)

@@ -1,0 +1,193 @@
+"""Training-time test of EAGLE-3 heads: the batched, masked unrolled loss (distill/head_loss.py) against a plain
+step-by-step reference that runs the head as the decoder does (one position at a time, an explicit list of keys
+and values, its own features fed back), in float64, value and gradient; and the draft vocabulary."""
+from __future__ import annotations
+
+import datasets
+import pytest
+import torch
+import torch.nn.functional as F
+
+from decode.eagle3 import Eagle3Head, head_config, target_aux_hidden
+from distill.config import DistillConfig
+from distill.head_loss import (UnrolledHead, restricted_head, step_token_counts, target_features, ttt_mask,
+                               ttt_step_sums, weighted_loss)
+from distill.heads import label_token_counts, most_frequent
+from distill.losses import DIVERGENCES
+from distill.utils import IGNORE_INDEX
+from tiny import tiny_model
+
+VOCAB = 96
+
+
+@pytest.fixture(autouse=True)
+def norms_in_float64(monkeypatch):
+    """transformers' LlamaRMSNorm (the head's norms) computes in float32 whatever its input; here it keeps float64,
+    so that the batched and the step-by-step sums differ by float64 rounding only."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # x / sqrt(mean(x^2) + eps) * w
+        return self.weight * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    monkeypatch.setattr(LlamaRMSNorm, "forward", forward)
+
+
+def tiny_pair(arch: str = "llama", draft_vocab: int = VOCAB, seed: int = 0) -> tuple[torch.nn.Module, Eagle3Head]:
+    """A float64 target (3 layers) and a randomly initialised head on it; draft vocabulary = the first
+    `draft_vocab` even ids, then odd ones (a non-trivial d2t)."""
+    target = tiny_model(arch, vocab_size=VOCAB, hidden=32, layers=3, seed=seed).double()
+    torch.manual_seed(seed + 1)
+    head = Eagle3Head(head_config(target.config, aux_layers=[0, 1, 2], draft_vocab_size=draft_vocab)).double()
+    with torch.no_grad():  # random norms and a sharper lm_head: distributions far from uniform
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+        head.lm_head.weight.mul_(4.0)
+    ids = torch.cat([torch.arange(0, VOCAB, 2), torch.arange(1, VOCAB, 2)])[:draft_vocab]
+    head.set_vocab(torch.sort(ids).values)
+    head.bind_embeddings(target.get_input_embeddings())
+    return target, head
+
+
+def batch(seed: int = 0, rows: int = 2, length: int = 9) -> dict[str, torch.Tensor]:
+    """Right-padded rows: the second one 2 tokens shorter; a label -100 in the first."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, VOCAB, (rows, length), generator=g)
+    attention_mask = torch.ones(rows, length, dtype=torch.long)
+    attention_mask[1, -2:] = 0
+    input_ids[1, -2:] = 0
+    labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+    labels[0, 4] = IGNORE_INDEX
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def reference_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfig) -> torch.Tensor:
+    """The loss as the decoder would meet it: for every start index t, the head's KV list holds the step-0 keys of
+    positions 0..t, then one drafted position per step (token x_{t+1+j}, the previous step's prenorm output)."""
+    ids, labels, mask = inputs["input_ids"], inputs["labels"], inputs["attention_mask"]
+    out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    fused = head.fuse(target_aux_hidden(out.hidden_states, head.aux_layers))  # [B, T, H]
+    teacher_logits = out.logits[..., head.target_ids]  # [B, T, V_draft]: p restricted to the draft vocabulary
+    draft_id = {int(t): i for i, t in enumerate(head.target_ids)}
+    w = distill.ce_weight  # loss = (1 - w) kd + w ce; loss "ce" is ce alone
+    divergence = DIVERGENCES.get(distill.loss)
+    steps, (rows, length) = distill.ttt_steps, ids.shape
+    sums, counts = [0.0] * steps, [0] * steps
+
+    def position(b: int, token_at: int, hidden: torch.Tensor, rope: int):
+        return head.project(ids[b, token_at].view(1, 1), hidden.view(1, 1, -1), torch.tensor([[rope]]))
+
+    for b in range(rows):
+        for t in range(length - 2):
+            keys, values = [], []
+            for s in range(t):  # the target-feature positions before t
+                _, k, v, _ = position(b, s + 1, fused[b, s], s)
+                keys.append(k)
+                values.append(v)
+            hidden = fused[b, t]
+            for j in range(steps):
+                if t + 2 + j >= length:
+                    break
+                q, k, v, residual = position(b, t + 1 + j, hidden, t + j)
+                keys.append(k)
+                values.append(v)
+                keys_all, values_all = torch.cat(keys, dim=2), torch.cat(values, dim=2)
+                sees_all = torch.ones(1, 1, 1, keys_all.shape[2], dtype=torch.bool)
+                normed, hidden = head.finish(head.attend(q, keys_all, values_all, sees_all), residual)
+                label = int(labels[b, t + 2 + j])
+                if label == IGNORE_INDEX or not mask[b, t + 2 + j] or label not in draft_id:
+                    continue
+                logits = head.logits(normed)[0, 0]  # [V_draft]
+                student = F.log_softmax(logits / distill.temperature, -1)[None]
+                teacher = F.log_softmax(teacher_logits[b, t + 1 + j] / distill.temperature, -1)[None]
+                ce = F.cross_entropy(logits[None], torch.tensor([draft_id[label]]))
+                kd = divergence.value(student, teacher, distill.beta)[0] if divergence else 0.0
+                sums[j] = sums[j] + (ce if distill.loss == "ce" else (1 - w) * kd + w * ce)
+                counts[j] += 1
+    return sum(distill.ttt_decay ** j * sums[j] / max(counts[j], 1) for j in range(steps))
+
+
+def batched_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfig) -> torch.Tensor:
+    """What HeadTrainer computes for one micro-batch that is the whole optimizer step."""
+    aux, final = target_features(target, inputs["input_ids"], inputs["attention_mask"], head.aux_layers)
+    outputs = UnrolledHead(head, distill.ttt_steps)(inputs["input_ids"], aux)
+    sums = ttt_step_sums(head, outputs, final, restricted_head(target.get_output_embeddings(), head),
+                         inputs["labels"], inputs["attention_mask"], distill, loss=distill.loss_at(0, 1))
+    counts = step_token_counts(inputs["labels"], inputs["attention_mask"], head, distill.ttt_steps)
+    assert [s.num_tokens for s in sums] == counts.tolist()
+    return weighted_loss(sums, counts, distill.ttt_decay)
+
+
+def gradients(head: Eagle3Head, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    names, params = zip(*[(n, p) for n, p in head.named_parameters() if p.requires_grad])
+    return dict(zip(names, torch.autograd.grad(loss, params)))
+
+
+@pytest.mark.parametrize("arch, loss, steps, decay, temperature, ce_weight, draft_vocab", [
+    ("llama", "forward_kl", 3, 0.8, 1.0, 0.0, VOCAB),
+    ("llama", "tv", 4, 1.0, 1.0, 0.0, 40),
+    ("qwen2", "reverse_kl", 2, 0.5, 2.0, 0.3, 40),
+    ("llama", "jsd", 3, 0.9, 1.0, 0.0, 60),
+    ("llama", "ce", 3, 0.7, 1.0, 0.0, 40),
+    ("qwen2", "forward_kl", 1, 1.0, 1.0, 0.0, VOCAB),
+])
+def test_unrolled_loss_matches_the_step_by_step_decoder_reference(arch, loss, steps, decay, temperature, ce_weight,
+                                                                  draft_vocab):
+    target, head = tiny_pair(arch, draft_vocab)
+    distill = DistillConfig(loss=loss, temperature=temperature, ce_weight=ce_weight, ttt_steps=steps,
+                            ttt_decay=decay, chunk_size=7)
+    inputs = batch()
+    expected = reference_loss(target, head, inputs, distill)
+    got = batched_loss(target, head, inputs, distill)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    expected_grads, got_grads = gradients(head, expected), gradients(head, got)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    assert any(g.abs().max() > 0 for g in got_grads.values())
+
+
+def test_every_divergence_of_the_table_trains_a_head():
+    """Each name of DIVERGENCES goes through unchanged (new divergences work for heads automatically)."""
+    target, head = tiny_pair(draft_vocab=40)
+    inputs = batch(seed=3)
+    for name in DIVERGENCES:
+        distill = DistillConfig(loss=name, ttt_steps=2, ttt_decay=0.9)
+        torch.testing.assert_close(batched_loss(target, head, inputs, distill),
+                                   reference_loss(target, head, inputs, distill), rtol=1e-10, atol=1e-12)
+
+
+def test_ttt_mask_sees_causal_target_positions_and_its_own_drafts():
+    mask = ttt_mask(4, 2)[0, 0].int()  # [T, 3T]
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0],
+        [1, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0],
+        [1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0],
+        [1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1],
+    ]
+
+
+def test_step_token_counts_drop_labels_outside_the_draft_vocabulary():
+    _, head = tiny_pair(draft_vocab=VOCAB // 2)  # the even ids
+    labels = torch.tensor([[IGNORE_INDEX, 4, 6, 7, 8, 10]])
+    counts = step_token_counts(labels, torch.ones_like(labels), head, 3)
+    # step j scores labels[2 + j:]: {6, 7, 8, 10} -> 3 even, {7, 8, 10} -> 2, {8, 10} -> 2
+    assert counts.tolist() == [3, 2, 2]
+
+
+def test_draft_vocabulary_is_the_most_frequent_label_tokens_ties_by_id():
+    rows = datasets.Dataset.from_dict({"labels": [[IGNORE_INDEX, 5, 5, 9, 2], [7, 7, 9, 9, IGNORE_INDEX, 3, 2]]})
+    counts = label_token_counts(rows, 12, batch_size=1)
+    assert counts.tolist() == [0, 0, 2, 1, 0, 2, 0, 2, 0, 3, 0, 0]
+    # 9 (3 times), then 2, 5, 7 (twice each): the tie keeps the smaller ids; ascending order
+    assert most_frequent(counts, 3).tolist() == [2, 5, 9]
+    assert most_frequent(counts, 12).tolist() == list(range(12))
+
+
+def test_a_loss_combination_is_the_weighted_sum_of_its_terms_for_heads():
+    """distill.loss as a weighted combination ({name: weight}) goes through ttt_step_sums like a single name."""
+    target, head = tiny_pair(draft_vocab=40)
+    inputs = batch(seed=5)
+    steps = dict(ttt_steps=3, ttt_decay=0.8)
+    mixed = batched_loss(target, head, inputs, DistillConfig(loss={"forward_kl": 0.25, "tv": 0.75}, **steps))
+    parts = [batched_loss(target, head, inputs, DistillConfig(loss=name, **steps)) for name in ("forward_kl", "tv")]
+    torch.testing.assert_close(mixed, 0.25 * parts[0] + 0.75 * parts[1], rtol=1e-10, atol=1e-12)

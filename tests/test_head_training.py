@@ -1,0 +1,275 @@
+"""EAGLE-3 heads through scripts/train.py: recipe refusals (one line, before any weight loads), a whole run
+(acceptance measured by the head drafter, the best checkpoint exported in vLLM's layout with the same logits),
+2 processes = 1 process x accumulation 2 = one big batch, resumed and killed (kill -9) runs bit for bit, and the
+target's responses as training rows."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from decode.eagle3 import Eagle3Head, is_eagle3_folder, target_aux_hidden
+from distill import models
+from distill.acceptance_log import read_records
+from distill.checkpoints import KILL_ENV
+from distill.data import build_data
+from distill.hub import push_to_hub
+from distill.config import ModelConfig
+from distill.heads import build_head, head_at_checkpoint, label_token_counts, most_frequent, plan_head
+from distill.utils import ModelSetupError
+from distill.recipe_loader import load_recipe
+from helpers import ROOT, accelerate_launch, cli_error, train_script
+from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
+
+HEAD_RECIPE = str(ROOT / "recipes" / "tiny_eagle3.yaml")
+LINES = TINY_TEXT.split("\n\n")[:4]
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """target/ (a 4-layer tiny Llama that has learnt TINY_TEXT, with its tokenizer), code.txt, chat.jsonl."""
+    root = tmp_path_factory.mktemp("heads")
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    target = tiny_model("llama", vocab_size=len(tokenizer), hidden=32, layers=4).train()
+    ids = torch.tensor(tokenizer(TINY_TEXT)["input_ids"])
+    optimizer = torch.optim.AdamW(target.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        starts = torch.randint(0, len(ids) - 65, (8,), generator=generator)
+        batch = torch.stack([ids[s:s + 65] for s in starts])  # [8, 65]
+        target(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    target.eval().save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    (root / "code.txt").write_text(TINY_TEXT)
+    # conversations of different lengths: micro-batches hold different numbers of loss tokens per TTT step
+    rows = [{"messages": [{"role": "user", "content": f"show {i}"},
+                          {"role": "assistant", "content": "\n".join(LINES[: 1 + i % 4])}]} for i in range(36)]
+    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def run(workdir: Path, out: str, *overrides: str) -> Path:
+    output_dir = workdir / out
+    train_script.main([HEAD_RECIPE, f"model.target={workdir / 'target'}", f"data.dataset={workdir / 'code.txt'}",
+                       f"train.output_dir={output_dir}", "train.report_to=[]", *overrides])
+    return output_dir
+
+
+def train_losses(folder: Path) -> list[float]:
+    state = json.loads((folder / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Refusals: one line, before any weights load
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("model weights were loaded before the error")
+    monkeypatch.setattr(models, "load_target", refuse)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("model.draft_config={num_hidden_layers: 1}", "model.draft_config: got {'num_hidden_layers': 1}; allowed: null "
+                                                  "with model.draft_kind eagle3"),
+    ("lora.enabled=true", "lora.enabled: got True; allowed: false with model.draft_kind eagle3"),
+    ("distill.teacher_cache=cache", "distill.teacher_cache: got 'cache'; allowed: null with model.draft_kind eagle3"),
+    ("distill.on_policy_fraction=0.5", "distill.on_policy_fraction: got 0.5; allowed: 0 with model.draft_kind"),
+    ("train.gradient_checkpointing=true", "train.gradient_checkpointing: got True; allowed: false with model"),
+    ("distill.ttt_steps=0", "distill.ttt_steps: got 0; allowed: an integer >= 1"),
+    ("distill.ttt_decay=1.5", "distill.ttt_decay: got 1.5; allowed: a number in (0, 1]"),
+    ("model.aux_layers=[0, 1]", "model.aux_layers: got [0, 1]; allowed: null or 3 distinct, ascending layer ids"),
+    ("model.aux_layers=[2, 1, 0]", "model.aux_layers: got [2, 1, 0]; allowed: null or 3 distinct, ascending"),
+    ("model.aux_layers=[0, 1, 4]", "model.aux_layers: aux layer ids [0, 1, 4] must lie in 0..3"),
+    ("model.draft_vocab_size=100000", "model.draft_vocab_size: got 100000; allowed: an integer in [1, 320]"),
+])
+def test_head_recipe_refusals_are_one_line(monkeypatch, capsys, no_weights, workdir, tmp_path, override, expected):
+    message = cli_error(monkeypatch, capsys, HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                        f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={tmp_path / 'out'}", override)
+    assert expected in message, message
+
+
+def test_standalone_recipes_refuse_head_keys(monkeypatch, capsys, no_weights, workdir):
+    message = cli_error(monkeypatch, capsys, str(ROOT / "recipes" / "tiny_distill.yaml"), "model.target=t",
+                        "data.dataset=x.txt", "distill.ttt_steps=3")
+    assert "distill.ttt_steps: got 3; allowed: 1 with model.draft_kind standalone" in message
+    message = cli_error(monkeypatch, capsys, str(ROOT / "recipes" / "tiny_distill.yaml"), "model.target=t",
+                        "data.dataset=x.txt", "model.draft_vocab_size=64")
+    assert "model.draft_vocab_size: got 64; allowed: null with model.draft_kind standalone" in message
+
+
+def test_a_head_is_built_from_the_target_config_and_shares_its_embedding():
+    target = tiny_model("qwen2", layers=6)
+    head = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
+    assert head.aux_layers == [2, 3, 4] and head.lm_head.weight.shape == (40, 32)  # (2, 3, 3) made distinct
+    assert head.bound_embeddings is target.get_input_embeddings()
+    assert not any(name.startswith("embed") for name in head.state_dict())  # shared, never saved
+    assert head.training and all(p.requires_grad for p in head.parameters())
+    with pytest.raises(ModelSetupError, match="3 distinct target layers .* the target has 2"):
+        plan_head(ModelConfig(target="t", draft_kind="eagle3"), tiny_model("llama", layers=2).config)
+    with pytest.raises(ModelSetupError, match="needs a Llama-like target with rotary positions.*GPT2Config"):
+        plan_head(ModelConfig(target="t", draft_kind="eagle3"), tiny_model("gpt2").config)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whole runs
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_a_trained_head_is_accepted_more_and_exports_the_served_folder(workdir):
+    out = run(workdir, "run", "model.draft_vocab_size=200", "train.save_steps=8", "train.save_total_limit=null")
+    records = read_records(out)
+    assert sorted({r["step"] for r in records}) == [8, 16, 24]
+    rate = {step: sum(r["acceptance_rate"] for r in records if r["step"] == step) / 3 for step in (8, 24)}
+    assert rate[24] > rate[8] + 0.1, rate
+    assert all(r["greedy_match"] == 1.0 for r in records)  # the head drafter stays lossless
+
+    # the best checkpoint, exported in vLLM's eagle3 layout; reloaded, it computes the trained head's logits
+    results = json.loads((out / "train_results.json").read_text())
+    best = results["best"]
+    assert results["deploy_check"]["passed"] is True, results["deploy_check"]  # specdistill-check knows heads
+    assert is_eagle3_folder(out) and (out / "tokenizer.json").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 200
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # (2, 2, 1) made distinct
+    assert set(load_file(out / "model.safetensors")) >= {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+                                                          "midlayer.hidden_norm.weight"}
+    assert json.loads((out / "generation_config.json").read_text())["num_assistant_tokens"] == best["gamma"]
+    target = AutoModelForCausalLM.from_pretrained(workdir / "target").eval()
+    trained = head_at_checkpoint(out / best["checkpoint"], Eagle3Head.from_pretrained(out).bind_embeddings(
+        target.get_input_embeddings()))
+    exported = Eagle3Head.from_pretrained(out, target.get_input_embeddings())
+    ids = torch.tensor([[1, 40, 50, 60, 70, 80, 90]])
+    aux = target_aux_hidden(target(ids, output_hidden_states=True).hidden_states, exported.aux_layers)
+    positions = torch.arange(ids.shape[1]).view(1, -1)
+    with torch.no_grad():
+        expected = trained(ids, trained.fuse(aux), positions)[0]
+        got = exported(ids, exported.fuse(aux), positions)[0]
+    assert torch.equal(got, expected)
+    # the draft vocabulary: the 200 most frequent label tokens of the training rows (held-out prompts excluded)
+    recipe = load_recipe(out / "recipe.yaml")
+    rows = build_data(recipe.data, tiny_tokenizer(), seed=recipe.train.seed).train
+    assert torch.equal(exported.target_ids, most_frequent(label_token_counts(rows, config["vocab_size"]), 200))
+
+    # card and push as for standalone drafts: the card says what it is and how vLLM and SGLang serve it
+    plan = push_to_hub(out, repo_id="someone/tiny-head", dry_run=True)
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= set(plan.files)
+    card = (out / "README.md").read_text()
+    assert "An EAGLE-3 draft head" in card and "- eagle3" in card
+    assert '"method": "eagle3", "model": "someone/tiny-head"' in card and "--speculative-algorithm EAGLE3" in card
+
+    state = json.loads((out / "checkpoint-24" / "trainer_state.json").read_text())
+    logs = [entry for entry in state["log_history"] if "loss" in entry]
+    assert all({"ttt/step0_kd", "ttt/step2_tv", "kd", "tv", "tokens_per_s"} <= set(e) for e in logs)
+    assert logs[-1]["ttt/step0_tv"] < logs[0]["ttt/step0_tv"] and logs[-1]["ttt/step2_tv"] < logs[0]["ttt/step2_tv"]
+
+
+CHAT_RUN = ("data.dataset={chat}", "data.format=chat", "data.max_length=48", "data.num_eval_prompts=0",
+            "train.max_steps=4", "train.logging_steps=1", "train.save_steps=4", "train.per_device_train_batch_size=3",
+            "model.draft_vocab_size=150")
+
+
+@pytest.mark.integration
+def test_two_processes_match_one_process_and_one_big_batch(workdir):
+    args = [a.format(chat=workdir / "chat.jsonl") for a in CHAT_RUN]
+    big = run(workdir, "one_batch", *args, "train.per_device_train_batch_size=6")
+    single = run(workdir, "one_process", *args, "train.gradient_accumulation_steps=2")
+    two = workdir / "two_processes"
+    accelerate_launch(ROOT / "scripts" / "train.py", HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                      f"train.output_dir={two}", "train.report_to=[]", *args, "train.gradient_accumulation_steps=1",
+                      timeout=300)
+    reference = train_losses(big / "checkpoint-4")
+    assert len(reference) == 4
+    for folder in (single, two):
+        assert train_losses(folder / "checkpoint-4") == pytest.approx(reference, rel=2e-5)
+        ours, theirs = load_file(folder / "model.safetensors"), load_file(big / "model.safetensors")
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.integration
+def test_resumed_head_run_is_the_same_run_bit_for_bit(workdir, monkeypatch, capsys):
+    common = ("data.num_eval_prompts=0", "train.max_steps=6", "train.save_steps=3", "train.logging_steps=1",
+              "train.lr_scheduler_type=cosine", "train.save_total_limit=null")
+    whole = run(workdir, "whole", *common)
+    resumed = workdir / "resumed"
+    resumed.mkdir()
+    shutil.copytree(whole / "checkpoint-3", resumed / "checkpoint-3")  # a run interrupted after step 3
+    run(workdir, "resumed", *common, "train.resume_from_checkpoint=true")
+    ours, theirs = (load_file(f / "checkpoint-6" / "model.safetensors") for f in (resumed, whole))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert train_losses(resumed / "checkpoint-6") == train_losses(whole / "checkpoint-6")
+    exported, saved = load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")
+    assert all(torch.equal(exported[k], saved[k]) for k in saved)
+    # a checkpoint of another head shape is named in one line before any weights load
+    message = cli_error(monkeypatch, capsys, HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                        f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={resumed}", "train.report_to=[]",
+                        *common, "train.max_steps=9", "train.resume_from_checkpoint=true", "model.draft_vocab_size=100")
+    assert "holds no EAGLE-3 head of the recipe's shape (lm_head.weight: [320, 32], the recipe's head has [100, 32])" \
+        in message, message
+
+
+@pytest.mark.integration
+def test_target_responses_train_a_head(workdir):
+    """Sequence-level KD rows (the target's responses) are token rows: a head trains on them mixed with the
+    dataset's, and its vocabulary is counted over the mixed rows."""
+    out = run(workdir, "responses", "data.num_eval_prompts=0", "train.max_steps=2", "train.logging_steps=1",
+              "train.save_steps=2", "data.target_weight=1.0", f"data.target_data_dir={workdir / 'responses'}",
+              "data.target_max_new_tokens=16", "data.prompt_tokens=8")
+    logs = [e for e in json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+            if "loss" in e]
+    assert len(logs) == 2 and all(e["ttt/step0_kd"] > 0 for e in logs)
+    assert is_eagle3_folder(out) and any((workdir / "responses").iterdir())
+
+
+KILL_RUN = ("train.max_steps=12", "train.save_steps=4", "train.save_total_limit=null", "train.logging_steps=4",
+            "data.num_eval_prompts=2", "eval.gammas=[2]", "eval.max_new_tokens=8")
+MEASURED = ("step", "checkpoint", "gamma", "acceptance_rate", "mean_accepted_tokens", "greedy_match")
+
+
+def killed_run(workdir: Path, out: str, point: str) -> Path:
+    """scripts/train.py in a real process that SIGKILLs itself at `point` (distill.checkpoints.crash_point)."""
+    env = {**os.environ, KILL_ENV: point, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, str(ROOT / "scripts" / "train.py"), HEAD_RECIPE, f"model.target={workdir / 'target'}",
+               f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={workdir / out}", "train.report_to=[]",
+               *KILL_RUN]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    return workdir / out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("point", ["acceptance:2", "export"])
+def test_a_killed_head_run_resumes_to_the_same_run(workdir, point):
+    """kill -9 while measuring checkpoint-8 (measured from its folder on resume) or while exporting (nothing is
+    trained again: the last checkpoint's head is read back and exported): the same weights and measurements."""
+    reference = workdir / "kill_reference"
+    if not (reference / "train_results.json").is_file():
+        run(workdir, "kill_reference", *KILL_RUN)
+    out = killed_run(workdir, f"killed_{point.split(':')[0]}", point)
+    run(workdir, out.name, *KILL_RUN, "train.resume_from_checkpoint=true")
+    for step in (4, 8, 12):
+        ours, theirs = (load_file(f / f"checkpoint-{step}" / "model.safetensors") for f in (out, reference))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), step
+    measured = [sorted(tuple(json.dumps(r[k]) for k in MEASURED) for r in read_records(f)) for f in (out, reference)]
+    assert measured[0] == measured[1] and {r["step"] for r in read_records(out)} == {4, 8, 12}
+    exported, expected = load_file(out / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert exported.keys() == expected.keys() and all(torch.equal(exported[k], expected[k]) for k in expected)
