@@ -1,0 +1,139 @@
+"""Hidden-state heads against standalone drafts on one trained target, the same training tokens for every row.
+
+    python scripts/bench_heads.py --target TARGET_DIR --dataset CORPUS.txt|DIR --eval-prompts PROMPTS.jsonl \
+        --out bench_heads_out [--steps 240] [--compile] [--vllm] [--doc docs/benchmarks/heads.md]
+
+Rows (each trained by scripts/train.py for --steps optimizer steps of the same batch and block length):
+  ce          standalone 2-layer draft, plain cross-entropy            (recipes/quickstart/draft_ce.yaml)
+  distilled   the same draft distilled from the target (forward KL)    (recipes/quickstart/draft_kd.yaml)
+  head        EAGLE-3 head without training-time test (ttt_steps 1)    (recipes/quickstart/head.yaml)
+  head_ttt    EAGLE-3 head with training-time test (ttt_steps 3)       (recipes/quickstart/head.yaml)
+Each is measured by specdistill-eval (the same code path as the trainer) at gamma 2..6, greedy and T=1: tau,
+acceptance, the draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run
+(eager, and compiled with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head rows.
+Every step reuses what an earlier run left in --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from decode.table import markdown_table  # noqa: E402
+from scripts.benchmark import load_average, machine  # noqa: E402
+
+RECIPES = ROOT / "recipes" / "quickstart"
+ROWS = {  # row -> (recipe, extra overrides)
+    "ce": ("draft_ce.yaml", []),
+    "distilled": ("draft_kd.yaml", []),
+    "head": ("head.yaml", ["distill.ttt_steps=1"]),
+    "head_ttt": ("head.yaml", ["distill.ttt_steps=3"]),
+}
+GAMMAS = ["2", "3", "4", "5", "6"]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", type=Path, required=True)
+    p.add_argument("--dataset", type=Path, required=True)
+    p.add_argument("--eval-prompts", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=ROOT / "bench_heads_out")
+    p.add_argument("--steps", type=int, default=240)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--num-prompts", type=int, default=24)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    p.add_argument("--compile", action="store_true", help="also measure the compiled decoder")
+    p.add_argument("--vllm", action="store_true", help="also measure the head rows inside vLLM (make serving)")
+    p.add_argument("--doc", type=Path, default=None, help="write the markdown here")
+    return p.parse_args(argv)
+
+
+def run(cmd: list[str], check: bool = True) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=check, env=ENV, cwd=ROOT)
+
+
+def train(args: argparse.Namespace, row: str) -> Path:
+    """scripts/train.py for one row (skipped when its output folder already holds an exported draft)."""
+    out = args.out / row
+    if not (out / "train_results.json").is_file():
+        recipe, extra = ROWS[row]
+        run([sys.executable, str(ROOT / "scripts" / "train.py"), str(RECIPES / recipe), f"model.target={args.target}",
+             f"data.dataset={args.dataset}", f"data.eval_prompts={args.eval_prompts}", f"train.output_dir={out}",
+             f"train.max_steps={args.steps}", f"train.per_device_train_batch_size={args.batch}",
+             f"train.save_steps={args.steps}", "eval.at_checkpoints=false", *extra])
+    return out
+
+
+def tokens_per_s(out: Path) -> float | None:
+    """The trainer's logged training tokens/s, averaged over its log lines."""
+    state = next(out.glob("checkpoint-*/trainer_state.json"), None)
+    if state is None:
+        return None
+    values = [e["tokens_per_s"] for e in json.loads(state.read_text())["log_history"] if "tokens_per_s" in e]
+    return sum(values) / len(values) if values else None
+
+
+def evaluate(args: argparse.Namespace, row: str, draft: Path, temperature: float, compiled: bool,
+             engine: str = "specdistill") -> dict:
+    """specdistill-eval's JSON for one row (reused when present)."""
+    name = f"{row}_T{temperature:g}{'_compiled' if compiled else ''}{'_' + engine if engine != 'specdistill' else ''}"
+    path = args.out / "evals" / f"{name}.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        gammas = ["2", "4"] if engine != "specdistill" else GAMMAS
+        run([sys.executable, str(ROOT / "scripts" / "eval_acceptance.py"), "--target", str(args.target),
+             "--draft", str(draft), "--prompts", str(args.eval_prompts), "--num-prompts", str(args.num_prompts),
+             "--max-new-tokens", str(args.max_new_tokens), "--gamma", *gammas, "--temperature", str(temperature),
+             "--device", "cpu", "--dtype", "float32", "--output", str(path),
+             *(["--engine", engine] if engine != "specdistill" else []),
+             *(["--compile"] if compiled else [])], check=engine == "specdistill")  # both: exit 1 = out of tolerance
+    return json.loads(path.read_text())
+
+
+def rows_of(result: dict, row: str, mode: str, tps: float | None) -> list[list]:
+    return [[row, mode, r["gamma"], f"{r['mean_accepted_tokens']:.2f}", f"{r['acceptance_rate']:.3f}",
+             f"{r['draft_cost_ratio']:.3f}", f"{r['speedup']:.2f}x", f"{r['predicted_speedup']:.2f}x",
+             f"{tps:.0f}" if tps else "-"] for r in result["results"]]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table, parity = [], []
+    for row in args.rows:
+        draft = train(args, row)
+        tps = tokens_per_s(draft)
+        for temperature in (0.0, 1.0):
+            for compiled in (False, True) if args.compile and temperature == 0.0 else (False,):
+                mode = f"T={temperature:g}" + (", compiled" if compiled else "")
+                table += rows_of(evaluate(args, row, draft, temperature, compiled), row, mode, tps)
+        if args.vllm and row.startswith("head"):
+            both = evaluate(args, row, draft, 0.0, False, engine="both")
+            parity += [[row, p["gamma"], f"{p['tau_specdistill']:.3f}", f"{p['tau_vllm']:.3f}",
+                        f"{p['ratio']:.3f}", p["greedy_match_vllm"]] for p in both.get("parity", [])]
+    headers = ["row", "decoding", "gamma", "tau", "acceptance", "c", "speedup", "predicted", "train tok/s"]
+    lines = [f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
+             f"Target: `{args.target.name}`; {args.steps} steps x batch {args.batch} for every row; "
+             f"{args.num_prompts} held-out prompts x {args.max_new_tokens} new tokens.", "",
+             *markdown_table(headers, table)]
+    if parity:
+        lines += ["", "Inside vLLM (`--engine both`, greedy):", "",
+                  *markdown_table(["row", "gamma", "tau ours", "tau vLLM", "ratio", "vLLM greedy = plain"], parity)]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.doc:
+        args.doc.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
