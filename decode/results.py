@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-EVAL_JSON_KEYS = ("device", "dtype", "torch_version", "target", "draft", "prompts", "chat_template", "compiled",
+EVAL_JSON_KEYS = ("engine", "device", "dtype", "torch_version", "target", "draft", "prompts", "chat_template", "compiled",
                   "compile_seconds", "results")  # + "environment" (evaluate.save's record)
 
 
@@ -34,12 +34,12 @@ class Result:
     target_tokens_per_s: float
     speculative_tokens_per_s: float
     speedup: float                          # wall clock: plain seconds / speculative seconds
-    predicted_speedup: float                # tau / (gamma * c + v)
-    draft_cost_ratio: float                 # c = draft step / target step
-    verify_cost_ratio: float                # v = target pass over gamma + 1 tokens / target step
+    predicted_speedup: float | None         # tau / (gamma * c + v); None from vLLM (no cost model there)
+    draft_cost_ratio: float | None          # c = draft step / target step (None from vLLM)
+    verify_cost_ratio: float | None         # v = target pass over gamma + 1 tokens / target step (None from vLLM)
     greedy_match: float | None              # share of prompts decoded identically; None when temperature > 0
     compiled: bool
-    stats: dict                             # raw counts (decode.stats.SpecStats.to_dict)
+    stats: dict                             # raw counts (SpecStats.to_dict; vLLM: serving.counters.SpecCounters)
     compile_seconds: float | None = None    # the evaluation's compilation (not in a by_category entry)
     mean_gamma: float | None = None         # only for gamma "auto"
     hf_assisted_tokens_per_s: float | None = None  # only with compare_hf
