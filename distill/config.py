@@ -318,6 +318,13 @@ class EvalConfig:
                 "off = raw text (decode.prompts).")
     compile: bool = option(
         False, "Measure on the static-cache, torch.compiled decode path (compiled once, reused at every checkpoint).")
+    serving_engine: Literal["none", "vllm"] = option(
+        "none", "After export, also measure the exported draft inside a serving engine: vllm = vLLM's offline LLM "
+        "(the serving venv of `make serving`) at the integer gammas and the first temperature; train_results.json "
+        "and the model card then show vLLM's tau next to ours.")
+    vllm_python: str | None = option(
+        None, "Interpreter with vLLM for serving_engine: vllm; null = $SPECDISTILL_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python.")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -329,6 +336,8 @@ class EvalConfig:
         require(self.top_k is None or self.top_k > 0, "top_k", self.top_k, "null or an integer > 0")
         require(self.top_p is None or 0 < self.top_p <= 1, "top_p", self.top_p, "null or a number in (0, 1]")
         require(self.repeats > 0, "repeats", self.repeats, "an integer > 0")
+        require(self.serving_engine == "none" or any(g != "auto" for g in self.gammas), "serving_engine",
+                self.serving_engine, "none, unless eval.gammas holds an integer gamma (vLLM drafts a fixed number)")
 
 
 @dataclass

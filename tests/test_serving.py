@@ -191,3 +191,33 @@ def test_without_a_vllm_interpreter_the_error_names_make_serving(tmp_path, monke
         eval_acceptance.cli()
     err = capsys.readouterr().err
     assert exit_info.value.code == 1 and "make serving" in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the trainer: eval.serving_engine ---------------------------------------------------------------------------
+def test_serving_engine_needs_an_integer_gamma():
+    from distill.config import EvalConfig, RecipeError
+
+    assert EvalConfig(gammas=[2, "auto"], serving_engine="vllm").serving_engine == "vllm"
+    with pytest.raises(RecipeError, match="serving_engine"):
+        EvalConfig(gammas=["auto"], serving_engine="vllm")
+
+
+def test_export_without_vllm_records_the_error_and_the_card_says_so(tmp_path, monkeypatch):
+    from distill.config import DataConfig, EvalConfig, ModelConfig, Recipe, TrainConfig
+    from distill.export import serving_check, vllm_tau
+    from distill.model_card import serving_section
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(vllm_engine.VLLM_PYTHON_ENV, raising=False)
+    recipe = Recipe(model=ModelConfig(target="t", draft="d"), data=DataConfig(dataset="d.txt"),
+                    train=TrainConfig(output_dir=str(tmp_path / "out")), eval=EvalConfig(serving_engine="vllm"))
+    serving = serving_check(recipe, [torch.tensor([1, 2, 3])], None)
+    assert serving["engine"] == "vllm" and "make serving" in serving["error"]
+    (tmp_path / "train_results.json").write_text(json.dumps({"serving": serving}))
+    assert "could not measure" in serving_section(tmp_path, [])
+    measured = {"engine": "vllm", "vllm_version": "0.32.0",
+                "results": vllm_results(RESPONSE, EvalSettings(gammas=[2], max_new_tokens=4))}
+    (tmp_path / "train_results.json").write_text(json.dumps({"serving": measured}))
+    card = serving_section(tmp_path, [{"gamma": 2, "temperature": 0.0, "mean_accepted_tokens": 1.9}])
+    assert "| 2 " in card and "1.90" in card and "2.00" in card and "vLLM 0.32.0" in card
+    assert vllm_tau(measured, {"gamma": 2}) == pytest.approx(2.0) and vllm_tau(measured, {"gamma": 4}) is None
