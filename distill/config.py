@@ -143,6 +143,9 @@ class DataConfig:
     target_gamma: int | None = option(
         None, "Generate the responses with the speculative decoder, the initial draft proposing this many tokens "
               "per target pass (greedy: the same tokens; sampled: the same distribution); null = the target alone.")
+    target_engine: Literal["specdistill", "vllm"] = option(
+        "specdistill", "Who generates the target's responses: specdistill = our decoder; vllm = vLLM's offline LLM "
+        "in the serving venv (`make serving`; interpreter as eval.vllm_python), one vLLM run per shard.")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -157,6 +160,8 @@ class DataConfig:
             require(getattr(self, key) >= 0, key, getattr(self, key), "a number >= 0")
         require(self.dataset_weight + self.target_weight > 0, "target_weight", self.target_weight,
                 "weights with data.dataset_weight + data.target_weight > 0 (at least one source)")
+        require(self.target_engine == "specdistill" or self.target_gamma is None, "target_engine", self.target_engine,
+                "specdistill when target_gamma is set (vLLM generates with the target alone)")
         require(self.target_weight == 0 or bool(self.target_data_dir), "target_data_dir", self.target_data_dir,
                 "a folder for the target's responses when data.target_weight > 0")
         require(self.target_max_new_tokens > 0, "target_max_new_tokens", self.target_max_new_tokens,

@@ -55,7 +55,8 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
     if recipe.data.target_weight > 0:
         with args.main_process_first(desc="target responses"):
             target_rows = target_response_rows(recipe.data, data.train, target, draft, tokenizer,
-                                               target_id=recipe.model.target, progress=progress)
+                                               target_id=recipe.model.target, progress=progress,
+                                               vllm_python=recipe.eval.vllm_python)
         rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
         logger.info("%d training rows: %d of the dataset and %d target responses mixed %g : %g", len(rows),
                     len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
@@ -69,7 +70,8 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
 
 
 def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,
-                         tokenizer: PreTrainedTokenizerBase, *, target_id: str, progress: bool) -> datasets.Dataset:
+                         tokenizer: PreTrainedTokenizerBase, *, target_id: str, progress: bool,
+                         vllm_python: str | None = None) -> datasets.Dataset:
     """Training rows {input_ids, labels} = prompt + the target's response (labels on the response) for every row of
     `rows`; the responses are generated into cfg.target_data_dir on first use and read back afterwards.
     Raises CacheMismatchError when that folder holds responses of other inputs."""
@@ -82,7 +84,7 @@ def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Mod
                 target, tokenizer, prompts, cfg.target_data_dir, max_new_tokens=cfg.target_max_new_tokens,
                 temperature=cfg.target_temperature, top_k=cfg.target_top_k, top_p=cfg.target_top_p,
                 seed=cfg.target_seed, draft=decoder_draft, gamma=cfg.target_gamma or 1, target_id=target_id,
-                progress=progress)
+                progress=progress, engine=cfg.target_engine, vllm_python=vllm_python)
     except CacheMismatchError as err:
         raise CacheMismatchError(f"data.target_data_dir: {_for_recipes(err)}") from None
     return to_training_rows(responses, cfg.max_length, num_proc=cfg.num_proc)

@@ -8,6 +8,7 @@ Prompt i is decoded with its own generator seeded with seed + i, so the response
 or on where an interrupted run resumed. Decoding stops after the tokenizer's EOS (kept in response_ids) or after
 max_new_tokens. With a draft, decode.speculative_generate produces them (greedy: the same tokens as the target
 alone; sampled: the same distribution, another random stream), else decode.autoregressive_generate.
+With engine="vllm" vLLM generates each shard in one run (distill/target_vllm.py, the serving venv).
 
 Layout on disk (out_dir):
     target_data.json      what the responses depend on (target, tokenizer, prompts, sampling settings, seed, draft)
@@ -30,8 +31,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from decode import autoregressive_generate, speculative_generate
+from decode.serving.vllm_engine import find_vllm_python
 from distill.fingerprints import config_hash, token_lists_hash, vocab_hash, weights_hash
 from distill.shard_store import ShardStore
+from distill.target_vllm import vllm_responses
 from distill.utils import IGNORE_INDEX, eval_mode
 
 FORMAT_VERSION = 1
@@ -88,7 +91,7 @@ def _model_fingerprint(model: nn.Module | Any | None) -> str | None:
 
 
 def data_spec(target: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], sampling: Sampling,
-              draft: nn.Module | Any | None, target_id: str) -> dict[str, Any]:
+              draft: nn.Module | Any | None, target_id: str, engine: str = "specdistill") -> dict[str, Any]:
     """Everything the generated responses depend on (JSON-ready)."""
     return {
         "format_version": FORMAT_VERSION,
@@ -103,7 +106,7 @@ def data_spec(target: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: li
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
         "seed": sampling.seed,
-        "decoder": "autoregressive" if draft is None else "speculative",
+        "decoder": "vllm" if engine == "vllm" else "autoregressive" if draft is None else "speculative",
         "gamma": None if draft is None else sampling.gamma,
         "draft_fingerprint": _model_fingerprint(draft),
     }
@@ -140,21 +143,28 @@ def generate_target_data(
     prompt_column: str = "prompt_ids",
     overwrite: bool = False,
     progress: bool = True,
+    engine: str = "specdistill",
+    vllm_python: Path | None = None,
 ) -> datasets.Dataset:
     """The target's responses to `prompts`, one row per prompt in order: index, prompt_ids, response_ids,
     prompt_text, response_text, stopped_at_eos.
 
     prompts: a Dataset with a `prompt_column` of token ids, or a list of token-id lists / 1-D tensors.
     Resumes an interrupted run after its last complete shard and returns a finished one without generating.
+    engine="vllm": vLLM (interpreter ``vllm_python``) generates each shard; ``target_id`` must then be the
+    target's folder or hub id.
     Raises ValueError for an empty prompt or a bad setting, CacheMismatchError when out_dir holds responses of
     other inputs (overwrite=True deletes them).
     """
     if shard_size < 1 or max_new_tokens < 0 or gamma < 1:
         raise ValueError(f"shard_size and gamma must be >= 1 and max_new_tokens >= 0, got shard_size={shard_size}, "
                          f"gamma={gamma}, max_new_tokens={max_new_tokens}")
+    if engine not in ("specdistill", "vllm"):
+        raise ValueError(f"engine must be 'specdistill' or 'vllm', got {engine!r}")
+    python = find_vllm_python(vllm_python) if engine == "vllm" else None  # ServingError naming `make serving`
     prompt_ids = prompt_lists(prompts, prompt_column)
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, gamma)
-    spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id)
+    spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id, engine)
     store = _store(out_dir)
     metadata = store.start(spec, num_rows=len(prompt_ids), rows_per_shard=shard_size, size_key="shard_size",
                            overwrite=overwrite)
@@ -162,6 +172,13 @@ def generate_target_data(
         return load_target_data(store.root)
 
     def make(shard: int, indices: range, scratch: Path) -> datasets.Dataset:
+        if engine == "vllm":
+            shard_prompts = [prompt_ids[i] for i in indices]
+            responses = vllm_responses(python, target_id, shard_prompts, sampling, tokenizer.eos_token_id,
+                                       indices.start)
+            bar.update(len(indices))
+            return datasets.Dataset.from_list([_row(tokenizer, i, prompt_ids[i], r) for i, r in
+                                               zip(indices, responses)], features=FEATURES)
         rows = []
         for i in indices:
             response = generate_response(target, draft, prompt_ids[i], sampling, tokenizer.eos_token_id, i)

@@ -221,3 +221,26 @@ def test_export_without_vllm_records_the_error_and_the_card_says_so(tmp_path, mo
     card = serving_section(tmp_path, [{"gamma": 2, "temperature": 0.0, "mean_accepted_tokens": 1.9}])
     assert "| 2 " in card and "1.90" in card and "2.00" in card and "vLLM 0.32.0" in card
     assert vllm_tau(measured, {"gamma": 2}) == pytest.approx(2.0) and vllm_tau(measured, {"gamma": 4}) is None
+
+
+# ---- target responses by vLLM (data.target_engine: vllm) ---------------------------------------------------------
+def test_vllm_target_data_request_keeps_our_seeds_and_eos():
+    from distill.target_data import Sampling
+    from distill.target_vllm import vllm_request
+
+    sampling = Sampling(max_new_tokens=16, temperature=1.0, top_k=None, top_p=None, seed=7, gamma=1)
+    request = vllm_request("target", [[1, 2, 3], [1, 4]], sampling, eos_token_id=2, first_index=64)
+    assert request["seed"] == 7 + 64  # the worker seeds prompt j with seed + j: prompt 64 + j gets 7 + 64 + j
+    assert request["stop_token_ids"] == [2] and request["runs"] == [] and request["max_model_len"] >= 3 + 16
+    assert vllm_request("target", [[1]], sampling, None, 0)["stop_token_ids"] is None
+
+
+def test_vllm_target_data_without_interpreter_names_make_serving(tmp_path, monkeypatch):
+    from distill.target_data import generate_target_data
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(vllm_engine.VLLM_PYTHON_ENV, raising=False)
+    with pytest.raises(ServingError, match="make serving"):
+        generate_target_data(None, None, [[1, 2]], tmp_path / "out", max_new_tokens=4, engine="vllm")
+    with pytest.raises(ValueError, match="engine"):
+        generate_target_data(None, None, [[1, 2]], tmp_path / "out", max_new_tokens=4, engine="sglang")

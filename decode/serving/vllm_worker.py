@@ -7,7 +7,7 @@ transformers, so it must not import our package). The request (decode.serving.vl
 
     {"target": DIR, "prompts": [[token ids], ...], "max_new_tokens": N, "temperature": 0.0, "top_k": null,
      "top_p": null, "seed": 0, "stop_token_ids": [ids] | null (null = ignore_eos), "dtype": "float32",
-     "max_model_len": 512,
+     "max_model_len": 512, "max_num_seqs": 1 (optional; 1 = batch-1 as our decoder),
      "runs": [{"method": "draft_model" | "ngram" | "eagle3", "draft": DIR | null, "gamma": 4,
                "prompt_lookup_min": 1, "prompt_lookup_max": 3}, ...]}
 
@@ -90,7 +90,7 @@ def run_engine(request: dict, spec: dict | None) -> dict:
     from vllm import LLM, TokensPrompt
 
     llm = LLM(model=request["target"], tokenizer=request["target"], dtype=request["dtype"], enforce_eager=True,
-              max_num_seqs=1, max_model_len=request["max_model_len"], seed=request["seed"],
+              max_num_seqs=request.get("max_num_seqs", 1), max_model_len=request["max_model_len"], seed=request["seed"],
               speculative_config=spec, disable_log_stats=False,
               per_request_spec_decode_metrics="summary" if spec else "none")
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
