@@ -154,6 +154,8 @@ def deploy_check(recipe: Recipe) -> dict:
     except LoadError as err:
         logger.warning("deployment check could not run: %s", err)
         return {"passed": False, "problems": {"inputs": str(err)}}
+    for name, advice in report.warnings.items():
+        logger.warning("deployment check %s: %s", name, advice)
     for name, problem in report.problems.items():
         logger.warning("deployment check %s failed: %s (specdistill-check --target %s --draft %s)", name, problem,
                        recipe.model.target, recipe.train.output_dir)
