@@ -28,6 +28,7 @@ from distill.config import DataConfig, DistillConfig, Recipe
 from distill.data import DistillCollator, DistillData, padding_id
 from distill.onpolicy import OnPolicySettings
 from distill.target_data import generate_target_data, prompts_from_rows, to_training_rows
+from distill.target_vllm import VLLM_SHARD_SIZE
 from distill.teacher_cache import (CacheMismatchError, TeacherCollator, build_teacher_cache, output_vocab_size,
                                    with_teacher_columns)
 from distill.utils import eval_mode
@@ -78,13 +79,14 @@ def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Mod
     prompts = prompts_from_rows(rows, prompt_tokens=min(cfg.prompt_tokens, cfg.max_length - 1))
     # with target_gamma the draft proposes tokens for the speculative decoder (on the target's device, eval mode)
     decoder_draft = draft.to(next(target.parameters()).device) if cfg.target_gamma is not None else None
+    shards = {"shard_size": VLLM_SHARD_SIZE} if cfg.target_engine == "vllm" else {}  # one vLLM start per shard
     try:
         with eval_mode(draft):
             responses = generate_target_data(
                 target, tokenizer, prompts, cfg.target_data_dir, max_new_tokens=cfg.target_max_new_tokens,
                 temperature=cfg.target_temperature, top_k=cfg.target_top_k, top_p=cfg.target_top_p,
                 seed=cfg.target_seed, draft=decoder_draft, gamma=cfg.target_gamma or 1, target_id=target_id,
-                progress=progress, engine=cfg.target_engine, vllm_python=vllm_python)
+                progress=progress, engine=cfg.target_engine, vllm_python=vllm_python, **shards)
     except CacheMismatchError as err:
         raise CacheMismatchError(f"data.target_data_dir: {_for_recipes(err)}") from None
     return to_training_rows(responses, cfg.max_length, num_proc=cfg.num_proc)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, Sequence
 
+VLLM_SHARD_SIZE = 4096  # prompts per shard with vLLM: each shard pays one engine start (~30 s on a 2-core CPU)
+
 
 class SamplingSettings(Protocol):
     max_new_tokens: int
