@@ -86,7 +86,3 @@ class GammaChooser:
                  / sum((g - mean_g) ** 2 for g in known))
         floor = min(means.values())
         return {g: means.get(g, max(floor, mean_t + slope * (g - mean_g))) for g in self.gammas}
-
-    @property
-    def mean_gamma(self) -> float:
-        return sum(self.chosen) / len(self.chosen) if self.chosen else 0.0

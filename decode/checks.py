@@ -1,11 +1,17 @@
-"""File checks made before anything heavy runs: outputs that can be written, weights and tokenizers that are whole.
+"""Input checks made before anything heavy runs: outputs that can be written, weights and tokenizers that are whole,
+files that are text, and number flags that are finite.
 
 Each check raises FileProblem (a ValueError) whose message names the path (and the flag or recipe key given as
-`what`), so command-line tools can print it as one line.
+`what`), so command-line tools can print it as one line. Every file the commands read as text goes through
+`read_text` (or `check_text_file` where a library reads it): bytes that are not UTF-8 text (binary, UTF-16, an
+image renamed .txt) are one line naming the file, never a UnicodeDecodeError.
 """
 from __future__ import annotations
 
+import argparse
+import codecs
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -81,9 +87,84 @@ def check_tokenizer_files(folder: str | Path, what: str, hint: str) -> None:
         raise FileProblem(f"{what}: {folder} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}); {hint}")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Text files
+# ---------------------------------------------------------------------------------------------------------------
+
+TEXT_CHUNK_BYTES = 1 << 20
+UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+
+
+def text_problem(path: str | Path) -> str | None:
+    """Why the bytes of a file are not UTF-8 text (an invalid byte, or a NUL byte as in binary or UTF-16 files),
+    else None. Reads the file in chunks, so a large corpus is checked in constant memory."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with Path(path).open("rb") as f:
+        while chunk := f.read(TEXT_CHUNK_BYTES):
+            if offset == 0 and chunk.startswith(UTF16_BOMS):
+                return "it starts with a UTF-16 byte-order mark; save it as UTF-8"
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                return f"byte {offset - pending + err.start}: {err.reason}"
+            nul = chunk.find(b"\0")
+            if nul >= 0:
+                return f"a NUL byte at byte {offset + nul}: binary data or UTF-16"
+            offset += len(chunk)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as err:
+        return f"it ends inside a character: {err.reason}"
+    return None
+
+
+def check_text_file(path: str | Path, what: str | None = None) -> None:
+    """Raise FileProblem naming `path` (and `what`: a flag, a recipe key or a kind of file) unless it is text."""
+    problem = text_problem(path)
+    if problem is not None:
+        where = f"{what}: " if what else ""
+        raise FileProblem(f"{where}{path} is not UTF-8 text ({problem})")
+
+
+def read_text(path: str | Path, what: str | None = None) -> str:
+    """The text of a UTF-8 file (line ends as Path.read_text gives them); FileProblem naming the file otherwise."""
+    check_text_file(path, what)
+    return Path(path).read_text(encoding="utf-8")
+
+
+def check_json_files_text(folder: str | Path, what: str) -> None:
+    """Every *.json file of a local model folder (config, tokenizer, generation config) is text."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for file in sorted(folder.glob("*.json")):
+            check_text_file(file, what)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command-line flags
+# ---------------------------------------------------------------------------------------------------------------
+
+def finite_float(text: str) -> float:
+    """argparse type of every number flag (OneLineArgumentParser uses it for type=float): NaN and infinities are
+    refused, since no flag of ours means anything with them."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 class OneLineArgumentParser:
     """Mixin for argparse.ArgumentParser: a usage error is one line `PROG: error: ...` and exit status 1
-    (argparse prints the usage block and exits 2)."""
+    (argparse prints the usage block and exits 2), and `type=float` flags are read by `finite_float`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("type", float, finite_float)  # argparse looks a flag's type up in this registry first
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
         import sys

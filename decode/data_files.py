@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from decode.checks import read_text
+
 
 def first_empty_file(files: list[str]) -> str | None:
     """The first file holding nothing but whitespace (datasets fails on it with a bare StopIteration), else None."""
@@ -29,7 +31,7 @@ def first_bad_json_line(files: list[str]) -> str | None:
         path = Path(file)
         if path.suffix not in (".json", ".jsonl"):
             continue
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_text(path)  # the file passed check_text_file before datasets read it
         if path.suffix == ".json":
             try:
                 json.loads(text)

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from decode.checks import check_json_files_text, read_text
 from decode.loading import LoadError, first_line
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
 
@@ -71,7 +72,12 @@ def safetensors_header(path: Path) -> dict:
     """{tensor name: {"dtype", "shape", ...}} from a safetensors file's header (8-byte length + JSON)."""
     with open(path, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(header_len))
+        try:
+            header = json.loads(f.read(header_len))
+        except ValueError:  # binary or cut short where the JSON header should be
+            raise LoadError(f"{path} is not a readable safetensors file (corrupt header)") from None
+    if not isinstance(header, dict):
+        raise LoadError(f"{path} is not a readable safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
     return header
 
@@ -200,7 +206,7 @@ def check_generation_config(draft_dir: Path) -> tuple[str | None, str | None, in
     path = draft_dir / "generation_config.json"
     if not path.is_file():
         return None, f"no generation_config.json in {draft_dir}, so no gamma: {NO_GAMMA_FIX}", None
-    config = json.loads(path.read_text())
+    config = json.loads(read_text(path))
     gamma = config.get("num_assistant_tokens")
     if gamma is None:
         return None, f"generation_config.json has no num_assistant_tokens (gamma): {NO_GAMMA_FIX}", None
@@ -220,12 +226,15 @@ def check_generation_config(draft_dir: Path) -> tuple[str | None, str | None, in
 
 def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
     """Run every check of the module docstring. Raises LoadError (one line) when the draft folder or its config,
-    or the target's config or tokenizer, cannot be read; every other finding is a problem in the report."""
+    or the target's config or tokenizer, cannot be read, FileProblem when a JSON file of either folder is not text;
+    every other finding is a problem in the report."""
     from transformers import AutoConfig
 
     draft_dir = Path(draft)
     if not (draft_dir / "config.json").is_file():
         raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
+    check_json_files_text(draft_dir, "draft")
+    check_json_files_text(target, "target")
     try:
         draft_config = AutoConfig.from_pretrained(draft_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:

@@ -1,7 +1,7 @@
-"""Loading targets, drafts, tokenizers and prompt files, with one-line errors for what users get wrong."""
+"""Loading targets, drafts and tokenizers, with one-line errors for what users get wrong (prompt files:
+decode/prompts.py)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -56,44 +56,3 @@ def load_tokenizer(name: str, required: bool = True):
         if not required:
             return None
         raise LoadError(f"could not load a tokenizer from {name!r}: {first_line(err)}") from None
-
-
-def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """Prompts from a .jsonl file (a ``prompt`` field per line) or a .txt file (one prompt per line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise LoadError(f"prompts file {str(path)!r} does not exist")
-    if path.suffix == ".json":  # a JSON array would otherwise be read as lines of text
-        raise LoadError(f"prompts file {str(path)!r}: .json is not read; use .jsonl (one {{\"prompt\": ...}} per "
-                        "line) or .txt (one prompt per line)")
-    prompts: list[str] = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if path.suffix == ".jsonl":
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise LoadError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-                if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                    fields = ", ".join(row) if isinstance(row, dict) else type(row).__name__
-                    raise LoadError(f"{path}:{line_no}: each line needs a string field 'prompt' (found: {fields})")
-                prompts.append(row["prompt"])
-            else:
-                prompts.append(line.rstrip("\n").replace("\\n", "\n"))
-    prompts = [p for p in prompts if p.strip()]
-    if not prompts:
-        raise LoadError(f"prompts file {str(path)!r} contains no prompts")
-    return prompts[:limit] if limit else prompts
-
-
-def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int | None = None) -> list[torch.Tensor]:
-    """Token ids [L] per prompt (BOS added as the tokenizer does), keeping the last ``max_prompt_tokens``."""
-    encoded = []
-    for text in prompts:
-        ids = tokenizer(text, return_tensors="pt").input_ids[0]
-        if ids.numel() == 0:
-            raise LoadError(f"prompt {text[:40]!r} encodes to no tokens")
-        encoded.append(ids[-max_prompt_tokens:] if max_prompt_tokens else ids)
-    return encoded

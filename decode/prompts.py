@@ -22,17 +22,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import torch
 
+from decode.checks import FileProblem, check_text_file, read_text
 from decode.data_files import first_bad_json_line, first_empty_file
 from decode.loading import LoadError, first_line
 
-ChatTemplate = Literal["auto", "on", "off"]
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")
 DATA_FILE_BUILDERS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # other files: through datasets
+TEXT_DATA_SUFFIXES = (".json", ".jsonl", ".txt", ".csv")
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # Dataset(Dict).save_to_disk
 
 
@@ -117,21 +118,28 @@ def to_prompt_row(row: Any, fields: PromptFields, where: str) -> PromptRow:
 
 def read_prompt_file(path: Path, fields: PromptFields) -> list[PromptRow]:
     """Rows of a .jsonl file (one JSON object per line) or a .txt file (one plain prompt per line, ``\\n``
-    written as the two characters backslash-n)."""
+    written as the two characters backslash-n). LoadError naming the file when its bytes are not text."""
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if path.suffix != ".jsonl":
-                rows.append(PromptRow(text=line.rstrip("\n").replace("\\n", "\n")))
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise LoadError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-            rows.append(to_prompt_row(raw, fields, f"{path}:{line_no}"))
+    for line_no, line in enumerate(_prompt_text(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        if path.suffix != ".jsonl":
+            rows.append(PromptRow(text=line.replace("\\n", "\n")))
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise LoadError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+        rows.append(to_prompt_row(raw, fields, f"{path}:{line_no}"))
     return rows
+
+
+def _prompt_text(path: Path) -> str:
+    """The text of a prompt file (decode.checks.read_text), its problems raised as LoadError."""
+    try:
+        return read_text(path, "prompts file")
+    except FileProblem as err:
+        raise LoadError(str(err)) from None
 
 
 def load_prompt_dataset(source: str, split: str, config: str | None):
@@ -141,18 +149,24 @@ def load_prompt_dataset(source: str, split: str, config: str | None):
 
     try:
         if Path(source).is_file():  # a .json / .csv / .parquet file: one split, whatever --prompts-split says
+            if Path(source).suffix != ".parquet":
+                check_text_file(source, "prompts file")  # datasets' message for a binary file names no file
             return datasets.load_dataset(DATA_FILE_BUILDERS[Path(source).suffix], data_files=source, split="train")
         if Path(source).is_dir() and any((Path(source) / name).is_file() for name in SAVED_DATASET_FILES):
-            loaded = datasets.load_from_disk(source)
+            loaded = datasets.load_from_disk(source)  # Arrow files: binary by design
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:
                     raise LoadError(f"prompt dataset {source!r} has no split {split!r} (splits: {', '.join(loaded)})")
                 loaded = loaded[split]
             return loaded
+        if Path(source).is_dir():  # a folder of data files: datasets reads those it knows by their suffix
+            for file in sorted(Path(source).rglob("*")):
+                if file.suffix in TEXT_DATA_SUFFIXES:
+                    check_text_file(file, "prompts file")
         return datasets.load_dataset(source, config, split=split)
     except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError, OSError) as err:
-        if isinstance(err, LoadError):
-            raise
+        if isinstance(err, (LoadError, FileProblem)):
+            raise LoadError(str(err)) from None
         if Path(source).is_file():  # name the empty file or the bad line that datasets' generic message hides
             problem = first_bad_json_line([source]) or (f"{source} is empty" if first_empty_file([source]) else None)
             if problem:

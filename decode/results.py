@@ -15,8 +15,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-EVAL_JSON_KEYS = ("engine", "device", "dtype", "torch_version", "target", "draft", "prompts", "chat_template", "compiled",
-                  "compile_seconds", "results")  # + "environment" (evaluate.save's record)
+from decode.checks import read_text
+
+EVAL_JSON_KEYS = ("engine", "device", "dtype", "torch_version", "target", "draft", "prompts", "chat_template",
+                  "compiled", "compile_seconds", "results")  # + "environment" (evaluate.save's record)
 
 
 @dataclass
@@ -90,7 +92,7 @@ def environment() -> dict[str, Any]:
     import evaluate
 
     with tempfile.TemporaryDirectory(prefix="specdistill-env-") as folder:
-        return json.loads(Path(evaluate.save(str(Path(folder) / "environment.json"))).read_text())
+        return json.loads(read_text(evaluate.save(str(Path(folder) / "environment.json"))))
 
 
 def write_eval_json(path: Path, report: dict[str, Any]) -> None:
@@ -109,7 +111,7 @@ def read_eval_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"eval JSON {path} does not exist")
     try:
-        payload = json.loads(path.read_text())
+        payload = json.loads(read_text(path, "eval JSON"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"eval JSON {path} is not valid JSON: {exc}") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):

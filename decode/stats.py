@@ -76,8 +76,6 @@ class SpecStats:
     def mean_accepted_tokens(self) -> float:
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
 
-    block_efficiency = mean_accepted_tokens
-
     @property
     def per_position_acceptance(self) -> list[float]:
         return [a / v if v else 0.0 for a, v in zip(self.per_position_accepted, self.per_position_verified)]

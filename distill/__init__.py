@@ -4,6 +4,7 @@
     distill.models         frozen target; draft from a checkpoint, a subset of target layers, or a config
     distill.data           text packing, chat with assistant-only labels, held-out acceptance prompts
     distill.losses         per-token divergences: the DIVERGENCES table (value and closed-form gradient)
+    distill.loss_mix       distill.loss as a weighted combination of losses with linear schedules
     distill.distill_loss   the batch loss (sums over kept tokens), chunked over the vocabulary projection;
                            distill.fused is its closed-form-gradient path for a plain lm_head
     distill.lora, distill.distributed: LoRA drafts (peft); launch-mode checks and DeepSpeed ZeRO-3 weights

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from decode.checks import read_text
+
 logger = logging.getLogger(__name__)
 
 ACCEPTANCE_LOG = "acceptance.jsonl"
@@ -57,7 +59,7 @@ def read_records(location: str | Path, required: bool = False) -> list[dict]:
         if required:
             raise FileNotFoundError(f"acceptance log {path} does not exist")
         return []
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, "acceptance log")
     lines = text.split("\n")  # the last item is "" when the file ends with a newline, else a torn line
     records = []
     for number, line in enumerate(lines, start=1):

@@ -20,6 +20,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from decode.checks import FileProblem, read_text
+
 logger = logging.getLogger(__name__)
 
 PARTIAL_DIR = ".partial"  # checkpoints being written; never a checkpoint-* name, so nothing picks or rotates it
@@ -49,9 +51,12 @@ def checkpoint_step(folder: str | Path) -> int | None:
 
 
 def is_complete(folder: str | Path) -> bool:
-    """Whether a checkpoint folder was written to the end (its trainer_state.json is there and readable)."""
+    """Whether a checkpoint folder was written to the end (its trainer_state.json is there and readable).
+    Raises FileProblem naming a trainer_state.json that is not text at all (no interrupted save writes that)."""
     try:
-        json.loads((Path(folder) / TRAINER_STATE).read_text())
+        json.loads(read_text(Path(folder) / TRAINER_STATE))
+    except FileProblem:
+        raise
     except (OSError, ValueError):
         return False
     return True
@@ -93,7 +98,7 @@ def report_incomplete(found: Checkpoints) -> None:
 
 def finished_step(checkpoint: str | Path) -> int | None:
     """The step of a checkpoint that ends its run (global_step >= max_steps in its trainer_state.json), else None."""
-    state = json.loads((Path(checkpoint) / TRAINER_STATE).read_text())
+    state = json.loads(read_text(Path(checkpoint) / TRAINER_STATE))
     step, max_steps = state.get("global_step", 0), state.get("max_steps", 0)
     return step if max_steps and step >= max_steps else None
 

@@ -11,11 +11,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from distill.loss_mix import LossMix, LossSpecError, teacher_divergences
 from distill.losses import LOSSES
 from distill.recipe_fields import OVERRIDE_SOURCE, RecipeError, check_types, option, require
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DATA_FORMATS = ("auto", "text", "chat")
 SECTIONS = ("model", "lora", "data", "distill", "train", "eval", "hub")
 
 __all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTION_TYPES", "SECTIONS", "ModelConfig", "LoraConfig",
@@ -177,12 +176,17 @@ class DataConfig:
 
 @dataclass
 class DistillConfig:
-    """The per-token objective: a divergence between target and draft next-token distributions, plus optional CE."""
+    """The per-token objective: a divergence between target and draft next-token distributions, plus optional CE,
+    or a weighted combination of such losses (distill.loss_mix)."""
 
-    loss: str = option("forward_kl", f"Divergence: one of {', '.join(LOSSES)}.")
+    loss: str | dict[str, Any] = option(
+        "forward_kl", f"One of {', '.join(LOSSES)}; or a weighted combination {{name: weight}}, each weight a "
+                      "number >= 0 or a linear schedule {start, end, steps} over optimizer steps (held at end after "
+                      "steps; steps left out = the whole run). recipes/README.md, 'Which loss to pick'.")
     beta: float = option(0.5, "Mixture weight of the generalised JSD (loss jsd), in [0, 1].")
     temperature: float = option(1.0, "Softmax temperature applied to both models' logits, > 0.")
-    ce_weight: float = option(0.0, "w in loss = (1 - w) * divergence + w * cross-entropy on data tokens, in [0, 1].")
+    ce_weight: float = option(0.0, "w in loss = (1 - w) * divergence + w * cross-entropy on data tokens, in [0, 1]; "
+                                   "0 with a combination (put ce in it).")
     chunk_size: int = option(1024, "Token positions per chunk when computing logits (bounds memory), > 0.")
     # cached teacher (recipes/README.md, "Cached teacher")
     teacher_cache: str | None = option(
@@ -202,7 +206,17 @@ class DistillConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        require(self.loss in LOSSES, "loss", self.loss, "one of " + ", ".join(LOSSES))
+        if isinstance(self.loss, str):
+            require(self.loss in LOSSES, "loss", self.loss, "one of " + ", ".join(LOSSES)
+                    + " (or a mapping {name: weight})")
+        else:
+            try:
+                LossMix.parse(self.loss)
+            except LossSpecError as err:
+                raise RecipeError(err.key, err.problem) from None
+            require(self.ce_weight == 0.0, "ce_weight", self.ce_weight,
+                    "0 when distill.loss is a combination (give ce its weight inside distill.loss)")
+        teacher_terms = teacher_divergences(self.loss)
         require(0.0 <= self.beta <= 1.0, "beta", self.beta, "a number in [0, 1]")
         require(self.temperature > 0, "temperature", self.temperature, "a number > 0")
         require(0.0 <= self.ce_weight <= 1.0, "ce_weight", self.ce_weight, "a number in [0, 1]")
@@ -214,14 +228,23 @@ class DistillConfig:
                 "an integer > 0")
         require(self.on_policy_temperature >= 0, "on_policy_temperature", self.on_policy_temperature,
                 "a number >= 0")
-        require(self.on_policy_fraction == 0 or self.loss != "ce", "on_policy_fraction", self.on_policy_fraction,
+        require(self.on_policy_fraction == 0 or bool(teacher_terms), "on_policy_fraction", self.on_policy_fraction,
                 "0 with distill.loss ce (cross-entropy on the draft's own samples teaches nothing)")
         if self.teacher_cache is not None:
             require(self.temperature == 1.0, "temperature", self.temperature,
                     "1.0 with distill.teacher_cache (cached log-probabilities are at temperature 1)")
-            require(self.loss != "ce", "teacher_cache", self.teacher_cache, "null with distill.loss ce (no teacher)")
+            require(bool(teacher_terms), "teacher_cache", self.teacher_cache, "null with distill.loss ce (no teacher)")
             require(self.on_policy_fraction == 0, "on_policy_fraction", self.on_policy_fraction,
                     "0 with distill.teacher_cache (the draft's samples are not in the cache)")
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the loss has a divergence term (the target, or its cache, must be read)."""
+        return bool(teacher_divergences(self.loss))
+
+    def loss_at(self, step: int, total_steps: int) -> str | dict[str, float]:
+        """distill_loss's `loss` at optimizer step `step` of total_steps: the name, or the combination's weights."""
+        return self.loss if isinstance(self.loss, str) else LossMix.parse(self.loss).at(step, total_steps)
 
 
 @dataclass

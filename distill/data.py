@@ -22,6 +22,7 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from decode.checks import FileProblem, check_text_file
 from decode.loading import LoadError
 from decode.prompts import (PromptRow, check_chat_template, prompt_messages, prompt_token_ids, read_prompt_rows,
                             uses_template)
@@ -85,6 +86,11 @@ def load_rows(cfg: DataConfig) -> datasets.Dataset:
     empty = first_empty_file(local[1]) if local is not None else None
     if empty is not None:
         raise DataError(f"data.dataset: {empty} is empty")
+    try:
+        for file in local[1] if local is not None and local[0] != "parquet" else []:
+            check_text_file(file, "data.dataset")  # a binary or UTF-16 file, named before datasets reads it
+    except FileProblem as err:
+        raise DataError(str(err)) from None
     try:
         if local is not None and local[0] == "text":  # plain text read as text (distill/text_files.py)
             rows = load_text_files(local[1], cfg.text_sample_by)
@@ -215,7 +221,7 @@ def chat_rows(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedToke
 # Acceptance prompts
 # ---------------------------------------------------------------------------------------------------------------
 
-def read_prompt_file(path: str) -> list[PromptRow]:
+def read_eval_prompts(path: str) -> list[PromptRow]:
     """Prompt rows of a .jsonl ('prompt' or 'messages', optional 'category') or .txt file, read as
     eval_acceptance reads them (decode.prompts). Raises DataError naming the key and the file."""
     try:
@@ -287,7 +293,7 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
         return _from_whole_files(rows, cfg, tokenizer, seed, chat_template)
     categories = None
     if cfg.eval_prompts is not None:
-        held_out = read_prompt_file(cfg.eval_prompts)[: cfg.num_eval_prompts]
+        held_out = read_eval_prompts(cfg.eval_prompts)[: cfg.num_eval_prompts]
     elif cfg.num_eval_prompts > 0:
         if len(rows) <= cfg.num_eval_prompts:
             raise DataError(f"data.num_eval_prompts: cannot hold out {cfg.num_eval_prompts} prompts from "

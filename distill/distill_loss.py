@@ -2,7 +2,8 @@
 
 `distill_loss` takes the student's logits; `chunked_distill_loss` takes final hidden states and the lm_head, so
 at most one chunk's [c, V] logits exist at a time (the fused path, distill/fused.py, for a plain nn.Linear head;
-a checkpointed path for any other head). Both resolve the loss name through distill.losses.DIVERGENCES.
+a checkpointed path for any other head). Both resolve the loss names through distill.losses.DIVERGENCES; a loss is one name or a weighted combination
+of names (distill.losses.LossOptions).
 
 Reductions return SUMS over tokens (`LossSums`), never means: the caller divides by the global token count,
 so gradient accumulation and several processes give the same update as one large batch.
@@ -10,7 +11,8 @@ so gradient accumulation and several processes give the same update as one large
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -19,7 +21,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from distill.fused import fusable_head, fused_head_loss
-from distill.losses import LossOptions, SparseTeacher, bucketize, take_rows, total_variation, upcast
+from distill.losses import (DIVERGENCES, LossOptions, SparseTeacher, bucketize, take_rows, total_variation,
+                            upcast)
 from distill.utils import IGNORE_INDEX
 
 
@@ -27,8 +30,10 @@ from distill.utils import IGNORE_INDEX
 class LossSums:
     """Sums over the kept tokens of one batch; divide by the global `num_tokens` to get means.
 
-    loss: scalar with grad, (1 - ce_weight) * kd + ce_weight * ce. kd, ce, tv: detached sums for logging;
-    tv is measured at temperature 1 (0 without a teacher).
+    loss: scalar with grad, sum_i weight_i * term_i ((1 - ce_weight) * kd + ce_weight * ce for one named loss).
+    kd, ce, tv: detached sums for logging; tv is measured at temperature 1 (0 without a teacher); kd is the
+    divergence, or the weighted mean of the divergences of a combination. terms: each term's own detached sum
+    (unweighted), by loss name.
     """
 
     loss: torch.Tensor
@@ -36,6 +41,7 @@ class LossSums:
     ce: torch.Tensor
     tv: torch.Tensor
     num_tokens: int
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __add__(self, other: LossSums) -> LossSums:
         return LossSums(
@@ -44,6 +50,7 @@ class LossSums:
             ce=self.ce + other.ce,
             tv=self.tv + other.tv,
             num_tokens=self.num_tokens + other.num_tokens,
+            terms={name: self.terms[name] + other.terms[name] for name in self.terms},
         )
 
 
@@ -60,40 +67,37 @@ def _paired_logprobs(
     return student_logp, teacher_logp.to(student_logp.dtype)
 
 
+TokenSums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+
+
 def _token_sums(
     options: LossOptions,
     student_logits: torch.Tensor,
     teacher: torch.Tensor | SparseTeacher | None,
     labels: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, kd, ce, tv) summed over rows that are all kept. student_logits [n, Vs], labels [n]."""
+) -> TokenSums:
+    """(loss, kd, ce, tv, terms) summed over rows that are all kept. student_logits [n, Vs], labels [n]."""
     student_logits = upcast(student_logits)  # [n, Vs]
     zero = student_logits.new_zeros(())
-    ce_in_loss = options.loss == "ce" or options.ce_weight > 0.0
-    with torch.set_grad_enabled(torch.is_grad_enabled() and ce_in_loss):
+    with torch.set_grad_enabled(torch.is_grad_enabled() and options.ce_term_weight is not None):
         # ce = -sum_i log q(y_i)   (hard labels, temperature 1, full student vocabulary)
         ce = F.cross_entropy(student_logits, labels, reduction="sum")
-    if teacher is None:
-        return ce, zero, ce.detach(), zero
-
-    kd = zero
-    if options.loss != "ce":
+    values = {"ce": ce}
+    if options.needs_teacher:
         student_logp, teacher_logp = _paired_logprobs(student_logits, teacher, options.temperature)  # [n, W]
-        kd = options.divergence.value(student_logp, teacher_logp, options.beta).sum()
-    with torch.no_grad():
-        if options.loss == "ce" or options.temperature != 1.0:
-            student_logp, teacher_logp = _paired_logprobs(student_logits, teacher, 1.0)  # [n, W]
-        tv = total_variation(student_logp, teacher_logp).sum()
+        for name, _ in options.divergence_terms:
+            values[name] = DIVERGENCES[name].value(student_logp, teacher_logp, options.beta).sum()
+    tv = zero
+    if teacher is not None:
+        with torch.no_grad():
+            if not options.needs_teacher or options.temperature != 1.0:
+                student_logp, teacher_logp = _paired_logprobs(student_logits, teacher, 1.0)  # [n, W]
+            tv = total_variation(student_logp, teacher_logp).sum()
 
-    a, w = options.weights()
-    if options.loss == "ce":
-        loss = ce
-    elif w == 0.0:
-        loss = kd
-    else:
-        # total = (1 - w) kd + w ce
-        loss = a * kd + w * ce
-    return loss, kd.detach(), ce.detach(), tv
+    loss = options.combine(values)  # sum_i w_i term_i
+    terms = {name: values[name].detach() for name, _ in options.terms}
+    kd = options.kd_of(terms, zero) if options.needs_teacher else zero
+    return loss, kd, ce.detach(), tv, terms
 
 
 def _kept_positions(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -110,7 +114,7 @@ def distill_loss(
     labels: torch.Tensor,
     mask: torch.Tensor,
     *,
-    loss: str,
+    loss: str | Mapping[str, float],
     beta: float = 0.5,
     temperature: float = 1.0,
     ce_weight: float = 0.0,
@@ -119,9 +123,10 @@ def distill_loss(
 
     student_logits [N, Vs]; teacher: logits [N, Vt] (compared on the shared first min(Vs, Vt) columns),
     a SparseTeacher with N rows (temperature 1 only), or None for loss="ce"; labels [N] long (-100 = ignore);
-    mask [N] bool. loss: one of distill.losses.LOSSES; beta: JSD mixing weight; temperature softens both models
-    (no T**2); ce_weight mixes in hard-label cross-entropy: loss = (1 - ce_weight) kd + ce_weight ce;
-    loss="ce" is ce alone.
+    mask [N] bool. loss: one of distill.losses.LOSSES, or a combination {name: weight >= 0} summed as
+    sum_i weight_i * term_i; beta: JSD mixing weight; temperature softens both models (no T**2; ce stays at 1);
+    ce_weight mixes in hard-label cross-entropy: loss = (1 - ce_weight) kd + ce_weight ce (0 with a
+    combination); loss="ce" is ce alone.
     Positions with mask False or label -100 contribute nothing (not even NaNs).
     Raises ValueError on a bad option or inconsistent shapes.
     """
@@ -138,8 +143,8 @@ def distill_loss(
         raise ValueError(f"SparseTeacher has {len(teacher)} rows, student logits {student_logits.shape[0]}")
 
     keep = _kept_positions(labels, mask)  # [n]
-    total, kd, ce, tv = _token_sums(options, student_logits[keep], take_rows(teacher, keep), labels[keep])
-    return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()))
+    total, kd, ce, tv, terms = _token_sums(options, student_logits[keep], take_rows(teacher, keep), labels[keep])
+    return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()), terms=terms)
 
 
 def _head_chunk_sums(
@@ -149,7 +154,7 @@ def _head_chunk_sums(
     student_hidden: torch.Tensor,
     teacher_chunk: torch.Tensor | SparseTeacher | None,
     labels: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> TokenSums:
     """_token_sums of one chunk, projecting hidden states [c, H] to logits [c, V] inside."""
     if teacher_head is not None and teacher_chunk is not None:
         with torch.no_grad():
@@ -188,7 +193,7 @@ def chunked_distill_loss(
     *,
     teacher_head: nn.Module | None = None,
     chunk_size: int = 1024,
-    loss: str,
+    loss: str | Mapping[str, float],
     beta: float = 0.5,
     temperature: float = 1.0,
     ce_weight: float = 0.0,
@@ -223,9 +228,9 @@ def chunked_distill_loss(
         teacher_head = None  # cached teacher: no head to run
 
     if fusable_head(student_head):  # closed-form gradients, each head runs once per chunk (distill/fused.py)
-        total, kd, ce, tv = fused_head_loss(options, hidden, student_head, teacher_rows, teacher_head, targets,
-                                            chunk_size)
-        return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()))
+        total, kd, ce, tv, terms = fused_head_loss(options, hidden, student_head, teacher_rows, teacher_head,
+                                                   targets, chunk_size)
+        return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()), terms=terms)
 
     chunk_sums = partial(_head_chunk_sums, options, student_head, teacher_head)
     totals = []
@@ -238,5 +243,6 @@ def chunked_distill_loss(
             totals.append(checkpoint(chunk_sums, *args, use_reentrant=False))
         else:
             totals.append(chunk_sums(*args))
-    total, kd, ce, tv = (torch.stack(values).sum() for values in zip(*totals))
-    return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()))
+    total, kd, ce, tv = (torch.stack(values).sum() for values in zip(*(chunk[:4] for chunk in totals)))
+    terms = {name: torch.stack([chunk[4][name] for chunk in totals]).sum() for name in totals[0][4]}
+    return LossSums(loss=total, kd=kd, ce=ce, tv=tv, num_tokens=int(keep.numel()), terms=terms)

@@ -28,6 +28,7 @@ import httpx2  # huggingface_hub's HTTP client: its transport errors are the net
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 
+from decode.checks import check_text_file, read_text
 from distill.acceptance_log import ACCEPTANCE_LOG
 from distill.model_card import (CARD_TAGS, build_model_card, check_repo_id, eval_prompts, infer_target,
                                 load_eval_results)
@@ -84,6 +85,8 @@ def check_card_writable(model_dir: Path) -> None:
     """Raise FileExistsError when ``model_dir/README.md`` exists and is not a card specdistill wrote (it would be
     overwritten)."""
     card = Path(model_dir) / CARD_FILE
+    if card.is_file():
+        check_text_file(card)
     if card.is_file() and not set(CARD_TAGS) <= set(ModelCard.load(card).data.tags or []):
         raise FileExistsError(f"{card} exists and was not written by specdistill: move it away (the model card is "
                               "written there)")
@@ -177,7 +180,7 @@ def write_card(model_dir: Path, *, repo_id: str, eval_json: Path | None = None, 
     results, hardware = load_eval_results(model_dir, eval_json, step=step)
     check_card_writable(model_dir)
     recipe = model_dir / "recipe.yaml"
-    card = build_model_card(model_dir, target=target, recipe_text=recipe.read_text() if recipe.is_file() else None,
+    card = build_model_card(model_dir, target=target, recipe_text=read_text(recipe) if recipe.is_file() else None,
                             eval_results=results, hardware=hardware, repo_id=repo_id,
                             prompts=eval_prompts(model_dir, eval_json))
     if eval_json is not None:

@@ -6,15 +6,25 @@ p is the teacher distribution, q the student's; both arrive as log-probabilities
 
 Each entry of DIVERGENCES holds the divergence's value per token and, for the fused chunked path
 (distill/fused.py), the same value with its gradient with respect to the student's logits in closed form.
-The batch-level sums (masking, temperature, the ce mix, chunking) are in distill/distill_loss.py.
+The batch-level sums (masking, temperature, the ce mix, chunking) are in distill/distill_loss.py; weighted
+combinations of losses with schedules (`distill.loss: {ce: 0.5, tv: ...}`) in distill/loss_mix.py.
+
+Stable entry point for other trainers (e.g. hidden-state draft heads): `per_token_divergence(name, student_logp,
+teacher_logp, beta=0.5) -> [N]`, the value of DIVERGENCES[name] per token, differentiable through student_logp.
+Its signature and the names in DIVERGENCES only grow; a new divergence is one function pair plus one table line.
+
+Acceptance: alpha = sum_x min(p, q) is the probability that speculative sampling accepts a draft token drawn
+from q when the target is p (Leviathan et al. 2023), and TV = 1 - alpha. `nla` and `lk_hybrid` are the LK losses
+(arXiv 2602.23881), as shipped by vLLM's speculators (`--loss-fn nla | lk_hybrid`).
 
 Temperature T softens both models: log_softmax(logits / T). No T**2 factor is applied (Hinton et al. scale the
 soft loss by T**2 to keep its gradient size comparable across T); fold such a factor into the learning rate.
 """
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +33,10 @@ import torch.nn.functional as F
 # A cached teacher's tail mass 1 - sum_topk p is only known to float32 resolution. Where the student has a tail,
 # the teacher's tail is floored here so that rounding cannot make reverse KL infinite.
 TAIL_FLOOR = torch.finfo(torch.float32).eps
+# nla = -log alpha: alpha is floored here (-log 1e-6 = 13.8), so disjoint supports give a finite value and no gradient.
+ALPHA_FLOOR = 1e-6
+# lk_hybrid: lambda = exp(-LK_SHARPNESS * alpha), the LK-losses paper's and vLLM speculators' 3.
+LK_SHARPNESS = 3.0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -84,6 +98,33 @@ def total_variation(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> t
     return 0.5 * (teacher_logp.exp() - student_logp.exp()).abs().sum(dim=-1)
 
 
+def acceptance_probability(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """alpha = sum_x min(p, q) per token, in [0, 1]: the chance a draft token from q is accepted. [N, V] -> [N]."""
+    # alpha = sum_x min(p(x), q(x)) = 1 - TV(p, q)
+    return torch.minimum(teacher_logp.exp(), student_logp.exp()).sum(dim=-1)
+
+
+def negative_log_acceptance(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """nla = -log alpha per token (alpha floored at ALPHA_FLOOR). [N, V] x [N, V] -> [N].
+
+    Same minimiser as TV, with the gradient scaled by 1 / alpha: it keeps training where the overlap is small.
+    """
+    # nla = -log max(alpha, floor)
+    return -acceptance_probability(student_logp, teacher_logp).clamp_min(ALPHA_FLOOR).log()
+
+
+def lk_hybrid(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """lambda KL(p || q) + (1 - lambda) TV(p, q) per token, lambda = exp(-3 alpha) detached. [N, V] -> [N].
+
+    Forward KL while the overlap is small (lambda near 1), moving toward TV (the acceptance itself) as it grows.
+    lambda is a constant of the gradient: d/ds = lambda dKL/ds + (1 - lambda) dTV/ds.
+    """
+    alpha = acceptance_probability(student_logp, teacher_logp)
+    lam = torch.exp(-LK_SHARPNESS * alpha).detach()  # [N]
+    # L = lambda KL(p || q) + (1 - lambda) TV(p, q)
+    return lam * forward_kl(student_logp, teacher_logp) + (1.0 - lam) * total_variation(student_logp, teacher_logp)
+
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # The same divergences with their gradients with respect to the student's logits s (q = softmax(s)), per token:
@@ -133,6 +174,27 @@ def _total_variation_and_grad(logq: torch.Tensor, logp: torch.Tensor, beta: floa
     return value, q * (g - (q * g).sum(-1, keepdim=True)), value
 
 
+def _nla_and_grad(logq: torch.Tensor, logp: torch.Tensor, beta: float):
+    q, p = logq.exp(), logp.exp()  # [N, W]
+    alpha = torch.minimum(q, p).sum(-1)  # [N]
+    tv, tv_grad, _ = _total_variation_and_grad(logq, logp, beta)
+    floored = alpha.clamp_min(ALPHA_FLOOR)
+    # -log alpha = -log(1 - TV);  d/ds = dTV/ds / alpha  (0 below the floor, where the value is constant)
+    scale = torch.where(alpha >= ALPHA_FLOOR, 1.0 / floored, 0.0)
+    return -floored.log(), tv_grad.mul_(scale[:, None]), tv
+
+
+def _lk_hybrid_and_grad(logq: torch.Tensor, logp: torch.Tensor, beta: float):
+    q, p = logq.exp(), logp.exp()  # [N, W]
+    lam = torch.exp(-LK_SHARPNESS * torch.minimum(q, p).sum(-1))  # [N], a constant of the gradient
+    kl, kl_grad, _ = _forward_kl_and_grad(logq, logp, beta)
+    tv, tv_grad, _ = _total_variation_and_grad(logq, logp, beta)
+    # L = lambda KL + (1 - lambda) TV;  d/ds = lambda (q - p) + (1 - lambda) dTV/ds
+    value = lam * kl + (1.0 - lam) * tv
+    grad = kl_grad.mul_(lam[:, None]).add_(tv_grad.mul_((1.0 - lam)[:, None]))
+    return value, grad, tv
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The table: loss name -> divergence
 # ----------------------------------------------------------------------------------------------------------------
@@ -158,10 +220,32 @@ DIVERGENCES: dict[str, Divergence] = {
     "reverse_kl": Divergence(lambda s, t, beta: reverse_kl(s, t), _reverse_kl_and_grad),  # KL(q || p)
     "jsd": Divergence(jsd, _jsd_and_grad),  # beta KL(p || m) + (1 - beta) KL(q || m), m = beta p + (1 - beta) q
     "tv": Divergence(lambda s, t, beta: total_variation(s, t), _total_variation_and_grad),  # 0.5 sum |p - q|
+    "nla": Divergence(lambda s, t, beta: negative_log_acceptance(s, t), _nla_and_grad),  # -log sum min(p, q)
+    # exp(-3 alpha) KL(p || q) + (1 - exp(-3 alpha)) TV, the weight detached
+    "lk_hybrid": Divergence(lambda s, t, beta: lk_hybrid(s, t), _lk_hybrid_and_grad),
 }
 
 # Recipe values of distill.loss: a divergence, or "ce" (hard-label cross-entropy alone, no teacher term).
 LOSSES = (*DIVERGENCES, "ce")
+
+
+def unknown_loss_message(name: object, allowed: tuple[str, ...] = LOSSES) -> str:
+    """"unknown loss 'tvd' (did you mean 'tv'?); allowed values: ...": one line for a name not in `allowed`."""
+    close = difflib.get_close_matches(str(name), allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown loss {name!r}{hint}; allowed values: {', '.join(allowed)}"
+
+
+def per_token_divergence(name: str, student_logp: torch.Tensor, teacher_logp: torch.Tensor,
+                         beta: float = 0.5) -> torch.Tensor:
+    """DIVERGENCES[name] per token: student_logp, teacher_logp [N, W] log-probabilities on one support -> [N].
+
+    The stable entry point for trainers outside distill_loss (hidden-state draft heads); differentiable through
+    student_logp. beta is used by jsd only. Raises ValueError for a name that is not a divergence ("ce" included).
+    """
+    if name not in DIVERGENCES:
+        raise ValueError(unknown_loss_message(name, tuple(DIVERGENCES)))
+    return DIVERGENCES[name].value(student_logp, teacher_logp, beta)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -246,16 +330,33 @@ def _check_beta(beta: float) -> None:
 
 @dataclass(frozen=True)
 class LossOptions:
-    """A validated (loss, beta, temperature, ce_weight); raises ValueError naming a bad value."""
+    """A validated (loss, beta, temperature, ce_weight); raises ValueError naming a bad value.
 
-    loss: str
+    loss is a name of LOSSES, or a weighted combination {name: weight >= 0} (the weights of one optimizer step;
+    schedules are resolved by distill.loss_mix), whose loss is sum_i weight_i * term_i. A name with ce_weight w is
+    the combination {name: 1 - w, ce: w} (ce left out when w = 0); "ce" alone is {ce: 1}.
+    """
+
+    loss: str | Mapping[str, float]
     beta: float
     temperature: float
     ce_weight: float
 
     def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"unknown loss {self.loss!r}; allowed values: {', '.join(LOSSES)}")
+        if isinstance(self.loss, str):
+            if self.loss not in LOSSES:
+                raise ValueError(unknown_loss_message(self.loss))
+        else:
+            if not self.loss:
+                raise ValueError("a combination of losses needs at least one term")
+            for name, weight in self.loss.items():
+                if name not in LOSSES:
+                    raise ValueError(unknown_loss_message(name))
+                if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
+                    raise ValueError(f"loss weight of {name!r} must be a number >= 0, got {weight!r}")
+            if self.ce_weight != 0.0:
+                raise ValueError(f"ce_weight must be 0 with a combination of losses (put ce in it), "
+                                 f"got {self.ce_weight!r}")
         _check_beta(self.beta)
         if not self.temperature > 0.0:
             raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
@@ -263,18 +364,51 @@ class LossOptions:
             raise ValueError(f"ce_weight must be in [0, 1], got {self.ce_weight!r}")
 
     @property
-    def divergence(self) -> Divergence | None:
-        """The teacher term's divergence; None for loss="ce"."""
-        return DIVERGENCES.get(self.loss)
-
-    def weights(self) -> tuple[float, float]:
-        """(a, w): the loss is a * kd + w * ce; loss="ce" is ce alone."""
+    def terms(self) -> tuple[tuple[str, float], ...]:
+        """(name, weight) of every term of the loss, divergences first, then ce."""
+        if not isinstance(self.loss, str):
+            named = tuple((name, float(weight)) for name, weight in self.loss.items())
+            return tuple(t for t in named if t[0] != "ce") + tuple(t for t in named if t[0] == "ce")
         if self.loss == "ce":
-            return 0.0, 1.0
-        return 1.0 - self.ce_weight, self.ce_weight
+            return (("ce", 1.0),)
+        kd = ((self.loss, 1.0 - self.ce_weight),)
+        return kd + ((("ce", self.ce_weight),) if self.ce_weight > 0.0 else ())
+
+    @property
+    def divergence_terms(self) -> tuple[tuple[str, float], ...]:
+        """The (name, weight) terms that compare with the teacher (all but ce)."""
+        return tuple(t for t in self.terms if t[0] != "ce")
+
+    @property
+    def ce_term_weight(self) -> float | None:
+        """The weight of the hard-label cross-entropy term; None when the loss has none."""
+        return next((weight for name, weight in self.terms if name == "ce"), None)
+
+    @property
+    def needs_teacher(self) -> bool:
+        return bool(self.divergence_terms)
+
+    def combine(self, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """sum_i w_i values[name_i] over the terms; a lone term of weight 1 is its value itself."""
+        weighted = [values[name] if weight == 1.0 else weight * values[name] for name, weight in self.terms]
+        total = weighted[0]
+        for term in weighted[1:]:
+            total = total + term
+        return total
+
+    def kd_of(self, values: Mapping[str, torch.Tensor], zero: torch.Tensor) -> torch.Tensor:
+        """The logged kd: the divergence itself for one divergence term; for several, their weighted mean
+        sum_i w_i D_i / sum_i w_i (0 while every weight is 0)."""
+        terms = self.divergence_terms
+        if len(terms) == 1:
+            return values[terms[0][0]]
+        total = sum(weight for _, weight in terms)
+        if total == 0.0:
+            return zero
+        return sum(weight * values[name] for name, weight in terms) / total
 
     def check_teacher(self, teacher: torch.Tensor | SparseTeacher | None) -> None:
-        if teacher is None and self.loss != "ce":
+        if teacher is None and self.needs_teacher:
             raise ValueError(f"loss={self.loss!r} needs a teacher (logits or a SparseTeacher), got None")
         if isinstance(teacher, SparseTeacher) and self.temperature != 1.0:
             raise ValueError(

@@ -21,6 +21,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
+from decode.checks import read_text
 from decode.results import read_eval_json
 from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
 from distill.acceptance_log import best_checkpoint, log_path, read_records
@@ -85,7 +86,7 @@ def exported_step(model_dir: Path) -> int | None:
     path = Path(model_dir) / "train_results.json"
     if not path.is_file():
         return None
-    best = json.loads(path.read_text()).get("best")
+    best = json.loads(read_text(path)).get("best")
     step = best.get("step") if isinstance(best, dict) else None
     return step if isinstance(step, int) else None
 
@@ -103,7 +104,7 @@ def describe_hardware(record: dict) -> str:
 def read_recipe(model_dir: Path) -> dict:
     """``model_dir/recipe.yaml`` as a mapping ({} when absent or not a mapping)."""
     recipe = Path(model_dir) / "recipe.yaml"
-    parsed = yaml.safe_load(recipe.read_text()) if recipe.is_file() else None
+    parsed = yaml.safe_load(read_text(recipe)) if recipe.is_file() else None
     return parsed if isinstance(parsed, dict) else {}
 
 
@@ -134,7 +135,7 @@ def describe_draft(model_dir: Path) -> str:
     parts = []
     config_path = Path(model_dir) / "config.json"
     if config_path.is_file():
-        config = json.loads(config_path.read_text())
+        config = json.loads(read_text(config_path))
         parts.append(str(config.get("model_type", "unknown architecture")))
         layers = config.get("num_hidden_layers", config.get("n_layer"))
         hidden = config.get("hidden_size", config.get("n_embd"))
@@ -214,7 +215,7 @@ def category_section(results: list[dict]) -> str:
 def deploy_section(model_dir: Path) -> str:
     """'## Deployment check': the verdict of specdistill-check at export (train_results.json), or how to run it."""
     path = Path(model_dir) / "train_results.json"
-    check = json.loads(path.read_text()).get("deploy_check") if path.is_file() else None
+    check = json.loads(read_text(path)).get("deploy_check") if path.is_file() else None
     if not isinstance(check, dict):
         return ("## Deployment check\n\nNot recorded with this model: run `specdistill-check --target TARGET "
                 "--draft THIS_FOLDER` (tokenizer, vocab, context length, rope, dtype, gamma, safetensors).\n")

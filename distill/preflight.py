@@ -21,7 +21,8 @@ from typing import Sequence
 from accelerate import PartialState
 from transformers import AutoConfig, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
-from decode.checks import FileProblem, check_safetensors_whole, check_tokenizer_files, check_writable_folder
+from decode.checks import (FileProblem, check_json_files_text, check_safetensors_whole, check_tokenizer_files,
+                           check_writable_folder, read_text)
 from distill.checkpoints import Checkpoints, find_checkpoints, finished_step, report_incomplete
 from distill.config import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
 from distill.data import DistillData, build_data
@@ -140,8 +141,12 @@ def check_teacher_topk(recipe: Recipe, source: str) -> None:
 
 
 def check_model_files(recipe: Recipe) -> None:
-    """Local model folders: whole safetensors files, and tokenizer files where the tokenizer is read from."""
+    """Local model folders: whole safetensors files, JSON files that are text, and tokenizer files where the
+    tokenizer is read from."""
     model = recipe.model
+    for key in ("target", "draft", "tokenizer"):
+        if getattr(model, key) is not None:
+            check_json_files_text(getattr(model, key), f"model.{key}")
     check_safetensors_whole(model.target, "model.target")
     if model.draft is not None:
         check_safetensors_whole(model.draft, "model.draft")
@@ -195,7 +200,7 @@ def plan_run(recipe: Recipe, source: str) -> RunPlan:
 
 def _step_of(checkpoint: str, max_steps: int) -> int | None:
     """The checkpoint's step when it has reached train.max_steps, else None."""
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    state = json.loads(read_text(Path(checkpoint) / "trainer_state.json"))
     return state["global_step"] if state.get("global_step", 0) >= max_steps else None
 
 
@@ -250,6 +255,7 @@ def check_resume_shape(recipe: Recipe, resume: str | None) -> None:
     """The checkpoint to resume from holds a draft of the recipe's shape (else loading it fails with a trace)."""
     if resume is None or not (Path(resume) / "config.json").is_file():
         return
+    check_json_files_text(resume, "train.resume_from_checkpoint")
     trust = recipe.model.trust_remote_code
     planned = draft_config(recipe.model, AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=trust))
     saved = AutoConfig.from_pretrained(resume, trust_remote_code=trust)

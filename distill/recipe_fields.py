@@ -1,9 +1,14 @@
 """The typed-field machinery of recipes: RecipeError, `option(default, help)`, and the type/range checks every
 recipe section runs in its `__post_init__` (lossless coercion, messages naming the key, the value and what is allowed).
+
+Every number of every section, in a file or an override, also passes here: NaN and infinities are refused for
+every field (nested values of a mapping such as model.draft_config included), since no recipe key means anything
+with them.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import field
@@ -101,7 +106,10 @@ def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
             except ValueError:
                 return False, value
         is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return is_number, float(value) if is_number else value
+        try:
+            return is_number, float(value) if is_number else value
+        except OverflowError:  # an integer beyond float range
+            return False, value
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool), value
     if hint is bool:
@@ -111,14 +119,33 @@ def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
     return isinstance(value, hint), value
 
 
+def non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """(where, number) of the first NaN or infinity in a value, looking inside lists and mappings; else None.
+    `where` is '' for the value itself, '[i]' for a list item, '.key' for a mapping's key."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = non_finite(item, f"{where}.{key}" if isinstance(value, dict) else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
+
+
 def check_types(instance: Any) -> None:
-    """Check (and losslessly convert) every field of a dataclass instance against its type hint."""
+    """Check (and losslessly convert) every field of a dataclass instance against its type hint, and refuse NaN
+    and infinities anywhere in it."""
     hints = typing.get_type_hints(type(instance))
     for f in dataclasses.fields(instance):
         value = getattr(instance, f.name)
         ok, converted = _coerce(value, hints[f.name])
         if not ok:
             raise RecipeError(f.name, f"got {value!r} ({type(value).__name__}); allowed: {_describe(hints[f.name])}")
+        found = non_finite(converted)
+        if found is not None:
+            where, number = found
+            key, at = (f.name + where, "") if where.startswith(".") else (f.name, f" at {where}" if where else "")
+            raise RecipeError(key, f"got {number!r}{at}; allowed: a finite number (not NaN or infinity)")
         object.__setattr__(instance, f.name, converted)
 
 

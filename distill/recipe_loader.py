@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from decode.checks import read_text
 from distill.config import SECTION_TYPES, SECTIONS, Recipe, check_across_sections
 from distill.recipe_fields import OVERRIDE_SOURCE, RecipeError, short_type
 from distill.strict_yaml import DuplicateKeyError, safe_load_strict
@@ -94,13 +95,14 @@ def build_recipe(raw: dict[str, Any], source: str = "<dict>", override_keys: typ
 def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
     """Read a recipe YAML file, apply `section.key=value` overrides and validate everything.
 
-    Raises RecipeError (a ValueError) naming key, file and value; FileNotFoundError naming the path.
+    Raises RecipeError (a ValueError) naming key, file and value; FileNotFoundError naming the path; FileProblem
+    for a file that is not text.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"recipe file not found: {path}")
     try:
-        raw = safe_load_strict(path.read_text()) or {}
+        raw = safe_load_strict(read_text(path, "recipe")) or {}
     except DuplicateKeyError as err:
         raise RecipeError(str(err.key), str(err), f"{path}:{err.line}") from None
     except yaml.YAMLError as err:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from accelerate import PartialState
 
+from decode.checks import FileProblem, read_text
+
 from distill.acceptance_log import ACCEPTANCE_LOG
 from distill.checkpoints import PARTIAL_DIR
 from distill.config import Recipe
@@ -69,7 +71,9 @@ def read_results(output_dir: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path))
+    except FileProblem:  # not text at all: named, never taken for a torn write and replaced
+        raise
     except ValueError:
         return None
 

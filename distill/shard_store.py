@@ -29,6 +29,8 @@ from typing import Any
 import datasets
 from tqdm.auto import tqdm
 
+from decode.checks import read_text
+
 SHARDS_DIR = "shards"
 
 
@@ -80,7 +82,7 @@ class ShardStore:
 
     def read_metadata(self) -> dict[str, Any] | None:
         meta = self.root / self.metadata_file
-        return json.loads(meta.read_text()) if meta.is_file() else None
+        return json.loads(read_text(meta)) if meta.is_file() else None
 
     def write_metadata(self, metadata: dict[str, Any]) -> None:
         write_json_atomic(self.root / self.metadata_file, metadata)

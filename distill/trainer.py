@@ -4,16 +4,18 @@ Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
   get_batch_samples  -> the G micro-batches, with on-policy rows (distill.onpolicy) put in first when
                         distill.on_policy_fraction > 0, and N = number of loss tokens of those rows summed over all
                         processes and micro-batches
-  compute_loss       -> draft and target final hidden states (or the cached top-k teacher of the batch, when the
-                        rows carry one: the target is then not run); chunked_distill_loss gives S_pg (a sum over
+  compute_loss       -> the loss's weights at this optimizer step (DistillConfig.loss_at); draft and target final
+                        hidden states (or the cached top-k teacher of the batch, when the rows carry one: the
+                        target is then not run); chunked_distill_loss gives S_pg (a sum over
                         tokens); the returned loss is S_pg * P / N
   backward           -> DDP / DeepSpeed / FSDP average gradients over the P processes, so the update follows
                         (1/P) sum_p sum_g grad(S_pg * P / N) = grad(sum_pg S_pg) / N: the per-token mean over the
                         whole optimizer batch, identical for (P processes x G micro-batches) = (1 x P*G).
   log                -> loss (per token), kd (per-token divergence), tv (per-token total variation of the batch at
                         temperature 1), ce, tokens_per_s (all processes' input tokens per second of training
-                        steps), on_policy (share of rows that were the draft's samples, when on); learning_rate and
-                        grad_norm come from Trainer.
+                        steps), on_policy (share of rows that were the draft's samples, when on); with a combination
+                        of losses (distill.loss_mix) also loss/<name> (each term's per-token mean) and weight/<name>
+                        (its scheduled weight); learning_rate and grad_norm come from Trainer.
 
 The target is never wrapped or trained: it is frozen, moved to this process's device and used under no_grad.
 Device modes (single process, DDP, DeepSpeed ZeRO-1/2) come from the accelerate config, not from this file;
@@ -81,7 +83,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
     )
 
 
-class StepClock(TrainerCallback):
+class TrainStepTimer(TrainerCallback):
     """Seconds spent inside optimizer steps (forward, backward, update); logging, saving and acceptance
     measurements at checkpoints are left out, so tokens_per_s is the training throughput."""
 
@@ -121,8 +123,12 @@ class DistillTrainer(Trainer):
         self._draft_takes_logits_to_keep = accepts_logits_to_keep(model)
         # [kd, tv, ce, loss tokens, input tokens, rows, on-policy rows] summed on this process since the last log
         self._log_sums = torch.zeros(7, dtype=torch.float64, device=self.args.device)
-        self._clock = StepClock()
-        self.add_callback(self._clock)
+        # a combination of losses: each term's sum since the last log (loss/<name>) and its weight (weight/<name>)
+        self._term_names = [] if isinstance(distill.loss, str) else list(distill.loss)
+        self._term_sums = torch.zeros(len(self._term_names), dtype=torch.float64, device=self.args.device) \
+            if self._term_names else None
+        self._step_timer = TrainStepTimer()
+        self.add_callback(self._step_timer)
         self._saving_into: str | None = None  # while a checkpoint is written: OUTPUT_DIR/.partial
 
     # ---- checkpoints: complete or absent (distill.checkpoints) ----------------------------------------------
@@ -197,7 +203,7 @@ class DistillTrainer(Trainer):
         draft_hidden = self.draft_hidden_states(model, inputs)  # [B, T, H]
         if TEACHER_COLUMNS[0] in inputs:  # cached top-k teacher (distill.teacher_cache): the target is not run
             teacher, teacher_head = sparse_teacher_from_batch(inputs), None  # SparseTeacher, B * (T-1) positions
-        elif self.distill.loss == "ce":  # plain cross-entropy on the data: the target is not run (kd = tv = 0)
+        elif not self.distill.needs_teacher:  # cross-entropy on the data alone: the target is not run (kd = tv = 0)
             teacher, teacher_head = None, None
         else:
             teacher = self.target_hidden_states(inputs)[:, :-1]  # [B, T-1, H']
@@ -207,8 +213,8 @@ class DistillTrainer(Trainer):
             draft_hidden[:, :-1], self.accelerator.unwrap_model(model).get_output_embeddings(),
             teacher, labels, inputs["attention_mask"][:, 1:].bool(),
             teacher_head=teacher_head, chunk_size=self.distill.chunk_size,
-            loss=self.distill.loss, beta=self.distill.beta, temperature=self.distill.temperature,
-            ce_weight=self.distill.ce_weight,
+            loss=self.distill.loss_at(self.state.global_step, self.state.max_steps), beta=self.distill.beta,
+            temperature=self.distill.temperature, ce_weight=self.distill.ce_weight,
         )
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
@@ -223,6 +229,8 @@ class DistillTrainer(Trainer):
         num_tokens = torch.tensor(sums.num_tokens, device=self._log_sums.device)
         logged = (sums.kd, sums.tv, sums.ce, num_tokens, inputs["attention_mask"].sum())
         self._log_sums[:5] += torch.stack([value.double() for value in logged])
+        if self._term_sums is not None:  # a combination: each term's own sum, logged as loss/<name>
+            self._term_sums += torch.stack([sums.terms[name].double() for name in self._term_names])
         return (loss, sums) if return_outputs else loss
 
     # ---- logging ----------------------------------------------------------------------------------------------
@@ -234,12 +242,25 @@ class DistillTrainer(Trainer):
                 else self._log_sums
             kd, tv, ce, loss_tokens, input_tokens, rows, on_policy_rows = totals.tolist()
             logs.update(kd=kd / max(loss_tokens, 1), tv=tv / max(loss_tokens, 1), ce=ce / max(loss_tokens, 1),
-                        tokens_per_s=input_tokens / max(self._clock.seconds, 1e-9))
+                        tokens_per_s=input_tokens / max(self._step_timer.seconds, 1e-9))
             if self.on_policy is not None:
                 logs["on_policy"] = on_policy_rows / max(rows, 1)
+            if self._term_sums is not None:
+                self._log_terms(logs, loss_tokens)
             self._log_sums.zero_()
-            self._clock.seconds = 0.0
+            self._step_timer.seconds = 0.0
         super().log(logs, start_time)
+
+
+    def _log_terms(self, logs: dict[str, float], loss_tokens: float) -> None:
+        """loss/<name>: each term's per-token mean since the last log; weight/<name>: its weight in the last step."""
+        sums = self.accelerator.reduce(self._term_sums, reduction="sum") if self.accelerator.num_processes > 1 \
+            else self._term_sums
+        weights = self.distill.loss_at(max(self.state.global_step - 1, 0), self.state.max_steps)
+        for name, total in zip(self._term_names, sums.tolist()):
+            logs[f"loss/{name}"] = total / max(loss_tokens, 1)
+            logs[f"weight/{name}"] = weights[name]
+        self._term_sums.zero_()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from decode.evaluate import EvalSettings, evaluate_acceptance
-from decode.loading import encode_prompts, load_causal_lm, load_tokenizer, read_prompts, resolve_device, resolve_dtype
+from decode.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from decode.prompts import encode_prompt_rows, read_prompt_rows
 from decode.table import format_table
 from scripts import benchmark
 from scripts.eval_acceptance import gamma_value
@@ -81,7 +82,7 @@ def main(argv=None) -> list[dict]:
         tok = load_tokenizer(args.target)
         target = load_causal_lm(args.target, device, dtype)
         draft = load_causal_lm(args.draft, device, dtype)
-        prompts = encode_prompts(tok, read_prompts(args.prompts, args.num_prompts), 256)
+        prompts = encode_prompt_rows(tok, read_prompt_rows(args.prompts, limit=args.num_prompts), max_prompt_tokens=256)
         name = f"{args.target} / {args.draft}"
     else:
         target, draft, prompts, name = synthetic_pair(args, device, dtype)

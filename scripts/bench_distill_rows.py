@@ -1,7 +1,9 @@
-"""The rows and pairs of scripts/bench_distill.py: what each row overrides in the shipped quickstart recipes, and
-the tables written from the measured rows (no models here, so the row-building logic is cheap to test)."""
+"""The rows and pairs of scripts/bench_distill.py: what each row overrides in the shipped quickstart recipes, when a
+target counts as trained, and the tables written from the measured rows (no models here, so the logic is cheap to
+test)."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,17 +12,33 @@ from pathlib import Path
 class Sizes:
     """How much every run of the benchmark does (the same for every row of a pair)."""
 
-    target_steps: int = 60           # the target's cross-entropy pre-training
+    target_steps: int = 150           # one round of the target's cross-entropy training (cosine to 0 each round)
+    target_max_rounds: int = 10       # ... until held-out CE stops improving (target_converged), at most this many
+    target_lr_decay: float = 0.7      # round r's peak learning rate: learning_rate * target_lr_decay ** (r - 1)
     target_batch: int = 8
-    draft_steps: int = 50            # every draft row
+    draft_steps: int = 200            # every draft row
     draft_batch: int = 4
     max_length: int = 128
     learning_rate: float = 3e-3       # the quickstart recipes' peak, cosine decay
-    num_prompts: int = 12             # held-out prompts for mean_accepted_tokens
-    max_new_tokens: int = 32
-    heldout_blocks: int = 8          # held-out text blocks for the teacher-forced columns
-    target_max_new_tokens: int = 32   # sequence-level KD: the target's response length
-    on_policy_max_new_tokens: int = 32
+    num_prompts: int = 48             # held-out prompts for mean_accepted_tokens
+    max_new_tokens: int = 64
+    heldout_blocks: int = 16          # held-out text blocks for the teacher-forced columns and the targets' CE
+    target_max_new_tokens: int = 64   # sequence-level KD: the target's response length
+    on_policy_max_new_tokens: int = 64
+
+
+SEEDS = (42, 43)  # every row with the first; the top rows (and ce) again with the others
+CONVERGED = 0.01  # a target is trained when held-out CE improved by < 1% over the last fifth of its steps
+
+
+def target_converged(history: list[tuple[int, float]], tolerance: float = CONVERGED) -> bool:
+    """Whether held-out CE stopped improving: history is [(optimizer steps so far, held-out CE)] after each round;
+    the CE at the last measurement at or before 80% of the steps vs the CE now, relative: < tolerance."""
+    if not history:
+        return False
+    steps, now = history[-1]
+    earlier = [ce for s, ce in history[:-1] if s <= 0.8 * steps]
+    return bool(earlier) and (earlier[-1] - now) / earlier[-1] < tolerance
 
 
 @dataclass(frozen=True)
@@ -48,7 +66,10 @@ ROWS: dict[str, list[str]] = {
     "reverse_kl": ["distill.loss=reverse_kl"],
     "jsd": ["distill.loss=jsd", "distill.beta=0.5"],
     "tv": ["distill.loss=tv"],
-    "forward_kl+ce0.1": ["distill.loss=forward_kl", "distill.ce_weight=0.1"],
+    "nla": ["distill.loss=nla"],
+    "lk_hybrid": ["distill.loss=lk_hybrid"],
+    # CE first (learns the argmax fast), TV by the end (the acceptance itself), linearly over the whole run
+    "ce_to_tv": ["distill.loss={ce: {start: 1.0, end: 0.0}, tv: {start: 0.0, end: 1.0}}"],
     "forward_kl+on_policy0.5": ["distill.loss=forward_kl", "distill.on_policy_fraction=0.5",
                                 "distill.on_policy_max_new_tokens={on_policy_max_new_tokens}"],
     "seq_kd": ["distill.loss=ce", "data.target_weight=1", "data.target_data_dir={pair_dir}/target_responses",
@@ -58,34 +79,79 @@ ROWS: dict[str, list[str]] = {
 }
 
 
-def _common(sizes: Sizes, steps: int, batch: int) -> list[str]:
+def _common(sizes: Sizes, steps: int, batch: int, seed: int = SEEDS[0],
+            learning_rate: float | None = None) -> list[str]:
     return [f"data.max_length={sizes.max_length}", f"train.max_steps={steps}",
-            f"train.per_device_train_batch_size={batch}", f"train.learning_rate={sizes.learning_rate}",
-            "train.lr_scheduler_type=cosine", "train.logging_steps=10", f"train.save_steps={steps}",
-            "train.save_total_limit=1", "train.report_to=[]", "train.seed=42"]
+            f"train.per_device_train_batch_size={batch}",
+            f"train.learning_rate={learning_rate if learning_rate is not None else sizes.learning_rate}",
+            "train.lr_scheduler_type=cosine", f"train.logging_steps={min(10, steps)}", f"train.save_steps={steps}",
+            "train.save_total_limit=1", "train.report_to=[]", f"train.seed={seed}"]
 
 
-def target_overrides(seed_target: Path, dataset: Path, sizes: Sizes) -> list[str]:
-    """recipes/quickstart/target.yaml overrides: the pair's seed architecture trained with CE on `dataset`."""
-    return [f"model.target={seed_target}", f"data.dataset={dataset}",
-            *_common(sizes, sizes.target_steps, sizes.target_batch)]
+def target_overrides(start: Path, dataset: Path, sizes: Sizes, round_index: int = 1) -> list[str]:
+    """recipes/quickstart/target.yaml overrides for one round of the target's CE training on `dataset`: round 1
+    trains the pair's seed architecture from scratch, round r > 1 continues from round r - 1's model `start` with
+    a lower peak learning rate (cosine to 0 in every round) and other rows (seed 42 + r - 1)."""
+    model = [f"model.target={start}"] if round_index == 1 else \
+        [f"model.target={start}", f"model.draft={start}", "model.draft_config=null"]
+    lr = sizes.learning_rate * sizes.target_lr_decay ** (round_index - 1)
+    return [*model, f"data.dataset={dataset}",
+            *_common(sizes, sizes.target_steps, sizes.target_batch, SEEDS[0] + round_index - 1, lr)]
 
 
-def draft_overrides(pair: Pair, row: str, target: Path, dataset: Path, pair_dir: Path, sizes: Sizes) -> list[str]:
+def draft_overrides(pair: Pair, row: str, target: Path, dataset: Path, pair_dir: Path, sizes: Sizes,
+                    seed: int = SEEDS[0]) -> list[str]:
     """recipes/quickstart/draft_kd.yaml overrides for one row: same data, steps, optimiser, seed; the row's loss.
     No acceptance is measured during training (the benchmark measures the final draft itself)."""
     fill = {"pair_dir": pair_dir, "target_max_new_tokens": sizes.target_max_new_tokens,
             "on_policy_max_new_tokens": sizes.on_policy_max_new_tokens}
     return [f"model.target={target}", *pair.draft, f"data.dataset={dataset}", "data.eval_prompts=null",
             "data.num_eval_prompts=0", "eval.at_checkpoints=false",
-            *_common(sizes, sizes.draft_steps, sizes.draft_batch), *(o.format(**fill) for o in ROWS[row])]
+            *_common(sizes, sizes.draft_steps, sizes.draft_batch, seed), *(_fill(o, fill) for o in ROWS[row])]
+
+
+def _fill(override: str, values: dict) -> str:
+    """The override with each {name} of `values` replaced (other braces, e.g. a YAML mapping, stay)."""
+    for name, value in values.items():
+        override = override.replace("{" + name + "}", str(value))
+    return override
+
+
+def row_key(row: str, seed: int) -> str:
+    """The file and folder name of one row at one seed: the row's name for the first seed, row@seedN after."""
+    return row if seed == SEEDS[0] else f"{row}@seed{seed}"
+
+
+def top_rows(rows: dict[str, dict], count: int) -> list[str]:
+    """The `count` rows (ce left out) with the highest mean of tau_greedy / ce's and tau_sampled / ce's."""
+    ce = rows.get("ce")
+    if not ce:
+        return []
+
+    def score(r: dict) -> float:
+        return (r["tau_greedy"] / ce["tau_greedy"] + r["tau_sampled"] / ce["tau_sampled"]) / 2
+    return sorted((n for n in rows if n != "ce"), key=lambda n: -score(rows[n]))[:count]
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """One row from its runs at several seeds: every number the mean, plus spread_<tau> = max - min of each tau."""
+    merged = dict(runs[0])
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and None not in values:
+            merged[key] = statistics.fmean(values)
+    for mode in ("greedy", "sampled"):
+        merged[f"spread_tau_{mode}"] = max(r[f"tau_{mode}"] for r in runs) - min(r[f"tau_{mode}"] for r in runs) \
+            if len(runs) > 1 else None
+    merged["seeds"] = len(runs)
+    return merged
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Tables
 # ---------------------------------------------------------------------------------------------------------------
 
-COLUMNS = ("row", "tf_acceptance", "greedy_agreement", "tau_greedy", "x CE", "tau_sampled", "x CE",
+COLUMNS = ("row", "seeds", "tf_acceptance", "greedy_agreement", "tau_greedy", "x CE", "tau_sampled", "x CE",
            "speedup greedy", "speedup sampled", "train tokens/s", "train wall s")
 
 
@@ -93,15 +159,22 @@ def _num(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _tau(r: dict, mode: str) -> str:
+    """'2.61' or, over two seeds, '2.61 ±0.04' (half the spread max - min)."""
+    spread = r.get(f"spread_tau_{mode}")
+    return _num(r[f"tau_{mode}"], ".2f") + ("" if spread is None else f" ±{spread / 2:.2f}")
+
+
 def format_pair_table(rows: dict[str, dict]) -> str:
-    """Markdown table of one pair's rows; tau columns also as a multiple of the ce row's."""
+    """Markdown table of one pair's rows (each the mean over its seeds, over_seeds); tau columns also as a
+    multiple of the ce row's."""
     ce = rows.get("ce", {})
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for name, r in rows.items():
         ratio = {m: r[f"tau_{m}"] / ce[f"tau_{m}"] if ce.get(f"tau_{m}") else None for m in ("greedy", "sampled")}
-        cells = [f"`{name}`", _num(r["tf_acceptance"], ".3f"), _num(r["greedy_agreement"], ".3f"),
-                 _num(r["tau_greedy"], ".2f"), _num(ratio["greedy"], ".2f") + "x", _num(r["tau_sampled"], ".2f"),
-                 _num(ratio["sampled"], ".2f") + "x", _num(r["speedup_greedy"], ".2f") + "x",
+        cells = [f"`{name}`", str(r.get("seeds", 1)), _num(r["tf_acceptance"], ".3f"),
+                 _num(r["greedy_agreement"], ".3f"), _tau(r, "greedy"), _num(ratio["greedy"], ".2f") + "x",
+                 _tau(r, "sampled"), _num(ratio["sampled"], ".2f") + "x", _num(r["speedup_greedy"], ".2f") + "x",
                  _num(r["speedup_sampled"], ".2f") + "x", _num(r.get("tokens_per_s"), ".0f"),
                  _num(r.get("train_wall_s"), ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -128,6 +201,9 @@ def winners(results: dict[str, dict[str, dict]]) -> list[str]:
             continue
         best = max(ratios, key=lambda n: sum(ratios[n]) / len(ratios[n]))
         shown = ", ".join(f"{v:.2f}x" for v in ratios[best])
+        spreads = [rows[best].get(f"spread_tau_{mode}") for rows in results.values() if best in rows]
+        spread = "" if None in spreads else "; seed spread of its tau (max - min) " + ", ".join(
+            f"{v:.2f}" for v in spreads)
         lines.append(f"- {mode} (gamma 4): **`{best}`**, mean_accepted_tokens {shown} the CE draft's "
-                     f"(pairs {', '.join(results)})")
+                     f"(pairs {', '.join(results)}){spread}")
     return lines + [""]

@@ -20,13 +20,18 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/check_deploy.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decode.checks import FileProblem, OneLineArgumentParser  # noqa: E402
 from decode.deploy_check import check_deploy, check_serve, serving_commands  # noqa: E402
 from decode.loading import LoadError  # noqa: E402
 from decode.serving.vllm_engine import ServingError, find_vllm_python  # noqa: E402
 
 
+class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 1)."""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specdistill-check", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="specdistill-check", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="target model: local folder or hub id (config + tokenizer read)")
     p.add_argument("--draft", required=True, help="exported draft folder")
     p.add_argument("--json", type=Path, default=None, help="also write the findings as JSON here")
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 def cli() -> None:
     try:
         code = main()
-    except (LoadError, ServingError) as err:
+    except (LoadError, FileProblem, ServingError) as err:
         print(f"specdistill-check: error: {err}", file=sys.stderr)
         code = 1
     sys.exit(code)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from decode.checks import OneLineArgumentParser, check_safetensors_whole, check_writable_file
+from decode.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
+                           check_writable_file)
 from decode.drafters import PromptLookupDrafter
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
@@ -135,6 +136,7 @@ def check_model_paths(args: argparse.Namespace) -> None:
         if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
             raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
         check_safetensors_whole(name, flag)
+        check_json_files_text(name, flag)
 
 
 def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:

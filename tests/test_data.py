@@ -9,7 +9,7 @@ import torch
 
 from distill.config import DataConfig
 from distill.data import (IGNORE_INDEX, DataError, DistillCollator, build_data, chat_example, eval_prompts,
-                          local_data_files, padding_id, read_prompt_file)
+                          local_data_files, padding_id, read_eval_prompts)
 from tiny import tiny_tokenizer
 
 # A minimal chat template: <s>role\ncontent</s>\n per turn; the generation prompt is <s>assistant\n.
@@ -126,14 +126,14 @@ def test_held_out_text_prompts_are_truncated_and_never_trained_on(tmp_path, toke
 
 
 def test_prompt_files(tmp_path, tokenizer):
-    rows = read_prompt_file(str(jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b c"}])))
+    rows = read_eval_prompts(str(jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b c"}])))
     assert [r.text for r in rows] == ["a", "b c"]
     (tmp_path / "p.txt").write_text("one\n\ntwo\n")
-    assert [r.text for r in read_prompt_file(str(tmp_path / "p.txt"))] == ["one", "two"]
+    assert [r.text for r in read_eval_prompts(str(tmp_path / "p.txt"))] == ["one", "two"]
     with pytest.raises(DataError, match=r"bad.jsonl:1: each line needs a string field 'prompt' \(found: text\)"):
-        read_prompt_file(str(jsonl(tmp_path / "bad.jsonl", [{"text": "a"}])))
+        read_eval_prompts(str(jsonl(tmp_path / "bad.jsonl", [{"text": "a"}])))
     with pytest.raises(DataError, match="data.eval_prompts: prompts file .*missing.jsonl' does not exist"):
-        read_prompt_file(str(tmp_path / "missing.jsonl"))
+        read_eval_prompts(str(tmp_path / "missing.jsonl"))
 
 
 def test_local_files_folders_and_globs(tmp_path):

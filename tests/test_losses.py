@@ -10,17 +10,22 @@ import torch.nn.functional as F
 
 from distill.distill_loss import LossSums, chunked_distill_loss, distill_loss
 from distill.losses import (
+    ALPHA_FLOOR,
     DIVERGENCES,
     LOSSES,
     SparseTeacher,
+    acceptance_probability,
     bucketize,
     forward_kl,
     jsd,
+    lk_hybrid,
+    negative_log_acceptance,
+    per_token_divergence,
     reverse_kl,
     total_variation,
 )
 
-KD_LOSSES = ("forward_kl", "reverse_kl", "jsd", "tv")
+KD_LOSSES = ("forward_kl", "reverse_kl", "jsd", "tv", "nla", "lk_hybrid")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -47,12 +52,29 @@ def ref_tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64)
 
 
+def ref_acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """alpha = sum_x min(p, q) per row."""
+    rows = [sum(min(x, y) for x, y in zip(rp, rq)) for rp, rq in zip(p.tolist(), q.tolist())]
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def ref_nla(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([-math.log(a) for a in ref_acceptance(p, q).tolist()], dtype=torch.float64)
+
+
+def ref_lk_hybrid(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    lam = torch.tensor([math.exp(-3.0 * a) for a in ref_acceptance(p, q).tolist()], dtype=torch.float64)
+    return lam * ref_kl(p, q) + (1 - lam) * ref_tv(p, q)
+
+
 # the references, by loss name: student probabilities q, teacher probabilities p [N, V] -> [N]
 REFERENCES = {
     "forward_kl": lambda q, p, beta: ref_kl(p, q),
     "reverse_kl": lambda q, p, beta: ref_kl(q, p),
     "jsd": lambda q, p, beta: ref_jsd(p, q, beta),
     "tv": lambda q, p, beta: ref_tv(p, q),
+    "nla": lambda q, p, beta: ref_nla(p, q),
+    "lk_hybrid": lambda q, p, beta: ref_lk_hybrid(p, q),
 }
 
 
@@ -81,7 +103,8 @@ def random_logits(*shape: int, seed: int, scale: float = 3.0, dtype=torch.float3
 # Divergences on log-probabilities
 # ---------------------------------------------------------------------------------------------------------------
 
-DIVERGENCE_CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.1), ("jsd", 0.5), ("jsd", 0.9), ("tv", 0.5)]
+DIVERGENCE_CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.1), ("jsd", 0.5), ("jsd", 0.9), ("tv", 0.5),
+                    ("nla", 0.5), ("lk_hybrid", 0.5)]
 
 
 @pytest.mark.parametrize("name,beta", DIVERGENCE_CASES)
@@ -586,7 +609,12 @@ def test_chunked_gradient_accumulation_over_two_micro_batches():
 # ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(loss="kl"), r"unknown loss 'kl'; allowed values: forward_kl, reverse_kl, jsd, tv, ce"),
+    (dict(loss="kl"), r"unknown loss 'kl'; allowed values: forward_kl, reverse_kl, jsd, tv, nla, lk_hybrid, ce"),
+    (dict(loss="tvd"), r"unknown loss 'tvd' \(did you mean 'tv'\?\); allowed values: forward_kl, "),
+    (dict(loss={"ce": 0.5, "lk_hybird": 0.5}), r"unknown loss 'lk_hybird' \(did you mean 'lk_hybrid'\?\)"),
+    (dict(loss={"ce": 0.5, "tv": -0.5}), r"loss weight of 'tv' must be a number >= 0, got -0.5"),
+    (dict(loss={}), r"a combination of losses needs at least one term"),
+    (dict(loss={"tv": 1.0}, ce_weight=0.2), r"ce_weight must be 0 with a combination of losses"),
     (dict(loss="jsd", beta=-0.1), r"beta must be in \[0, 1\], got -0.1"),
     (dict(loss="jsd", beta=1.5), r"beta must be in \[0, 1\], got 1.5"),
     (dict(loss="forward_kl", temperature=0.0), r"temperature must be > 0, got 0.0"),
@@ -620,3 +648,173 @@ def test_missing_teacher_chunk_size_and_teacher_head_raise():
                              chunk_size=0, loss="tv")
     with pytest.raises(ValueError, match="teacher_head"):
         chunked_distill_loss(student_hidden, student_head, teacher_hidden, labels, mask, loss="tv")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# nla and lk_hybrid: the acceptance-targeting losses, against autograd of plain formulas
+# ---------------------------------------------------------------------------------------------------------------
+
+def plain_acceptance_losses(s: torch.Tensor, teacher_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """-log alpha and exp(-3 alpha) KL + (1 - exp(-3 alpha)) TV per row, from softmax by exp-and-divide; the
+    lk_hybrid weight is computed from detached probabilities (a constant of the gradient)."""
+    q = s.exp() / s.exp().sum(-1, keepdim=True)  # [N, V]
+    p = teacher_logits.exp() / teacher_logits.exp().sum(-1, keepdim=True)
+    alpha = torch.minimum(p, q).sum(-1)
+    kl = (p * (p.log() - q.log())).sum(-1)
+    tv = 0.5 * (p - q).abs().sum(-1)
+    lam = torch.exp(-3.0 * torch.minimum(p, q.detach()).sum(-1))
+    return {"nla": -alpha.log(), "lk_hybrid": lam * kl + (1 - lam) * tv}
+
+
+@pytest.mark.parametrize("name", ["nla", "lk_hybrid"])
+def test_acceptance_losses_value_and_closed_form_gradient_match_a_plain_formula(name):
+    s = random_logits(7, 10, seed=20, scale=1.5, dtype=torch.float64).requires_grad_(True)
+    teacher_logits = random_logits(7, 10, seed=21, scale=1.5, dtype=torch.float64)
+    want = plain_acceptance_losses(s, teacher_logits)[name]
+    (want_grad,) = torch.autograd.grad(want.sum(), s)
+    teacher_logp = F.log_softmax(teacher_logits, -1)
+    value, grad, tv = DIVERGENCES[name].value_and_grad(F.log_softmax(s, -1).detach(), teacher_logp, 0.5)
+    torch.testing.assert_close(value, want.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-8, atol=1e-10)
+    (autograd_of_value,) = torch.autograd.grad(per_token_divergence(name, F.log_softmax(s, -1), teacher_logp).sum(),
+                                               s)
+    torch.testing.assert_close(autograd_of_value, want_grad, rtol=1e-8, atol=1e-10)
+    alpha = ref_acceptance(ref_probs(teacher_logits), ref_probs(s))
+    torch.testing.assert_close(tv, 1 - alpha, rtol=1e-10, atol=1e-12)
+    assert ((alpha > 0.1) & (alpha < 0.9)).all()  # a non-trivial overlap on every row
+
+
+def test_lk_hybrid_weight_is_detached_and_moves_from_kl_to_tv():
+    s = random_logits(6, 9, seed=22, dtype=torch.float64).requires_grad_(True)
+    teacher_logits = random_logits(6, 9, seed=23, dtype=torch.float64)
+    logq, logp = F.log_softmax(s, -1), F.log_softmax(teacher_logits, -1)
+    (detached,) = torch.autograd.grad(lk_hybrid(logq, logp).sum(), s)
+    # the same formula with lambda differentiated too gives another gradient: the detach is what we test
+    logq = F.log_softmax(s, -1)
+    alpha = acceptance_probability(logq, logp)
+    attached = torch.exp(-3 * alpha) * forward_kl(logq, logp) + (1 - torch.exp(-3 * alpha)) * total_variation(logq,
+                                                                                                            logp)
+    (through_lambda,) = torch.autograd.grad(attached.sum(), s)
+    assert (detached - through_lambda).abs().max() > 1e-3
+    # alpha -> 1: lk_hybrid -> TV (lambda = e^-3 on a tiny KL); alpha -> 0: -> KL (lambda = 1)
+    same = logp.clone()
+    assert lk_hybrid(same, logp).abs().max() < 1e-12
+    disjoint_q = torch.log(torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64))
+    disjoint_p = torch.log(torch.tensor([[0.0, 0.5, 0.5]], dtype=torch.float64))
+    assert lk_hybrid(disjoint_q.clamp_min(-700), disjoint_p).item() == pytest.approx(
+        forward_kl(disjoint_q.clamp_min(-700), disjoint_p).item(), rel=1e-12)
+
+
+def test_nla_is_finite_on_disjoint_supports_and_grows_as_acceptance_falls():
+    student_logp = torch.tensor([[0.0, -math.inf, -math.inf]])
+    teacher_logp = torch.tensor([[-math.inf, math.log(0.5), math.log(0.5)]])
+    value, grad, tv = DIVERGENCES["nla"].value_and_grad(student_logp, teacher_logp.clamp_min(-1e30), 0.5)
+    assert value.item() == pytest.approx(-math.log(ALPHA_FLOOR)) and torch.isfinite(grad).all() and tv.item() == 1
+    t = F.log_softmax(random_logits(1, 8, seed=24), -1)
+    values = [negative_log_acceptance(F.log_softmax(t * 0 + random_logits(1, 8, seed=25) * w, -1), t).item()
+              for w in (0.0, 0.5, 2.0)]
+    alphas = [acceptance_probability(F.log_softmax(random_logits(1, 8, seed=25) * w, -1), t).item()
+              for w in (0.0, 0.5, 2.0)]
+    assert values == pytest.approx([-math.log(a) for a in alphas], rel=1e-5)
+
+
+def test_per_token_divergence_is_the_table_entry_and_names_a_bad_name():
+    s, t = F.log_softmax(random_logits(4, 9, seed=26), -1), F.log_softmax(random_logits(4, 9, seed=27), -1)
+    for name in DIVERGENCES:
+        assert torch.equal(per_token_divergence(name, s, t, beta=0.3), DIVERGENCES[name].value(s, t, 0.3))
+    with pytest.raises(ValueError, match=r"unknown loss 'ce'; allowed values: forward_kl, .*lk_hybrid$"):
+        per_token_divergence("ce", s, t)
+    with pytest.raises(ValueError, match=r"unknown loss 'nll' \(did you mean 'nla'\?\)"):
+        per_token_divergence("nll", s, t)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A weighted combination of losses: the weighted sum of the single losses, on every path
+# ---------------------------------------------------------------------------------------------------------------
+
+MIXES = [{"ce": 0.5, "tv": 0.5}, {"forward_kl": 0.3, "nla": 0.2, "ce": 0.25}, {"lk_hybrid": 1.0, "jsd": 0.0},
+         {"reverse_kl": 2.0}]
+
+
+def single_sums(name: str, student, teacher, labels, mask, **options) -> LossSums:
+    return distill_loss(student, teacher if name != "ce" else None, labels, mask, loss=name, **options)
+
+
+@pytest.mark.parametrize("mix", MIXES, ids=str)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_combination_is_the_weighted_sum_of_its_single_losses(mix, sparse):
+    student, teacher, labels, mask = make_batch(seed=7)
+    teacher = SparseTeacher.from_logits(teacher, 4) if sparse else teacher
+    options = dict(beta=0.3, temperature=1.0 if sparse else 1.5)
+    combined = distill_loss(student, teacher, labels, mask, loss=mix, **options)
+    singles = {name: single_sums(name, student, teacher, labels, mask, **options) for name in mix}
+    want = sum(weight * singles[name].loss for name, weight in mix.items())
+    torch.testing.assert_close(combined.loss, want)
+    for got, expected in zip(torch.autograd.grad(combined.loss, student), torch.autograd.grad(want, student)):
+        torch.testing.assert_close(got, expected)
+    assert set(combined.terms) == set(mix)
+    for name in mix:  # each term logged on its own, unweighted
+        torch.testing.assert_close(combined.terms[name], singles[name].loss.detach())
+    divergences = {n: w for n, w in mix.items() if n != "ce"}
+    kd = sum(w * singles[n].loss for n, w in divergences.items()) / sum(divergences.values()) \
+        if len(divergences) > 1 else singles[next(iter(divergences))].loss
+    torch.testing.assert_close(combined.kd, kd.detach())
+    torch.testing.assert_close(combined.tv, singles[next(iter(divergences))].tv)
+
+
+def test_a_name_with_ce_weight_is_the_combination_it_stands_for():
+    student, teacher, labels, mask = make_batch(seed=8)
+    named = distill_loss(student, teacher, labels, mask, loss="nla", ce_weight=0.3)
+    mixed = distill_loss(student, teacher, labels, mask, loss={"nla": 0.7, "ce": 0.3})
+    for field in ("loss", "kd", "ce", "tv"):
+        torch.testing.assert_close(getattr(named, field), getattr(mixed, field), msg=field)
+    assert named.terms.keys() == {"nla", "ce"}
+
+
+def test_only_ce_in_a_combination_needs_no_teacher_and_all_zero_weights_stay_connected():
+    student, _, labels, mask = make_batch(seed=9)
+    half = distill_loss(student, None, labels, mask, loss={"ce": 0.5})
+    torch.testing.assert_close(half.loss, 0.5 * distill_loss(student, None, labels, mask, loss="ce").loss)
+    _, teacher, _, _ = make_batch(seed=9)
+    zero = distill_loss(student, teacher, labels, mask, loss={"tv": 0.0, "ce": 0.0})
+    assert zero.loss.item() == 0 and zero.loss.requires_grad and zero.terms["tv"] > 0
+    (grad,) = torch.autograd.grad(zero.loss, student)
+    assert (grad == 0).all()
+
+
+@pytest.mark.parametrize("path", sorted(HEAD_PATHS))
+@pytest.mark.parametrize("mix", MIXES, ids=str)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_chunked_combination_equals_unchunked(mix, path, sparse):
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=11)
+    with torch.no_grad():
+        teacher_logits = teacher_head(teacher_hidden).flatten(0, 1)
+    options = dict(loss=mix, beta=0.3, temperature=1.0 if sparse else 0.8)
+    if sparse:
+        teacher = reference_teacher = SparseTeacher.from_logits(teacher_logits[:, :STUDENT_VOCAB], k=4)
+        kwargs = {}
+    else:
+        teacher, reference_teacher, kwargs = teacher_hidden, teacher_logits, dict(teacher_head=teacher_head)
+    chunked = chunked_distill_loss(student_hidden, HEAD_PATHS[path](student_head), teacher, labels, mask,
+                                   chunk_size=5, **kwargs, **options)
+    reference = distill_loss(student_head(student_hidden).flatten(0, 1), reference_teacher, labels.flatten(),
+                             mask.flatten(), **options)
+    for name in mix:
+        torch.testing.assert_close(chunked.terms[name], reference.terms[name], msg=name)
+    assert_same_sums_and_grads(chunked, reference, [student_hidden, student_head.weight])
+
+
+@pytest.mark.parametrize("loss,temperature,ce_weight", [
+    ("nla", 1.0, 0.0), ("lk_hybrid", 1.0, 0.0), ("nla", 0.7, 0.4), ("lk_hybrid", 2.0, 0.2),
+    ({"ce": 0.5, "nla": 0.25, "lk_hybrid": 0.25}, 1.0, 0.0), ({"tv": 0.0, "forward_kl": 1.5}, 1.3, 0.0),
+])
+def test_fused_gradients_of_the_new_losses_with_a_bias_match_autograd(loss, temperature, ce_weight):
+    student_hidden, _, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=12)
+    torch.manual_seed(12)
+    head = torch.nn.Linear(HIDDEN, STUDENT_VOCAB, bias=True, dtype=torch.float64)
+    options = dict(loss=loss, temperature=temperature, ce_weight=ce_weight)
+    fused = chunked_distill_loss(student_hidden, head, teacher_hidden, labels, mask, teacher_head=teacher_head,
+                                 chunk_size=4, **options)
+    reference = distill_loss(head(student_hidden).flatten(0, 1), teacher_head(teacher_hidden).flatten(0, 1),
+                             labels.flatten(), mask.flatten(), **options)
+    assert_same_sums_and_grads(fused, reference, [student_hidden, head.weight, head.bias])

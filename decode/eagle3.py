@@ -1,0 +1,281 @@
+"""The EAGLE-3 draft head: one decoder layer that reads the target's own hidden states (Li et al. 2025).
+
+Semantics are those of vLLM's `llama_eagle3.py`, the file a served head runs in:
+
+    fused   = fc(cat(h_target[l_1], h_target[l_2], h_target[l_3]))          # [T, H]   first draft step only
+    x       = cat(input_layernorm(embed(token)), hidden_norm(hidden))       # [T, 2H]  hidden = fused or fed back
+    r       = hidden + o_proj(attention(x))                                 #          residual = un-normed hidden
+    prenorm = r + mlp(post_attention_layernorm(r))                          # [T, H]   fed back at the next step
+    logits  = lm_head(norm(prenorm))                                        # [T, V_draft]
+    target id of draft id i = i + d2t[i]                                    # logits scattered into the target's V
+
+Position p of the head holds (token x_{p+1}, hidden state of position p) and predicts x_{p+2}; the target's hidden
+state of layer id i is the residual stream entering decoder layer i (`hidden_states[i]` of a transformers forward).
+The token embedding is the target's own (frozen, shared, not saved): vLLM shares it when the folder has none.
+
+The attention step is apart from the rest (`project` -> attention -> `finish`) so that decoding (a KV cache,
+decode/head_drafter.py) and training-time test (an unrolled mask, distill/) use the same weights the same way.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig, PretrainedConfig
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"  # what vLLM and SGLang dispatch on
+WEIGHTS_FILE = "model.safetensors"
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """vLLM's default layer ids for EAGLE-3 aux hidden states: (2, L // 2, L - 3)."""
+    return [min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)]
+
+
+def is_eagle3_config(config: dict | PretrainedConfig) -> bool:
+    """Whether a config (a config.json dict or a loaded config) describes an EAGLE-3 head."""
+    architectures = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
+    return ARCHITECTURE in (architectures or [])
+
+
+def is_eagle3_folder(path: str | Path) -> bool:
+    """Whether `path` is a local folder holding an EAGLE-3 head (by its config.json's architectures)."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return False
+    try:
+        return is_eagle3_config(json.loads(config_file.read_text(encoding="utf-8")))
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None = None,
+                draft_vocab_size: int | None = None, intermediate_size: int | None = None) -> LlamaConfig:
+    """The head's config, built from the target's: same hidden size (the embedding is shared), heads, rope and
+    context; one layer; `draft_vocab_size` output rows (default the whole vocabulary). Raises ValueError for an aux
+    layer the target does not have."""
+    text = target_config.get_text_config()
+    layers = list(aux_layers) if aux_layers is not None else default_aux_layers(text.num_hidden_layers)
+    if not layers or min(layers) < 0 or max(layers) >= text.num_hidden_layers:
+        raise ValueError(f"aux layer ids {layers} must lie in 0..{text.num_hidden_layers - 1} (the target has "
+                         f"{text.num_hidden_layers} decoder layers)")
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return LlamaConfig(
+        architectures=[ARCHITECTURE],
+        hidden_size=text.hidden_size,
+        intermediate_size=intermediate_size or text.intermediate_size,
+        num_hidden_layers=1,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+        head_dim=head_dim,
+        hidden_act=getattr(text, "hidden_act", "silu"),
+        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+        max_position_embeddings=text.max_position_embeddings,
+        rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default",
+                                                                           "rope_theta": 10000.0}),
+        vocab_size=text.vocab_size,
+        tie_word_embeddings=False,
+        bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id,
+        draft_vocab_size=draft_vocab_size or text.vocab_size,
+        target_hidden_size=text.hidden_size,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True},
+    )
+
+
+class HeadAttention(nn.Module):
+    """Attention whose q, k, v read the 2H-wide [embedding, hidden] input; o_proj back to H."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.q_proj = nn.Linear(2 * h, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+
+
+class HeadMLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    """The head's one decoder layer; parameter names are the checkpoint's `midlayer.*`."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = HeadAttention(config)
+        self.mlp = HeadMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class Eagle3Head(nn.Module):
+    """An EAGLE-3 head. `embed_tokens` is the target's input embedding (set by `bind_embeddings`; not a parameter
+    of the head, never saved). Buffers: d2t [V_draft] (target id = draft id + d2t), t2d [V] (is the target id in
+    the draft vocabulary)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        aux = config.eagle_config["eagle_aux_hidden_state_layer_ids"]
+        self.aux_layers = list(aux)
+        self.fc = nn.Linear(len(aux) * config.target_hidden_size, config.hidden_size, bias=False)
+        self.midlayer = MidLayer(config)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.rotary = LlamaRotaryEmbedding(config=config)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+        self._embed: list[nn.Module] = []  # a list, so the target's embedding is not registered as a submodule
+
+    # -- wiring ---------------------------------------------------------------------------------------------------
+    def bind_embeddings(self, embed_tokens: nn.Module) -> "Eagle3Head":
+        """Use the target's input embedding (shared and frozen). Returns self."""
+        self._embed = [embed_tokens]
+        return self
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self._embed:
+            raise RuntimeError("the head has no token embedding: call bind_embeddings(target.get_input_embeddings())")
+        return self._embed[0](input_ids)
+
+    def set_vocab(self, draft_to_target: torch.Tensor) -> None:
+        """Set the draft vocabulary: `draft_to_target` [V_draft] holds the target id of every draft id, ascending."""
+        ids = draft_to_target.to(device=self.d2t.device, dtype=torch.long)
+        if ids.shape != self.d2t.shape:
+            raise ValueError(f"need {self.d2t.numel()} target ids, got {ids.numel()}")
+        # d2t[i] = t_i - i;  t2d[t] = t is one of the t_i
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    @property
+    def target_ids(self) -> torch.Tensor:
+        """The target id of every draft id, [V_draft]."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    # -- the steps ------------------------------------------------------------------------------------------------
+    def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """fc over the concatenated aux hidden states: [B, T, k * H_target] -> [B, T, H]."""
+        return self.fc(aux_hidden)
+
+    def project(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, nh, T, d], k and v [B, nkv, T, d] (rope applied at `position_ids` [B, T]) and the residual [B, T, H]
+        of tokens `input_ids` [B, T] read with `hidden` [B, T, H]."""
+        layer, attn = self.midlayer, self.midlayer.self_attn
+        x = torch.cat([layer.input_layernorm(self.embed(input_ids)), layer.hidden_norm(hidden)], dim=-1)  # [B,T,2H]
+        b, t, _ = x.shape
+        q = attn.q_proj(x).view(b, t, attn.num_heads, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(v, position_ids)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v, hidden
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + mask) v, then o_proj: q [B, nh, Tq, d], k, v [B, nkv, Tk, d], mask bool
+        [B or 1, 1, Tq, Tk] (True = may attend) -> [B, Tq, H]."""
+        attn = self.midlayer.self_attn
+        groups = attn.num_heads // attn.num_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, nh, Tq, d]
+        return attn.o_proj(out.transpose(1, 2).flatten(2))
+
+    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rest of the layer and the final norm: (normed [B, T, H] for the lm_head, prenorm [B, T, H] fed
+        back as the next step's hidden)."""
+        layer = self.midlayer
+        r = residual + attn_out
+        prenorm = r + layer.mlp(layer.post_attention_layernorm(r))
+        return self.norm(prenorm), prenorm
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., V_draft]."""
+        return self.lm_head(normed)
+
+    def to_target_vocab(self, draft_values: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
+        """Scatter [..., V_draft] values into the target's vocabulary [..., V]; ids outside the draft vocabulary
+        get `fill` (-inf for logits, 0 for probabilities)."""
+        out = draft_values.new_full((*draft_values.shape[:-1], self.config.vocab_size), fill)
+        out[..., self.target_ids] = draft_values
+        return out
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over a whole sequence, causal (or `mask`): (draft logits [B, T, V_draft], prenorm [B, T, H])."""
+        q, k, v, residual = self.project(input_ids, hidden, position_ids)
+        if mask is None:
+            t = input_ids.shape[1]
+            mask = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril().view(1, 1, t, t)
+        normed, prenorm = self.finish(self.attend(q, k, v, mask), residual)
+        return self.logits(normed), prenorm
+
+    # -- files ----------------------------------------------------------------------------------------------------
+    def state_for_export(self) -> dict[str, torch.Tensor]:
+        """The tensors of the served folder, under the names vLLM and SGLang load (no rotary, no embedding)."""
+        return {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()
+                if not name.startswith("rotary.")}
+
+    def save_pretrained(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+        """config.json (vLLM's eagle3 format) and model.safetensors into `folder`."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = self.state_for_export()
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        stored = next(v.dtype for v in state.values() if v.is_floating_point())
+        config = self.config.to_dict()
+        config["architectures"] = [ARCHITECTURE]
+        config["dtype"] = str(stored).removeprefix("torch.")
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, embed_tokens: nn.Module | None = None,
+                        dtype: torch.dtype = torch.float32) -> "Eagle3Head":
+        """Load a head saved by `save_pretrained` (or any folder in vLLM's eagle3 layout whose weights are named
+        midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d). Raises ValueError for a folder that is not
+        an EAGLE-3 head or misses weights."""
+        folder = Path(folder)
+        config_dict = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        if not is_eagle3_config(config_dict):
+            raise ValueError(f"{folder}: config.json's architectures is not [{ARCHITECTURE!r}]")
+        config_dict.pop("architectures", None)
+        config = LlamaConfig(architectures=[ARCHITECTURE], **config_dict)
+        config.draft_vocab_size = config_dict.get("draft_vocab_size") or config.vocab_size
+        head = cls(config)
+        state = load_file(str(folder / WEIGHTS_FILE))
+        state.pop("embed_tokens.weight", None)
+        expected = set(head.state_for_export())
+        missing = sorted(expected - set(state) - {"t2d"})
+        if missing:
+            raise ValueError(f"{folder}: the head's weights lack {', '.join(missing)}")
+        if "t2d" not in state:  # vLLM ignores t2d; rebuild it from d2t
+            state["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
+            state["t2d"][torch.arange(config.draft_vocab_size) + state["d2t"]] = True
+        head.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+        head = head.to(dtype)
+        if embed_tokens is not None:
+            head.bind_embeddings(embed_tokens)
+        return head.eval()
+
+
+def target_aux_hidden(hidden_states: tuple[torch.Tensor, ...], layers: list[int]) -> torch.Tensor:
+    """The target's aux hidden states, concatenated: `hidden_states` of a transformers forward with
+    output_hidden_states=True (index i = the residual stream entering decoder layer i) -> [B, T, k * H_target]."""
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
