@@ -177,7 +177,8 @@ def serving_check(recipe: Recipe, prompts: Sequence[torch.Tensor],
         if not prompts:
             raise ServingError("no eval prompts to measure")
         results, response = evaluate_in_vllm(find_vllm_python(cfg.vllm_python), recipe.model.target,
-                                             str(recipe.train.output_dir), prompts, settings, categories)
+                                             str(recipe.train.output_dir), prompts, settings, categories,
+                                             draft_sample_method="probabilistic")  # our acceptance rule at T > 0
     except ServingError as err:
         logger.warning("eval.serving_engine vllm could not measure the exported draft: %s", err)
         return {"engine": "vllm", "error": str(err)}

@@ -233,7 +233,7 @@ def serving_section(model_dir: Path, results: list[dict]) -> str:
     """'## Measured in vLLM': vLLM's tau next to ours per gamma (train_results.json "serving", written when the run
     had eval.serving_engine: vllm); '' when not measured."""
     path = Path(model_dir) / "train_results.json"
-    serving = json.loads(path.read_text()).get("serving") if path.is_file() else None
+    serving = json.loads(read_text(path)).get("serving") if path.is_file() else None
     if not isinstance(serving, dict):
         return ""
     if "error" in serving:

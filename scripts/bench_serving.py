@@ -67,15 +67,20 @@ def save_pair(folder: Path, hidden: int, layers: int, draft_layers: int, vocab: 
         tokenizer.save_pretrained(folder / role)
 
 
-def parity_for(folder: Path, python: Path, prompts: list[torch.Tensor], settings: EvalSettings) -> dict:
-    """Both engines on the same prompts at settings' gammas and temperature: the parity rows and both results."""
+def parity_for(folder: Path, python: Path, prompts: list[torch.Tensor], settings: EvalSettings,
+               vllm_default: bool = False) -> dict:
+    """Both engines on the same prompts at settings' gammas and temperature (vLLM drafting as ours:
+    draft_sample_method probabilistic): the parity rows and both results; ``vllm_default``: also vLLM's default
+    greedy draft sampling."""
     from transformers import AutoModelForCausalLM
 
-    vllm, response = evaluate_in_vllm(python, str(folder / "target"), str(folder / "draft"), prompts, settings)
+    target, draft = str(folder / "target"), str(folder / "draft")
+    vllm, response = evaluate_in_vllm(python, target, draft, prompts, settings, draft_sample_method="probabilistic")
+    default = evaluate_in_vllm(python, target, draft, prompts, settings)[0] if vllm_default else None
     ours_prompts, ours_settings = aligned_inputs(prompts, [o[0] for o in response["plain"]["outputs"]], settings)
     load = lambda role: AutoModelForCausalLM.from_pretrained(folder / role, dtype=torch.float32).eval()  # noqa
     ours = evaluate_acceptance(load("target"), load("draft"), ours_prompts, ours_settings, progress=False)
-    return {"parity": parity_rows(ours, vllm), "ours": ours, "vllm": vllm}
+    return {"parity": parity_rows(ours, vllm), "ours": ours, "vllm": vllm, "vllm_default_sampling": default}
 
 
 def response_rows_per_s(folder: Path, python: Path, prompts: list[list[int]], max_new_tokens: int) -> dict:
@@ -113,7 +118,9 @@ def main(argv=None) -> dict:
                        for _ in range(args.num_prompts)]
             for temperature in args.temperatures:
                 settings = EvalSettings(gammas=[2, 4], temperature=temperature, max_new_tokens=args.max_new_tokens)
-                out["parity"][f"{name} T={temperature:g}"] = parity_for(folder, python, prompts, settings)
+                first_sampled = name == args.pairs[0] and temperature > 0
+                out["parity"][f"{name} T={temperature:g}"] = parity_for(folder, python, prompts, settings,
+                                                                        vllm_default=first_sampled)
                 print(name, temperature, json.dumps(out["parity"][f"{name} T={temperature:g}"]["parity"]))
         name = args.pairs[0]
         response_prompts = [torch.randint(3, PAIRS[name][3], (32,), generator=g).tolist()
@@ -137,6 +144,9 @@ def write_markdown(path: Path, args: argparse.Namespace, out: dict) -> None:
             rows.append([run, r["gamma"], f"{r['tau_specdistill']:.3f}", f"{r['tau_vllm']:.3f}", f"{r['ratio']:.3f}",
                          "-" if r["greedy_match_vllm"] is None else f"{r['greedy_match_vllm']:.0%}",
                          vllm[r["gamma"]]["stats"]["num_drafts"]])
+    defaults = [[run, d["gamma"], f"{p['tau_specdistill']:.3f}", f"{p['tau_vllm']:.3f}",
+                 f"{d['mean_accepted_tokens']:.3f}"] for run, m in out["parity"].items() if m["vllm_default_sampling"]
+                for d, p in zip(m["vllm_default_sampling"], m["parity"])]
     speeds = out["rows_per_s"]
     n = args.response_prompts
     lines = [*benchmark.header(benchmark.command_line(__file__), "cpu", CODE),
@@ -144,6 +154,10 @@ def write_markdown(path: Path, args: argparse.Namespace, out: dict) -> None:
              f"ignore_eos; load average at the end {benchmark.load_average()}.", "",
              *benchmark.markdown_table(["pair, temperature", "gamma", "tau (specdistill)", "tau (vLLM)",
                                         "vLLM / ours", "vLLM greedy = plain", "vLLM drafts"], rows), "",
+             "vLLM's default draft sampling (`draft_sample_method: greedy`: argmax drafts accepted with p(d)) against "
+             "the probabilistic one used above (d ~ q, min(1, p/q), as ours):", "",
+             *benchmark.markdown_table(["pair, temperature", "gamma", "tau (specdistill)", "tau (vLLM, probabilistic)",
+                                        "tau (vLLM default, greedy drafts)"], defaults), "",
              f"Target responses ({speeds['pair']} target, {n} prompts x {args.max_new_tokens} tokens, greedy):", "",
              *benchmark.markdown_table(["engine", "rows/s"], [
                  ["specdistill, batch-1 decoder (today)", f"{speeds['specdistill_batch1']:.2f}"],

@@ -29,7 +29,8 @@ from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_templa
                             read_prompt_rows)
 from decode.results import write_eval_json
 from decode.serving.parity import DEFAULT_TOLERANCE, PARITY_COLUMNS, aligned_inputs, out_of_tolerance, parity_rows
-from decode.serving.vllm_engine import ServingError, evaluate_in_vllm, find_vllm_python, vllm_outputs
+from decode.serving.vllm_engine import (DRAFT_SAMPLE_METHODS, ServingError, evaluate_in_vllm, find_vllm_python,
+                                         vllm_outputs)
 from decode.table import format_table
 from decode.tally import category_rows
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
@@ -83,6 +84,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-python", default=None,
                    help="interpreter with vLLM (default: $SPECDISTILL_VLLM_PYTHON, else .venv-vllm/bin/python from "
                         "`make serving`)")
+    p.add_argument("--vllm-draft-sampling", default=None, choices=DRAFT_SAMPLE_METHODS,
+                   help="vLLM's draft_sample_method at temperature > 0: greedy (vLLM's default: argmax drafts, "
+                        "accepted with p(d)) or probabilistic (d ~ q, min(1, p/q), as ours); default: vLLM's own for "
+                        "--engine vllm, probabilistic for --engine both")
     p.add_argument("--parity-tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="--engine both exits 1 when |tau(vLLM) / tau(ours) - 1| exceeds this")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -183,9 +188,11 @@ def main(argv: list[str] | None = None) -> dict:
     outputs: list[dict] | None = [] if args.save_outputs or args.engine == "both" else None
     if args.engine != "specdistill":  # vLLM first: --engine both starts our side from its prefill token
         stop = [tokenizer.eos_token_id] if args.stop_at_eos else None
+        sampling = args.vllm_draft_sampling or ("probabilistic" if args.engine == "both" else None)
         vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, categories,
-                                          stop)
-        report.update(vllm_version=response["vllm_version"], compile_seconds=None, results=vllm)
+                                          stop, draft_sample_method=sampling)
+        report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
+                      compile_seconds=None, results=vllm)
         if args.engine == "vllm":
             outputs = vllm_outputs(response, prompt_ids, settings) if outputs is not None else None
             report.update(device=f"{report['device']}, vLLM {response['vllm_version']}", dtype="float32",

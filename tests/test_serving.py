@@ -113,6 +113,20 @@ def test_request_carries_our_token_ids_so_no_bos_is_added_or_lost(tmp_path):
     assert request["prompts"] == [[1, 40, 41], [1, 50]]
     assert [(r["method"], r["gamma"]) for r in request["runs"]] == [("draft_model", 2), ("draft_model", 4)]
     assert request["stop_token_ids"] is None and request["max_model_len"] >= 3 + 8 + 4
+    assert request["runs"][0]["draft_sample_method"] is None  # vLLM's default unless asked
+
+
+def test_draft_sampling_as_ours_is_asked_for_by_name(tmp_path):
+    """Difference 6: at T > 0 vLLM drafts argmax tokens by default; --engine both asks for probabilistic drafts."""
+    prompts, settings = [torch.tensor([1, 40])], EvalSettings(gammas=[2], temperature=1.0)
+    request = build_request(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="probabilistic")
+    worker = load_worker()
+    assert worker.speculative_config(request["runs"][0]) == {
+        "method": "draft_model", "num_speculative_tokens": 2, "model": str(tmp_path.resolve()),
+        "draft_sample_method": "probabilistic"}
+    assert "draft_sample_method" not in worker.speculative_config({**request["runs"][0], "draft_sample_method": None})
+    with pytest.raises(ServingError, match="draft sample method"):
+        build_request(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="top1")
     with pytest.raises(ServingError, match="integer gammas"):
         build_request(str(tmp_path), str(tmp_path), prompts, EvalSettings(gammas=["auto"]))
 

@@ -15,6 +15,9 @@ The systematic differences between the two engines, and how each is removed here
    BOS as ours), so no BOS is added or lost (decode.serving.vllm_engine.build_request).
 5. Prompt lookup. Ours proposes what followed the most recent occurrence of the longest suffix n-gram, vLLM's
    ``ngram`` the earliest one. Removed: our side uses PromptLookupDrafter(earliest=True).
+6. Draft sampling at temperature > 0. vLLM's default draft_sample_method "greedy" drafts argmax tokens and accepts
+   d with probability p(d) (q taken as one-hot); ours samples d ~ q and accepts with min(1, p(d) / q(d)). Both are
+   lossless, but acceptance differs widely when p is flat. Removed: --engine both asks vLLM for "probabilistic".
 
 Greedy counts then agree step for step (up to float rounding flipping a near-tie); at temperature 1 they agree
 within sampling error. ``ratio`` = tau(vLLM) / tau(ours); ``--parity-tolerance`` bounds |ratio - 1|.

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from decode.checks import read_text
 from decode.drafters import PromptLookupDrafter
 from decode.evaluate import EvalSettings
 from decode.results import Result
@@ -31,6 +32,9 @@ VLLM_PYTHON_ENV = "SPECDISTILL_VLLM_PYTHON"      # an interpreter with vLLM, whe
 DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")  # what `make serving` creates
 WORKER = Path(__file__).with_name("vllm_worker.py")
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)    # config.json architectures of an EAGLE-3 head (issue 18)
+# vLLM's draft_sample_method: "greedy" (its default) drafts argmax tokens and accepts d with probability p(d) (q taken
+# as one-hot); "probabilistic" samples d ~ q and accepts with min(1, p(d) / q(d)), as our decoder does. Same at T=0.
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 PROMPT_LOOKUP = "prompt-lookup"
 
 
@@ -58,15 +62,19 @@ def vllm_method(draft: str) -> str:
         return "ngram"
     config = Path(draft).expanduser() / "config.json"
     if config.is_file():
-        architectures = json.loads(config.read_text()).get("architectures") or []
+        architectures = json.loads(read_text(config, "--draft")).get("architectures") or []
         if any(a in EAGLE3_ARCHITECTURES for a in architectures):
             return "eagle3"
     return "draft_model"
 
 
 def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
-                  stop_token_ids: list[int] | None = None) -> dict:
-    """The worker's request (decode/serving/vllm_worker.py): one speculative run per gamma, prompts as token ids."""
+                  stop_token_ids: list[int] | None = None, draft_sample_method: str | None = None) -> dict:
+    """The worker's request (decode/serving/vllm_worker.py): one speculative run per gamma, prompts as token ids.
+    ``draft_sample_method``: one of DRAFT_SAMPLE_METHODS, None = vLLM's default (greedy)."""
+    if draft_sample_method not in (None, *DRAFT_SAMPLE_METHODS):
+        raise ServingError(f"draft sample method must be one of {', '.join(DRAFT_SAMPLE_METHODS)}, got "
+                           f"{draft_sample_method!r}")
     gammas = [g for g in settings.gammas if g != "auto"]
     if len(gammas) != len(settings.gammas):
         raise ServingError("--engine vllm needs integer gammas: vLLM drafts a fixed num_speculative_tokens ('auto' "
@@ -74,7 +82,8 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
     method, lookup = vllm_method(draft), PromptLookupDrafter()
     local = lambda name: str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name  # noqa
     runs = [{"method": method, "draft": None if method == "ngram" else local(draft), "gamma": g,
-             "prompt_lookup_min": lookup.min_ngram_size, "prompt_lookup_max": lookup.max_ngram_size} for g in gammas]
+             "prompt_lookup_min": lookup.min_ngram_size, "prompt_lookup_max": lookup.max_ngram_size,
+             "draft_sample_method": None if method == "ngram" else draft_sample_method} for g in gammas]
     longest = max(p.numel() for p in prompts)
     return {"target": local(target), "prompts": [p.view(-1).tolist() for p in prompts],
             "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_k": settings.top_k,
@@ -150,12 +159,13 @@ def summarize_run(run: dict, plain: dict, prompts: Sequence[int], counters: Spec
 
 def evaluate_in_vllm(python: Path, target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
                      categories: Sequence[str | None] | None = None, stop_token_ids: list[int] | None = None,
-                     timeout: float | None = None) -> tuple[list[dict], dict]:
+                     timeout: float | None = None, draft_sample_method: str | None = None) -> tuple[list[dict], dict]:
     """Measure ``draft`` with ``target`` in vLLM at every gamma of ``settings``: (result dicts, the worker's
-    response). Raises ServingError when vLLM cannot run or fails."""
+    response). ``draft_sample_method``: see DRAFT_SAMPLE_METHODS. Raises ServingError when vLLM cannot run or fails."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    response = run_worker(python, build_request(target, draft, prompts, settings, stop_token_ids), timeout)
+    request = build_request(target, draft, prompts, settings, stop_token_ids, draft_sample_method)
+    response = run_worker(python, request, timeout)
     return vllm_results(response, settings, categories), response
 
 

@@ -9,7 +9,8 @@ transformers, so it must not import our package). The request (decode.serving.vl
      "top_p": null, "seed": 0, "stop_token_ids": [ids] | null (null = ignore_eos), "dtype": "float32",
      "max_model_len": 512, "max_num_seqs": 1 (optional; 1 = batch-1 as our decoder),
      "runs": [{"method": "draft_model" | "ngram" | "eagle3", "draft": DIR | null, "gamma": 4,
-               "prompt_lookup_min": 1, "prompt_lookup_max": 3}, ...]}
+               "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+               "draft_sample_method": "greedy" | "probabilistic" (optional; vLLM's default: greedy)}, ...]}
 
 The response: the plain run and one entry per speculative run, each with every prompt's new token ids, the seconds
 of its ``generate`` call and (speculative runs) vLLM's engine-wide spec-decode counters plus each prompt's
@@ -74,6 +75,8 @@ def speculative_config(run: dict) -> dict:
         config.update(prompt_lookup_min=run["prompt_lookup_min"], prompt_lookup_max=run["prompt_lookup_max"])
     else:
         config["model"] = run["draft"]
+    if run.get("draft_sample_method"):  # greedy: argmax drafts, q one-hot in the rejection test (vLLM's default)
+        config["draft_sample_method"] = run["draft_sample_method"]
     return config
 
 
