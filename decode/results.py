@@ -17,7 +17,7 @@ from typing import Any
 
 from decode.checks import read_text
 
-EVAL_JSON_KEYS = ("device", "dtype", "torch_version", "target", "draft", "draft_kind", "prompts", "chat_template",
+EVAL_JSON_KEYS = ("engine", "device", "dtype", "torch_version", "target", "draft", "draft_kind", "prompts", "chat_template",
                   "compiled", "compile_seconds", "results")  # + "environment" (evaluate.save's record)
 
 
@@ -36,12 +36,12 @@ class Result:
     target_tokens_per_s: float
     speculative_tokens_per_s: float
     speedup: float                          # wall clock: plain seconds / speculative seconds
-    predicted_speedup: float                # tau / (gamma * c + v)
-    draft_cost_ratio: float                 # c = draft step / target step
-    verify_cost_ratio: float                # v = target pass over gamma + 1 tokens / target step
+    predicted_speedup: float | None         # tau / (gamma * c + v); None from vLLM (no cost model there)
+    draft_cost_ratio: float | None          # c = draft step / target step (None from vLLM)
+    verify_cost_ratio: float | None         # v = target pass over gamma + 1 tokens / target step (None from vLLM)
     greedy_match: float | None              # share of prompts decoded identically; None when temperature > 0
     compiled: bool
-    stats: dict                             # raw counts (decode.stats.SpecStats.to_dict)
+    stats: dict                             # raw counts (SpecStats.to_dict; vLLM: serving.counters.SpecCounters)
     compile_seconds: float | None = None    # the evaluation's compilation (not in a by_category entry)
     mean_gamma: float | None = None         # only for gamma "auto"
     hf_assisted_tokens_per_s: float | None = None  # only with compare_hf

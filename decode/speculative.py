@@ -180,12 +180,15 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     compile: bool = False,
     clock: StepClock | None = None,
+    draft_past_end: bool = False,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, L] with ``draft`` proposing ``gamma`` tokens
     per target pass (``"auto"``: chosen at every step, decode.auto_gamma). Greedy (temperature 0) output equals the
     target's own greedy decoding; sampled output is distributed exactly as the target's warped distribution.
     ``compile``: static KV caches and torch.compiled steps (decode.static), else eager with dynamic caches.
     ``clock``: records each step's drafting and remaining time (the cost model's measurement, decode.cost_model).
+    ``draft_past_end``: draft ``gamma`` tokens at every step, as vLLM does, instead of at most what is left; tokens
+    past ``max_new_tokens`` are then dropped but counted as accepted (vLLM's counting; same output).
 
     Raises ValueError for a batch > 1, an empty prompt, a gamma that is neither >= 1 nor "auto", or models on
     different devices."""
@@ -206,7 +209,8 @@ def speculative_generate(
     cur = prefill(target_lm, drafter, input_ids)
     while len(new) < max_new_tokens:
         step_gamma = chooser.choose() if chooser else gammas[0]
-        k_max = min(step_gamma, max_new_tokens - len(new) - 1)  # never produce more than asked for
+        left = max_new_tokens - len(new)
+        k_max = step_gamma if draft_past_end else min(step_gamma, left - 1)  # else never produce more than asked
         started = timing.now() if timed else 0.0
         drafts, q = drafter.propose(history, cur, k_max, cfg, generator)
         if timed:
@@ -225,7 +229,7 @@ def speculative_generate(
         drafter.commit(n)
         if drafter.aux_layers:  # the verify pass's hidden states of cur, d_1..d_n
             drafter.target_features(target_lm.aux[: n + 1])
-        produced = cut_at_eos(drafts[:n].tolist() + [step.next_token], stop)
+        produced = cut_at_eos(drafts[:n].tolist() + [step.next_token], stop)[:left]
         stats.record_step(k, n, step.min_pq, len(produced))  # tokens after an eos are never emitted: not counted
         new += produced
         history += produced

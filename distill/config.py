@@ -218,6 +218,9 @@ class DataConfig:
     target_batch_size: int = option(
         1, "Prompts the target answers at once (left-padded, the target alone; 1 with data.target_gamma): greedy "
            "rows are the same at every size, sampled rows use the same per-prompt seeds (recipes/README.md).")
+    target_engine: Literal["specdistill", "vllm"] = option(
+        "specdistill", "Who generates the target's responses: specdistill = our decoder; vllm = vLLM's offline LLM "
+        "in the serving venv (`make serving`; interpreter as eval.vllm_python), one vLLM run per shard.")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -232,6 +235,8 @@ class DataConfig:
             require(getattr(self, key) >= 0, key, getattr(self, key), "a number >= 0")
         require(self.dataset_weight + self.target_weight > 0, "target_weight", self.target_weight,
                 "weights with data.dataset_weight + data.target_weight > 0 (at least one source)")
+        require(self.target_engine == "specdistill" or self.target_gamma is None, "target_engine", self.target_engine,
+                "specdistill when target_gamma is set (vLLM generates with the target alone)")
         require(self.target_weight == 0 or bool(self.target_data_dir), "target_data_dir", self.target_data_dir,
                 "a folder for the target's responses when data.target_weight > 0")
         require(self.target_max_new_tokens > 0, "target_max_new_tokens", self.target_max_new_tokens,
@@ -428,6 +433,13 @@ class EvalConfig:
                 "off = raw text (decode.prompts).")
     compile: bool = option(
         False, "Measure on the static-cache, torch.compiled decode path (compiled once, reused at every checkpoint).")
+    serving_engine: Literal["none", "vllm"] = option(
+        "none", "After export, also measure the exported draft inside a serving engine: vllm = vLLM's offline LLM "
+        "(the serving venv of `make serving`) at the integer gammas and the first temperature; train_results.json "
+        "and the model card then show vLLM's tau next to ours.")
+    vllm_python: str | None = option(
+        None, "Interpreter with vLLM for serving_engine: vllm; null = $SPECDISTILL_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python.")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -439,6 +451,8 @@ class EvalConfig:
         require(self.top_k is None or self.top_k > 0, "top_k", self.top_k, "null or an integer > 0")
         require(self.top_p is None or 0 < self.top_p <= 1, "top_p", self.top_p, "null or a number in (0, 1]")
         require(self.repeats > 0, "repeats", self.repeats, "an integer > 0")
+        require(self.serving_engine == "none" or any(g != "auto" for g in self.gammas), "serving_engine",
+                self.serving_engine, "none, unless eval.gammas holds an integer gamma (vLLM drafts a fixed number)")
 
 
 @dataclass

@@ -7,7 +7,10 @@ export_run is the last step of a run (distill.pipeline), on rank 0 while the oth
             a LoRA draft merged, a ZeRO-3 / FSDP2 draft read back from its checkpoint), with
             generation_config.num_assistant_tokens = its gamma (export_draft)
   check     decode.deploy_check on the folder against the target; problems are warnings, never fatal
-  results   OUTPUT_DIR/train_results.json = {Trainer metrics..., "best": summary, "deploy_check": report}, last
+  serving   eval.serving_engine: vllm: the folder measured inside vLLM (decode.serving) on the eval prompts;
+            best.vllm_mean_accepted_tokens beside best.mean_accepted_tokens; a failure is a warning, never fatal
+  results   OUTPUT_DIR/train_results.json = {Trainer metrics..., "best": summary, "deploy_check": report,
+            "serving": vLLM's results (with serving_engine)}, last
   push      hub.push_to_hub: distill.hub uploads the folder; a failure raises PushError (the draft stays safe)
 """
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
+import torch
 from accelerate import PartialState
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
@@ -122,9 +126,11 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
 # The run's last step
 # ---------------------------------------------------------------------------------------------------------------
 
-def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedTokenizerBase, metrics: dict) -> dict:
-    """Rank 0: export the best draft, check it, write train_results.json last, push if asked; every rank then
-    waits. Returns the export summary of export_draft (empty on the other ranks). Raises PushError."""
+def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedTokenizerBase, metrics: dict,
+               eval_prompts: Sequence[torch.Tensor] = (), eval_categories: Sequence[str | None] | None = None) -> dict:
+    """Rank 0: export the best draft, check it, measure it in vLLM (eval.serving_engine), write train_results.json
+    last, push if asked; every rank then waits. Returns the export summary of export_draft (empty on the other
+    ranks). Raises PushError."""
     state, summary = PartialState(), {}
     if state.is_main_process:
         output_dir = recipe.train.output_dir
@@ -132,7 +138,11 @@ def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedToke
         fixed_gammas = [g for g in recipe.eval.gammas if g != "auto"]
         summary = export_draft(output_dir, best, final_draft, tokenizer, default_gamma=max(fixed_gammas, default=4))
         crash_point("export")  # test hook: killed with the draft exported but the run not marked done
-        write_results(output_dir, {**metrics, "best": summary, "deploy_check": deploy_check(recipe)})
+        results = {**metrics, "best": summary, "deploy_check": deploy_check(recipe)}
+        if recipe.eval.serving_engine == "vllm":
+            results["serving"] = serving_check(recipe, eval_prompts, eval_categories)
+            summary["vllm_mean_accepted_tokens"] = vllm_tau(results["serving"], summary)
+        write_results(output_dir, results)
         logger.info("exported %s (gamma %s) to %s", summary["checkpoint"], summary["gamma"], output_dir)
         if recipe.hub.push_to_hub:
             push(recipe, step=summary["step"])
@@ -152,10 +162,44 @@ def deploy_check(recipe: Recipe) -> dict:
     except LoadError as err:
         logger.warning("deployment check could not run: %s", err)
         return {"passed": False, "problems": {"inputs": str(err)}}
+    for name, advice in report.warnings.items():
+        logger.warning("deployment check %s: %s", name, advice)
     for name, problem in report.problems.items():
         logger.warning("deployment check %s failed: %s (specdistill-check --target %s --draft %s)", name, problem,
                        recipe.model.target, recipe.train.output_dir)
     return report.to_dict()
+
+
+def serving_check(recipe: Recipe, prompts: Sequence[torch.Tensor],
+                  categories: Sequence[str | None] | None) -> dict:
+    """The exported folder measured inside vLLM (decode.serving.vllm_engine) at the integer eval gammas and the
+    first eval temperature: {"engine", "vllm_version", "results"}; {"engine", "error"} when vLLM cannot run (a
+    warning: the draft is exported either way)."""
+    from decode.evaluate import EvalSettings
+    from decode.serving.vllm_engine import ServingError, evaluate_in_vllm, find_vllm_python
+
+    cfg = recipe.eval
+    settings = EvalSettings(gammas=[g for g in cfg.gammas if g != "auto"], temperature=cfg.temperatures[0],
+                            max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
+    try:
+        if not prompts:
+            raise ServingError("no eval prompts to measure")
+        results, response = evaluate_in_vllm(find_vllm_python(cfg.vllm_python), recipe.model.target,
+                                             str(recipe.train.output_dir), prompts, settings, categories,
+                                             draft_sample_method="probabilistic")  # our acceptance rule at T > 0
+    except ServingError as err:
+        logger.warning("eval.serving_engine vllm could not measure the exported draft: %s", err)
+        return {"engine": "vllm", "error": str(err)}
+    for r in results:
+        logger.info("vLLM: gamma %s tau %.3f greedy_match %s", r["gamma"], r["mean_accepted_tokens"],
+                    r["greedy_match"])
+    return {"engine": "vllm", "vllm_version": response["vllm_version"], "results": results}
+
+
+def vllm_tau(serving: dict, summary: dict) -> float | None:
+    """vLLM's tau at the exported gamma (None when vLLM did not measure it)."""
+    return next((r["mean_accepted_tokens"] for r in serving.get("results", []) if r["gamma"] == summary["gamma"]),
+                None)
 
 
 def push(recipe: Recipe, step: int | None) -> None:

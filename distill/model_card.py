@@ -24,7 +24,7 @@ from huggingface_hub.utils import validate_repo_id
 from decode.checks import read_text
 from decode.eagle3 import ARCHITECTURE, is_eagle3_folder
 from decode.results import read_eval_json
-from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table
+from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
 from distill.acceptance_log import best_checkpoint, log_path, read_records
 from distill.report import shown_path
 from distill.utils import saved_parameter_count
@@ -236,6 +236,30 @@ def deploy_section(model_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def serving_section(model_dir: Path, results: list[dict]) -> str:
+    """'## Measured in vLLM': vLLM's tau next to ours per gamma (train_results.json "serving", written when the run
+    had eval.serving_engine: vllm); '' when not measured."""
+    path = Path(model_dir) / "train_results.json"
+    serving = json.loads(read_text(path)).get("serving") if path.is_file() else None
+    if not isinstance(serving, dict):
+        return ""
+    if "error" in serving:
+        return f"## Measured in vLLM\n\nvLLM could not measure this draft at export: {serving['error']}\n"
+    ours = {(r.get("gamma"), r.get("temperature")): r.get("mean_accepted_tokens") for r in results}
+    rows = [[r["gamma"], f"{r['temperature']:g}", fmt(ours.get((r["gamma"], r["temperature"]))),
+             fmt(r["mean_accepted_tokens"]), fmt(r["greedy_match"])] for r in serving.get("results", [])]
+    table = "\n".join(markdown_table(["gamma", "temperature", "tau (specdistill)", "tau (vLLM)",
+                                      "vLLM greedy output = plain"], rows))
+    return ("## Measured in vLLM\n\n"
+            f"The exported folder loaded unchanged in vLLM {serving.get('vllm_version', '')} (offline `LLM`, "
+            "`speculative_config` with this draft) on the same prompts; tau from vLLM's spec-decode counters "
+            "(1 + accepted / drafts).\n\n" + table + "\n")
+
+
+def fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def usage_section(target: str, repo_id: str, gamma: int | None) -> str:
     """'## Usage': the draft as transformers' assistant_model and as vLLM's draft, at ``gamma`` (default 4)."""
     g = gamma if gamma is not None else 4
@@ -367,7 +391,8 @@ def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, e
         f"- **Target model:** `{target}`\n"
         + (f"- **Draft:** {draft_line}\n" if draft_line else ""),
         results_section(eval_results, hardware),
-        *[section for section in (category_section(eval_results), deploy_section(model_dir)) if section],
+        *[section for section in (category_section(eval_results), deploy_section(model_dir),
+                                  serving_section(model_dir, eval_results)) if section],
         (head_usage_section if head else usage_section)(target, repo_id, best_gamma(eval_results)),
         f"## Training recipe\n\n{recipe}",
     ]

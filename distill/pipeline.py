@@ -67,6 +67,7 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     # 5. measure
     acceptance.measure_remaining(args, distilled.state, distilled.draft)
     # 6. export
-    summary = export_run(recipe, distilled.draft, tokenizer, distilled.metrics)
+    summary = export_run(recipe, distilled.draft, tokenizer, distilled.metrics, data.eval_prompts,
+                         data.eval_categories)
     distilled.end()  # every process leaves together
     return RunOutcome(summary)

@@ -31,6 +31,7 @@ from distill.data import DistillCollator, DistillData, padding_id
 from distill.fsdp import generating_on
 from distill.onpolicy import OnPolicySettings
 from distill.target_data import generate_target_data, prompts_from_rows, to_training_rows
+from distill.target_vllm import VLLM_SHARD_SIZE
 from distill.teacher_cache import (CacheMismatchError, TeacherCollator, build_teacher_cache, output_vocab_size,
                                    with_teacher_columns)
 from distill.utils import eval_mode
@@ -58,7 +59,8 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
     if recipe.data.target_weight > 0:
         with args.main_process_first(desc="target responses"), generating_on(target, args.device):
             target_rows = target_response_rows(recipe.data, data.train, target, draft, tokenizer,
-                                               target_id=recipe.model.target, progress=progress)
+                                               target_id=recipe.model.target, progress=progress,
+                                               vllm_python=recipe.eval.vllm_python)
         rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
         logger.info("%d training rows: %d of the dataset and %d target responses mixed %g : %g", len(rows),
                     len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
@@ -72,20 +74,23 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
 
 
 def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,
-                         tokenizer: PreTrainedTokenizerBase, *, target_id: str, progress: bool) -> datasets.Dataset:
+                         tokenizer: PreTrainedTokenizerBase, *, target_id: str, progress: bool,
+                         vllm_python: str | None = None) -> datasets.Dataset:
     """Training rows {input_ids, labels} = prompt + the target's response (labels on the response) for every row of
     `rows`; the responses are generated into cfg.target_data_dir on first use and read back afterwards.
     Raises CacheMismatchError when that folder holds responses of other inputs."""
     prompts = prompts_from_rows(rows, prompt_tokens=min(cfg.prompt_tokens, cfg.max_length - 1))
     # with target_gamma the draft proposes tokens for the speculative decoder (on the target's device, eval mode)
     decoder_draft = draft.to(next(target.parameters()).device) if cfg.target_gamma is not None else None
+    shards = {"shard_size": VLLM_SHARD_SIZE} if cfg.target_engine == "vllm" else {}  # one vLLM start per shard
     try:
         with eval_mode(draft):
             responses = generate_target_data(
                 target, tokenizer, prompts, cfg.target_data_dir, max_new_tokens=cfg.target_max_new_tokens,
                 temperature=cfg.target_temperature, top_k=cfg.target_top_k, top_p=cfg.target_top_p,
                 seed=cfg.target_seed, batch_size=cfg.target_batch_size, draft=decoder_draft,
-                gamma=cfg.target_gamma or 1, target_id=target_id, progress=progress)
+                gamma=cfg.target_gamma or 1, target_id=target_id, progress=progress, engine=cfg.target_engine,
+                vllm_python=vllm_python, **shards)
     except CacheMismatchError as err:
         raise CacheMismatchError(f"data.target_data_dir: {_for_recipes(err)}") from None
     return to_training_rows(responses, cfg.max_length, num_proc=cfg.num_proc)

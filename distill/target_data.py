@@ -17,6 +17,7 @@ the default, DecoderEngine, is this project's decoder:
                  are too; the one exception is float rounding of padded shapes breaking a near-tie (an argmax, or
                  a draw between two tokens; decode/batched.py), after which only that row differs.
 The batch size is therefore not part of what the responses depend on: a folder can be resumed with another one.
+With engine "vllm" (VLLMEngine, distill/target_vllm.py) vLLM generates each shard in one run in the serving venv.
 
 Layout on disk (out_dir):
     target_data.json      what the responses depend on (target, tokenizer, prompts, sampling settings, seed, draft)
@@ -43,8 +44,10 @@ from decode import autoregressive_generate, speculative_generate
 from decode.batched import batched_generate
 from decode.sampling import SamplingConfig
 from distill.data import padding_id
+from decode.serving.vllm_engine import find_vllm_python
 from distill.fingerprints import config_hash, token_lists_hash, vocab_hash, weights_hash
 from distill.shard_store import ShardStore
+from distill.target_vllm import VLLMEngine
 from distill.utils import IGNORE_INDEX, eval_mode
 
 FORMAT_VERSION = 1
@@ -102,7 +105,7 @@ def _model_fingerprint(model: nn.Module | Any | None) -> str | None:
 
 
 def data_spec(target: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], sampling: Sampling,
-              draft: nn.Module | Any | None, target_id: str) -> dict[str, Any]:
+              draft: nn.Module | Any | None, target_id: str, engine: str = "specdistill") -> dict[str, Any]:
     """Everything the generated responses depend on (JSON-ready)."""
     return {
         "format_version": FORMAT_VERSION,
@@ -117,7 +120,7 @@ def data_spec(target: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: li
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
         "seed": sampling.seed,
-        "decoder": "autoregressive" if draft is None else "speculative",
+        "decoder": "vllm" if engine == "vllm" else "autoregressive" if draft is None else "speculative",
         "gamma": None if draft is None else sampling.gamma,
         "draft_fingerprint": _model_fingerprint(draft),
     }
@@ -208,11 +211,12 @@ def generate_target_data(
     shard_size: int | None = None,
     draft: nn.Module | Any | None = None,
     gamma: int = 4,
-    engine: ResponseEngine | None = None,
     target_id: str = "",
     prompt_column: str = "prompt_ids",
     overwrite: bool = False,
     progress: bool = True,
+    engine: ResponseEngine | str = "specdistill",
+    vllm_python: Path | None = None,
 ) -> datasets.Dataset:
     """The target's responses to `prompts`, one row per prompt in order: index, prompt_ids, response_ids,
     prompt_text, response_text, stopped_at_eos.
@@ -220,7 +224,9 @@ def generate_target_data(
     prompts: a Dataset with a `prompt_column` of token ids, or a list of token-id lists / 1-D tensors.
     batch_size: prompts decoded at once (1 = one at a time; > 1 needs draft=None). shard_size: prompts per stored
     shard (None: 64 rounded up to a multiple of batch_size); the engine is given one shard at a time, so a batch
-    never spans two shards. engine: what decodes (None: DecoderEngine on target and draft).
+    never spans two shards. engine: what decodes: "specdistill" (DecoderEngine: our decoder on target and draft),
+    "vllm" (VLLMEngine: vLLM in the serving venv, interpreter ``vllm_python``; ``target_id`` must then be the
+    target's folder or hub id), or any ResponseEngine.
     Resumes an interrupted run after its last complete shard and returns a finished one without generating.
     Raises ValueError for an empty prompt or a bad setting, CacheMismatchError when out_dir holds responses of
     other inputs (overwrite=True deletes them).
@@ -230,10 +236,16 @@ def generate_target_data(
     if shard_size < 1 or max_new_tokens < 0 or gamma < 1:
         raise ValueError(f"shard_size and gamma must be >= 1 and max_new_tokens >= 0, got shard_size={shard_size}, "
                          f"gamma={gamma}, max_new_tokens={max_new_tokens}")
+    if isinstance(engine, str) and engine not in ("specdistill", "vllm"):
+        raise ValueError(f"engine must be 'specdistill' or 'vllm', got {engine!r}")
+    engine_name = engine if isinstance(engine, str) else "specdistill"
+    if engine == "vllm":  # ServingError naming `make serving` when there is no interpreter
+        engine = VLLMEngine(find_vllm_python(vllm_python), target_id, tokenizer.eos_token_id)
     prompt_ids = prompt_lists(prompts, prompt_column)
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, gamma)
-    spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id)
-    engine = engine or DecoderEngine(target, draft, tokenizer.eos_token_id, padding_id(tokenizer))
+    spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id, engine_name)
+    if isinstance(engine, str):
+        engine = DecoderEngine(target, draft, tokenizer.eos_token_id, padding_id(tokenizer))
     store = _store(out_dir)
     metadata = store.start(spec, num_rows=len(prompt_ids), rows_per_shard=shard_size, size_key="shard_size",
                            overwrite=overwrite)

@@ -7,6 +7,8 @@
         --category-field category --chat-template auto        # Spec-Bench's 480 prompts, by category
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
     specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 6   # an EAGLE-3 head
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm   # inside vLLM
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both   # tau parity
 
 The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
 """
@@ -22,18 +24,22 @@ import torch
 from decode.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
                            check_writable_file)
 from decode.drafters import PromptLookupDrafter
-from decode.eagle3 import Eagle3Head, fit_problems, is_eagle3_folder, read_config
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
 from decode.results import write_eval_json
+from decode.eagle3 import Eagle3Head, fit_problems, is_eagle3_folder, read_config
+from decode.serving.parity import DEFAULT_TOLERANCE, PARITY_COLUMNS, aligned_inputs, out_of_tolerance, parity_rows
+from decode.serving.vllm_engine import (DRAFT_SAMPLE_METHODS, ServingError, evaluate_in_vllm, find_vllm_python,
+                                         vllm_outputs)
 from decode.table import format_table
 from decode.tally import category_rows
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
 
 PROMPT_LOOKUP = "prompt-lookup"
 DRAFT_KINDS = ("model", "prompt_lookup", "eagle3")  # the results JSON's draft_kind
+ENGINES = ("specdistill", "vllm", "both")
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
@@ -77,6 +83,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="static KV caches and torch.compiled steps (CUDA graphs on GPU); compile time is reported "
                         "as compile_seconds, apart from tokens/s")
+    p.add_argument("--engine", default="specdistill", choices=ENGINES,
+                   help="where to measure: our decoder, vLLM's offline LLM (the serving venv), or both side by side "
+                        "(tau(ours), tau(vLLM) and their ratio per gamma)")
+    p.add_argument("--vllm-python", default=None,
+                   help="interpreter with vLLM (default: $SPECDISTILL_VLLM_PYTHON, else .venv-vllm/bin/python from "
+                        "`make serving`)")
+    p.add_argument("--vllm-draft-sampling", default=None, choices=DRAFT_SAMPLE_METHODS,
+                   help="vLLM's draft_sample_method at temperature > 0: greedy (vLLM's default: argmax drafts, "
+                        "accepted with p(d)) or probabilistic (d ~ q, min(1, p/q), as ours); default: vLLM's own for "
+                        "--engine vllm, probabilistic for --engine both")
+    p.add_argument("--parity-tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="--engine both exits 1 when |tau(vLLM) / tau(ours) - 1| exceeds this")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -107,6 +125,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise LoadError(f"--temperature must be >= 0, got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise LoadError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.parity_tolerance < 0:
+        raise LoadError(f"--parity-tolerance must be >= 0, got {args.parity_tolerance}")
+    if args.engine != "specdistill" and "auto" in args.gamma:
+        raise LoadError(f"--engine {args.engine} needs integer --gamma values: vLLM drafts a fixed number of tokens")
+    if args.engine == "both" and args.max_new_tokens < 2:
+        raise LoadError(f"--engine both needs --max-new-tokens >= 2, got {args.max_new_tokens}")
     if args.output is not None:
         check_writable_file(args.output, "--output")
     if args.save_outputs is not None:
@@ -154,8 +178,8 @@ def check_head_fits(args: argparse.Namespace) -> None:
 
 def load_draft(args, kind: str, target, device, dtype):
     """The draft of ``kind``: a PromptLookupDrafter, an Eagle3Head on the target's input embedding, or a causal LM."""
-    if kind == "prompt_lookup":
-        return PromptLookupDrafter()
+    if kind == "prompt_lookup":  # vLLM's ngram takes the earliest occurrence: so do we when comparing
+        return PromptLookupDrafter(earliest=args.engine == "both")
     if kind == "eagle3":
         head = Eagle3Head.from_pretrained(args.draft, target.get_input_embeddings(), dtype=target.dtype)
         return head.to(device)
@@ -166,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     check_args(args)
     torch.manual_seed(args.seed)
+    vllm_python = find_vllm_python(args.vllm_python) if args.engine != "specdistill" else None
 
     # ---- inputs -------------------------------------------------------------------------------------------
     fields = PromptFields(args.prompt_field, args.messages_field, args.category_field)
@@ -181,34 +206,75 @@ def main(argv: list[str] | None = None) -> dict:
     check_draft_tokenizer(args, tokenizer)
     check_chat_template(tokenizer, args.chat_template)
     prompt_ids = encode_prompt_rows(tokenizer, rows, args.chat_template, args.max_prompt_tokens)
-    target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
-    draft = load_draft(args, kind, target, device, dtype)
-
-    # ---- measure ------------------------------------------------------------------------------------------
+    categories = [row.category for row in rows]
     settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats,
                             compare_hf=args.compare_hf, compile=args.compile,
                             eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
-    outputs: list[dict] | None = [] if args.save_outputs else None
-    results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet, outputs=outputs,
-                                  categories=[row.category for row in rows])
+    report = {"engine": args.engine, "device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
+              "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
+              "draft_kind": kind, "prompts": args.prompts, "chat_template": args.chat_template, "compiled": args.compile}
+
+    # ---- measure ------------------------------------------------------------------------------------------
+    outputs: list[dict] | None = [] if args.save_outputs or args.engine == "both" else None
+    if args.engine != "specdistill":  # vLLM first: --engine both starts our side from its prefill token
+        stop = [tokenizer.eos_token_id] if args.stop_at_eos else None
+        sampling = args.vllm_draft_sampling or ("probabilistic" if args.engine == "both" else None)
+        vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, categories,
+                                          stop, draft_sample_method=sampling)
+        report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
+                      compile_seconds=None, results=vllm)
+        if args.engine == "vllm":
+            outputs = vllm_outputs(response, prompt_ids, settings) if outputs is not None else None
+            report.update(device=f"{report['device']}, vLLM {response['vllm_version']}", dtype="float32",
+                          compiled=False)
+    if args.engine != "vllm":
+        if args.engine == "both":
+            prompt_ids, settings = aligned_inputs(prompt_ids, [o[0] for o in response["plain"]["outputs"]],
+                                                  settings)
+        target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
+        results = evaluate_acceptance(target, load_draft(args, kind, target, device, dtype), prompt_ids, settings,
+                                      progress=not args.quiet, outputs=outputs, categories=categories)
+        report.update(compile_seconds=results[0]["compile_seconds"], results=results)
+        if args.engine == "both":
+            report.update(vllm_results=vllm, parity_tolerance=args.parity_tolerance,
+                          parity=parity_rows(results, vllm, args.parity_tolerance),
+                          target_match_vllm=plain_match(response, outputs, settings))
 
     # ---- report -------------------------------------------------------------------------------------------
-    report = {"device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
-              "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
-              "draft_kind": kind, "prompts": args.prompts, "chat_template": args.chat_template,
-              "compiled": args.compile, "compile_seconds": results[0]["compile_seconds"], "results": results}
-    print(format_table([{"drafter": args.draft, **r} for r in results]))
-    if any("by_category" in r for r in results):
-        print("\nby category:\n" + format_table(category_rows(results)))
+    print_report(args, report)
     if args.output:
         write_eval_json(args.output, report)
         print(f"wrote {args.output}")
-    if outputs is not None:
+    if args.save_outputs:
         args.save_outputs.parent.mkdir(parents=True, exist_ok=True)
         args.save_outputs.write_text("".join(json.dumps(o) + "\n" for o in outputs))
         print(f"wrote {args.save_outputs}")
     return report
+
+
+def plain_match(response: dict, outputs: list[dict], settings: EvalSettings) -> float | None:
+    """Greedy only: the share of prompts whose vLLM plain output is our target's (vLLM's prefill token, then our
+    plain continuation): the model vLLM loaded computes what ours does."""
+    if settings.temperature > 0:
+        return None
+    ours = {o["prompt_index"]: o["plain_ids"] for o in outputs}
+    theirs = response["plain"]["outputs"]
+    return sum(theirs[i][1:] == ours[i] for i in ours) / len(ours)
+
+
+def print_report(args: argparse.Namespace, report: dict) -> None:
+    """The results table (each engine's with --engine both), categories, and the parity table."""
+    engines = [("results", args.engine)] if args.engine != "both" else [("results", "specdistill"),
+                                                                       ("vllm_results", "vllm")]
+    for key, engine in engines:
+        results = report[key]
+        print((f"{engine}:\n" if args.engine == "both" else "") +
+              format_table([{"drafter": args.draft, **r} for r in results]))
+        if any("by_category" in r for r in results):
+            print("\nby category:\n" + format_table(category_rows(results)))
+    if "parity" in report:
+        print(f"\ntau parity (tolerance {args.parity_tolerance}):\n" + format_table(report["parity"], PARITY_COLUMNS))
 
 
 def describe_device(device: torch.device) -> str:
@@ -221,9 +287,13 @@ def describe_device(device: torch.device) -> str:
 
 def cli() -> None:
     try:
-        main()
-    except (LoadError, TokenizerMismatchError, ValueError) as err:
+        report = main()
+    except (LoadError, TokenizerMismatchError, ServingError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    failures = out_of_tolerance(report.get("parity", []))
+    if failures:
+        print(f"error: tau parity beyond --parity-tolerance: {'; '.join(failures)}", file=sys.stderr)
         sys.exit(1)
 
 

@@ -84,8 +84,7 @@ def drop_generation_config(d, root):
 
 BROKEN = [("safetensors", break_safetensors), ("tokenizer", break_tokenizer_vocab),
           ("tokenizer", break_special_tokens), ("vocab", break_vocab), ("max_position_embeddings", break_positions),
-          ("rope", break_rope), ("dtype", break_dtype), ("generation_config", break_generation_config),
-          ("generation_config", drop_generation_config)]
+          ("rope", break_rope), ("dtype", break_dtype), ("generation_config", break_generation_config)]
 
 
 def run_cli(argv, capsys):
@@ -121,6 +120,34 @@ def test_each_check_fails_on_a_draft_crafted_to_break_it(pair, tmp_path, capsys,
     assert code == 1
     fails = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert len(fails) == 1 and fails[0].startswith(f"FAIL {check}: ") and "\n" not in fails[0]
+
+
+@pytest.mark.parametrize("remove", ["file", "key"])
+def test_a_draft_naming_no_gamma_is_a_warning_and_the_commands_claim_none(pair, tmp_path, capsys, remove):
+    """Any hub draft (e.g. Qwen2.5-0.5B-Instruct) has no num_assistant_tokens: a warning with the fix, exit 0."""
+    draft = tmp_path / "draft"
+    shutil.copytree(pair / "good", draft)
+    if remove == "file":
+        drop_generation_config(draft, pair)
+    else:
+        config = json.loads((draft / "generation_config.json").read_text())
+        config.pop("num_assistant_tokens")
+        (draft / "generation_config.json").write_text(json.dumps(config))
+    report = check_deploy(str(pair / "target"), draft)
+    assert report.passed and report.gamma is None and list(report.warnings) == ["generation_config"]
+    code, out, _ = run_cli(["--target", str(pair / "target"), "--draft", str(draft)], capsys)
+    assert code == 0
+    [warn] = [line for line in out.splitlines() if line.startswith("WARN")]
+    assert warn.startswith("WARN generation_config: ") and "num_assistant_tokens" in warn and "specdistill-eval" in warn
+    assert "GAMMA=4  # the draft names no gamma" in out and "num_speculative_tokens\\\": $GAMMA}" in out
+    assert f"num_speculative_tokens\": {GAMMA}" not in out and "--speculative-num-steps $GAMMA" in out
+
+
+def test_serve_without_a_vllm_interpreter_is_one_line(pair, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECDISTILL_VLLM_PYTHON", raising=False)
+    code, _, err = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "good"), "--serve"], capsys)
+    assert code == 1 and "make serving" in err and len(err.strip().splitlines()) == 1
 
 
 def test_unreadable_inputs_are_one_line_errors(pair, tmp_path, capsys):

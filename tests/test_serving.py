@@ -1,0 +1,260 @@
+"""The vLLM engine without vLLM: counters, counting on one basis, parity, the request, the missing interpreter.
+
+(tests/test_serving_vllm.py runs vLLM itself, as an integration test.)"""
+import importlib.util
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from decode.drafters import PromptLookupDrafter
+from decode.evaluate import EvalSettings
+from decode.results import Result
+from decode.serving import vllm_engine
+from decode.serving.counters import SpecCounters
+from decode.serving.parity import aligned_inputs, out_of_tolerance, parity_rows
+from decode.serving.vllm_engine import (ServingError, build_request, find_vllm_python, vllm_method, vllm_outputs,
+                                        vllm_results)
+from decode.speculative import speculative_generate
+from decode.stats import SpecStats
+from scripts import eval_acceptance
+from tiny import perturbed_copy, tiny_model
+
+
+def load_worker():
+    """decode/serving/vllm_worker.py imported by path, as vLLM's interpreter runs it (stdlib only at import)."""
+    spec = importlib.util.spec_from_file_location("vllm_worker", vllm_engine.WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- counters ---------------------------------------------------------------------------------------------------
+def test_worker_reads_vllm_metrics_counters_and_vector():
+    metrics = [SimpleNamespace(name="vllm:spec_decode_num_drafts", value=374),
+               SimpleNamespace(name="vllm:spec_decode_num_draft_tokens", value=1496),
+               SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens", value=397),
+               SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[176, 117, 69, 35]),
+               SimpleNamespace(name="vllm:num_requests_running", value=3)]
+    counters = load_worker().read_counters(metrics)
+    assert counters == {"num_drafts": 374, "num_draft_tokens": 1496, "num_accepted_tokens": 397,
+                        "num_accepted_tokens_per_pos": [176, 117, 69, 35]}
+    parsed = SpecCounters.from_dict(counters)
+    assert parsed.mean_accepted_tokens == pytest.approx(1 + 397 / 374)  # the issue's 2.06
+    assert parsed.draft_acceptance_rate == pytest.approx(397 / 1496)
+    assert parsed.per_position_acceptance == pytest.approx([176 / 374, 117 / 176, 69 / 117, 35 / 69])
+
+
+def test_bad_counters_are_a_clear_error():
+    with pytest.raises(ValueError, match="incomplete"):
+        SpecCounters.from_dict({"num_drafts": 3})
+    with pytest.raises(ValueError, match="disagree"):
+        SpecCounters.from_dict({"num_drafts": 3, "num_draft_tokens": 12, "num_accepted_tokens": 9,
+                                "num_accepted_tokens_per_pos": [3, 3, 2, 0]})
+
+
+def test_per_request_histogram_gives_the_same_counters():
+    # steps keeping 0, 2, 4, 1, 2 drafts of 4
+    hist = [1, 1, 2, 0, 1]
+    counters = SpecCounters.from_histogram(hist, num_draft_tokens=20)
+    assert counters == SpecCounters(5, 20, 9, [4, 3, 1, 1])
+    assert (counters + counters).num_accepted_tokens_per_pos == [8, 6, 2, 2]
+
+
+def test_our_counts_on_vllms_basis_skip_steps_without_drafts():
+    """Difference 2: a step that drafted nothing is a target pass for us, no draft for vLLM."""
+    ours = SpecStats(3)
+    for drafted, accepted in ((3, 3), (0, 0), (3, 1), (0, 0), (2, 2)):
+        ours.record_step(drafted, accepted, [1.0] * min(accepted + 1, drafted), accepted + 1)
+    assert ours.mean_accepted_tokens == pytest.approx(11 / 5)         # ours: new tokens / target passes
+    counters = SpecCounters.from_spec_stats(ours)
+    assert counters == SpecCounters(3, 8, 6, [3, 2, 1])
+    assert counters.mean_accepted_tokens == pytest.approx(1 + 6 / 3)  # vLLM: 1 + accepted / drafts
+    vllm_histogram = [0, 1, 1, 1]  # the same three drafting steps, as vLLM's per-request histogram
+    assert SpecCounters.from_histogram(vllm_histogram, 8) == counters
+
+
+# ---- the systematic differences ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model("llama", seed=0)
+    return target, perturbed_copy(target, 0.05)
+
+
+def test_draft_past_end_drafts_gamma_always_and_keeps_the_output(models):
+    """Difference 1: vLLM drafts gamma tokens at the end too; draft_past_end does so with the same output."""
+    target, draft = models
+    prompt = torch.tensor([[1, 5, 9, 13]])
+    capped = speculative_generate(target, draft, prompt, max_new_tokens=13, gamma=4)
+    full = speculative_generate(target, draft, prompt, max_new_tokens=13, gamma=4, draft_past_end=True)
+    assert full.new_tokens == capped.new_tokens and len(full.new_tokens) == 13
+    assert full.stats.per_position_drafted == [full.stats.target_calls] * 4  # every step drafted 4
+    assert capped.stats.per_position_drafted[3] < capped.stats.target_calls  # capped near the end
+    assert full.stats.new_tokens == 13 and full.stats.accepted_tokens >= capped.stats.accepted_tokens
+
+
+def test_aligned_inputs_start_from_vllms_prefill_token():
+    """Difference 3: vLLM's prefill emits token 1; our side starts after it, one token fewer, drafting to the end."""
+    prompts = [torch.tensor([1, 7, 8]), torch.tensor([1, 9])]
+    settings = EvalSettings(gammas=[2, 4], max_new_tokens=16)
+    aligned, ours = aligned_inputs(prompts, [42, 43], settings)
+    assert [p.tolist() for p in aligned] == [[1, 7, 8, 42], [1, 9, 43]]
+    assert ours.max_new_tokens == 15 and ours.draft_past_end and settings.max_new_tokens == 16
+    with pytest.raises(ValueError, match=">= 2"):
+        aligned_inputs(prompts, [42, 43], EvalSettings(gammas=[2], max_new_tokens=1))
+
+
+def test_request_carries_our_token_ids_so_no_bos_is_added_or_lost(tmp_path):
+    """Difference 4: vLLM gets our ids (BOS once, template applied by us), never text it would tokenise again."""
+    prompts = [torch.tensor([1, 40, 41]), torch.tensor([1, 50])]  # 1 = BOS
+    request = build_request(str(tmp_path), str(tmp_path), prompts, EvalSettings(gammas=[2, 4], max_new_tokens=8))
+    assert request["prompts"] == [[1, 40, 41], [1, 50]]
+    assert [(r["method"], r["gamma"]) for r in request["runs"]] == [("draft_model", 2), ("draft_model", 4)]
+    assert request["stop_token_ids"] is None and request["max_model_len"] >= 3 + 8 + 4
+    assert request["runs"][0]["draft_sample_method"] is None  # vLLM's default unless asked
+
+
+def test_draft_sampling_as_ours_is_asked_for_by_name(tmp_path):
+    """Difference 6: at T > 0 vLLM drafts argmax tokens by default; --engine both asks for probabilistic drafts."""
+    prompts, settings = [torch.tensor([1, 40])], EvalSettings(gammas=[2], temperature=1.0)
+    request = build_request(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="probabilistic")
+    worker = load_worker()
+    assert worker.speculative_config(request["runs"][0]) == {
+        "method": "draft_model", "num_speculative_tokens": 2, "model": str(tmp_path.resolve()),
+        "draft_sample_method": "probabilistic"}
+    assert "draft_sample_method" not in worker.speculative_config({**request["runs"][0], "draft_sample_method": None})
+    with pytest.raises(ServingError, match="draft sample method"):
+        build_request(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="top1")
+    with pytest.raises(ServingError, match="integer gammas"):
+        build_request(str(tmp_path), str(tmp_path), prompts, EvalSettings(gammas=["auto"]))
+
+
+def test_prompt_lookup_earliest_occurrence_as_vllm_ngram():
+    """Difference 5: vLLM's ngram proposes after the earliest occurrence of the longest suffix n-gram."""
+    history = [5, 6, 1, 5, 6, 2, 9, 5, 6]
+    assert PromptLookupDrafter().lookup(history, 2) == [2, 9]
+    assert PromptLookupDrafter(earliest=True).lookup(history, 2) == [1, 5]
+
+
+def test_vllm_method_is_chosen_from_the_draft(tmp_path):
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    (eagle / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert vllm_method(str(eagle)) == "eagle3"
+    assert vllm_method(str(plain)) == "draft_model"
+    assert vllm_method("prompt-lookup") == "ngram"
+    assert vllm_method("Qwen/Qwen2.5-0.5B-Instruct") == "draft_model"
+
+
+# ---- results and parity -----------------------------------------------------------------------------------------
+RESPONSE = {"vllm_version": "0.32.0",
+            "plain": {"outputs": [[4, 5, 6, 7], [8, 9, 10, 11]], "seconds": 2.0},
+            "speculative": [{"method": "draft_model", "gamma": 2, "outputs": [[4, 5, 6, 7], [8, 9, 10, 12]],
+                             "seconds": 1.0,
+                             "counters": {"num_drafts": 4, "num_draft_tokens": 8, "num_accepted_tokens": 4,
+                                          "num_accepted_tokens_per_pos": [3, 1]},
+                             "per_prompt": [{"histogram": [0, 1, 1], "num_draft_tokens": 4},
+                                            {"histogram": [1, 1, 0], "num_draft_tokens": 4}]}]}
+
+
+def test_vllm_results_have_our_keys_and_vllms_numbers():
+    settings = EvalSettings(gammas=[2], max_new_tokens=4)
+    [result] = vllm_results(RESPONSE, settings, categories=["code", "chat"])
+    assert Result.from_dict(result).to_dict() == result
+    assert result["mean_accepted_tokens"] == pytest.approx(2.0) and result["draft_acceptance_rate"] == 0.5
+    assert result["per_position_acceptance"] == pytest.approx([3 / 4, 1 / 3])
+    assert result["greedy_match"] == 0.5 and result["speedup"] == pytest.approx(2.0)
+    assert result["predicted_speedup"] is None and result["stats"]["num_drafts"] == 4
+    assert result["by_category"]["code"]["mean_accepted_tokens"] == pytest.approx(2.5)
+    assert result["by_category"]["chat"]["greedy_match"] == 0.0
+    rows = vllm_outputs(RESPONSE, [torch.tensor([1, 2]), torch.tensor([1, 3])], settings)
+    assert rows[1]["speculative_ids"] == [8, 9, 10, 12] and rows[1]["plain_ids"] == [8, 9, 10, 11]
+
+
+def test_parity_rows_and_tolerance():
+    stats = SpecStats(2)
+    for accepted in (2, 1, 0, 1):
+        stats.record_step(2, accepted, [1.0], accepted + 1)
+    ours = [{"gamma": 2, "temperature": 0.0, "stats": stats.to_dict()}]
+    theirs = [{"gamma": 2, "temperature": 0.0, "mean_accepted_tokens": 2.09, "greedy_match": 1.0}]
+    [row] = parity_rows(ours, theirs, tolerance=0.05)
+    assert row["tau_specdistill"] == pytest.approx(2.0) and row["ratio"] == pytest.approx(1.045)
+    assert row["within_tolerance"] and out_of_tolerance([row]) == []
+    [row] = parity_rows(ours, theirs, tolerance=0.04)
+    assert not row["within_tolerance"] and "1.045" in out_of_tolerance([row])[0]
+    with pytest.raises(ValueError, match="no result for gamma 4"):
+        parity_rows([{**ours[0], "gamma": 4}], theirs)
+
+
+# ---- no interpreter ---------------------------------------------------------------------------------------------
+def test_without_a_vllm_interpreter_the_error_names_make_serving(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(vllm_engine.VLLM_PYTHON_ENV, raising=False)
+    with pytest.raises(ServingError, match="make serving"):
+        find_vllm_python()
+    with pytest.raises(ServingError, match="make serving"):
+        find_vllm_python(tmp_path / "no-python")
+    monkeypatch.setattr(sys, "argv", ["specdistill-eval", "--target", "t", "--draft", "d", "--prompts", "p.txt",
+                                      "--engine", "vllm"])
+    with pytest.raises(SystemExit) as exit_info:
+        eval_acceptance.cli()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "make serving" in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the trainer: eval.serving_engine ---------------------------------------------------------------------------
+def test_serving_engine_needs_an_integer_gamma():
+    from distill.config import EvalConfig, RecipeError
+
+    assert EvalConfig(gammas=[2, "auto"], serving_engine="vllm").serving_engine == "vllm"
+    with pytest.raises(RecipeError, match="serving_engine"):
+        EvalConfig(gammas=["auto"], serving_engine="vllm")
+
+
+def test_export_without_vllm_records_the_error_and_the_card_says_so(tmp_path, monkeypatch):
+    from distill.config import DataConfig, EvalConfig, ModelConfig, Recipe, TrainConfig
+    from distill.export import serving_check, vllm_tau
+    from distill.model_card import serving_section
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(vllm_engine.VLLM_PYTHON_ENV, raising=False)
+    recipe = Recipe(model=ModelConfig(target="t", draft="d"), data=DataConfig(dataset="d.txt"),
+                    train=TrainConfig(output_dir=str(tmp_path / "out")), eval=EvalConfig(serving_engine="vllm"))
+    serving = serving_check(recipe, [torch.tensor([1, 2, 3])], None)
+    assert serving["engine"] == "vllm" and "make serving" in serving["error"]
+    (tmp_path / "train_results.json").write_text(json.dumps({"serving": serving}))
+    assert "could not measure" in serving_section(tmp_path, [])
+    measured = {"engine": "vllm", "vllm_version": "0.32.0",
+                "results": vllm_results(RESPONSE, EvalSettings(gammas=[2], max_new_tokens=4))}
+    (tmp_path / "train_results.json").write_text(json.dumps({"serving": measured}))
+    card = serving_section(tmp_path, [{"gamma": 2, "temperature": 0.0, "mean_accepted_tokens": 1.9}])
+    assert "| 2 " in card and "1.90" in card and "2.00" in card and "vLLM 0.32.0" in card
+    assert vllm_tau(measured, {"gamma": 2}) == pytest.approx(2.0) and vllm_tau(measured, {"gamma": 4}) is None
+
+
+# ---- target responses by vLLM (data.target_engine: vllm) ---------------------------------------------------------
+def test_vllm_target_data_request_keeps_our_seeds_and_eos():
+    from distill.target_data import Sampling
+    from distill.target_vllm import vllm_request
+
+    sampling = Sampling(max_new_tokens=16, temperature=1.0, top_k=None, top_p=None, seed=7, gamma=1)
+    request = vllm_request("target", [[1, 2, 3], [1, 4]], sampling, eos_token_id=2, first_index=64)
+    assert request["seed"] == 7 + 64  # the worker seeds prompt j with seed + j: prompt 64 + j gets 7 + 64 + j
+    assert request["stop_token_ids"] == [2] and request["runs"] == [] and request["max_model_len"] >= 3 + 16
+    assert vllm_request("target", [[1]], sampling, None, 0)["stop_token_ids"] is None
+
+
+def test_vllm_target_data_without_interpreter_names_make_serving(tmp_path, monkeypatch):
+    from distill.target_data import generate_target_data
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(vllm_engine.VLLM_PYTHON_ENV, raising=False)
+    with pytest.raises(ServingError, match="make serving"):
+        generate_target_data(None, None, [[1, 2]], tmp_path / "out", max_new_tokens=4, engine="vllm")
+    with pytest.raises(ValueError, match="engine"):
+        generate_target_data(None, None, [[1, 2]], tmp_path / "out", max_new_tokens=4, engine="sglang")
