@@ -58,8 +58,8 @@ def is_eagle3_folder(path: str | Path) -> bool:
     if not config_file.is_file():
         return False
     try:
-        return is_eagle3_config(json.loads(config_file.read_text(encoding="utf-8")))
-    except (ValueError, UnicodeDecodeError):
+        return is_eagle3_config(json.loads(read_text(config_file)))
+    except ValueError:  # not JSON, or not text (FileProblem): not a head; loading it as a model names the problem
         return False
 
 
@@ -313,7 +313,7 @@ class Eagle3Head(nn.Module):
         midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d). Raises ValueError for a folder that is not
         an EAGLE-3 head or misses weights."""
         folder = Path(folder)
-        config_dict = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config_dict = read_config(folder)
         if not is_eagle3_config(config_dict):
             raise ValueError(f"{folder}: config.json's architectures is not [{ARCHITECTURE!r}]")
         config_dict.pop("architectures", None)

@@ -260,13 +260,31 @@ def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
+def vllm_usage(target: str, spec: str) -> str:
+    """The card's vLLM snippet: offline LLM and `vllm serve` with the speculative config ``spec`` (JSON)."""
+    return f"""### vLLM
+
+```python
+from vllm import LLM, SamplingParams
+
+llm = LLM(model="{target}", speculative_config={spec})
+outputs = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0.0, max_tokens=128))
+print(outputs[0].outputs[0].text)
+```
+
+```bash
+vllm serve {target} --speculative-config '{spec}'
+```
+"""
+
+
 def usage_section(target: str, repo_id: str, gamma: int | None) -> str:
     """'## Usage': the draft as transformers' assistant_model and as vLLM's draft, at ``gamma`` (default 4)."""
     g = gamma if gamma is not None else 4
     why = ("the gamma with the best cost-model speedup above (mean_accepted_tokens / (gamma * draft_cost_ratio + "
            "verify_cost_ratio))" if gamma is not None
            else "an untuned default: measure and pick your own")
-    spec = json.dumps({"model": repo_id, "num_speculative_tokens": g})
+    spec = json.dumps({"method": "draft_model", "model": repo_id, "num_speculative_tokens": g})
     return f"""## Usage
 
 The draft must share the target's tokenizer; the target's output distribution is unchanged. `gamma = {g}`
@@ -290,20 +308,7 @@ outputs = target.generate(**inputs, assistant_model=draft, max_new_tokens=128)
 print(tokenizer.decode(outputs[0], skip_special_tokens=True))
 ```
 
-### vLLM
-
-```python
-from vllm import LLM, SamplingParams
-
-llm = LLM(model="{target}", speculative_config={spec})
-outputs = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0.0, max_tokens=128))
-print(outputs[0].outputs[0].text)
-```
-
-```bash
-vllm serve {target} --speculative-config '{spec}'
-```
-"""
+{vllm_usage(target, spec)}"""
 
 
 def head_usage_section(target: str, repo_id: str, gamma: int | None) -> str:
@@ -318,20 +323,7 @@ An EAGLE-3 head reads the target's own hidden states: it runs only next to `{tar
 target's input embedding is shared, not stored here). The target's output distribution is unchanged.
 `gamma = {g}` is {why}.
 
-### vLLM
-
-```python
-from vllm import LLM, SamplingParams
-
-llm = LLM(model="{target}", speculative_config={spec})
-outputs = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0.0, max_tokens=128))
-print(outputs[0].outputs[0].text)
-```
-
-```bash
-vllm serve {target} --speculative-config '{spec}'
-```
-
+{vllm_usage(target, spec)}
 ### SGLang
 
 ```bash

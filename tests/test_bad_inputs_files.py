@@ -43,16 +43,18 @@ PATH_KEYS = {
     "data.split": "name", "data.text_field": "name", "data.messages_field": "name", "distill.loss": "name",
     "train.lr_scheduler_type": "name", "train.optim": "name", "train.report_to": "name",
     "lora.target_modules": "name", "lora.modules_to_save": "name", "hub.repo_id": "name",
+    "eval.vllm_python": "name",  # an interpreter we run (decode.serving), never read as text
 }
 # Flags that take a string: "read", "written" (tests/test_bad_inputs.py checks those) or "name".
 FLAG_KINDS = {
     "specdistill-eval": {"--target": "read", "--draft": "read", "--prompts": "read", "--output": "written",
                          "--save-outputs": "written", "--prompts-split": "name", "--prompts-config": "name",
                          "--prompt-field": "name", "--messages-field": "name", "--category-field": "name",
-                         "--chat-template": "name", "--device": "name", "--dtype": "name"},
+                         "--chat-template": "name", "--device": "name", "--dtype": "name", "--engine": "name",
+                         "--vllm-draft-sampling": "name", "--vllm-python": "name"},  # an interpreter we run
     "specdistill-push": {"output_dir": "read", "--eval-json": "read", "--repo-id": "name", "--target": "name",
                          "--staging-dir": "name"},  # --staging-dir: accepted, never used
-    "specdistill-check": {"--target": "read", "--draft": "read", "--json": "written"},
+    "specdistill-check": {"--target": "read", "--draft": "read", "--json": "written", "--vllm-python": "name"},
 }
 
 
@@ -249,7 +251,8 @@ def test_text_problem_positions_across_chunks(tmp_path, monkeypatch):
 
 # Files of the commands' code that may open text themselves: the one place, and the streaming .txt reader (its
 # file passed check_text_file in distill.data.load_rows first).
-TEXT_READERS_ALLOWED = {"decode/checks.py", "distill/text_files.py"}
+# decode/serving/vllm_worker.py runs in vLLM's venv with the stdlib only and reads the request file we wrote.
+TEXT_READERS_ALLOWED = {"decode/checks.py", "distill/text_files.py", "decode/serving/vllm_worker.py"}
 NOT_COMMAND_CODE = ("scripts/bench", "scripts/quickstart", "scripts/chaos_resume", "scripts/benchmark")
 
 

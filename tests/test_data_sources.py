@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
 import distill.target_data as target_data
-import distill.trainer
+import distill.pipeline
 from decode import autoregressive_generate
 from decode.sampling import SamplingConfig
 from distill.config import DataConfig, DistillConfig, RecipeError
@@ -192,7 +192,7 @@ def rows_seen(monkeypatch) -> list[datasets.Dataset]:
             seen.append(kwargs["train_dataset"])
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(distill.trainer, "DistillTrainer", Recording)
+    monkeypatch.setitem(distill.pipeline.TRAINERS, "standalone", Recording)  # the class a standalone run trains with
     return seen
 
 

@@ -68,7 +68,7 @@ BROKEN = [
     ("d2t", "small", lambda d: edit_weights(d, lambda s: s.update({"d2t": s["d2t"] + 100}))),  # past the vocab
     ("d2t", "small", lambda d: edit_weights(d, lambda s: s.update({"d2t": -torch.arange(40)}))),  # all to id 0
     ("dtype", "good", lambda d: export(Eagle3Head.from_pretrained(d), d, dtype=torch.bfloat16)),
-    ("generation_config", "good", lambda d: (d / "generation_config.json").unlink()),
+    ("generation_config", "good", lambda d: (d / "generation_config.json").write_text('{"num_assistant_tokens": 0}')),
 ]
 
 
@@ -100,3 +100,13 @@ def test_each_head_check_fails_on_a_head_crafted_to_break_it(heads, tmp_path, ca
     assert code == 1
     fails = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert len(fails) == 1 and fails[0].startswith(f"FAIL {check}: ")
+
+
+def test_a_head_without_a_gamma_is_a_warning_not_a_failure(heads, tmp_path):
+    """Hub heads name no gamma (issue 17): the check warns with the fix and the commands use a placeholder."""
+    head = tmp_path / "head"
+    shutil.copytree(heads / "good", head)
+    (head / "generation_config.json").unlink()
+    report = check_deploy(str(heads / "target"), head)
+    assert report.passed and list(report.warnings) == ["generation_config"] and report.gamma is None
+    assert "WARN generation_config: " in "\n".join(report.lines())

@@ -136,8 +136,8 @@ def test_card_from_eval_json_has_measured_numbers_usage_and_metadata(model_dir, 
     # usage: the best measured gamma (4) goes into the snippets
     assert "target.generate(**inputs, assistant_model=draft" in card
     assert 'from_pretrained("me/qwen-draft"' in card
-    assert 'speculative_config={"model": "me/qwen-draft", "num_speculative_tokens": 4}' in card
-    spec = '{"model": "me/qwen-draft", "num_speculative_tokens": 4}'
+    assert 'speculative_config={"method": "draft_model", "model": "me/qwen-draft", "num_speculative_tokens": 4}' in card
+    spec = '{"method": "draft_model", "model": "me/qwen-draft", "num_speculative_tokens": 4}'
     assert f"vllm serve {TARGET} --speculative-config '{spec}'" in card
     n_params = sum(p.numel() for p in tiny_model("llama").parameters())
     assert f"llama, 2 layers, hidden size 32, {n_params / 1e3:.1f}K parameters" in card

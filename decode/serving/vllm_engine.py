@@ -104,8 +104,8 @@ def run_worker(python: Path, request: dict, timeout: float | None = None) -> dic
             except subprocess.TimeoutExpired:
                 raise ServingError(f"vLLM did not finish within {timeout:.0f} s") from None
         if done.returncode != 0 or not response_file.is_file():
-            raise ServingError(f"vLLM failed (exit {done.returncode}): {last_error(log.read_text())}")
-        return json.loads(response_file.read_text())
+            raise ServingError(f"vLLM failed (exit {done.returncode}): {last_error(log.read_bytes().decode('utf-8', 'replace'))}")
+        return json.loads(read_text(response_file))
 
 
 def last_error(log: str) -> str:
