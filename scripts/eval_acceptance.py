@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
                             eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
     report = {"engine": args.engine, "device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
               "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
-              "draft_kind": kind, "prompts": args.prompts, "chat_template": args.chat_template, "compiled": args.compile}
+              "draft_kind": kind, "prompts": args.prompts, "chat_template": args.chat_template,
+              "compiled": args.compile}
 
     # ---- measure ------------------------------------------------------------------------------------------
     outputs: list[dict] | None = [] if args.save_outputs or args.engine == "both" else None

@@ -147,7 +147,8 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
     "file extension -> datasets builder map": (extension_builder_maps, False),
     "safetensors header parsing": (safetensors_header_readers, False),
     "lm_head row count": (lm_head_row_counts, False),
-    "cutting a token list at EOS": (eos_cutters, True),  # decode.speculative.cut_at_eos (the sampler moved to decode/batched.py)
+    # decode.speculative.cut_at_eos (on-policy sampling moved to decode/batched.py)
+    "cutting a token list at EOS": (eos_cutters, True),
     "atomic write (temporary file + os.replace)": (atomic_writers, False),
 }
 
