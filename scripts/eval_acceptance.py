@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
         vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, categories,
                                           stop, draft_sample_method=sampling)
         report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
+                      vllm_cpu_expand_patched=response.get("cpu_expand_patched", False),
                       compile_seconds=None, results=vllm)
         if args.engine == "vllm":
             outputs = vllm_outputs(response, prompt_ids, settings) if outputs is not None else None

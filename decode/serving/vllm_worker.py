@@ -32,6 +32,12 @@ import os
 import sys
 import time
 
+# vLLM 0.32's CPU stand-in for its Triton `expand_kernel` hands the C++ op an int64 *copy* of a float output, so
+# the per-token temperatures of speculative sampling stay uninitialised memory: at T > 0 the target's probabilities
+# in the acceptance test are garbage (a draft identical to the target: tau 1.0-1.3 instead of 1 + gamma). Greedy
+# requests never reach it. When the installed vLLM shows the bug, the plain-torch expansion below replaces it and
+# the engine runs in this process (where the replacement lives); the response says so (`cpu_expand_patched`).
+CPU_EXPAND_PATCH_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
 METRIC_PREFIX = "vllm:spec_decode_"
 
@@ -88,11 +94,43 @@ def request_counts(output) -> dict | None:
     return {"histogram": list(metrics.histogram), "num_draft_tokens": int(metrics.num_draft_tokens)}
 
 
-def run_engine(request: dict, spec: dict | None) -> dict:
+def expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from: int = 0, replace_to: int = 0):
+    """vLLM's rejection_sampler.expand_batch_to_tokens in plain torch: x [B] -> [num_tokens], x_b repeated for the
+    tokens of request b (cu_num_tokens: cumulative counts), values equal to replace_from set to replace_to."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())  # [B]
+    y = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype, device=x.device), x)
+    return torch.repeat_interleave(y, counts, output_size=num_tokens)
+
+
+def patch_cpu_expand() -> bool:
+    """Replace vLLM's expand_batch_to_tokens when it gets floats wrong on this platform (see CPU_EXPAND_PATCH_ENV);
+    True when it was replaced."""
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    current_platform.register_triton_kernel_overrides()
+    from vllm.v1.sample import rejection_sampler
+
+    temperatures, cumulative = torch.tensor([1.0, 0.7]), torch.tensor([4, 8], dtype=torch.int32)
+    got = rejection_sampler.expand_batch_to_tokens(temperatures, cumulative, 8)
+    if torch.equal(got, temperatures.repeat_interleave(4)):
+        return False
+    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    os.environ[CPU_EXPAND_PATCH_ENV[0]] = CPU_EXPAND_PATCH_ENV[1]
+    return True
+
+
+def run_engine(request: dict, spec: dict | None, in_process: bool = False) -> dict:
     """Start vLLM's offline LLM (plain when ``spec`` is None), generate every prompt, read the counters, shut down."""
     from vllm import LLM, TokensPrompt
 
+    in_process_kwargs = {"distributed_executor_backend": "uni"} if in_process else {}
     llm = LLM(model=request["target"], tokenizer=request["target"], dtype=request["dtype"], enforce_eager=True,
+              **in_process_kwargs,
               max_num_seqs=request.get("max_num_seqs", 1), max_model_len=request["max_model_len"], seed=request["seed"],
               speculative_config=spec, disable_log_stats=False,
               per_request_spec_decode_metrics="summary" if spec else "none")
@@ -125,9 +163,11 @@ def main(argv: list[str]) -> None:
         request = json.load(f)
     import vllm
 
-    response = {"vllm_version": vllm.__version__, "plain": run_engine(request, None), "speculative": []}
+    patched = request.get("temperature", 0.0) > 0 and request["runs"] and patch_cpu_expand()
+    response = {"vllm_version": vllm.__version__, "cpu_expand_patched": bool(patched),
+                "plain": run_engine(request, None, patched), "speculative": []}
     for run in request["runs"]:
-        response["speculative"].append({**run, **run_engine(request, speculative_config(run))})
+        response["speculative"].append({**run, **run_engine(request, speculative_config(run), patched)})
     with open(argv[2], "w") as f:
         json.dump(response, f)
 
