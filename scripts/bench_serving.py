@@ -161,7 +161,7 @@ def write_markdown(path: Path, args: argparse.Namespace, out: dict) -> None:
              f"Target responses ({speeds['pair']} target, {n} prompts x {args.max_new_tokens} tokens, greedy):", "",
              *benchmark.markdown_table(["engine", "rows/s"], [
                  ["specdistill, batch-1 decoder (today)", f"{speeds['specdistill_batch1']:.2f}"],
-                 ["specdistill, batched (`data.target_batch_size`)", "to be measured (branch wip/batched)"],
+                 ["specdistill, batched (`data.target_batch_size`)", "scripts/bench_target_data.py"],
                  ["vLLM (`data.target_engine: vllm`), one run incl. engine start", f"{speeds['vllm_with_start']:.2f}"],
                  ["vLLM, generate call only", f"{speeds['vllm_generate']:.2f}"]])]
     path.parent.mkdir(parents=True, exist_ok=True)
