@@ -94,8 +94,8 @@ def reference_proposal(target, head, history: list[int], gamma: int) -> list[int
     return drafts
 
 
-def test_head_cache_after_rollback_equals_a_fresh_recompute(trained, monkeypatch):
-    target, head = trained
+def record_proposals(monkeypatch) -> list:
+    """(history, drafted tokens) of every HeadDrafter.propose call made while the test runs."""
     seen = []
     original = HeadDrafter.propose
 
@@ -105,6 +105,12 @@ def test_head_cache_after_rollback_equals_a_fresh_recompute(trained, monkeypatch
         return drafts, q
 
     monkeypatch.setattr(HeadDrafter, "propose", recording)
+    return seen
+
+
+def test_head_cache_after_rollback_equals_a_fresh_recompute(trained, monkeypatch):
+    target, head = trained
+    seen = record_proposals(monkeypatch)
     out = speculative_generate(target, head, PROMPT, max_new_tokens=30, gamma=3)
     assert out.stats.accepted_tokens < out.stats.drafted_tokens  # some steps rolled the head's cache back
     assert len(seen) == out.stats.target_calls
@@ -223,15 +229,7 @@ def aot_eager(monkeypatch):
 def test_compiled_trained_head_is_lossless_and_matches_the_reference(trained, aot_eager, monkeypatch):
     target, head = trained
     plain = autoregressive_generate(target, PROMPT, max_new_tokens=30)
-    seen = []
-    original = HeadDrafter.propose
-
-    def recording(self, history, cur, gamma, cfg, generator):
-        drafts, q = original(self, history, cur, gamma, cfg, generator)
-        seen.append((list(history), drafts.tolist()))
-        return drafts, q
-
-    monkeypatch.setattr(HeadDrafter, "propose", recording)
+    seen = record_proposals(monkeypatch)
     for prompt in (PROMPT, PROMPT[:, :1]):
         out = speculative_generate(target, head, prompt, max_new_tokens=30, gamma=3, compile=True)
         assert out.sequences.tolist() == autoregressive_generate(target, prompt, max_new_tokens=30).sequences.tolist()
