@@ -1,6 +1,7 @@
 """specdistill's training side: distil a small draft model from a frozen target LLM for speculative decoding.
 
-    distill.config         typed recipes: `Recipe` and one dataclass per section (distill.recipe_loader: `load_recipe`)
+    distill.config         typed recipes: `Recipe` and one pydantic model per section (distill.recipe_loader:
+                           `load_recipe`; train: TrainingArguments' fields, distill.train_config)
     distill.models         frozen target; draft from a checkpoint, a subset of target layers, or a config
     distill.data           text packing, chat with assistant-only labels, held-out acceptance prompts
     distill.losses         per-token divergences: the DIVERGENCES table (value and closed-form gradient)

@@ -49,12 +49,7 @@ Weight = float | LinearWeight
 
 
 def _number(value: Any, key: str) -> float:
-    """A weight number: finite and >= 0 (YAML strings such as '1e-1' are read as numbers)."""
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
+    """A weight number: finite and >= 0 (recipes are read by distill.strict_yaml, where 1e-1 is a number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise LossSpecError(key, f"got {value!r}; allowed: a number >= 0 or {{start, end, steps}}")
     if value < 0:

@@ -1,10 +1,11 @@
 """The check step of a run (distill.pipeline): everything that can fail is checked before a weight is loaded.
 
-check_run goes through, in order: the hub settings and names transformers would refuse late (RecipeError), the
-precision for this machine, the output folder and where training starts (plan_run), the processes and the
-device mode, the model files (FileProblem for truncated weights, a target without tokenizer files), the tokenizer
-and the draft plan from configs (ModelSetupError), and the dataset itself: it is read and tokenised here (once, on
-the main process first; `datasets` caches it), so that a bad file or column is named before any weight loads.
+check_run goes through, in order: the hub settings and trackers transformers would refuse late (RecipeError), the
+precision for this machine, the output folder and where training starts (plan_run), transformers' own checks of
+the TrainingArguments, the processes and the device mode, the model files (FileProblem for truncated weights, a
+target without tokenizer files), the tokenizer and the draft plan from configs (ModelSetupError), and the dataset
+itself: it is read and tokenised here (once, on the main process first; `datasets` caches it), so that a bad file
+or column is named before any weight loads.
 
 The output folder (distill.run_folder): a fresh run into a folder that holds a previous run is refused (nothing is
 ever overwritten silently); train.resume_from_checkpoint=true continues it, train.overwrite_output_dir=true
@@ -29,7 +30,7 @@ from distill.data import DistillData, build_data
 from distill.distributed import check_device_mode
 from distill.models import ModelSetupError, check_model_plan, draft_config, load_tokenizer
 from distill.run_folder import RECIPE_FILE, previous_run_files, read_results
-from distill.trainer import training_arguments
+from distill.train_config import training_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +60,12 @@ def check_run(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Che
     `overrides` its key=value arguments, named in the errors. Also sets up the processes and the seed."""
     # ---- recipe and output folder ----------------------------------------------------------------------------
     check_hub_settings(recipe, source)
-    check_train_names(recipe, source)  # scheduler, optimizer, trackers: named now, not after loading models
+    check_trackers(recipe, source)  # named now, not when the Trainer starts (after loading models)
     check_precision(recipe.train)  # fp16 on CPU, bf16 without a bf16 GPU: named before TrainingArguments sees them
     plan = plan_run(recipe, source)  # a used output folder is refused; resume picks the latest complete checkpoint
     if plan.results is not None:
         return CheckedRun(plan)
-    args = training_arguments(recipe.train)  # also sets up the processes (accelerate launch / torchrun)
+    args = arguments_of(recipe, source, overrides)  # also sets up the processes (accelerate launch / torchrun)
     check_device_mode(args)
     PartialState()
     set_seed(recipe.train.seed)
@@ -99,24 +100,14 @@ def check_hub_settings(recipe: Recipe, source: str) -> None:
             raise RecipeError("hub.repo_id", str(err), source) from None
 
 
-def check_train_names(recipe: Recipe, source: str) -> None:
-    """train.lr_scheduler_type, train.optim and train.report_to name things transformers has (and installed)."""
+def check_trackers(recipe: Recipe, source: str) -> None:
+    """train.report_to names trackers transformers has, and that are installed."""
     from transformers.integrations.integration_utils import (INTEGRATION_TO_CALLBACK,
                                                              get_available_reporting_integrations)
-    from transformers.trainer_utils import SchedulerType
-    from transformers.training_args import OptimizerNames
 
-    train = recipe.train
-    schedulers = [s.value for s in SchedulerType]
-    if train.lr_scheduler_type not in schedulers:
-        raise RecipeError("train.lr_scheduler_type", f"got {train.lr_scheduler_type!r}; allowed: "
-                          f"{', '.join(schedulers)}", source)
-    optimizers = [o.value for o in OptimizerNames]
-    if train.optim not in optimizers:
-        raise RecipeError("train.optim", f"got {train.optim!r}; allowed: a transformers optimizer name such as "
-                          f"adamw_torch, adamw_torch_fused, sgd, adafactor ({len(optimizers)} in all)", source)
+    report_to = recipe.train.report_to
     available = get_available_reporting_integrations()
-    for name in train.report_to:
+    for name in [report_to] if isinstance(report_to, str) else report_to or []:
         if name in ("none", "all"):
             continue
         if name not in INTEGRATION_TO_CALLBACK:
@@ -125,6 +116,16 @@ def check_train_names(recipe: Recipe, source: str) -> None:
         if name not in available:
             raise RecipeError("train.report_to", f"{name!r} is not installed (pip install {name}); installed: "
                               f"{', '.join(available) or 'none'}; use [] for no tracker", source)
+
+
+def arguments_of(recipe: Recipe, source: str, overrides: Sequence[str]) -> TrainingArguments:
+    """TrainingArguments of the train section; a combination transformers refuses is one RecipeError."""
+    try:
+        return training_arguments(recipe.train)
+    except ValueError as err:
+        where = OVERRIDE_SOURCE if any(a.startswith("train.") for a in overrides) else source
+        reason = " ".join(str(err).split())[:400]
+        raise RecipeError("train", f"transformers.TrainingArguments refused these settings: {reason}", where) from None
 
 
 def check_teacher_topk(recipe: Recipe, source: str) -> None:

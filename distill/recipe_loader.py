@@ -1,15 +1,13 @@
-"""Recipe files: YAML -> `section.key=value` overrides -> the typed dataclasses of distill/config.py, and back.
+"""Recipe files: YAML -> `section.key=value` overrides -> the pydantic sections of distill/config.py, and back.
 
 `load_recipe(path, overrides)` reads the file (a key given twice is refused with its line), applies the overrides
-and builds the dataclasses; every problem raises `RecipeError` naming the key, the file (or the command-line
+and builds the sections; every problem raises `RecipeError` naming the key, the file (or the command-line
 override), the bad value and what is allowed, before any model is loaded. An unknown key names the closest valid one.
 
 Regenerate the key reference in recipes/README.md with `python -m distill.recipe_loader`.
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import typing
 from pathlib import Path
 from typing import Any
@@ -17,22 +15,15 @@ from typing import Any
 import yaml
 
 from decode.checks import read_text
-from distill.config import SECTION_TYPES, SECTIONS, Recipe, check_across_sections
-from distill.recipe_fields import OVERRIDE_SOURCE, RecipeError, short_type
+from distill.config import SECTION_TYPES, SECTIONS, Recipe
+from distill.recipe_schema import OVERRIDE_SOURCE, RecipeError, short_type, unknown_key
 from distill.strict_yaml import DuplicateKeyError, safe_load_strict
+from distill.train_config import LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Loading: file -> dict -> overrides -> dataclasses
+# Loading: file -> dict -> overrides -> sections
 # ---------------------------------------------------------------------------------------------------------------
-
-def _unknown_key(key: str, valid: typing.Iterable[str], source: str) -> RecipeError:
-    valid = list(valid)
-    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], [v.rsplit(".", 1)[-1] for v in valid], n=1)
-    prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
-    hint = f"did you mean '{prefix}{close[0]}'?" if close else "valid keys: " + ", ".join(valid)
-    return RecipeError(key, f"unknown key; {hint}", source)
-
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'train.learning_rate=1e-4' -> (['train', 'learning_rate'], 1e-4); the value is read as YAML."""
@@ -41,9 +32,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise RecipeError(text, "an override must look like section.key=value, e.g. train.learning_rate=1e-4",
                           OVERRIDE_SOURCE)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as err:
-        raise RecipeError(key, f"cannot read value {raw!r} as YAML ({err.problem})", OVERRIDE_SOURCE) from None
+        value = safe_load_strict(raw) if raw.strip() else None
+    except (yaml.YAMLError, DuplicateKeyError) as err:
+        raise RecipeError(key, f"cannot read value {raw!r} as YAML ({getattr(err, 'problem', err)})", OVERRIDE_SOURCE) from None
     return key.split("."), value
 
 
@@ -51,10 +42,7 @@ def _apply_override(raw: dict[str, dict], path: list[str], value: Any) -> None:
     """Set raw[path[0]][path[1]]... = value on a dict we own (never the caller's)."""
     section = path[0]
     if section not in SECTION_TYPES:
-        raise _unknown_key(section, SECTIONS, OVERRIDE_SOURCE)
-    names = [f.name for f in dataclasses.fields(SECTION_TYPES[section])]
-    if path[1] not in names:
-        raise _unknown_key(".".join(path[:2]), [f"{section}.{n}" for n in names], OVERRIDE_SOURCE)
+        raise unknown_key(section, SECTIONS).located(OVERRIDE_SOURCE)
     if not isinstance(raw.get(section), dict):
         raw[section] = {}
     node = raw[section]
@@ -65,31 +53,34 @@ def _apply_override(raw: dict[str, dict], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def _where(err: RecipeError, source: str, override_keys: typing.Collection[str]) -> str:
+    """The command line when an override set the key at fault (or another key of its rule), else `source`."""
+    keys = (err.key, *err.involves)
+    overridden = any(k == o or k.startswith(o + ".") or o.startswith(k + ".") for k in keys for o in override_keys)
+    return OVERRIDE_SOURCE if overridden else source
+
+
 def build_recipe(raw: dict[str, Any], source: str = "<dict>", override_keys: typing.Collection[str] = ()) -> Recipe:
     """Recipe from a {section: {key: value}} mapping; errors name `source` (or the override that set the key)."""
     if not isinstance(raw, dict):
         raise RecipeError("<top level>", f"expected a mapping of sections {SECTIONS}, got {type(raw).__name__}",
                           source)
-    sections = {}
     for name in raw:
         if name not in SECTION_TYPES:
-            raise _unknown_key(str(name), SECTIONS, source)
-    for name, cls in SECTION_TYPES.items():
-        values = raw.get(name) or {}
-        if not isinstance(values, dict):
-            raise RecipeError(name, f"expected a mapping of keys, got {values!r}", source)
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in values:
-            if key not in names:
-                raise _unknown_key(f"{name}.{key}", [f"{name}.{n}" for n in names], source)
-        try:
+            raise unknown_key(str(name), SECTIONS).located(source)
+    sections = {}
+    try:
+        for name, cls in SECTION_TYPES.items():
+            values = raw.get(name) or {}
+            if not isinstance(values, dict):
+                raise RecipeError(name, f"expected a mapping of keys, got {values!r}")
+            for key in values:
+                if not isinstance(key, str):
+                    raise unknown_key(f"{name}.{key}", [f"{name}.{n}" for n in cls.model_fields])
             sections[name] = cls(**values)
-        except RecipeError as err:
-            key = f"{name}.{err.key}"
-            where = OVERRIDE_SOURCE if any(key == k or key.startswith(k + ".") for k in override_keys) else source
-            raise err.located(name, where) from None
-    check_across_sections(sections, source, override_keys)
-    return Recipe(**sections)
+        return Recipe(**sections)
+    except RecipeError as err:
+        raise err.located(_where(err, source, override_keys)) from None
 
 
 def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
@@ -109,7 +100,7 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recip
         raise RecipeError("<yaml>", f"not valid YAML: {err}", str(path)) from None
     if not isinstance(raw, dict):
         raise RecipeError("<top level>", f"expected a mapping of sections {SECTIONS}", str(path))
-    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}  # overrides change our copy
     override_keys = []
     for text in overrides:
         key_path, value = parse_override(text)
@@ -131,7 +122,7 @@ def with_overrides(recipe: Recipe, overrides: typing.Sequence[str]) -> Recipe:
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, dict[str, Any]]:
     """A deep-copied plain-dict view of the recipe (YAML-safe)."""
-    return dataclasses.asdict(recipe)
+    return recipe.model_dump()
 
 
 def save_recipe(recipe: Recipe, path: str | Path) -> None:
@@ -142,18 +133,39 @@ def save_recipe(recipe: Recipe, path: str | Path) -> None:
 # Reference table for recipes/README.md
 # ---------------------------------------------------------------------------------------------------------------
 
+def _row(section: str, name: str, info: Any) -> str:
+    if info.is_required():
+        shown = "(required)"
+    else:
+        default = info.get_default(call_default_factory=True)
+        shown = "`" + yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip() + "`"
+    help_text = " ".join((info.description or "").split())
+    return f"| `{section}.{name}` | {short_type(info.annotation)} | {shown} | {help_text} |"
+
+
+def _train_notes(cls: type) -> list[str]:
+    """What the train table leaves out: the other TrainingArguments fields, and the ones a recipe may not set."""
+    shown = {*RunFolderKeys.model_fields, *TRAINING_ARGUMENTS_CHANGES}
+    others = [f"`{n}`" for n in cls.model_fields if n not in shown]
+    fixed = [f"`{n}` = `{v!r}` ({why})" for n, (v, why) in SET_BY_THE_RUN.items()]
+    elsewhere = {}
+    for name, why in LEFT_TO_OTHERS.items():
+        elsewhere.setdefault(why, []).append(f"`{name}`")
+    return ["", f"Every other field of `transformers.TrainingArguments` is a `train:` key too, with transformers' "
+            f"type, default and meaning ({len(others)}): " + ", ".join(others) + ".", "",
+            "Set by the run (a recipe that sets one is refused): " + "; ".join(fixed) + ".", "",
+            "Not recipe keys: " + "; ".join(f"{', '.join(names)}: {why}" for why, names in elsewhere.items()) + "."]
+
+
 def reference_markdown() -> str:
-    """A markdown table of every recipe key with its type, default and help, generated from the dataclasses."""
+    """A markdown table of every recipe key with its type, default and help, generated from the schema."""
     lines = []
     for name, cls in SECTION_TYPES.items():
-        hints = typing.get_type_hints(cls)
-        lines += [f"### `{name}`", "", (cls.__doc__ or "").strip(), "", "| key | type | default | meaning |",
+        lines += [f"### `{name}`", "", " ".join((cls.__doc__ or "").split()), "", "| key | type | default | meaning |",
                   "|---|---|---|---|"]
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
-            shown = "(required)" if default == "" else f"`{shown}`"
-            lines.append(f"| `{name}.{f.name}` | {short_type(hints[f.name])} | {shown} | {f.metadata['help']} |")
+        shown = {*RunFolderKeys.model_fields, *TRAINING_ARGUMENTS_CHANGES} if name == "train" else cls.model_fields
+        lines += [_row(name, key, info) for key, info in cls.model_fields.items() if key in shown]
+        lines += _train_notes(cls) if name == "train" else []
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

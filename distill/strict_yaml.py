@@ -1,9 +1,11 @@
-"""YAML reading that refuses a key given twice in one mapping (PyYAML keeps the last one silently).
+"""YAML reading that refuses a key given twice in one mapping (PyYAML keeps the last one silently), and reads
+`1e-4` as a number (YAML 1.2; PyYAML's YAML 1.1 wants a dot and reads it as a string).
 
 A recipe with `train:` twice would otherwise lose every key of the first `train:` section to the defaults.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -30,6 +32,10 @@ class _StrictLoader(yaml.SafeLoader):
                     raise DuplicateKeyError(key, line, seen[key])
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                   list("-+0123456789"))
 
 
 def safe_load_strict(text: str) -> Any:

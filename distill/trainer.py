@@ -42,7 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from decode.batched import accepts_logits_to_keep
 from distill.checkpoints import clear_partial, partial_folder, publish
-from distill.config import DistillConfig, Recipe, TrainConfig
+from distill.config import DistillConfig, Recipe
 from distill.distill_loss import LossSums, chunked_distill_loss
 from distill.distributed import is_partitioned
 from distill.export import draft_at_checkpoint
@@ -51,41 +51,10 @@ from distill.onpolicy import OnPolicySettings, micro_batch_generator, on_policy_
 from distill.run_folder import start_run_folder
 from distill.sources import TrainingRows
 from distill.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
+from distill.train_config import training_arguments  # noqa: F401 - where scripts find it with the Trainer
 from distill.utils import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
-
-
-def training_arguments(cfg: TrainConfig) -> TrainingArguments:
-    """transformers.TrainingArguments for a recipe's train section (checkpoints every save_steps, no Trainer eval)."""
-    return TrainingArguments(
-        output_dir=cfg.output_dir,
-        max_steps=cfg.max_steps,
-        num_train_epochs=cfg.num_train_epochs,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_ratio,  # a float in [0, 1) is a fraction of the total steps
-        weight_decay=cfg.weight_decay,
-        optim=cfg.optim,
-        max_grad_norm=cfg.max_grad_norm,
-        logging_steps=cfg.logging_steps,
-        save_strategy="steps",
-        save_steps=cfg.save_steps,
-        save_total_limit=cfg.save_total_limit,
-        seed=cfg.seed,
-        bf16=cfg.bf16,
-        fp16=cfg.fp16,
-        activation_checkpointing=cfg.gradient_checkpointing,  # transformers' new name for gradient checkpointing
-        report_to=cfg.report_to or "none",
-        dataloader_num_workers=cfg.dataloader_num_workers,
-        ddp_timeout=cfg.ddp_timeout,
-        eval_strategy="no",
-        remove_unused_columns=False,  # the collator already yields exactly input_ids, attention_mask, labels
-        average_tokens_across_devices=True,
-        ddp_find_unused_parameters=False,
-    )
 
 
 class TrainStepTimer(TrainerCallback):

@@ -118,7 +118,7 @@ def our_trainer(args: argparse.Namespace, work: Path, draft: nn.Module, target: 
                 rows: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, timer: StepTimer) -> DistillTrainer:
     train = TrainConfig(output_dir=str(work / f"out-{args.mode}"), max_steps=total_steps(args),
                         per_device_train_batch_size=args.batch_size, learning_rate=LEARNING_RATE,
-                        lr_scheduler_type="constant", warmup_ratio=0.0, logging_steps=total_steps(args),
+                        lr_scheduler_type="constant", warmup_steps=0.0, logging_steps=total_steps(args),
                         save_steps=total_steps(args), report_to=[], seed=0)
     distill = DistillConfig(loss=args.loss, beta=args.beta, chunk_size=args.chunk_size)
     if args.mode == "online":

@@ -41,9 +41,16 @@ PATH_KEYS = {
     "train.output_dir": "read", "train.resume_from_checkpoint": "read",
     "model.draft_config": "name", "model.attn_implementation": "name", "data.dataset_config": "name",
     "data.split": "name", "data.text_field": "name", "data.messages_field": "name", "distill.loss": "name",
-    "train.lr_scheduler_type": "name", "train.optim": "name", "train.report_to": "name",
+    "train.report_to": "name",
     "lora.target_modules": "name", "lora.modules_to_save": "name", "hub.repo_id": "name",
     "eval.vllm_python": "name",  # an interpreter we run (decode.serving), never read as text
+    # TrainingArguments' other string fields: names, or JSON given inline (lr_scheduler_kwargs), never a file path
+    **{f"train.{name}": "name" for name in (
+        "activation_checkpointing_kwargs", "dataloader_multiprocessing_context", "ddp_backend", "debug",
+        "include_for_metrics", "include_num_input_tokens_seen", "label_names", "length_column_name",
+        "liger_kernel_config", "log_level", "log_level_replica", "lr_scheduler_kwargs", "metric_for_best_model",
+        "optim_args", "optim_target_modules", "project", "run_name", "torch_compile_backend", "torch_compile_mode",
+        "trackio_bucket_id", "trackio_space_id", "trackio_static_space_id", "train_sampling_strategy")},
 }
 # Flags that take a string: "read", "written" (tests/test_bad_inputs.py checks those) or "name".
 FLAG_KINDS = {

@@ -1,6 +1,7 @@
 """Sweeps of bad numbers over the four commands (issue 20, part 5); files: tests/test_bad_inputs_files.py.
 
-Every numeric field of every recipe section (introspected from distill.config.SECTION_TYPES), given as a key=value
+Every numeric field of every recipe section (introspected from distill.config.SECTION_TYPES; train: every
+TrainingArguments field a recipe may set), given as a key=value
 override and in a recipe file, and every number flag of specdistill-eval, -push and -check (introspected from the
 parsers the commands build), gets NaN, infinities and a number beyond float range. Each case: exit 1, exactly one
 error line naming the key or flag, no traceback, no model weights loaded (the tripwire of tests/test_bad_inputs.py).
@@ -9,7 +10,6 @@ A numeric key or flag added later is swept with no change here.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import typing
 from pathlib import Path
@@ -52,9 +52,9 @@ def is_list(hint: Any) -> bool:
 
 
 def recipe_fields() -> dict[str, Any]:
-    """'section.key' -> type hint of every field of every recipe section."""
-    return {f"{section}.{f.name}": typing.get_type_hints(cls)[f.name]
-            for section, cls in SECTION_TYPES.items() for f in dataclasses.fields(cls)}
+    """'section.key' -> type hint of every field of every recipe section (train: TrainingArguments' fields)."""
+    return {f"{section}.{name}": info.annotation
+            for section, cls in SECTION_TYPES.items() for name, info in cls.model_fields.items()}
 
 
 NUMERIC_KEYS = {key: hint for key, hint in recipe_fields().items() if holds(hint, (int, float))}

@@ -108,7 +108,8 @@ def test_wrong_type_names_key_file_value_and_allowed(tmp_path, line, key, allowe
     ("distill.beta=1.5", "distill.beta", "[0, 1]"),
     ("distill.loss=kl", "distill.loss", "forward_kl"),
     ("eval.gammas=[0, 2]", "eval.gammas", "> 0"),
-    ("train.warmup_ratio=1.0", "train.warmup_ratio", "[0, 1)"),
+    ("train.warmup_steps=-0.5", "train.warmup_steps", ">= 0"),
+    ("lora.dropout=1.0", "lora.dropout", "[0, 1)"),
     ("data.max_length=1", "data.max_length", ">= 2"),
     ("model.draft_layers=[0, 2]", "model.draft", "exactly one of"),
     ("hub.push_to_hub=true", "hub.repo_id", "hub repository id"),
@@ -121,7 +122,7 @@ def test_out_of_range_is_named_as_an_override(tmp_path, override, key, allowed):
 
 def test_out_of_range_in_file_names_the_file(tmp_path):
     path = write(tmp_path, MINIMAL + "distill:\n  temperature: 0\n")
-    with pytest.raises(RecipeError, match=re.escape(f"{path}: distill.temperature: got 0.0; allowed: a number > 0")):
+    with pytest.raises(RecipeError, match=re.escape(f"{path}: distill.temperature: got 0; allowed: a finite number > 0")):
         load_recipe(path)
 
 

@@ -91,7 +91,7 @@ def no_weights(monkeypatch):
     ("lora.enabled=true", "lora.enabled: got True; allowed: false with model.draft_kind eagle3"),
     ("distill.teacher_cache=cache", "distill.teacher_cache: got 'cache'; allowed: null with model.draft_kind eagle3"),
     ("distill.on_policy_fraction=0.5", "distill.on_policy_fraction: got 0.5; allowed: 0 with model.draft_kind"),
-    ("train.gradient_checkpointing=true", "train.gradient_checkpointing: got True; allowed: false with model"),
+    ("train.activation_checkpointing=true", "train.activation_checkpointing: got True; allowed: false with model"),
     ("distill.ttt_steps=0", "distill.ttt_steps: got 0; allowed: an integer >= 1"),
     ("distill.ttt_decay=1.5", "distill.ttt_decay: got 1.5; allowed: a number in (0, 1]"),
     ("model.aux_layers=[0, 1]", "model.aux_layers: got [0, 1]; allowed: null or 3 distinct, ascending layer ids"),

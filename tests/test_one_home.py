@@ -138,8 +138,8 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
     "classes named StepClock": (lambda: defined(ast.ClassDef, lambda n: n == "StepClock"), True),
     "reading a file as text (decode.checks.read_text)": (lambda: defined(ast.FunctionDef, lambda n: n == "read_text"),
                                                          True),
-    "refusing NaN/inf in recipes (recipe_fields.non_finite)": (
-        lambda: defined(ast.FunctionDef, lambda n: n == "non_finite"), True),
+    "refusing NaN/inf in recipes (recipe_schema.Section: pydantic's allow_inf_nan=False)": (
+        lambda: homes(lambda n: isinstance(n, ast.keyword) and n.arg == "allow_inf_nan"), True),
     "refusing NaN/inf in flags (checks.finite_float)": (
         lambda: defined(ast.FunctionDef, lambda n: n == "finite_float"), True),
     "gamma: auto -> a gamma": (auto_gamma_to_gamma, False),

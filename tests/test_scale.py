@@ -221,7 +221,7 @@ def test_gradient_checkpointing_recomputes_the_draft_and_changes_nothing(workdir
     for checkpointing in (False, True):
         calls.clear()
         out = run(workdir, f"gc_{lora}_{checkpointing}", *QUICK, "train.max_steps=1", "train.save_steps=1",
-                  f"train.gradient_checkpointing={str(checkpointing).lower()}", *extra)
+                  f"train.activation_checkpointing={str(checkpointing).lower()}", *extra)
         runs[checkpointing] = (len(calls), logged_losses(out / "checkpoint-1"), load_file(out / "model.safetensors"))
     (plain_calls, plain_loss, plain_weights), (gc_calls, gc_loss, gc_weights) = runs[False], runs[True]
     assert gc_calls == plain_calls + 1  # 1 micro-batch x 1 draft layer recomputed (the target is never)
