@@ -16,7 +16,7 @@ import yaml
 
 from decode.checks import read_text
 from distill.config import SECTION_TYPES, SECTIONS, Recipe
-from distill.recipe_schema import OVERRIDE_SOURCE, RecipeError, short_type, unknown_key
+from distill.recipe_schema import OVERRIDE_SOURCE, RecipeError, key_error, short_type, unknown_key
 from distill.strict_yaml import DuplicateKeyError, safe_load_strict
 from distill.train_config import LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys
 
@@ -68,17 +68,15 @@ def build_recipe(raw: dict[str, Any], source: str = "<dict>", override_keys: typ
     for name in raw:
         if name not in SECTION_TYPES:
             raise unknown_key(str(name), SECTIONS).located(source)
-    sections = {}
     try:
-        for name, cls in SECTION_TYPES.items():
+        for name, cls in SECTION_TYPES.items():  # unknown keys first, in every section, then values
             values = raw.get(name) or {}
             if not isinstance(values, dict):
                 raise RecipeError(name, f"expected a mapping of keys, got {values!r}")
             for key in values:
-                if not isinstance(key, str):
-                    raise unknown_key(f"{name}.{key}", [f"{name}.{n}" for n in cls.model_fields])
-            sections[name] = cls(**values)
-        return Recipe(**sections)
+                if key not in cls.model_fields:
+                    raise key_error(cls, key)
+        return Recipe(**{name: cls(**(raw.get(name) or {})) for name, cls in SECTION_TYPES.items()})
     except RecipeError as err:
         raise err.located(_where(err, source, override_keys)) from None
 

@@ -78,6 +78,14 @@ def unknown_key(key: str, valid: typing.Iterable[str], former: dict[str, str] | 
     return RecipeError(key, f"unknown key; {hint}")
 
 
+def key_error(cls: type[Section], name: Any) -> RecipeError:
+    """Why `name` is no key of the section: refused on purpose, renamed, or a typo of the closest valid key."""
+    key = f"{cls.section}.{name}"
+    if name in cls.refused:
+        return RecipeError(key, cls.refused[name])
+    return unknown_key(key, [f"{cls.section}.{n}" for n in cls.model_fields], cls.former_names)
+
+
 def section_error(cls: type[Section], values: dict[str, Any], err: ValidationError) -> RecipeError:
     """The first problem of a section's ValidationError as one RecipeError naming 'section.key'."""
     errors = err.errors(include_url=False)
@@ -88,9 +96,7 @@ def section_error(cls: type[Section], values: dict[str, Any], err: ValidationErr
     name = str(first["loc"][0]) if first["loc"] else "<section>"
     key = f"{cls.section}.{name}"
     if first["type"] == "extra_forbidden":
-        if name in cls.refused:
-            return RecipeError(key, cls.refused[name])
-        return unknown_key(key, [f"{cls.section}.{n}" for n in cls.model_fields], cls.former_names)
+        return key_error(cls, name)
     info = cls.model_fields[name]
     allowed = describe(info.annotation, info.metadata)
     if first["type"] == "missing":

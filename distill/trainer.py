@@ -51,7 +51,6 @@ from distill.onpolicy import OnPolicySettings, micro_batch_generator, on_policy_
 from distill.run_folder import start_run_folder
 from distill.sources import TrainingRows
 from distill.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
-from distill.train_config import training_arguments  # noqa: F401 - where scripts find it with the Trainer
 from distill.utils import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)

@@ -39,9 +39,9 @@ FSDP_ON_CPU = textwrap.dedent("""
     from accelerate import PartialState
     from accelerate.utils import DistributedType
     PartialState(backend="gloo").distributed_type = DistributedType.MULTI_GPU
-    import distill.trainer
-    distill.trainer.TrainingArguments = functools.partial(
-        distill.trainer.TrainingArguments, accelerator_config={"use_configured_state": True})
+    import distill.train_config
+    distill.train_config.TrainingArguments = functools.partial(
+        distill.train_config.TrainingArguments, accelerator_config={"use_configured_state": True})
     from distill import pipeline
     from torch.distributed.tensor import DTensor
     shard = pipeline.shard_for_inference

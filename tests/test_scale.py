@@ -408,12 +408,12 @@ ZERO3_ON_CPU = textwrap.dedent("""
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     from accelerate import PartialState
     PartialState(backend="gloo")
-    import distill.trainer
+    import distill.train_config
     zero = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
     config = {"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
               "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
-    distill.trainer.TrainingArguments = functools.partial(
-        distill.trainer.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
+    distill.train_config.TrainingArguments = functools.partial(
+        distill.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
     from scripts import train
     from distill import models
     loaded = models.load_target

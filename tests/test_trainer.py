@@ -392,11 +392,11 @@ import functools, os, sys
 os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
 from accelerate import PartialState
 PartialState(backend="gloo")
-import distill.trainer
+import distill.train_config
 config = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",
           "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
-distill.trainer.TrainingArguments = functools.partial(
-    distill.trainer.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
+distill.train_config.TrainingArguments = functools.partial(
+    distill.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
 from scripts import train
 train.main(sys.argv[1:])
 """
