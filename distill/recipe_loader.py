@@ -17,7 +17,7 @@ import yaml
 from decode.checks import read_text
 from distill.config import SECTION_TYPES, SECTIONS, Recipe
 from distill.recipe_schema import OVERRIDE_SOURCE, RecipeError, key_error, short_type, unknown_key
-from distill.strict_yaml import DuplicateKeyError, safe_load_strict
+from distill.strict_yaml import DuplicateKeyError, key_lines, safe_load_strict
 from distill.train_config import LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys
 
 
@@ -90,8 +90,9 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recip
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"recipe file not found: {path}")
+    text = read_text(path, "recipe")
     try:
-        raw = safe_load_strict(read_text(path, "recipe")) or {}
+        raw = safe_load_strict(text) or {}
     except DuplicateKeyError as err:
         raise RecipeError(str(err.key), str(err), f"{path}:{err.line}") from None
     except yaml.YAMLError as err:
@@ -100,11 +101,19 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recip
         raise RecipeError("<top level>", f"expected a mapping of sections {SECTIONS}", str(path))
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}  # overrides change our copy
     override_keys = []
-    for text in overrides:
-        key_path, value = parse_override(text)
+    for override in overrides:
+        key_path, value = parse_override(override)
         _apply_override(raw, key_path, value)
         override_keys.append(".".join(key_path[:2]))
-    return build_recipe(raw, str(path), override_keys)
+    try:
+        return build_recipe(raw, str(path), override_keys)
+    except RecipeError as err:
+        if err.source != str(path):
+            raise
+        lines = key_lines(text)  # the key's line, else its section's: FILE:LINE
+        parts = err.key.split(".")
+        line = next((lines[k] for k in (".".join(parts[:n]) for n in range(len(parts), 0, -1)) if k in lines), None)
+        raise err.located(f"{path}:{line}" if line else str(path)) from None
 
 
 def with_overrides(recipe: Recipe, overrides: typing.Sequence[str]) -> Recipe:
@@ -119,8 +128,13 @@ def with_overrides(recipe: Recipe, overrides: typing.Sequence[str]) -> Recipe:
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, dict[str, Any]]:
-    """A deep-copied plain-dict view of the recipe (YAML-safe)."""
-    return recipe.model_dump()
+    """A deep-copied plain-dict view of the recipe (YAML-safe). Of the train section it holds the keys of the
+    README's train table and the TrainingArguments fields that differ from their defaults."""
+    raw = recipe.model_dump()
+    fields, shown = type(recipe.train).model_fields, {*RunFolderKeys.model_fields, *TRAINING_ARGUMENTS_CHANGES}
+    raw["train"] = {key: value for key, value in raw["train"].items()
+                    if key in shown or value != fields[key].get_default(call_default_factory=True)}
+    return raw
 
 
 def save_recipe(recipe: Recipe, path: str | Path) -> None:

@@ -109,7 +109,8 @@ def section_error(cls: type[Section], values: dict[str, Any], err: ValidationErr
                                                 "infinity)")
         return RecipeError(key, f"got {first['input']!r}{at_path}; allowed: a finite number (not NaN or infinity)")
     mine = [e for e in errors if e["loc"][:1] == first["loc"][:1]]
-    wrong_type = all(e["type"].endswith("_type") or e["type"] == "none_required" for e in mine)
+    wrong_type = all(e["type"].endswith("_type") or e["type"] == "none_required" or
+                     (e["type"] == "literal_error" and not isinstance(e["input"], (str, int))) for e in mine)
     shown = repr(value) if not at_path else f"{first['input']!r}{at_path}"
     if wrong_type and not at_path:
         shown += f" ({type(value).__name__})"
@@ -176,9 +177,9 @@ def describe(hint: Any, metadata: Sequence[Any] = (), plural: bool = False) -> s
     hint, metadata = _split(hint, metadata)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
-        shown = ", ".join(repr(a) for a in args[:LONG_CHOICES])
+        values = [str(a).lower() if isinstance(a, bool) else repr(a) for a in args]  # true as YAML writes it
         more = f", ... ({len(args)} in all)" if len(args) > LONG_CHOICES else ""
-        return " or ".join(repr(a) for a in args) if plural or len(args) == 1 else f"one of {shown}{more}"
+        return " or ".join(values) if plural or len(args) == 1 else f"one of {', '.join(values[:LONG_CHOICES])}{more}"
     if origin in (typing.Union, types.UnionType):
         parts = [describe(a, (), plural) for a in args if a is not type(None)]
         parts += ["null"] if type(None) in args else []
@@ -204,7 +205,8 @@ def short_type(hint: Any) -> str:
     hint, _ = _split(hint, ())
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
-        return " \\| ".join(repr(a) for a in args) if len(args) <= LONG_CHOICES else "str (a name)"
+        values = [str(a).lower() if isinstance(a, bool) else repr(a) for a in args]
+        return " \\| ".join(values) if len(args) <= LONG_CHOICES else "str (a name)"
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join("null" if a is type(None) else short_type(a) for a in args)
     if origin is list:

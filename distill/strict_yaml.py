@@ -41,3 +41,18 @@ _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+
 def safe_load_strict(text: str) -> Any:
     """yaml.safe_load(text), raising DuplicateKeyError for a key given twice in one mapping."""
     return yaml.load(text, Loader=_StrictLoader)
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """'section.key' (and deeper dotted paths) -> the 1-based line where the key is written, for messages."""
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    name = prefix + key.value
+                    lines.setdefault(name, key.start_mark.line + 1)
+                    walk(value, name + ".")
+    walk(yaml.compose(text, Loader=_StrictLoader), "")
+    return lines

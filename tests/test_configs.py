@@ -1,6 +1,7 @@
 """Recipes: every shipped one loads with the command its header gives; bad keys, types and ranges are named."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -8,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.config import OVERRIDE_SOURCE, DistillConfig, Recipe, RecipeError, TrainConfig
+from distill.config import OVERRIDE_SOURCE, SECTION_TYPES, DistillConfig, Recipe, RecipeError, TrainConfig
+from distill.train_config import (LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys,
+                                  training_arguments)
 from distill.recipe_loader import (load_recipe, parse_override, recipe_to_dict, reference_markdown, save_recipe,
                                    with_overrides)
 
@@ -122,7 +125,7 @@ def test_out_of_range_is_named_as_an_override(tmp_path, override, key, allowed):
 
 def test_out_of_range_in_file_names_the_file(tmp_path):
     path = write(tmp_path, MINIMAL + "distill:\n  temperature: 0\n")
-    with pytest.raises(RecipeError, match=re.escape(f"{path}: distill.temperature: got 0; allowed: a finite number > 0")):
+    with pytest.raises(RecipeError, match=re.escape(f"{path}:7: distill.temperature: got 0; allowed: a finite number > 0")):
         load_recipe(path)
 
 
@@ -189,3 +192,68 @@ def test_readme_documents_every_key_with_its_default():
     assert BEGIN in text and END in text, "recipes/README.md lacks the generated key table markers"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert table == reference_markdown().strip(), "recipes/README.md is stale: paste `python -m distill.recipe_loader`"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# train: is TrainingArguments' own fields
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_no_training_arguments_field_is_declared_twice():
+    """Every TrainingArguments field is a train key, set by the run, or left to another section; ours add none."""
+    from transformers import TrainingArguments
+
+    theirs = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+    ours = set(RunFolderKeys.__annotations__) - {"section", "refused", "former_names"}
+    assert ours == {"overwrite_output_dir"} and not ours & theirs
+    assert set(TRAINING_ARGUMENTS_CHANGES) <= theirs and set(SET_BY_THE_RUN) <= theirs and set(LEFT_TO_OTHERS) <= theirs
+    assert set(TrainConfig.model_fields) | set(SET_BY_THE_RUN) | set(LEFT_TO_OTHERS) == theirs | ours
+    # other sections share two names with other meanings: eval.seed (sampling), hub.push_to_hub (the export, which
+    # is why train.push_to_hub is refused)
+    shared = {section: set(cls.model_fields) & theirs for section, cls in SECTION_TYPES.items() if section != "train"}
+    assert {k: v for k, v in shared.items() if v} == {"eval": {"seed"}, "hub": {"push_to_hub"}}
+
+
+def test_any_training_arguments_field_reaches_the_trainer(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL), ["train.adam_beta2=0.95", "train.lr_scheduler_type=linear",
+                                                    "train.torch_empty_cache_steps=3"])
+    args = training_arguments(recipe.train)
+    assert args.adam_beta2 == 0.95 and args.lr_scheduler_type == "linear" and args.torch_empty_cache_steps == 3
+    # our defaults where they differ from transformers', and the fields the run sets
+    assert args.optim == "adamw_torch" and args.learning_rate == 1e-4 and args.warmup_steps == 0.03
+    assert args.eval_strategy == "no" and args.remove_unused_columns is False and args.save_strategy == "steps"
+    assert recipe_to_dict(recipe)["train"]["adam_beta2"] == 0.95 and "adam_beta1" not in recipe_to_dict(recipe)["train"]
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.eval_strategy=steps", "train.eval_strategy: set by the run to 'no'"),
+    ("train.deepspeed=ds.json", "train.deepspeed: not a recipe key: device modes come from the accelerate config"),
+    ("train.push_to_hub=true", "train.push_to_hub: not a recipe key: the hub: section"),
+    ("train.gradient_checkpointing=true", "renamed it train.activation_checkpointing"),
+    ("train.warmup_ratio=0.1", "train.warmup_ratio: unknown key; did you mean 'train.warmup_steps'?"),
+    ("train.adam_beta3=0.9", "train.adam_beta3: unknown key; did you mean 'train.adam_beta"),
+    ("train.optim=adamw_torh", "train.optim: got 'adamw_torh'; allowed: one of 'adamw_torch'"),
+    ("train.lr_scheduler_type=cosin", "did you mean 'cosine'?"),
+    ("train.adam_epsilon=.nan", "train.adam_epsilon: got nan; allowed: a finite number (not NaN or infinity)"),
+    ("train.resume_from_checkpoint=false", "train.resume_from_checkpoint: got False; allowed: a string or true or "
+                                           "null"),
+])
+def test_train_keys_are_checked_by_the_schema(tmp_path, override, expected):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, MINIMAL), [override])
+    assert str(err.value).startswith(OVERRIDE_SOURCE) and expected in str(err.value), str(err.value)
+
+
+def test_a_file_error_names_the_line_of_the_key(tmp_path):
+    path = write(tmp_path, MINIMAL + "train:\n  seed: 1\n  learning_rate: -1\n")
+    with pytest.raises(RecipeError, match=re.escape(f"{path}:8: train.learning_rate: got -1; allowed:")):
+        load_recipe(path)
+    path = write(tmp_path, MINIMAL + "train:\n  learnin_rate: 1\n")
+    with pytest.raises(RecipeError, match=re.escape(f"{path}:7: train.learnin_rate: unknown key; did you mean")):
+        load_recipe(path)
+
+
+def test_sections_built_in_code_raise_recipe_errors():
+    with pytest.raises(RecipeError, match=r"^distill\.beta: got 2; allowed: a finite number in \[0, 1\]$"):
+        DistillConfig(beta=2)
+    with pytest.raises(RecipeError, match=r"train\.learning_rat: unknown key; did you mean 'train\.learning_rate'"):
+        TrainConfig(learning_rat=1)

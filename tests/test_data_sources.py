@@ -118,7 +118,7 @@ REQUIRED = ("model.target=t", "data.dataset=x.txt")
 
 @pytest.mark.parametrize("value", ["-0.1", "1.5"])
 def test_lambda_outside_0_1_is_refused_naming_the_key(value):
-    with pytest.raises(RecipeError, match=r"distill\.on_policy_fraction: got .*; allowed: a number in \[0, 1\]"):
+    with pytest.raises(RecipeError, match=r"distill\.on_policy_fraction: got .*; allowed: a finite number in \[0, 1\]"):
         load_recipe(TINY_RECIPE, [*REQUIRED, f"distill.on_policy_fraction={value}"])
 
 

@@ -93,7 +93,7 @@ def no_weights(monkeypatch):
     ("distill.on_policy_fraction=0.5", "distill.on_policy_fraction: got 0.5; allowed: 0 with model.draft_kind"),
     ("train.activation_checkpointing=true", "train.activation_checkpointing: got True; allowed: false with model"),
     ("distill.ttt_steps=0", "distill.ttt_steps: got 0; allowed: an integer >= 1"),
-    ("distill.ttt_decay=1.5", "distill.ttt_decay: got 1.5; allowed: a number in (0, 1]"),
+    ("distill.ttt_decay=1.5", "distill.ttt_decay: got 1.5; allowed: a finite number in (0, 1]"),
     ("model.aux_layers=[0, 1]", "model.aux_layers: got [0, 1]; allowed: null or 3 distinct, ascending layer ids"),
     ("model.aux_layers=[2, 1, 0]", "model.aux_layers: got [2, 1, 0]; allowed: null or 3 distinct, ascending"),
     ("model.aux_layers=[0, 1, 4]", "model.aux_layers: aux layer ids [0, 1, 4] must lie in 0..3"),
