@@ -181,13 +181,14 @@ def describe(hint: Any, metadata: Sequence[Any] = (), plural: bool = False) -> s
         more = f", ... ({len(args)} in all)" if len(args) > LONG_CHOICES else ""
         return " or ".join(values) if plural or len(args) == 1 else f"one of {', '.join(values[:LONG_CHOICES])}{more}"
     if origin in (typing.Union, types.UnionType):
-        parts = [describe(a, (), plural) for a in args if a is not type(None)]
+        kept = [a for a in args if a is not type(None)]
+        parts = [describe(a, metadata if len(kept) == 1 else (), plural) for a in kept]  # Field(None, gt=0)
         parts += ["null"] if type(None) in args else []
         return " or ".join(parts)
     if origin is list:
         items = describe(args[0], (), plural=True) if args else "values"
         least = next((m.min_length for m in metadata if isinstance(m, at.MinLen)), 0)
-        return f"a list of {items}" + (f" (at least {least})" if least else "")
+        return {0: "a list of ", 1: "a non-empty list of "}.get(least, f"a list of at least {least} ") + items
     if origin is dict or hint is dict:
         return "mappings" if plural else "a mapping"
     if hint is Any:

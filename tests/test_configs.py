@@ -94,7 +94,7 @@ def test_unknown_section_is_named_with_a_suggestion(tmp_path):
 @pytest.mark.parametrize("line, key, allowed", [
     ("train:\n  max_steps: ten\n", "train.max_steps", "an integer"),
     ("train:\n  bf16: 'yes'\n", "train.bf16", "true/false"),
-    ("eval:\n  gammas: 4\n", "eval.gammas", "a list of integers"),
+    ("eval:\n  gammas: 4\n", "eval.gammas", "a non-empty list of integers > 0 or 'auto'"),
     ("model:\n  target: t\n  draft: d\n  target_dtype: fp8\n", "model.target_dtype", "'bfloat16'"),
 ])
 def test_wrong_type_names_key_file_value_and_allowed(tmp_path, line, key, allowed):

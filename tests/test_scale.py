@@ -108,7 +108,7 @@ def test_lora_defaults_and_recipe_keys(tmp_path):
     ("lora.dropout=1.0", "lora.dropout", "[0, 1)"),
     ("lora.target_modules=all_linear", "lora.target_modules", "'all-linear'"),
     ("lora.target_modules=[]", "lora.target_modules", "non-empty list"),
-    ("lora.modules_to_save=[]", "lora.modules_to_save", "null or a non-empty list"),
+    ("lora.modules_to_save=[]", "lora.modules_to_save", "a non-empty list of non-empty strings or null"),
     ("lora.alhpa=4", "lora.alhpa", "did you mean 'lora.alpha'"),
 ])
 def test_bad_lora_keys_are_named(tmp_path, override, key, allowed):
@@ -122,7 +122,7 @@ def test_lora_on_a_draft_from_scratch_is_refused_naming_the_file(tmp_path):
                            "lora: {enabled: true}\n")
     with pytest.raises(RecipeError) as err:
         load_recipe(path)
-    assert str(err.value).startswith(f"{path}: lora.enabled") and "model.draft or model.draft_layers" in str(err.value)
+    assert str(err.value).startswith(f"{path}:3: lora.enabled") and "model.draft or model.draft_layers" in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
