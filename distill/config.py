@@ -36,8 +36,9 @@ class ModelConfig(Section):
 
     target: str = Field(min_length=1, description="Target LLM: local folder or hub id (required).")
     draft_kind: Literal["standalone", "eagle3"] = Field(
-        "standalone", description="standalone: a small LM of its own (model.draft / draft_layers / draft_config); eagle3: an "
-                      "EAGLE-3 head (one decoder layer on the target's hidden states, served by vLLM and SGLang).")
+        "standalone", description="standalone: a small LM of its own (model.draft / draft_layers / draft_config); "
+                                  "eagle3: an EAGLE-3 head (one decoder layer on the target's hidden states, served "
+                                  "by vLLM and SGLang).")
     target_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype the frozen target is loaded in; auto = the dtype in its config.")
     draft: str | None = Field(None, description="Draft to fine-tune: local folder or hub id.")
@@ -49,17 +50,19 @@ class ModelConfig(Section):
         "float32", description="dtype of the trainable draft weights (use train.bf16 for mixed precision).")
     tokenizer: str | None = Field(None, description="Tokenizer folder or hub id; null = the target's.")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (only for repos you trust).")
-    attn_implementation: str | None = Field(None, description="eager, sdpa, flash_attention_2, ...; null = transformers' pick.")
+    attn_implementation: str | None = Field(None, description="eager, sdpa, flash_attention_2, ...; null = "
+                                                              "transformers' pick.")
     # EAGLE-3 heads (draft_kind eagle3; recipes/README.md, "EAGLE-3 heads")
     aux_layers: LayerIds | None = Field(
-        None, description="eagle3: the target's layer ids whose hidden states the head reads (3 distinct, ascending, as vLLM "
-              "requires; id i = the residual stream entering decoder layer i); null = vLLM's default "
-              "(2, L // 2, L - 3), a repeated id moved to the nearest free layer.")
+        None, description="eagle3: the target's layer ids whose hidden states the head reads (3 distinct, ascending, "
+                          "as vLLM requires; id i = the residual stream entering decoder layer i); null = vLLM's "
+                          "default (2, L // 2, L - 3), a repeated id moved to the nearest free layer.")
     draft_vocab_size: int | None = Field(
-        None, gt=0, description="eagle3: rows of the head's lm_head, the most frequent target tokens of the training data; null = the "
-              "whole vocabulary when it has <= 32768 tokens, else 32768.")
+        None, gt=0, description="eagle3: rows of the head's lm_head, the most frequent target tokens of the training "
+                                "data; null = the whole vocabulary when it has <= 32768 tokens, else 32768.")
     head_intermediate_size: int | None = Field(
-        None, gt=0, description="eagle3: the MLP width of the head's decoder layer; null = the target's intermediate_size.")
+        None, gt=0, description="eagle3: the MLP width of the head's decoder layer; null = the target's "
+                                "intermediate_size.")
 
     @model_validator(mode="after")
     def _rules(self) -> ModelConfig:
@@ -96,14 +99,15 @@ class LoraConfig(Section):
 
     section = "lora"
 
-    enabled: bool = Field(False, description="Train LoRA adapters instead of every draft weight (needs model.draft or "
-                                  "model.draft_layers: pre-trained weights to adapt).")
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every draft weight (needs model.draft "
+                                             "or model.draft_layers: pre-trained weights to adapt).")
     r: int = Field(16, gt=0, description="Rank of each adapter, > 0.")
     alpha: float = Field(32.0, gt=0, description="Scaling: the update is (alpha / r) * B @ A, > 0.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input, in [0, 1).")
     target_modules: ModuleNames | Literal[LORA_ALL_LINEAR] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        description="Linear layers to adapt (names or name suffixes), or 'all-linear' (every linear layer but the lm_head).")
+        description="Linear layers to adapt (names or name suffixes), or 'all-linear' (every linear layer but the "
+                    "lm_head).")
     modules_to_save: ModuleNames | None = Field(
         None, description="Modules trained in full next to the adapters (e.g. [lm_head]); null = none.")
 
@@ -115,33 +119,42 @@ class DistillConfig(Section):
     section = "distill"
 
     loss: Literal[LOSSES] | dict[str, JsonValue] = Field(
-        "forward_kl", description=f"One of {', '.join(LOSSES)}; or a weighted combination {{name: weight}}, each weight a "
-                      "number >= 0 or a linear schedule {start, end, steps} over optimizer steps (held at end after "
-                      "steps; steps left out = the whole run). recipes/README.md, 'Which loss to pick'.")
+        "forward_kl", description=f"One of {', '.join(LOSSES)}; or a weighted combination {{name: weight}}, each "
+                                  "weight a number >= 0 or a linear schedule {start, end, steps} over optimizer steps "
+                                  "(held at end after steps; steps left out = the whole run). recipes/README.md, "
+                                  "'Which loss to pick'.")
     beta: float = Field(0.5, ge=0, le=1, description="Mixture weight of the generalised JSD (loss jsd), in [0, 1].")
     temperature: float = Field(1.0, gt=0, description="Softmax temperature applied to both models' logits, > 0.")
-    ce_weight: float = Field(0.0, ge=0, le=1, description="w in loss = (1 - w) * divergence + w * cross-entropy on data tokens, in [0, 1]; "
-                                   "0 with a combination (put ce in it).")
-    chunk_size: int = Field(1024, gt=0, description="Token positions per chunk when computing logits (bounds memory), > 0.")
+    ce_weight: float = Field(0.0, ge=0, le=1, description="w in loss = (1 - w) * divergence + w * cross-entropy on "
+                                                          "data tokens, in [0, 1]; 0 with a combination (put ce in "
+                                                          "it).")
+    chunk_size: int = Field(1024, gt=0, description="Token positions per chunk when computing logits (bounds "
+                                                    "memory), > 0.")
     # cached teacher (recipes/README.md, "Cached teacher")
     teacher_cache: str | None = Field(
-        None, description="Folder of the target's top-k log-probabilities (plus tail mass) at every training position: built "
-              "on first use (resumable), reused while target, tokenizer and rows are unchanged; training then never "
-              "runs the target. Needs temperature 1; null = run the target at every step.")
-    teacher_topk: int = Field(32, gt=0, description="k: cached tokens per position, in [1, the target's vocabulary size].")
+        None, description="Folder of the target's top-k log-probabilities (plus tail mass) at every training "
+                          "position: built on first use (resumable), reused while target, tokenizer and rows are "
+                          "unchanged; training then never runs the target. Needs temperature 1; null = run the "
+                          "target at every step.")
+    teacher_topk: int = Field(32, gt=0, description="k: cached tokens per position, in [1, the target's vocabulary "
+                                                    "size].")
     teacher_cache_dtype: Literal["float16", "float32"] = Field(
         "float16", description="dtype of the cached log-probabilities (float16: half the bytes, ~5e-4 relative error).")
     # on-policy source (recipes/README.md, "On-policy")
     on_policy_fraction: float = Field(
-        0.0, ge=0, le=1, description="lambda in [0, 1]: each training row is, with this probability, replaced by the draft's own "
-             "continuation of its prompt (source 'draft', on-policy distillation); 0 = off.")
+        0.0, ge=0, le=1, description="lambda in [0, 1]: each training row is, with this probability, replaced by the "
+                                     "draft's own continuation of its prompt (source 'draft', on-policy "
+                                     "distillation); 0 = off.")
     on_policy_max_new_tokens: int = Field(
-        128, gt=0, description="Tokens the draft samples per on-policy row (stops earlier at eos; the row stays <= data.max_length).")
-    on_policy_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the draft's on-policy samples; 0 = greedy.")
+        128, gt=0, description="Tokens the draft samples per on-policy row (stops earlier at eos; the row stays <= "
+                               "data.max_length).")
+    on_policy_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the draft's on-policy "
+                                                                "samples; 0 = greedy.")
     # training-time test of EAGLE-3 heads (recipes/README.md, "EAGLE-3 heads")
     ttt_steps: int = Field(
-        1, ge=1, description="eagle3: K, steps the head is unrolled on its own outputs in training (training-time test; EAGLE-3 "
-           "uses 7); step j is scored against the target at its position. >= 1; 1 = no unrolling.")
+        1, ge=1, description="eagle3: K, steps the head is unrolled on its own outputs in training (training-time "
+                             "test; EAGLE-3 uses 7); step j is scored against the target at its position. >= 1; 1 = "
+                             "no unrolling.")
     ttt_decay: float = Field(
         1.0, gt=0, le=1, description="eagle3: step j's loss is weighted by ttt_decay ** j, in (0, 1].")
 
@@ -194,10 +207,13 @@ class EvalConfig(Section):
     section = "eval"
 
     gammas: list[Annotated[int, Gt(0)] | Literal["auto"]] = Field(
-        default_factory=lambda: [1, 2, 4], min_length=1, description="Draft lengths to measure; the best one goes into generation_config. 'auto' = chosen at every "
-        "step from the running acceptance and the measured costs (its row reports mean_gamma).")
+        default_factory=lambda: [1, 2, 4], min_length=1, description="Draft lengths to measure; the best one goes "
+                                                                     "into generation_config. 'auto' = chosen at "
+                                                                     "every step from the running acceptance and the "
+                                                                     "measured costs (its row reports mean_gamma).")
     temperatures: list[Annotated[float, Ge(0)]] = Field(
-        default_factory=lambda: [0.0], min_length=1, description="Sampling temperatures to measure; the first one picks the best checkpoint.")
+        default_factory=lambda: [0.0], min_length=1, description="Sampling temperatures to measure; the first one "
+                                                                 "picks the best checkpoint.")
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt.")
     top_k: int | None = Field(None, gt=0, description="Top-k sampling filter (temperature > 0).")
     top_p: float | None = Field(None, gt=0, le=1, description="Top-p sampling filter (temperature > 0).")
@@ -205,18 +221,19 @@ class EvalConfig(Section):
     repeats: int = Field(1, gt=0, description="Timing repeats per prompt.")
     at_checkpoints: bool = Field(True, description="Measure at every checkpoint; false = only at the end of training.")
     chat_template: Literal["auto", "on", "off"] = Field(
-        "auto", description="Render acceptance prompts with the tokenizer's chat template: auto = conversations only (in a "
-                "chat-format run every prompt is a conversation); on = every prompt (error without a template); "
-                "off = raw text (decode.prompts).")
+        "auto", description="Render acceptance prompts with the tokenizer's chat template: auto = conversations only "
+                            "(in a chat-format run every prompt is a conversation); on = every prompt (error without "
+                            "a template); off = raw text (decode.prompts).")
     compile: bool = Field(
-        False, description="Measure on the static-cache, torch.compiled decode path (compiled once, reused at every checkpoint).")
+        False, description="Measure on the static-cache, torch.compiled decode path (compiled once, reused at every "
+                           "checkpoint).")
     serving_engine: Literal["none", "vllm"] = Field(
-        "none", description="After export, also measure the exported draft inside a serving engine: vllm = vLLM's offline LLM "
-        "(the serving venv of `make serving`) at the integer gammas and the first temperature; train_results.json "
-        "and the model card then show vLLM's tau next to ours.")
+        "none", description="After export, also measure the exported draft inside a serving engine: vllm = vLLM's "
+                            "offline LLM (the serving venv of `make serving`) at the integer gammas and the first "
+                            "temperature; train_results.json and the model card then show vLLM's tau next to ours.")
     vllm_python: str | None = Field(
         None, description="Interpreter with vLLM for serving_engine: vllm; null = $SPECDISTILL_VLLM_PYTHON, else "
-        ".venv-vllm/bin/python.")
+                          ".venv-vllm/bin/python.")
 
     @model_validator(mode="after")
     def _rules(self) -> EvalConfig:

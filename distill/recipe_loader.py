@@ -34,7 +34,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = safe_load_strict(raw) if raw.strip() else None
     except (yaml.YAMLError, DuplicateKeyError) as err:
-        raise RecipeError(key, f"cannot read value {raw!r} as YAML ({getattr(err, 'problem', err)})", OVERRIDE_SOURCE) from None
+        problem = getattr(err, "problem", err)
+        raise RecipeError(key, f"cannot read value {raw!r} as YAML ({problem})", OVERRIDE_SOURCE) from None
     return key.split("."), value
 
 

@@ -89,18 +89,20 @@ def key_error(cls: type[Section], name: Any) -> RecipeError:
 def section_error(cls: type[Section], values: dict[str, Any], err: ValidationError) -> RecipeError:
     """The first problem of a section's ValidationError as one RecipeError naming 'section.key'."""
     errors = err.errors(include_url=False)
-    first = errors[0]
+    first = next((e for e in errors if e["type"] == "finite_number"), errors[0])  # NaN: named wherever it is
     if first["type"] == RULE:
         ctx = first["ctx"]
         return RecipeError(ctx["key"], ctx["problem"], involves=ctx["involves"])
-    name = str(first["loc"][0]) if first["loc"] else "<section>"
+    name = str(first["loc"][0]) if first["loc"] else ""
     key = f"{cls.section}.{name}"
     if first["type"] == "extra_forbidden":
         return key_error(cls, name)
+    if name not in cls.model_fields:  # a problem of the whole section
+        return RecipeError(cls.section, first["msg"])
     info = cls.model_fields[name]
     allowed = describe(info.annotation, info.metadata)
     if first["type"] == "missing":
-        return RecipeError(key, f"missing (a required key); allowed: {allowed}: {info.description}")
+        return RecipeError(key, f"missing; a required key: {allowed} ({info.description})")
     value = values.get(name)
     inner, at_path = _inner_path(value, first["loc"][1:])
     if first["type"] == "finite_number":

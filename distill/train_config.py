@@ -5,9 +5,10 @@ type, default and help, and nothing of it is declared again here. What this proj
   TRAINING_ARGUMENTS_CHANGES  our defaults, ranges and notes (merged into transformers' field)
   SET_BY_THE_RUN              fields the run sets itself (passed to TrainingArguments; a recipe may not set them)
   LEFT_TO_OTHERS              fields another part of the project owns (refused, naming that part)
-plus resume_from_checkpoint's one more value (true: the latest checkpoint; transformers leaves the field to
-scripts), and `RunFolderKeys` holds our one key that is no TrainingArguments field (overwrite_output_dir). `training_arguments(cfg)` builds
-TrainingArguments(**the section, **SET_BY_THE_RUN); transformers' own checks between fields run there (preflight).
+plus resume_from_checkpoint's one more value (true: the latest checkpoint; transformers leaves that field to
+scripts), and `RunFolderKeys` holds our one key that is no TrainingArguments field (overwrite_output_dir).
+`training_arguments(cfg)` builds TrainingArguments(**the section, **SET_BY_THE_RUN); transformers' own checks
+between fields run there (distill.preflight names what they refuse).
 """
 from __future__ import annotations
 

@@ -106,6 +106,18 @@ def test_recipe_file_number_not_finite(key, number, w, no_weights, tmp_path, mon
         assert text in line, (text, line)
 
 
+@pytest.mark.parametrize("override, named", [
+    ("distill.loss={tv: .nan, ce: 0.5}", "distill.loss.tv: got nan"),
+    ("distill.loss={tv: {start: 0, end: .inf}}", "distill.loss.tv.end: got inf"),
+    ("train.lr_scheduler_kwargs={power: -.inf}", "train.lr_scheduler_kwargs.power: got -inf"),
+])
+def test_number_inside_a_mapping_not_finite(override, named, w, no_weights, monkeypatch, capsys):
+    """Mappings of numbers (a loss combination, transformers' kwargs) are swept inside too."""
+    line = run_command("specdistill-train", [RECIPE, *(a.format(w=w) for a in TRAIN_BASE), override], monkeypatch,
+                       capsys)
+    assert "command-line override" in line and named in line, line
+
+
 def test_nested_number_not_finite(w, no_weights, tmp_path, monkeypatch, capsys):
     """A number inside a mapping key (model.draft_config goes to the draft's transformers config) is checked too."""
     argv = [RECIPE, *(a.format(w=w) for a in TRAIN_BASE), "model.draft_config.rope_theta=.inf"]

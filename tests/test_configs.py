@@ -125,7 +125,8 @@ def test_out_of_range_is_named_as_an_override(tmp_path, override, key, allowed):
 
 def test_out_of_range_in_file_names_the_file(tmp_path):
     path = write(tmp_path, MINIMAL + "distill:\n  temperature: 0\n")
-    with pytest.raises(RecipeError, match=re.escape(f"{path}:7: distill.temperature: got 0; allowed: a finite number > 0")):
+    expected = f"{path}:7: distill.temperature: got 0; allowed: a finite number > 0"
+    with pytest.raises(RecipeError, match=re.escape(expected)):
         load_recipe(path)
 
 
