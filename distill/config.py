@@ -189,7 +189,6 @@ class DistillConfig(Section):
                     "0 with distill.teacher_cache (the draft's samples are not in the cache)", involves)
         return self
 
-
     @property
     def needs_teacher(self) -> bool:
         """Whether the loss has a divergence term (the target, or its cache, must be read)."""
@@ -200,20 +199,18 @@ class DistillConfig(Section):
         return self.loss if isinstance(self.loss, str) else LossMix.parse(self.loss).at(step, total_steps)
 
 
-
 class EvalConfig(Section):
     """Acceptance measured with decode.evaluate at every checkpoint (see docs/INTERFACES.md)."""
 
     section = "eval"
 
     gammas: list[Annotated[int, Gt(0)] | Literal["auto"]] = Field(
-        default_factory=lambda: [1, 2, 4], min_length=1, description="Draft lengths to measure; the best one goes "
-                                                                     "into generation_config. 'auto' = chosen at "
-                                                                     "every step from the running acceptance and the "
-                                                                     "measured costs (its row reports mean_gamma).")
+        default_factory=lambda: [1, 2, 4], min_length=1,
+        description="Draft lengths to measure; the best one goes into generation_config. 'auto' = chosen at every "
+                    "step from the running acceptance and the measured costs (its row reports mean_gamma).")
     temperatures: list[Annotated[float, Ge(0)]] = Field(
-        default_factory=lambda: [0.0], min_length=1, description="Sampling temperatures to measure; the first one "
-                                                                 "picks the best checkpoint.")
+        default_factory=lambda: [0.0], min_length=1,
+        description="Sampling temperatures to measure; the first one picks the best checkpoint.")
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt.")
     top_k: int | None = Field(None, gt=0, description="Top-k sampling filter (temperature > 0).")
     top_p: float | None = Field(None, gt=0, le=1, description="Top-p sampling filter (temperature > 0).")
@@ -255,6 +252,7 @@ class HubConfig(Section):
 
     @model_validator(mode="after")
     def _rules(self) -> HubConfig:
+        """A push needs a repository."""
         require(not self.push_to_hub or bool(self.repo_id), "hub.repo_id", self.repo_id,
                 "a hub repository id when hub.push_to_hub is true", ["hub.push_to_hub"])
         return self
