@@ -11,8 +11,8 @@
   6. export    distill.export      the best checkpoint as a model folder, its deployment check,
                                    train_results.json (last), the optional hub push
 
-Every process runs every step; what only rank 0 writes is decided inside each step. scripts/train.py is the
-command line around run_recipe.
+Every process runs every step; what only rank 0 writes is decided inside each step. distill.cli.train
+(`specdistill-train`, `scripts/train.py`) is the command line around run_recipe.
 """
 from __future__ import annotations
 

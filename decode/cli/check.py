@@ -17,13 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # `python scripts/check_deploy.py`: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from decode.checks import FileProblem, OneLineArgumentParser  # noqa: E402
-from decode.deploy_check import check_deploy, check_serve, serving_commands  # noqa: E402
-from decode.loading import LoadError  # noqa: E402
-from decode.serving.vllm_engine import ServingError, find_vllm_python  # noqa: E402
+from decode.checks import FileProblem, OneLineArgumentParser
+from decode.deploy_check import check_deploy, check_serve, serving_commands
+from decode.loading import LoadError
+from decode.serving.vllm_engine import ServingError, find_vllm_python
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):

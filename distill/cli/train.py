@@ -7,7 +7,7 @@ Several GPUs (DDP), the same code; FSDP2 (draft and target sharded) with recipes
 Two CPU processes (gloo), e.g. to check multi-process maths without GPUs:
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no scripts/train.py RECIPE.yaml key=value ...
-Installed console script: specdistill-train RECIPE.yaml key=value ...
+Installed: specdistill-train RECIPE.yaml key=value ...; accelerate launch ... -m distill.cli.train RECIPE.yaml ...
 
 Training rows come from the dataset, the target's responses (data.target_weight, generated once into
 data.target_data_dir) and the draft's own samples (distill.on_policy_fraction); distill.teacher_cache caches the
@@ -24,23 +24,19 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
-if __package__ in (None, ""):  # `python scripts/train.py`: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from decode.checks import FileProblem  # noqa: E402
-from decode.vocab import TokenizerMismatchError  # noqa: E402
-from distill.acceptance_log import AcceptanceLogError  # noqa: E402
-from distill.config import RecipeError  # noqa: E402
-from distill.data import DataError  # noqa: E402
-from distill.distributed import UnsupportedModeError  # noqa: E402
-from distill.export import PushError  # noqa: E402
-from distill.pipeline import run_recipe  # noqa: E402
-from distill.recipe_loader import load_recipe  # noqa: E402
-from distill.run_folder import RESULTS_FILE  # noqa: E402
-from distill.shard_store import CacheMismatchError  # noqa: E402
-from distill.utils import ModelSetupError  # noqa: E402
+from decode.checks import FileProblem
+from decode.vocab import TokenizerMismatchError
+from distill.acceptance_log import AcceptanceLogError
+from distill.config import RecipeError
+from distill.data import DataError
+from distill.distributed import UnsupportedModeError
+from distill.export import PushError
+from distill.pipeline import run_recipe
+from distill.recipe_loader import load_recipe
+from distill.run_folder import RESULTS_FILE
+from distill.shard_store import CacheMismatchError
+from distill.utils import ModelSetupError
 
 # Errors in what the user gave us: reported as one line, exit status 1, no traceback.
 USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,

@@ -1,0 +1,14 @@
+"""Train a draft model: `python scripts/train.py RECIPE.yaml key=value ...`.
+
+Runs distill.cli.train (installed as the console command `specdistill-train`) by path, from any folder.
+"""
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run by path: the repository's packages first, whatever the current folder
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from distill.cli.train import cli  # noqa: E402
+
+if __name__ == "__main__":
+    cli()
