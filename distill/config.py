@@ -60,6 +60,10 @@ class ModelConfig:
               "whole vocabulary when it has <= 32768 tokens, else 32768.")
     head_intermediate_size: int | None = option(
         None, "eagle3: the MLP width of the head's decoder layer; null = the target's intermediate_size.")
+    head_init: Literal["target", "random"] = option(
+        "target", "eagle3: target = start the head's lm_head from the target's lm_head rows of the draft "
+                  "vocabulary, its final norm from the target's final norm, and its MLP (and the norm before it) from "
+                  "the target's last decoder layer where the widths match; random = all fresh.")
 
     def __post_init__(self) -> None:
         check_types(self)
