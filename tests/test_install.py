@@ -89,6 +89,8 @@ def installed(tmp_path_factory) -> Path:
         shutil.copy(ROOT / name, source / name)
     for folder in ("decode", "distill", "scripts"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    # built by this interpreter: --no-build-isolation builds with the setuptools and wheel of the interpreter that
+    # builds, and the fresh venv has neither (nothing is fetched)
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
          "--wheel-dir", str(root / "dist"), str(source)], cwd=root)
     venv = root / "venv"
@@ -96,8 +98,9 @@ def installed(tmp_path_factory) -> Path:
     wheel = next((root / "dist").glob("specdistill-*.whl"))
     run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps",
          "--no-index", str(wheel)], cwd=root)
-    # the dependencies (torch, transformers, ...): this interpreter's site-packages, appended to the venv's path
-    # (a path line: the .pth files there, the editable install of the checkout included, are not run)
+    # the dependencies (torch, transformers, ...): this interpreter's site-packages, appended to the venv's path (a
+    # path line: the .pth files there, the editable install of the checkout included, are not run). A venv made with
+    # --system-site-packages would see the base interpreter's packages instead, not this venv's.
     (venv_site_packages(venv) / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     (root / "elsewhere").mkdir()
     return venv
@@ -155,14 +158,15 @@ def test_the_installed_eval_measures_a_tiny_pair(installed):
 @pytest.mark.integration
 @pytest.mark.parametrize("prog", sorted(COMMANDS))
 def test_each_entry_file_runs_by_path_from_another_folder(prog, tmp_path):
+    """`python scripts/FILE --help` from another folder (runpy does what `python FILE` does: the file as __main__,
+    its folder first on sys.path), then which file the command's module came from: this checkout's (the entry
+    file's sys.path line), not another copy installed in this interpreter."""
     module, entry_file = COMMANDS[prog]
-    done = run([sys.executable, str(ROOT / "scripts" / entry_file), "--help"], cwd=tmp_path)
-    assert prog in done.stdout
-    # the same run, asked which file the command's module came from: this checkout's (the entry file's sys.path
-    # line), not another copy installed in this interpreter
-    program = (f"import runpy, sys; sys.argv = [{entry_file!r}, '--help']\n"
-               f"try:\n    runpy.run_path({str(ROOT / 'scripts' / entry_file)!r}, run_name='__main__')\n"
+    path = ROOT / "scripts" / entry_file
+    program = (f"import runpy, sys; sys.argv = [{str(path)!r}, '--help']; sys.path[0] = {str(path.parent)!r}\n"
+               f"try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
                "except SystemExit as end:\n    assert not end.code, end.code\n"
                f"print(sys.modules[{module!r}].__file__)")
-    loaded = run([sys.executable, "-c", program], cwd=tmp_path).stdout.split()[-1]
-    assert loaded == str(ROOT / Path(*module.split(".")).with_suffix(".py"))
+    done = run([sys.executable, "-c", program], cwd=tmp_path)
+    assert prog in done.stdout
+    assert done.stdout.split()[-1] == str(ROOT / Path(*module.split(".")).with_suffix(".py"))
