@@ -22,6 +22,7 @@
     distill.shard_store, distill.fingerprints: the resumable shard folder and input hashes of the last two
     distill.utils          IGNORE_INDEX, eval_mode(), parameter_count, saved_parameter_count, ModelSetupError
 
-Entry point: `scripts/train.py` (console script `specdistill-train`), around distill.pipeline.run_recipe.
+Entry points: distill.cli.train (`specdistill-train`, around distill.pipeline.run_recipe) and distill.cli.push
+(`specdistill-push`); in a checkout `scripts/train.py` and `scripts/push_to_hub.py` run them by path.
 Nothing is imported here, so that `import distill.losses` stays light.
 """

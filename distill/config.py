@@ -63,6 +63,11 @@ class ModelConfig(Section):
     head_intermediate_size: int | None = Field(
         None, gt=0, description="eagle3: the MLP width of the head's decoder layer; null = the target's "
                                 "intermediate_size.")
+    head_init: Literal["target", "random"] = Field(
+        "target", description="eagle3: target = start the head's lm_head from the target's lm_head rows of the "
+                              "draft vocabulary, its final norm from the target's final norm, and its MLP (and the "
+                              "norm before it) from the target's last decoder layer where the widths match; random = "
+                              "all fresh.")
 
     @model_validator(mode="after")
     def _rules(self) -> ModelConfig:

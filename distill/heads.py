@@ -68,6 +68,37 @@ def build_head(cfg: ModelConfig, target: PreTrainedModel, dtype: torch.dtype) ->
     return head.requires_grad_(True).train()
 
 
+@torch.no_grad()
+def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
+    """model.head_init target: copy into the head what has the same role in the target, so training starts from a
+    head that already reads out like the target. Call after the draft vocabulary is set. Returns the names copied.
+
+        lm_head[i]  = target.lm_head[d2t-mapped id of draft id i]       (the rows of the draft vocabulary)
+        norm        = target's final norm
+        mlp, post_attention_layernorm = the target's last decoder layer's (when the MLP widths match)
+    """
+    copied = []
+    out = target.get_output_embeddings()
+    if out is not None and out.weight.shape[1] == head.lm_head.weight.shape[1]:
+        rows = out.weight.index_select(0, head.target_ids.to(out.weight.device))  # [V_draft, H]
+        head.lm_head.weight.copy_(rows.to(head.lm_head.weight))
+        copied.append("lm_head")
+    inner = target.get_decoder() if hasattr(target, "get_decoder") else None
+    final_norm = getattr(inner, "norm", None)
+    if final_norm is not None and final_norm.weight.shape == head.norm.weight.shape:
+        head.norm.weight.copy_(final_norm.weight.to(head.norm.weight))
+        copied.append("norm")
+    layers = getattr(inner, "layers", None)
+    last = layers[-1] if layers is not None and len(layers) else None
+    src = last.mlp.state_dict() if last is not None and hasattr(last, "mlp") else {}
+    dst = head.midlayer.mlp.state_dict()
+    if src.keys() == dst.keys() and all(src[k].shape == dst[k].shape for k in dst):
+        head.midlayer.mlp.load_state_dict({k: v.to(dst[k]) for k, v in src.items()})
+        head.midlayer.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight.to(head.fc.weight))
+        copied.append("midlayer.mlp")
+    return copied
+
+
 def served_draft(model: nn.Module | None) -> nn.Module | None:
     """The draft that is measured and exported: the head of an UnrolledHead (what Trainer holds while training a
     head); any other model as it is."""

@@ -11,8 +11,8 @@
   6. export    distill.export      the best checkpoint as a model folder, its deployment check,
                                    train_results.json (last), the optional hub push
 
-Every process runs every step; what only rank 0 writes is decided inside each step. scripts/train.py is the
-command line around run_recipe.
+Every process runs every step; what only rank 0 writes is decided inside each step. distill.cli.train
+(`specdistill-train`, `scripts/train.py`) is the command line around run_recipe.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from distill.callbacks import AcceptanceCallback
 from distill.config import Recipe
 from distill.export import export_run
 from distill.fsdp import fsdp_enabled, shard_for_inference
-from distill.heads import set_draft_vocabulary
+from distill.heads import init_from_target, served_head, set_draft_vocabulary
 from distill.models import load_models
 from distill.preflight import check_run
 from distill.sources import training_rows
@@ -59,6 +59,8 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
         shard_for_inference(target, args.device)
     if recipe.model.draft_kind == "eagle3":  # the head's vocabulary: the rows' most frequent label tokens
         set_draft_vocabulary(draft, rows.rows)
+        if recipe.model.head_init == "target":  # lm_head rows, final norm, MLP: read out like the target from step 0
+            init_from_target(served_head(draft), target)
     # 4. distil
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to)

@@ -17,16 +17,20 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from pathlib import Path
 
-import torch
+if __package__ in (None, ""):  # `python scripts/bench_decode.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode.evaluate import EvalSettings, evaluate_acceptance
-from decode.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
-from decode.prompts import encode_prompt_rows, read_prompt_rows
-from decode.table import format_table
-from scripts import benchmark
-from scripts.eval_acceptance import gamma_value
+import torch  # noqa: E402
+
+from decode.evaluate import EvalSettings, evaluate_acceptance  # noqa: E402
+from decode.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
+from decode.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
+from decode.table import format_table  # noqa: E402
+from decode import benchmark  # noqa: E402
+from decode.cli.eval import gamma_value  # noqa: E402
 
 CODE = ["decode/speculative.py", "decode/static.py", "decode/cost_model.py", "decode/evaluate.py"]
 

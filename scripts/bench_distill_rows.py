@@ -59,6 +59,11 @@ PAIRS = {
                  draft=("model.draft_config=null", "model.draft_layers=[0,7]")),
 }
 
+# An EAGLE-3 head instead of the pair's standalone draft (recipes/quickstart/head.yaml's head: training-time test 3
+# steps, decay 0.8, started from the target's lm_head / norm / last MLP)
+HEAD = ["model.draft_kind=eagle3", "model.draft_config=null", "model.draft_layers=null", "distill.ttt_steps=3",
+        "distill.ttt_decay=0.8"]
+
 # Each row's objective, as recipe overrides; {pair_dir} and {sizes.*} are filled in by draft_overrides.
 ROWS: dict[str, list[str]] = {
     "ce": ["distill.loss=ce"],
@@ -76,7 +81,11 @@ ROWS: dict[str, list[str]] = {
                "data.target_max_new_tokens={target_max_new_tokens}"],
     "forward_kl_top32": ["distill.loss=forward_kl", "distill.teacher_cache={pair_dir}/teacher_cache_top32",
                          "distill.teacher_topk=32"],
+    # EAGLE-3 heads on the same target, rows, steps and optimiser, for the leading objectives
+    "head_forward_kl": [*HEAD, "distill.loss=forward_kl"],
+    "head_tv": [*HEAD, "distill.loss=tv"],
 }
+HEAD_PREFIX = "head_"  # rows of EAGLE-3 heads; the others train standalone drafts
 
 
 def _common(sizes: Sizes, steps: int, batch: int, seed: int = SEEDS[0],
@@ -122,15 +131,20 @@ def row_key(row: str, seed: int) -> str:
     return row if seed == SEEDS[0] else f"{row}@seed{seed}"
 
 
+def is_head(row: str) -> bool:
+    return row.startswith(HEAD_PREFIX)
+
+
 def top_rows(rows: dict[str, dict], count: int) -> list[str]:
-    """The `count` rows (ce left out) with the highest mean of tau_greedy / ce's and tau_sampled / ce's."""
+    """The `count` standalone rows (ce and heads left out) with the highest mean of tau_greedy / ce's and
+    tau_sampled / ce's."""
     ce = rows.get("ce")
     if not ce:
         return []
 
     def score(r: dict) -> float:
         return (r["tau_greedy"] / ce["tau_greedy"] + r["tau_sampled"] / ce["tau_sampled"]) / 2
-    return sorted((n for n in rows if n != "ce"), key=lambda n: -score(rows[n]))[:count]
+    return sorted((n for n in rows if n != "ce" and not is_head(n)), key=lambda n: -score(rows[n]))[:count]
 
 
 def over_seeds(runs: list[dict]) -> dict:
@@ -193,10 +207,11 @@ def ratios_to_ce(results: dict[str, dict[str, dict]], mode: str) -> dict[str, li
 
 
 def winners(results: dict[str, dict[str, dict]]) -> list[str]:
-    """Markdown lines naming the best row per decoding mode (highest mean tau / tau_ce over the pairs)."""
+    """Markdown lines naming the best standalone row per decoding mode (highest mean tau / tau_ce over the pairs),
+    and the best head row."""
     lines = ["## Winner per decoding mode", ""]
-    for mode in ("greedy", "sampled"):
-        ratios = ratios_to_ce(results, mode)
+    for mode, kind in (("greedy", "standalone"), ("sampled", "standalone"), ("greedy", "head"), ("sampled", "head")):
+        ratios = {n: r for n, r in ratios_to_ce(results, mode).items() if is_head(n) == (kind == "head")}
         if not ratios:
             continue
         best = max(ratios, key=lambda n: sum(ratios[n]) / len(ratios[n]))
@@ -204,6 +219,6 @@ def winners(results: dict[str, dict[str, dict]]) -> list[str]:
         spreads = [rows[best].get(f"spread_tau_{mode}") for rows in results.values() if best in rows]
         spread = "" if None in spreads else "; seed spread of its tau (max - min) " + ", ".join(
             f"{v:.2f}" for v in spreads)
-        lines.append(f"- {mode} (gamma 4): **`{best}`**, mean_accepted_tokens {shown} the CE draft's "
+        lines.append(f"- {mode} (gamma 4), {kind}: **`{best}`**, mean_accepted_tokens {shown} the CE draft's "
                      f"(pairs {', '.join(results)}){spread}")
     return lines + [""]

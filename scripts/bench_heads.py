@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from decode.table import markdown_table  # noqa: E402
-from scripts.benchmark import load_average, machine  # noqa: E402
+from decode.benchmark import load_average, machine  # noqa: E402
 
 RECIPES = ROOT / "recipes" / "quickstart"
 ROWS = {  # row -> (recipe, extra overrides)

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 import tempfile
 
-import torch
+if __package__ in (None, ""):  # `python scripts/bench_serving.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode.evaluate import EvalSettings, evaluate_acceptance
-from decode.serving.parity import aligned_inputs, parity_rows
-from decode.serving.vllm_engine import evaluate_in_vllm, find_vllm_python, run_worker
-from distill.target_data import Sampling, generate_target_data
-from distill.target_vllm import vllm_request
-from scripts import benchmark
+import torch  # noqa: E402
+
+from decode.evaluate import EvalSettings, evaluate_acceptance  # noqa: E402
+from decode.serving.parity import aligned_inputs, parity_rows  # noqa: E402
+from decode.serving.vllm_engine import evaluate_in_vllm, find_vllm_python, run_worker  # noqa: E402
+from distill.target_data import Sampling, generate_target_data  # noqa: E402
+from distill.target_vllm import vllm_request  # noqa: E402
+from decode import benchmark  # noqa: E402
 
 CODE = ["decode/speculative.py", "decode/serving/vllm_worker.py", "decode/serving/parity.py",
         "decode/serving/counters.py", "distill/target_vllm.py"]

@@ -1,78 +1,14 @@
-"""Check that an exported draft will serve next to its target, and print the commands that serve the pair.
+"""Check that a draft serves next to its target: `python scripts/check_deploy.py --target T --draft D`.
 
-    python scripts/check_deploy.py --target Qwen/Qwen2.5-7B-Instruct --draft outputs/qwen2.5-7b-to-0.5b
-    specdistill-check --target TARGET --draft DRAFT_DIR --json check.json
-    specdistill-check --target TARGET --draft DRAFT_DIR --serve        # also load and run the pair in vLLM
-
-One line per check (`ok   <check>` or `FAIL <check>: <what is wrong and what to do>`; the checks are listed in
-decode/deploy_check.py), then the transformers, vLLM and SGLang commands. Exit code 1 when a check fails or the
-inputs cannot be read (one line on stderr), 0 when every check passes. A draft naming no gamma is a warning (WARN).
---serve runs the pair in vLLM's offline LLM (the serving venv, `make serving`): vLLM must load it and its
-speculative greedy output must equal its plain output; tau from vLLM's counters is printed.
+Runs decode.cli.check (installed as the console command `specdistill-check`) by path, from any folder.
 """
-from __future__ import annotations
-
-import argparse
-import json
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # `python scripts/check_deploy.py`: make the repository importable
+if __package__ in (None, ""):  # run by path: the repository's packages first, whatever the current folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode.checks import FileProblem, OneLineArgumentParser  # noqa: E402
-from decode.deploy_check import check_deploy, check_serve, serving_commands  # noqa: E402
-from decode.loading import LoadError  # noqa: E402
-from decode.serving.vllm_engine import ServingError, find_vllm_python  # noqa: E402
-
-
-class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
-    """argparse with one-line usage errors (exit 1)."""
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = ArgumentParser(prog="specdistill-check", description=__doc__.split("\n")[0])
-    p.add_argument("--target", required=True, help="target model: local folder or hub id (config + tokenizer read)")
-    p.add_argument("--draft", required=True, help="exported draft folder")
-    p.add_argument("--json", type=Path, default=None, help="also write the findings as JSON here")
-    p.add_argument("--serve", action="store_true", help="also run the pair in vLLM (greedy output = plain, tau)")
-    p.add_argument("--vllm-python", default=None,
-                   help="interpreter with vLLM (default: $SPECDISTILL_VLLM_PYTHON, else .venv-vllm/bin/python)")
-    p.add_argument("--trust-remote-code", action="store_true")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    python = find_vllm_python(args.vllm_python) if args.serve else None
-
-    # ---- check ------------------------------------------------------------------------------------------------
-    report = check_deploy(args.target, args.draft, trust_remote_code=args.trust_remote_code)
-    if python is not None:
-        report = check_serve(report, python)
-
-    # ---- report -----------------------------------------------------------------------------------------------
-    print("\n".join(report.lines()))
-    verdict = "passed" if report.passed else f"FAILED ({len(report.problems)} of the checks)"
-    if report.serve is not None:
-        print(f"\nvLLM {report.serve['vllm_version']}: gamma {report.serve['gamma']}, tau "
-              f"{report.serve['mean_accepted_tokens']:.2f}, speculative greedy output = plain on "
-              f"{report.serve['greedy_match']:.0%} of the prompts")
-    print(f"\ndeployment check {verdict}\n\n{serving_commands(report)}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    return 0 if report.passed else 1
-
-
-def cli() -> None:
-    try:
-        code = main()
-    except (LoadError, FileProblem, ServingError) as err:
-        print(f"specdistill-check: error: {err}", file=sys.stderr)
-        code = 1
-    sys.exit(code)
-
+from decode.cli.check import cli  # noqa: E402
 
 if __name__ == "__main__":
     cli()

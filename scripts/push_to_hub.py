@@ -1,68 +1,14 @@
-"""Publish a trained draft model to the Hugging Face Hub with a model card built from measured numbers.
+"""Publish a trained draft to the Hub: `python scripts/push_to_hub.py OUTPUT_DIR --repo-id you/draft`.
 
-    python scripts/push_to_hub.py outputs/draft --repo-id you/qwen2.5-0.5b-draft --eval-json eval.json
-    python scripts/push_to_hub.py outputs/draft --repo-id you/qwen2.5-0.5b-draft --dry-run   # card, no upload
-
-(installed: ``specdistill-push outputs/draft --repo-id you/qwen2.5-0.5b-draft``). The card is written to
-OUTPUT_DIR/README.md and the listed files of OUTPUT_DIR are uploaded (distill.hub). The token comes from HF_TOKEN or
-``hf auth login``; it is never printed. Errors print one line ``error: ...`` and exit 1.
+Runs distill.cli.push (installed as the console command `specdistill-push`) by path, from any folder.
 """
-from __future__ import annotations
-
-import argparse
 import sys
 from pathlib import Path
 
-from decode.checks import OneLineArgumentParser
-from distill.hub import HubError, push_to_hub
+if __package__ in (None, ""):  # run by path: the repository's packages first, whatever the current folder
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
-    """argparse with one-line usage errors (exit 1)."""
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = ArgumentParser(prog="specdistill-push",
-                            description="Upload a draft model folder with a generated model card.")
-    parser.add_argument("output_dir", type=Path, help="training OUTPUT_DIR holding the exported draft")
-    parser.add_argument("--repo-id", required=True, help="model repository, e.g. you/qwen2.5-0.5b-draft")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="write the card and list the files that would be uploaded; upload nothing")
-    parser.add_argument("--eval-json", type=Path, help="eval_acceptance JSON (default: OUTPUT_DIR/acceptance.jsonl)")
-    parser.add_argument("--staging-dir", type=Path,
-                        help="no longer used (the model folder is uploaded in place, nothing is staged); accepted so "
-                             "that existing commands keep working")
-    parser.add_argument("--target", help="target model id (default: from the eval JSON or recipe.yaml)")
-    parser.add_argument("--step", type=int,
-                        help="acceptance.jsonl step to report (default: the exported checkpoint's, else the last)")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.staging_dir is not None:
-        print(f"note: --staging-dir is no longer used: {args.output_dir} is uploaded in place, nothing is staged")
-    # ---- write the card (and upload) ----
-    try:
-        plan = push_to_hub(args.output_dir, repo_id=args.repo_id, private=args.private, dry_run=args.dry_run,
-                           eval_json=args.eval_json, target=args.target, step=args.step)
-    except (HubError, ValueError, OSError) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 1
-    # ---- tell the user what happened ----
-    if args.dry_run:
-        print(f"dry run: would upload {plan.folder} (nothing uploaded); files:")
-        for name in plan.files:
-            print(f"  {name}  {(plan.folder / name).stat().st_size} bytes")
-    else:
-        print(f"uploaded {len(plan.files)} files of {plan.folder} to https://huggingface.co/{args.repo_id}")
-    return 0
-
-
-def cli() -> None:
-    raise SystemExit(main())
-
+from distill.cli.push import cli  # noqa: E402
 
 if __name__ == "__main__":
     cli()

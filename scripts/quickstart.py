@@ -145,7 +145,7 @@ def evaluate_drafters(out: Path, corpus: CorpusPaths, fast: bool) -> dict[str, P
 
 def evaluate(out: Path, drafter: str, name: str, prompts: Path, fast: bool) -> Path:
     """scripts/eval_acceptance.py of `drafter` against out/target (skipped when out/eval/NAME.json exists)."""
-    from scripts.eval_acceptance import main as eval_main
+    from decode.cli.eval import main as eval_main
 
     result = out / "eval" / f"{name}.json"
     if result.is_file():

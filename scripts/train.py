@@ -1,83 +1,14 @@
-"""Distil a draft model from a frozen target LLM, measuring speculative-decoding acceptance at every checkpoint.
+"""Train a draft model: `python scripts/train.py RECIPE.yaml key=value ...`.
 
-One process (CPU or one GPU):
-    python scripts/train.py recipes/tiny_distill.yaml model.target=TARGET_DIR data.dataset=TEXT_FILE
-Several GPUs (DDP), the same code; FSDP2 (draft and target sharded) with recipes/accelerate/fsdp.yaml:
-    accelerate launch --config_file recipes/accelerate/ddp.yaml scripts/train.py recipes/qwen2.5-7b-to-0.5b.yaml
-Two CPU processes (gloo), e.g. to check multi-process maths without GPUs:
-    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
-        --mixed_precision no --dynamo_backend no scripts/train.py RECIPE.yaml key=value ...
-Installed console script: specdistill-train RECIPE.yaml key=value ...
-
-Training rows come from the dataset, the target's responses (data.target_weight, generated once into
-data.target_data_dir) and the draft's own samples (distill.on_policy_fraction); distill.teacher_cache caches the
-target's top-k once so that training never runs it (recipes/README.md).
-
-The run itself is distill.pipeline.run_recipe: check, load, tokenise, distil, measure, export (README, "What a run
-does"); this script parses the command line, loads the recipe, calls it and reports.
-
-OUTPUT_DIR (train.output_dir) ends up holding the best draft (distill.acceptance_log.best_checkpoint: cost-model
-speedup from measured acceptance, cost ratios measured once per run) as a model folder,
-recipe.yaml (the resolved recipe), acceptance.jsonl, train_results.json, checkpoint-*/ and runs/ (TensorBoard).
+Runs distill.cli.train (installed as the console command `specdistill-train`) by path, from any folder.
 """
-from __future__ import annotations
-
-import logging
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # `python scripts/train.py`: make the repository importable
+if __package__ in (None, ""):  # run by path: the repository's packages first, whatever the current folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode.checks import FileProblem  # noqa: E402
-from decode.vocab import TokenizerMismatchError  # noqa: E402
-from distill.acceptance_log import AcceptanceLogError  # noqa: E402
-from distill.config import RecipeError  # noqa: E402
-from distill.data import DataError  # noqa: E402
-from distill.distributed import UnsupportedModeError  # noqa: E402
-from distill.export import PushError  # noqa: E402
-from distill.pipeline import run_recipe  # noqa: E402
-from distill.recipe_loader import load_recipe  # noqa: E402
-from distill.run_folder import RESULTS_FILE  # noqa: E402
-from distill.shard_store import CacheMismatchError  # noqa: E402
-from distill.utils import ModelSetupError  # noqa: E402
-
-# Errors in what the user gave us: reported as one line, exit status 1, no traceback.
-USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
-               FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """Run the recipe given as argv = [RECIPE.yaml, key=value, ...]; returns the exported draft's summary."""
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return {}
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    # ---- parse: the recipe with its key=value overrides, every key checked ------------------------------------
-    recipe = load_recipe(argv[0], argv[1:])
-
-    # ---- run: check, load, tokenise, distil, measure, export (distill.pipeline) -------------------------------
-    outcome = run_recipe(recipe, source=argv[0], overrides=argv[1:])
-
-    # ---- report ------------------------------------------------------------------------------------------------
-    if outcome.finished_before is not None:
-        print(f"specdistill-train: nothing to do: {recipe.train.output_dir} holds a run that finished at step "
-              f"{outcome.finished_before} ({RESULTS_FILE} written); nothing was changed")
-    return outcome.summary
-
-
-def cli() -> None:
-    """Console entry point `specdistill-train`: user errors exit 1 with one line, no traceback."""
-    try:
-        main()
-    except USER_ERRORS as err:
-        first, *details = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
-        message = " ".join([first, "; ".join(details)]).strip()  # one line, details (if any) separated by ;
-        print(f"specdistill-train: error: {message}", file=sys.stderr)
-        raise SystemExit(1) from None
-
+from distill.cli.train import cli  # noqa: E402
 
 if __name__ == "__main__":
     cli()

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from scripts import train as train_script
+from distill.cli import train as train_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = str(ROOT / "recipes" / "tiny_distill.yaml")
@@ -21,7 +21,7 @@ CHILD_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE
 
 
 def run_train(workdir: Path, out: str, *overrides: str, target: str = "target") -> Path:
-    """scripts/train.py main() on the tiny recipe with workdir's target and code.txt, in this process; returns the
+    """distill.cli.train.main() on the tiny recipe with workdir's target and code.txt, in this process; returns the
     output folder."""
     output_dir = workdir / out
     train_script.main([TINY_RECIPE, f"model.target={workdir / target}", f"data.dataset={workdir / 'code.txt'}",

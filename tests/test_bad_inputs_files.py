@@ -260,7 +260,7 @@ def test_text_problem_positions_across_chunks(tmp_path, monkeypatch):
 # file passed check_text_file in distill.data.load_rows first).
 # decode/serving/vllm_worker.py runs in vLLM's venv with the stdlib only and reads the request file we wrote.
 TEXT_READERS_ALLOWED = {"decode/checks.py", "distill/text_files.py", "decode/serving/vllm_worker.py"}
-NOT_COMMAND_CODE = ("scripts/bench", "scripts/quickstart", "scripts/chaos_resume", "scripts/benchmark")
+NOT_COMMAND_CODE = ("scripts/bench", "scripts/quickstart", "scripts/chaos_resume", "decode/benchmark.py")
 
 
 def text_reads(path: Path) -> list[int]:

@@ -21,8 +21,10 @@ import yaml
 
 from decode import checks
 from distill.config import SECTION_TYPES
-from scripts import check_deploy, eval_acceptance, push_to_hub
-from scripts import train as train_script
+from decode.cli import check as check_deploy
+from decode.cli import eval as eval_acceptance
+from distill.cli import push as push_to_hub
+from distill.cli import train as train_script
 from test_bad_inputs import RECIPE, no_weights, one_error_line, w  # noqa: F401 - fixtures used by name
 
 COMMANDS = {"specdistill-train": train_script, "specdistill-eval": eval_acceptance,

@@ -21,7 +21,8 @@ def test_rows_share_data_steps_and_optimiser(pair, tmp_path):
                                                         tmp_path, sizes)) for row in ROWS}
     base = recipes["ce"]
     for row, recipe in recipes.items():
-        assert recipe.train == base.train and recipe.model == base.model and recipe.eval == base.eval, row
+        same_model = recipe.model.draft_kind == "eagle3" if row.startswith("head_") else recipe.model == base.model
+        assert recipe.train == base.train and same_model and recipe.eval == base.eval, row
         assert recipe.data.dataset == base.data.dataset and recipe.data.max_length == sizes.max_length
     assert base.train.max_steps == sizes.draft_steps and base.data.num_eval_prompts == 0
     assert {r: recipes[r].distill.loss for r in ("ce", "reverse_kl", "jsd", "tv", "nla", "lk_hybrid", "seq_kd")} == \
@@ -44,13 +45,21 @@ def test_tables_and_winners():
     table = format_pair_table(results["a"])
     assert "| `jsd` | 1 | 0.500 | 0.400 | 2.40 | 1.60x | 2.20 | 1.10x |" in table
     lines = winners(results)
-    assert any("greedy (gamma 4): **`jsd`**, mean_accepted_tokens 1.60x, 1.50x" in line for line in lines)
+    assert any("greedy (gamma 4), standalone: **`jsd`**, mean_accepted_tokens 1.60x, 1.50x" in line for line in lines)
+    # a head row is ranked among heads only: the standalone winner stays jsd
+    results["a"]["head_tv"] = {**row, "tau_greedy": 3.0, "tau_sampled": 3.0, "tf_acceptance": None,
+                               "greedy_agreement": None}
+    lines = winners(results)
+    assert any("greedy (gamma 4), standalone: **`jsd`**" in line for line in lines)
+    assert any("greedy (gamma 4), head: **`head_tv`**, mean_accepted_tokens 2.00x" in line for line in lines)
+    assert "| `head_tv` | 1 | - | - | 3.00 | 2.00x |" in format_pair_table(results["a"])
+    assert top_rows(results["a"], 2) == ["jsd"]
     assert asdict(Sizes())["draft_steps"] > 0
 
 
 def test_the_issue_rows_are_all_there():
     assert set(ROWS) >= {"ce", "forward_kl", "reverse_kl", "jsd", "tv", "nla", "lk_hybrid", "ce_to_tv",
-                         "forward_kl+on_policy0.5", "seq_kd", "forward_kl_top32"}
+                         "forward_kl+on_policy0.5", "seq_kd", "forward_kl_top32", "head_forward_kl", "head_tv"}
     sizes = Sizes()
     assert sizes.num_prompts >= 40 and sizes.max_new_tokens >= 64
 

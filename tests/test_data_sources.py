@@ -1,7 +1,7 @@
 """Where the training rows come from: the dataset, the target's responses, the draft's own samples (on-policy), and
 the cached teacher; each end to end through scripts/train.py on tiny models, plus the bad inputs.
 
-Integration tests (marked) run scripts/train.py main() in this process (and one 2-process launch) on a tiny Llama
+Integration tests (marked) run distill.cli.train.main() in this process (and one 2-process launch) on a tiny Llama
 target saved to a temporary folder; the rest are unit tests of the pieces.
 """
 from __future__ import annotations
@@ -184,7 +184,7 @@ def packed_blocks(workdir: Path) -> datasets.Dataset:
 
 @pytest.fixture
 def rows_seen(monkeypatch) -> list[datasets.Dataset]:
-    """The training rows of every run made in the test, as scripts/train.py hands them to DistillTrainer."""
+    """The training rows of every run made in the test, as distill.cli.train hands them to DistillTrainer."""
     seen = []
 
     class Recording(DistillTrainer):

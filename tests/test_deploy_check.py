@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decode.deploy_check import CHECKS, check_deploy
-from scripts import check_deploy as check_script
+from decode.cli import check as check_script
 from tiny import tiny_model, tiny_tokenizer
 
 GAMMA = 3

@@ -1,4 +1,4 @@
-"""scripts/eval_acceptance.py end to end: valid JSON with every documented key; bad input is one clear line."""
+"""specdistill-eval (decode/cli/eval.py) end to end: valid JSON with every documented key; bad input is one line."""
 import json
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from decode.results import Result, read_eval_json
-from scripts import eval_acceptance
+from decode.cli import eval as eval_acceptance
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 RESULT_KEYS = {"gamma", "temperature", "num_prompts", "new_tokens", "acceptance_rate", "draft_acceptance_rate",

@@ -52,7 +52,7 @@ FSDP_ON_CPU = textwrap.dedent("""
         assert sum(p.to_local().numel() for p in params) < 0.6 * sum(p.numel() for p in params)
         return target
     pipeline.shard_for_inference = checked
-    from scripts import train
+    from distill.cli import train
     train.cli()
 """)
 

@@ -1,7 +1,7 @@
 """Scaling the training: LoRA drafts (peft), mixed precision and gradient checkpointing keys, the accelerate launch
 configs, and DeepSpeed ZeRO-3 with a sharded target.
 
-Integration tests (marked) run scripts/train.py main() in this process on tiny models saved to a temporary folder,
+Integration tests (marked) run distill.cli.train.main() in this process on tiny models saved to a temporary folder,
 and one 2-process ZeRO-3 launch (gloo on CPU). The ZeRO-2 = DDP = one-process equivalence lives in
 tests/test_trainer.py.
 """
@@ -30,7 +30,7 @@ from distill.distributed import UnsupportedModeError, check_device_mode, plain_c
 from distill.lora import apply_lora, is_lora
 from distill.models import ModelSetupError
 from distill import models
-from scripts import train as train_script
+from distill.cli import train as train_script
 from helpers import ROOT, TINY_RECIPE, assert_same_weights, run_process, run_train, torchrun
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
@@ -72,7 +72,7 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def run(workdir: Path, out: str, *overrides: str) -> Path:
-    """scripts/train.py main() on the tiny recipe with the pre-trained draft, in this process."""
+    """distill.cli.train.main() on the tiny recipe with the pre-trained draft, in this process."""
     return run_train(workdir, out, "model.draft_config=null", f"model.draft={workdir / 'draft'}", *overrides)
 
 
@@ -414,7 +414,7 @@ ZERO3_ON_CPU = textwrap.dedent("""
               "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
     distill.train_config.TrainingArguments = functools.partial(
         distill.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
-    from scripts import train
+    from distill.cli import train
     from distill import models
     loaded = models.load_target
     def checked(cfg):  # every process holds only its partition of the target

@@ -19,7 +19,7 @@ from decode.serving.vllm_engine import (ServingError, build_request, find_vllm_p
                                         vllm_results)
 from decode.speculative import speculative_generate
 from decode.stats import SpecStats
-from scripts import eval_acceptance
+from decode.cli import eval as eval_acceptance
 from tiny import perturbed_copy, tiny_model
 
 

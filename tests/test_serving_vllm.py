@@ -16,7 +16,7 @@ from decode import autoregressive_generate
 from decode.serving.parity import DEFAULT_TOLERANCE
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from decode.serving.counters import SpecCounters
-from scripts import eval_acceptance
+from decode.cli import eval as eval_acceptance
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.integration

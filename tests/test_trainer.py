@@ -397,7 +397,7 @@ config = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "
           "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
 distill.train_config.TrainingArguments = functools.partial(
     distill.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
-from scripts import train
+from distill.cli import train
 train.main(sys.argv[1:])
 """
 

@@ -1,14 +1,15 @@
 """What every benchmark script shares: the machine it ran on, timers and memory readings, worker processes, the
 tiny random models and data they run on, and the markdown they write.
 
-    from scripts import benchmark
+    from decode import benchmark
     parser = benchmark.arguments(__doc__, rows=128, steps=12)       # --device --rows --seq-len --batch-size ...
     result = benchmark.run_worker(__file__, "train", args, mode="online")   # one fresh process, JSON back
     text = benchmark.header(command, args.device, files) + benchmark.markdown_table(headers, rows)
 
 Each measured mode runs in its own process (`run_worker`), so its peak memory is its own; the worker side calls
 `worker_args` and prints one JSON line. Numbers depend on the machine: `header` records it with the command
-and sha256 prefixes of the files under test.
+and sha256 prefixes of the files under test. The benchmarks themselves are scripts/bench_*.py (run from
+a checkout, never installed).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, TrainerCallback
 
 from decode.table import markdown_table  # noqa: F401  (the benchmarks' tables: the project's one formatter)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: code_version's paths are relative to it
 PAD, BOS, EOS = 0, 1, 2
 
 

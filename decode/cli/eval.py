@@ -1,0 +1,303 @@
+"""Measure a draft against its target: acceptance, mean accepted tokens, wall-clock speedup.
+
+    python scripts/eval_acceptance.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \
+        --prompts prompts.jsonl --gamma 2 4 6 --max-new-tokens 128 --output eval.json
+    specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --gamma 4
+    specdistill-eval --target TARGET --draft DRAFT --prompts question.jsonl --messages-field turns \
+        --category-field category --chat-template auto        # Spec-Bench's 480 prompts, by category
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
+    specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 6   # an EAGLE-3 head
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm   # inside vLLM
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both   # tau parity
+
+The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from decode.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
+                           check_writable_file)
+from decode.drafters import PromptLookupDrafter
+from decode.evaluate import EvalSettings, evaluate_acceptance
+from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
+                            read_prompt_rows)
+from decode.results import write_eval_json
+from decode.eagle3 import Eagle3Head, fit_problems, is_eagle3_folder, read_config
+from decode.serving.parity import DEFAULT_TOLERANCE, PARITY_COLUMNS, aligned_inputs, out_of_tolerance, parity_rows
+from decode.serving.vllm_engine import (DRAFT_SAMPLE_METHODS, ServingError, evaluate_in_vllm, find_vllm_python,
+                                         vllm_outputs)
+from decode.table import format_table
+from decode.tally import category_rows
+from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
+
+PROMPT_LOOKUP = "prompt-lookup"
+DRAFT_KINDS = ("model", "prompt_lookup", "eagle3")  # the results JSON's draft_kind
+ENGINES = ("specdistill", "vllm", "both")
+
+
+class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 1)."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = ArgumentParser(prog="specdistill-eval", description=__doc__.split("\n")[0])
+    p.add_argument("--target", required=True, help="target model: local folder or hub id")
+    p.add_argument("--draft", required=True,
+                   help=f"draft model (local folder or hub id), an EAGLE-3 head folder (recognised by its config), "
+                        f"or '{PROMPT_LOOKUP}'")
+    p.add_argument("--prompts", required=True,
+                   help=".jsonl (a 'prompt' or 'messages' field per line), .txt (one prompt per line), a local dataset "
+                        "folder, or a hub dataset id")
+    p.add_argument("--prompts-split", default="train", help="split of a dataset given to --prompts")
+    p.add_argument("--prompts-config", default=None, help="configuration name of a hub dataset (e.g. main)")
+    p.add_argument("--prompt-field", default=None, help="field holding a plain prompt (default: prompt)")
+    p.add_argument("--messages-field", default=None,
+                   help="field holding a conversation: [{role, content}] or the user's turns (default: messages)")
+    p.add_argument("--category-field", default=None, help="field holding each prompt's category (default: category)")
+    p.add_argument("--chat-template", default="auto", choices=CHAT_TEMPLATE_MODES,
+                   help="render prompts with the target tokenizer's chat template: auto = conversations only")
+    p.add_argument("--gamma", type=gamma_value, nargs="+", default=[4],
+                   help="draft tokens per step (several values sweep); 'auto' chooses it at every step")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="keep only the last N tokens of each prompt")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1, help="timed repeats per prompt (medians are reported)")
+    p.add_argument("--stop-at-eos", action="store_true", help="stop each generation at the tokenizer's EOS")
+    p.add_argument("--output", type=Path, default=None, help="write the results JSON here")
+    p.add_argument("--save-outputs", type=Path, default=None,
+                   help="write per-prompt token ids of the plain and speculative continuations (.jsonl)")
+    p.add_argument("--compare-hf", action="store_true", help="also time transformers assisted generation")
+    p.add_argument("--compile", action="store_true",
+                   help="static KV caches and torch.compiled steps (CUDA graphs on GPU); compile time is reported "
+                        "as compile_seconds, apart from tokens/s")
+    p.add_argument("--engine", default="specdistill", choices=ENGINES,
+                   help="where to measure: our decoder, vLLM's offline LLM (the serving venv), or both side by side "
+                        "(tau(ours), tau(vLLM) and their ratio per gamma)")
+    p.add_argument("--vllm-python", default=None,
+                   help="interpreter with vLLM (default: $SPECDISTILL_VLLM_PYTHON, else .venv-vllm/bin/python from "
+                        "`make serving`)")
+    p.add_argument("--vllm-draft-sampling", default=None, choices=DRAFT_SAMPLE_METHODS,
+                   help="vLLM's draft_sample_method at temperature > 0: greedy (vLLM's default: argmax drafts, "
+                        "accepted with p(d)) or probabilistic (d ~ q, min(1, p/q), as ours); default: vLLM's own for "
+                        "--engine vllm, probabilistic for --engine both")
+    p.add_argument("--parity-tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="--engine both exits 1 when |tau(vLLM) / tau(ours) - 1| exceeds this")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def gamma_value(text: str) -> int | str:
+    """A --gamma value: an integer, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}") from None
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every number and output path, before anything is read or loaded (an unwritable --output would otherwise
+    fail after the whole measurement)."""
+    fixed_gammas = [g for g in args.gamma if g != "auto"]
+    positive = {"--gamma": min(fixed_gammas, default=None), "--max-new-tokens": args.max_new_tokens,
+                "--repeats": args.repeats, "--num-prompts": args.num_prompts,
+                "--max-prompt-tokens": args.max_prompt_tokens, "--top-k": args.top_k}
+    for flag, value in positive.items():
+        if value is not None and value < 1:
+            raise LoadError(f"{flag} must be >= 1" + (" or 'auto'" if flag == "--gamma" else "") +
+                            f", got {args.gamma if flag == '--gamma' else value}")
+    if args.temperature < 0:
+        raise LoadError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise LoadError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.parity_tolerance < 0:
+        raise LoadError(f"--parity-tolerance must be >= 0, got {args.parity_tolerance}")
+    if args.engine != "specdistill" and "auto" in args.gamma:
+        raise LoadError(f"--engine {args.engine} needs integer --gamma values: vLLM drafts a fixed number of tokens")
+    if args.engine == "both" and args.max_new_tokens < 2:
+        raise LoadError(f"--engine both needs --max-new-tokens >= 2, got {args.max_new_tokens}")
+    if args.output is not None:
+        check_writable_file(args.output, "--output")
+    if args.save_outputs is not None:
+        check_writable_file(args.save_outputs, "--save-outputs")
+
+
+def check_model_paths(args: argparse.Namespace) -> None:
+    """Local model folders exist and hold whole weights (no weights are loaded: a bad --draft is named before a
+    large target takes minutes to load)."""
+    for flag, name in (("--target", args.target), ("--draft", args.draft)):
+        if name == PROMPT_LOOKUP:
+            continue
+        if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
+            raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
+        check_safetensors_whole(name, flag)
+        check_json_files_text(name, flag)
+
+
+def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:
+    """The draft's tokenizer (when it has one) matches the target's, checked before any weights load."""
+    if args.draft != PROMPT_LOOKUP:
+        draft_tokenizer = load_tokenizer(args.draft, required=False)
+        if draft_tokenizer is not None:
+            check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
+
+
+def draft_kind(draft: str) -> str:
+    """One of DRAFT_KINDS: prompt lookup, an EAGLE-3 head folder (by its config.json), or a draft model."""
+    if draft == PROMPT_LOOKUP:
+        return "prompt_lookup"
+    return "eagle3" if is_eagle3_folder(draft) else "model"
+
+
+def check_head_fits(args: argparse.Namespace) -> None:
+    """An EAGLE-3 head reads this target's hidden states and embedding (checked on the configs, before any
+    weights load)."""
+    from transformers import AutoConfig
+
+    target_config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
+    problems = fit_problems(read_config(args.draft), target_config)
+    if problems:
+        raise LoadError(f"--draft {args.draft} (an EAGLE-3 head) does not fit --target {args.target}: "
+                        f"{next(iter(problems.values()))}")
+
+
+def load_draft(args, kind: str, target, device, dtype):
+    """The draft of ``kind``: a PromptLookupDrafter, an Eagle3Head on the target's input embedding, or a causal LM."""
+    if kind == "prompt_lookup":  # vLLM's ngram takes the earliest occurrence: so do we when comparing
+        return PromptLookupDrafter(earliest=args.engine == "both")
+    if kind == "eagle3":
+        head = Eagle3Head.from_pretrained(args.draft, target.get_input_embeddings(), dtype=target.dtype)
+        return head.to(device)
+    return load_causal_lm(args.draft, device, dtype, args.trust_remote_code)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    check_args(args)
+    torch.manual_seed(args.seed)
+    vllm_python = find_vllm_python(args.vllm_python) if args.engine != "specdistill" else None
+
+    # ---- inputs -------------------------------------------------------------------------------------------
+    fields = PromptFields(args.prompt_field, args.messages_field, args.category_field)
+    rows = read_prompt_rows(args.prompts, fields, split=args.prompts_split, config=args.prompts_config,
+                            limit=args.num_prompts)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    check_model_paths(args)
+    kind = draft_kind(args.draft)
+    if kind == "eagle3":
+        check_head_fits(args)
+    tokenizer = load_tokenizer(args.target)
+    check_draft_tokenizer(args, tokenizer)
+    check_chat_template(tokenizer, args.chat_template)
+    prompt_ids = encode_prompt_rows(tokenizer, rows, args.chat_template, args.max_prompt_tokens)
+    categories = [row.category for row in rows]
+    settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                            top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats,
+                            compare_hf=args.compare_hf, compile=args.compile,
+                            eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
+    report = {"engine": args.engine, "device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
+              "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
+              "draft_kind": kind, "prompts": args.prompts, "chat_template": args.chat_template,
+              "compiled": args.compile}
+
+    # ---- measure ------------------------------------------------------------------------------------------
+    outputs: list[dict] | None = [] if args.save_outputs or args.engine == "both" else None
+    if args.engine != "specdistill":  # vLLM first: --engine both starts our side from its prefill token
+        stop = [tokenizer.eos_token_id] if args.stop_at_eos else None
+        sampling = args.vllm_draft_sampling or ("probabilistic" if args.engine == "both" else None)
+        vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, categories,
+                                          stop, draft_sample_method=sampling)
+        report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
+                      vllm_cpu_expand_patched=response.get("cpu_expand_patched", False),
+                      compile_seconds=None, results=vllm)
+        if args.engine == "vllm":
+            outputs = vllm_outputs(response, prompt_ids, settings) if outputs is not None else None
+            report.update(device=f"{report['device']}, vLLM {response['vllm_version']}", dtype="float32",
+                          compiled=False)
+    if args.engine != "vllm":
+        if args.engine == "both":
+            prompt_ids, settings = aligned_inputs(prompt_ids, [o[0] for o in response["plain"]["outputs"]],
+                                                  settings)
+        target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
+        results = evaluate_acceptance(target, load_draft(args, kind, target, device, dtype), prompt_ids, settings,
+                                      progress=not args.quiet, outputs=outputs, categories=categories)
+        report.update(compile_seconds=results[0]["compile_seconds"], results=results)
+        if args.engine == "both":
+            report.update(vllm_results=vllm, parity_tolerance=args.parity_tolerance,
+                          parity=parity_rows(results, vllm, args.parity_tolerance),
+                          target_match_vllm=plain_match(response, outputs, settings))
+
+    # ---- report -------------------------------------------------------------------------------------------
+    print_report(args, report)
+    if args.output:
+        write_eval_json(args.output, report)
+        print(f"wrote {args.output}")
+    if args.save_outputs:
+        args.save_outputs.parent.mkdir(parents=True, exist_ok=True)
+        args.save_outputs.write_text("".join(json.dumps(o) + "\n" for o in outputs))
+        print(f"wrote {args.save_outputs}")
+    return report
+
+
+def plain_match(response: dict, outputs: list[dict], settings: EvalSettings) -> float | None:
+    """Greedy only: the share of prompts whose vLLM plain output is our target's (vLLM's prefill token, then our
+    plain continuation): the model vLLM loaded computes what ours does."""
+    if settings.temperature > 0:
+        return None
+    ours = {o["prompt_index"]: o["plain_ids"] for o in outputs}
+    theirs = response["plain"]["outputs"]
+    return sum(theirs[i][1:] == ours[i] for i in ours) / len(ours)
+
+
+def print_report(args: argparse.Namespace, report: dict) -> None:
+    """The results table (each engine's with --engine both), categories, and the parity table."""
+    engines = [("results", args.engine)] if args.engine != "both" else [("results", "specdistill"),
+                                                                       ("vllm_results", "vllm")]
+    for key, engine in engines:
+        results = report[key]
+        print((f"{engine}:\n" if args.engine == "both" else "") +
+              format_table([{"drafter": args.draft, **r} for r in results]))
+        if any("by_category" in r for r in results):
+            print("\nby category:\n" + format_table(category_rows(results)))
+    if "parity" in report:
+        print(f"\ntau parity (tolerance {args.parity_tolerance}):\n" + format_table(report["parity"], PARITY_COLUMNS))
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def cli() -> None:
+    try:
+        report = main()
+    except (LoadError, TokenizerMismatchError, ServingError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    failures = out_of_tolerance(report.get("parity", []))
+    if failures:
+        print(f"error: tau parity beyond --parity-tolerance: {'; '.join(failures)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    cli()
