@@ -51,7 +51,7 @@ def rule_error(key: str, problem: str, involves: Sequence[str] = ()) -> Pydantic
 class Section(BaseModel):
     """A recipe section: its keys are the fields; constructing one raises RecipeError (never ValidationError)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_default=False)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     section: ClassVar[str] = ""  # the YAML name of the section: 'model', 'train', ...
     refused: ClassVar[dict[str, str]] = {}  # names the section refuses on purpose -> why
     former_names: ClassVar[dict[str, str]] = {}  # an old key -> the key that replaced it
