@@ -28,13 +28,14 @@ import torch
 from tqdm.auto import tqdm
 
 from decode import static
-from decode.auto_gamma import AUTO_GAMMAS, is_auto
-from decode.cost_model import CostRatios, measure_cost_ratios
+from decode.auto_gamma import is_auto, resolve_gamma
+from decode.cost_model import measure_cost_ratios
 from decode.drafters import PromptLookupDrafter
 from decode.eagle3 import Eagle3Head
 from decode.head_drafter import bound_head, head_cache
 from decode.results import Result
 from decode.speculative import GenerateOutput, autoregressive_generate, check_gamma, speculative_generate
+from decode.speedup import CostRatios
 from decode.tally import Tally, category_names, category_tallies
 from decode.timing import median_time, timed_call
 
@@ -200,7 +201,8 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
             device, settings.repeats)
         n_new, plain_tokens = len(spec.new_tokens), plain.new_tokens
         chosen += spec.chosen_gammas
-        hf_gamma = round(statistics.mean(spec.chosen_gammas)) if spec.chosen_gammas else gamma
+        mean_chosen = statistics.mean(spec.chosen_gammas) if spec.chosen_gammas else None  # "auto" only
+        hf_gamma = resolve_gamma(gamma, mean_chosen).deployed
         t_hf = 0.0
         if settings.compare_hf and n_new > 0:
             _, t_hf = median_time(quiet_transformers(lambda: hf_assisted(target, draft, prompt, n_new, hf_gamma,
@@ -216,7 +218,7 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
                             "speculative_ids": spec.new_tokens, **({"category": names[i]} if names else {})})
         bar.update(1)
     mean_gamma = statistics.mean(chosen) if chosen else None
-    cost_gamma = min(AUTO_GAMMAS, key=lambda g: abs(g - mean_gamma)) if chosen else gamma
+    cost_gamma = resolve_gamma(gamma, mean_gamma).cost_ratios
     if cost_ratios and cost_gamma in cost_ratios:  # measured once per run by the caller
         costs = cost_ratios[cost_gamma]
     else:
@@ -259,7 +261,7 @@ def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios, mean_gamm
         target_tokens_per_s=new_tokens / plain_s if plain_s else 0.0,
         speculative_tokens_per_s=new_tokens / spec_s if spec_s else 0.0,
         speedup=plain_s / spec_s if spec_s else 0.0,
-        predicted_speedup=costs.predicted_speedup(tau, mean_gamma if is_auto(gamma) else gamma),
+        predicted_speedup=costs.predicted_speedup(tau, resolve_gamma(gamma, mean_gamma).cost_model),
         draft_cost_ratio=costs.draft_cost_ratio,
         verify_cost_ratio=costs.verify_cost_ratio,
         greedy_match=tally.matches / num_prompts if settings.temperature == 0 else None,

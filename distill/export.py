@@ -25,7 +25,7 @@ from accelerate import PartialState
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.acceptance_log import best_checkpoint, read_records
+from distill.acceptance_log import best_checkpoint, read_records, row_gamma
 from distill.checkpoints import crash_point, find_checkpoints
 from distill.config import Recipe
 from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
@@ -105,9 +105,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
         draft = plain_copy(final_draft)
     else:
         draft = final_draft
-    gamma = best["gamma"] if best else default_gamma
-    if gamma == "auto":  # a gamma-auto record: export its mean chosen draft length
-        gamma = max(1, round(best["mean_gamma"]))
+    gamma = row_gamma(best).deployed if best else default_gamma
     if served_head(draft) is not None:  # the served layout of vLLM and SGLang (decode/eagle3.py)
         save_head(served_head(draft), output_dir, gamma)
     else:

@@ -82,8 +82,15 @@ def prompt_file_readers() -> list[str]:
 
 
 def auto_gamma_to_gamma() -> list[str]:
-    """Scopes turning a `gamma: auto` row's mean_gamma into a gamma (round / min over candidates / float)."""
-    return homes(lambda n: call_name(n) in ("round", "min", "float") and reads(n, "mean_gamma"))
+    """Scopes turning a `gamma: auto` row's mean_gamma (or the chosen gammas it is the mean of) into a gamma:
+    round / min over candidates / float of it, or `mean_gamma if <auto> else gamma`."""
+    def is_conversion(node: ast.AST) -> bool:
+        if call_name(node) in ("round", "min", "float"):
+            return reads(node, "mean_gamma") or reads(node, "chosen_gammas")
+        return (isinstance(node, ast.IfExp) and not isinstance(node.body, ast.JoinedStr)  # not a label
+                and reads(node.body, "mean_gamma") and reads(node.orelse, "gamma")
+                and (reads(node.test, "is_auto") or reads(node.test, "auto")))
+    return homes(is_conversion)
 
 
 def cost_model_speedup() -> list[str]:
@@ -142,8 +149,8 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
         lambda: defined(ast.FunctionDef, lambda n: n == "non_finite"), True),
     "refusing NaN/inf in flags (checks.finite_float)": (
         lambda: defined(ast.FunctionDef, lambda n: n == "finite_float"), True),
-    "gamma: auto -> a gamma": (auto_gamma_to_gamma, False),
-    "the cost-model speedup tau / (gamma c + v)": (cost_model_speedup, False),
+    "gamma: auto -> a gamma": (auto_gamma_to_gamma, True),
+    "the cost-model speedup tau / (gamma c + v)": (cost_model_speedup, True),
     "file extension -> datasets builder map": (extension_builder_maps, False),
     "safetensors header parsing": (safetensors_header_readers, False),
     "lm_head row count": (lm_head_row_counts, False),
