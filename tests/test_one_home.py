@@ -151,7 +151,7 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
         lambda: defined(ast.FunctionDef, lambda n: n == "finite_float"), True),
     "gamma: auto -> a gamma": (auto_gamma_to_gamma, True),
     "the cost-model speedup tau / (gamma c + v)": (cost_model_speedup, True),
-    "file extension -> datasets builder map": (extension_builder_maps, False),
+    "file extension -> datasets builder map": (extension_builder_maps, True),
     "safetensors header parsing": (safetensors_header_readers, False),
     "lm_head row count": (lm_head_row_counts, False),
     # decode.speculative.cut_at_eos (on-policy sampling moved to decode/batched.py)
