@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from decode.checks import check_json_files_text, read_text
+from decode.checks import FileProblem, check_json_files_text, read_text, safetensors_header
 from decode.eagle3 import is_eagle3_folder
 from decode.head_deploy_check import HEAD_CHECKS, check_head, head_serving_commands
 from decode.loading import LoadError, first_line
@@ -75,24 +75,15 @@ class DeployReport:
 # Reading the two models without loading weights
 # ---------------------------------------------------------------------------------------------------------------
 
-def safetensors_header(path: Path) -> dict:
-    """{tensor name: {"dtype", "shape", ...}} from a safetensors file's header (8-byte length + JSON)."""
-    with open(path, "rb") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        try:
-            header = json.loads(f.read(header_len))
-        except ValueError:  # binary or cut short where the JSON header should be
-            raise LoadError(f"{path} is not a readable safetensors file (corrupt header)") from None
-    if not isinstance(header, dict):
-        raise LoadError(f"{path} is not a readable safetensors file (its header is not a JSON object)")
-    header.pop("__metadata__", None)
-    return header
-
-
 def draft_tensors(draft_dir: Path) -> dict:
+    """{tensor name: {"dtype", "shape", ...}} of the folder's *.safetensors files (decode.checks.safetensors_header);
+    LoadError naming a file whose header cannot be read."""
     tensors: dict = {}
-    for path in sorted(draft_dir.glob("*.safetensors")):
-        tensors.update(safetensors_header(path))
+    try:
+        for path in sorted(draft_dir.glob("*.safetensors")):
+            tensors.update(safetensors_header(path).tensors)
+    except FileProblem as err:
+        raise LoadError(str(err)) from None
     return tensors
 
 
