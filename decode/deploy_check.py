@@ -33,12 +33,10 @@ from decode.checks import FileProblem, check_json_files_text, read_text, safeten
 from decode.eagle3 import is_eagle3_folder
 from decode.head_deploy_check import HEAD_CHECKS, check_head, head_serving_commands
 from decode.loading import LoadError, first_line
-from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
+from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
 
 CHECKS = ("safetensors", "tokenizer", "vocab", "max_position_embeddings", "rope", "dtype", "generation_config")
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
-LM_HEAD_NAMES = ("lm_head.weight",)
-EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 DEFAULT_GAMMA = 4  # shown in the commands when the draft's generation_config names none
 
 
@@ -141,14 +139,6 @@ def check_tokenizer(target_tokenizer, draft_dir: Path) -> str | None:
     except TokenizerMismatchError as err:
         return str(err)
     return None
-
-
-def lm_head_rows(tensors: dict, tied: bool) -> int | None:
-    """Rows of the stored lm_head (the input embedding when tied and no lm_head is stored)."""
-    names = [n for n in tensors if n.endswith(LM_HEAD_NAMES)]
-    if not names and tied:
-        names = [n for n in tensors if n.endswith(EMBEDDING_SUFFIXES)]
-    return int(tensors[names[0]]["shape"][0]) if names else None
 
 
 def check_vocab(target_config, draft_config, tensors: dict) -> str | None:

@@ -153,7 +153,7 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
     "the cost-model speedup tau / (gamma c + v)": (cost_model_speedup, True),
     "file extension -> datasets builder map": (extension_builder_maps, True),
     "safetensors header parsing": (safetensors_header_readers, True),
-    "lm_head row count": (lm_head_row_counts, False),
+    "lm_head row count": (lm_head_row_counts, True),
     # decode.speculative.cut_at_eos (on-policy sampling moved to decode/batched.py)
     "cutting a token list at EOS": (eos_cutters, True),
     "atomic write (temporary file + os.replace)": (atomic_writers, False),
