@@ -4,7 +4,8 @@ files that are text, and number flags that are finite.
 Each check raises FileProblem (a ValueError) whose message names the path (and the flag or recipe key given as
 `what`), so command-line tools can print it as one line. Every file the commands read as text goes through
 `read_text` (or `check_text_file` where a library reads it): bytes that are not UTF-8 text (binary, UTF-16, an
-image renamed .txt) are one line naming the file, never a UnicodeDecodeError.
+image renamed .txt) are one line naming the file, never a UnicodeDecodeError. Files that must never be seen half
+written go through `write_atomic`.
 """
 from __future__ import annotations
 
@@ -154,6 +155,15 @@ def read_text(path: str | Path, what: str | None = None) -> str:
     """The text of a UTF-8 file (line ends as Path.read_text gives them); FileProblem naming the file otherwise."""
     check_text_file(path, what)
     return Path(path).read_text(encoding="utf-8")
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Replace the file at `path` with `data` (text as UTF-8) all at once, the one atomic writer: a temporary file
+    beside it (`<name>.tmp`), then a rename, so a reader or a kill mid-write finds the old content or the new."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    os.replace(temporary, path)
 
 
 def check_json_files_text(folder: str | Path, what: str) -> None:

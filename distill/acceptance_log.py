@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from decode.auto_gamma import ResolvedGamma, resolve_gamma
-from decode.checks import read_text
+from decode.checks import read_text, write_atomic
 from decode.speedup import CostRatios
 
 logger = logging.getLogger(__name__)
@@ -115,10 +115,7 @@ def _drop_torn_tail(fd: int, path: Path) -> None:
 
 def rewrite_records(location: str | Path, records: Sequence[dict]) -> None:
     """Replace acceptance.jsonl with `records` (a temporary file renamed over it: old or new, never half)."""
-    path = log_path(location)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_bytes(_encode(records))
-    os.replace(temporary, path)
+    write_atomic(log_path(location), _encode(records))
 
 
 def complete_steps(records: Sequence[dict], gammas: Sequence[int], temperatures: Sequence[float]) -> set[int]:

@@ -133,8 +133,8 @@ def eos_cutters() -> list[str]:
 def atomic_writers() -> list[str]:
     """Scopes writing a temporary file and renaming it over the real one (os.replace next to a write)."""
     writes = ("write_text", "write_bytes", "dump", "write")
-    return [name for name, scope in scopes() if name.split(":")[0].startswith(("decode/", "distill/"))
-            and any(call_name(n) == "replace" and reads(n, "os") for n in own_nodes(scope))
+    return [name for name, scope in scopes()
+            if any(call_name(n) == "replace" and reads(n, "os") for n in own_nodes(scope))
             and any(call_name(n) in writes for n in own_nodes(scope))]
 
 
@@ -156,7 +156,7 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
     "lm_head row count": (lm_head_row_counts, True),
     # decode.speculative.cut_at_eos (on-policy sampling moved to decode/batched.py)
     "cutting a token list at EOS": (eos_cutters, True),
-    "atomic write (temporary file + os.replace)": (atomic_writers, False),
+    "atomic write (temporary file + os.replace)": (atomic_writers, True),
 }
 
 
