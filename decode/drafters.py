@@ -16,11 +16,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from decode import static
 from decode.cache import CachedLM
 from decode.loading import load_causal_lm
 from decode.sampling import SamplingConfig, draw, probs_from_logits
-from decode.static import StaticLM, cached_lm
+from decode.static import StaticLM, cached_lm, session
 
 PROMPT_LOOKUP = "prompt-lookup"  # the --draft value that names prompt lookup
 # transformers' assisted generation reads these from the draft's generation_config (decode.evaluate, the export)
@@ -194,7 +193,7 @@ class ModelKind:
         return draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft, compile=compile, capacity=capacity)
 
     def reserve(self, draft, target, capacity, max_gamma) -> None:
-        static.session(draft, "draft").reserve(capacity)
+        session(draft, "draft").reserve(capacity)
 
     def assisted_generate(self, target, draft, prompt, gamma, **generate_kwargs) -> torch.Tensor:
         # transformers 5 reads the draft length from the assistant's generation_config (generate() kwargs are

@@ -22,10 +22,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from decode import static
 from decode.eagle3 import Eagle3Head, fit_problems, is_eagle3_folder, read_config
 from decode.sampling import SamplingConfig, draw, probs_from_logits
-from decode.static import bucket, compile_options, register
+from decode.static import bucket, compile_options, register, session
 
 class HeadCache:
     """The head's keys and values [1, nkv, capacity, d], one slot per head position (slot p = position p), and
@@ -265,7 +264,7 @@ class HeadKind:
 
     def reserve(self, draft, target, capacity, max_gamma) -> None:
         """The target's verify pass with the head's aux layers, and the head's own cache."""
-        static.session(target, "target", tuple(draft.aux_layers)).reserve(capacity)
+        session(target, "target", tuple(draft.aux_layers)).reserve(capacity)
         head_cache(bound_head(draft, target), capacity, True, max_gamma)
 
     def assisted_generate(self, target, draft, prompt, gamma, **generate_kwargs) -> torch.Tensor:

@@ -160,7 +160,7 @@ def check_draft_fits(args: argparse.Namespace, kind: DraftKind) -> None:
     configs before any weights load."""
     problem = kind.fit_problem(args.draft, args.target, args.trust_remote_code)
     if problem:
-        raise LoadError(f"--draft {args.draft} (a {kind.name} draft) does not fit --target {args.target}: {problem}")
+        raise LoadError(f"--draft {args.draft} ({kind.name}) does not fit --target {args.target}: {problem}")
 
 
 def main(argv: list[str] | None = None) -> dict:
