@@ -186,16 +186,19 @@ class ModelKind:
     def fit_problem(self, draft: str, target: str, trust_remote_code: bool = False) -> str | None:
         return None  # the tokenizers are compared instead (decode.vocab)
 
-    def load(self, draft, target, device, dtype, trust_remote_code=False, earliest=False):
+    def load(self, draft: str, target: torch.nn.Module, device: torch.device, dtype: torch.dtype | str,
+             trust_remote_code: bool = False, earliest: bool = False) -> object:
         return load_causal_lm(draft, device, dtype, trust_remote_code)
 
-    def drafter(self, draft, target, compile=False, capacity=0, max_gamma=8) -> Drafter:
+    def drafter(self, draft: object, target: torch.nn.Module, compile: bool = False, capacity: int = 0,
+                max_gamma: int = 8) -> Drafter:
         return draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft, compile=compile, capacity=capacity)
 
-    def reserve(self, draft, target, capacity, max_gamma) -> None:
+    def reserve(self, draft: object, target: torch.nn.Module, capacity: int, max_gamma: int) -> None:
         session(draft, "draft").reserve(capacity)
 
-    def assisted_generate(self, target, draft, prompt, gamma, **generate_kwargs) -> torch.Tensor:
+    def assisted_generate(self, target: torch.nn.Module, draft: object, prompt: torch.Tensor, gamma: int,
+                          **generate_kwargs) -> torch.Tensor:
         # transformers 5 reads the draft length from the assistant's generation_config (generate() kwargs are
         # ignored); the caller's settings are put back afterwards
         gc = draft.generation_config
@@ -207,7 +210,7 @@ class ModelKind:
             for name, value in saved.items():
                 setattr(gc, name, value)
 
-    def save(self, draft, folder: str | Path, gamma: int) -> None:
+    def save(self, draft: object, folder: str | Path, gamma: int) -> None:
         """A standard model folder (safetensors, config, generation config drafting `gamma` tokens)."""
         set_assisted_generation(draft, gamma)
         draft.save_pretrained(folder, safe_serialization=True)
@@ -227,20 +230,23 @@ class PromptLookupKind:
     def fit_problem(self, draft: str, target: str, trust_remote_code: bool = False) -> str | None:
         return None
 
-    def load(self, draft, target, device, dtype, trust_remote_code=False, earliest=False):
+    def load(self, draft: str, target: torch.nn.Module, device: torch.device, dtype: torch.dtype | str,
+             trust_remote_code: bool = False, earliest: bool = False) -> object:
         return PromptLookupDrafter(earliest=earliest)
 
-    def drafter(self, draft, target, compile=False, capacity=0, max_gamma=8) -> Drafter:
+    def drafter(self, draft: object, target: torch.nn.Module, compile: bool = False, capacity: int = 0,
+                max_gamma: int = 8) -> Drafter:
         return draft
 
-    def reserve(self, draft, target, capacity, max_gamma) -> None:
+    def reserve(self, draft: object, target: torch.nn.Module, capacity: int, max_gamma: int) -> None:
         return None  # no model, no cache
 
-    def assisted_generate(self, target, draft, prompt, gamma, **generate_kwargs) -> torch.Tensor:
+    def assisted_generate(self, target: torch.nn.Module, draft: object, prompt: torch.Tensor, gamma: int,
+                          **generate_kwargs) -> torch.Tensor:
         return target.generate(prompt, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=draft.max_ngram_size,
                                **generate_kwargs)
 
-    def save(self, draft, folder: str | Path, gamma: int) -> None:
+    def save(self, draft: object, folder: str | Path, gamma: int) -> None:
         raise ValueError("prompt lookup has no weights: there is no folder to export")
 
 

@@ -253,24 +253,27 @@ class HeadKind:
         target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
         return next(iter(fit_problems(read_config(draft), target_config).values()), None)
 
-    def load(self, draft, target, device, dtype, trust_remote_code=False, earliest=False):
+    def load(self, draft: str, target: torch.nn.Module, device: torch.device, dtype: torch.dtype | str,
+             trust_remote_code: bool = False, earliest: bool = False) -> object:
         """The head on the target's input embedding, in the target's dtype."""
         return Eagle3Head.from_pretrained(draft, target.get_input_embeddings(), dtype=target.dtype).to(device)
 
-    def drafter(self, draft, target, compile=False, capacity=0, max_gamma=8) -> HeadDrafter:
+    def drafter(self, draft: object, target: torch.nn.Module, compile: bool = False, capacity: int = 0,
+                max_gamma: int = 8) -> HeadDrafter:
         if isinstance(draft, HeadDrafter):
             return draft
         return HeadDrafter(bound_head(draft, target), compile=compile, capacity=capacity, max_gamma=max_gamma)
 
-    def reserve(self, draft, target, capacity, max_gamma) -> None:
+    def reserve(self, draft: object, target: torch.nn.Module, capacity: int, max_gamma: int) -> None:
         """The target's verify pass with the head's aux layers, and the head's own cache."""
         session(target, "target", tuple(draft.aux_layers)).reserve(capacity)
         head_cache(bound_head(draft, target), capacity, True, max_gamma)
 
-    def assisted_generate(self, target, draft, prompt, gamma, **generate_kwargs) -> torch.Tensor:
+    def assisted_generate(self, target: torch.nn.Module, draft: object, prompt: torch.Tensor, gamma: int,
+                          **generate_kwargs) -> torch.Tensor:
         raise ValueError(self.assisted_refusal)
 
-    def save(self, draft, folder: str | Path, gamma: int) -> None:
+    def save(self, draft: object, folder: str | Path, gamma: int) -> None:
         """The served folder: Eagle3Head.save_pretrained (config.json for vLLM's and SGLang's eagle3,
         model.safetensors without the shared embedding) and generation_config.json drafting `gamma` tokens
         (constant, threshold 0: the same rule as standalone drafts, decode.drafters.set_assisted_generation)."""
