@@ -12,6 +12,9 @@ nearest one while only one is known). The choice never changes which tokens are 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from decode.speedup import predicted_speedup
 
 AUTO = "auto"
 AUTO_GAMMAS = (1, 2, 3, 4, 6)  # candidate draft lengths (each is one compiled verify shape on the static path)
@@ -28,11 +31,29 @@ def expected_tokens(gamma: int, alpha: float) -> float:
 
 def best_gamma(alpha: float, draft_cost: float, verify_cost: dict[int, float], gammas=AUTO_GAMMAS) -> int:
     """argmax_g tau(g, alpha) / (g * draft_cost + verify_cost[g]); costs in any one unit (ties: smaller g)."""
-    return max(gammas, key=lambda g: (expected_tokens(g, alpha) / (g * draft_cost + verify_cost[g]), -g))
+    return max(gammas, key=lambda g: (predicted_speedup(expected_tokens(g, alpha), g, draft_cost, verify_cost[g]), -g))
 
 
 def is_auto(gamma: int | str) -> bool:
     return isinstance(gamma, str) and gamma == AUTO
+
+
+class ResolvedGamma(NamedTuple):
+    """The numbers a gamma setting stands for once its run is over."""
+
+    deployed: int       # the draft length it is served with (num_assistant_tokens, vLLM's num_speculative_tokens)
+    cost_model: float   # the gamma the cost model tau / (gamma * c + v) is evaluated at
+    cost_ratios: int    # the measured draft length whose cost ratios c, v it uses
+
+
+def resolve_gamma(gamma: int | str, mean_gamma: float | None) -> ResolvedGamma:
+    """The one place that turns "auto" into numbers: a fixed gamma stands for itself; "auto" (with ``mean_gamma``,
+    the mean of the gammas chosen at every step, as its result row reports) is served with that mean rounded (>= 1),
+    costed at the mean itself, with the cost ratios of the candidate of AUTO_GAMMAS nearest to it."""
+    if not is_auto(gamma):
+        return ResolvedGamma(int(gamma), float(gamma), int(gamma))
+    nearest = min(AUTO_GAMMAS, key=lambda g: abs(g - mean_gamma))
+    return ResolvedGamma(max(1, round(mean_gamma)), float(mean_gamma), nearest)
 
 
 @dataclass

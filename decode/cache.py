@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from decode.vocab import lm_head_rows
+
 
 def aux_hidden(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
     """The residual streams entering decoder layers ``layers`` (``hidden_states[i]`` of a transformers forward with
@@ -28,7 +30,7 @@ class CachedLM:
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        return lm_head_rows(self.model)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:

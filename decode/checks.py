@@ -4,7 +4,8 @@ files that are text, and number flags that are finite.
 Each check raises FileProblem (a ValueError) whose message names the path (and the flag or recipe key given as
 `what`), so command-line tools can print it as one line. Every file the commands read as text goes through
 `read_text` (or `check_text_file` where a library reads it): bytes that are not UTF-8 text (binary, UTF-16, an
-image renamed .txt) are one line naming the file, never a UnicodeDecodeError.
+image renamed .txt) are one line naming the file, never a UnicodeDecodeError. Files that must never be seen half
+written go through `write_atomic`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import math
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 # Files any transformers tokenizer folder holds at least one of.
@@ -57,24 +59,45 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """What a safetensors file's header says: its tensors and where their bytes lie."""
+
+    tensors: dict[str, dict]  # name -> {"dtype", "shape", "data_offsets"} (offsets from data_start; no __metadata__)
+    data_start: int           # 8-byte length + the JSON header: where the first tensor's bytes begin
+
+    @property
+    def data_end(self) -> int:
+        """The byte the file must reach: after the largest end offset of any tensor."""
+        return self.data_start + max((t["data_offsets"][1] for t in self.tensors.values()), default=0)
+
+
+def safetensors_header(path: str | Path, what: str = "") -> SafetensorsHeader:
+    """The header of a safetensors file (8-byte little-endian length, then that many bytes of JSON), read without
+    loading any weight: the one reader of safetensors headers. Raises FileProblem (naming `what` and the file) when
+    the header is cut short, not JSON or not a JSON object."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            (header_size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_size)) if 8 + header_size <= size else None
+    except (struct.error, ValueError):  # shorter than 8 bytes; bytes that are not (UTF-8) JSON
+        header = None
+    if not isinstance(header, dict):
+        raise FileProblem(f"{what + ': ' if what else ''}{path} is not a readable safetensors file (truncated or "
+                          "corrupt header)")
+    header.pop("__metadata__", None)
+    return SafetensorsHeader(tensors=header, data_start=8 + header_size)
+
+
 def check_safetensors_whole(folder: str | Path, what: str) -> None:
     """Every *.safetensors file in a local model folder is as long as its header says (not truncated)."""
     folder = Path(folder)
     if not folder.is_dir():
         return
     for file in sorted(folder.glob("*.safetensors")):
-        size = file.stat().st_size
-        try:
-            with file.open("rb") as f:
-                (header_size,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(header_size)) if 8 + header_size <= size else None
-        except (struct.error, ValueError, UnicodeDecodeError):
-            header = None
-        if header is None:
-            raise FileProblem(f"{what}: {file} is not a readable safetensors file (truncated or corrupt header)")
-        # data ends at the largest end offset of any tensor, after the 8-byte length and the JSON header
-        needed = 8 + header_size + max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"),
-                                       default=0)
+        size, needed = file.stat().st_size, safetensors_header(file, what).data_end
         if size < needed:
             raise FileProblem(f"{what}: {file} is truncated ({size} bytes, its header needs {needed}); "
                               "copy or download it again")
@@ -132,6 +155,15 @@ def read_text(path: str | Path, what: str | None = None) -> str:
     """The text of a UTF-8 file (line ends as Path.read_text gives them); FileProblem naming the file otherwise."""
     check_text_file(path, what)
     return Path(path).read_text(encoding="utf-8")
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Replace the file at `path` with `data` (text as UTF-8) all at once, the one atomic writer: a temporary file
+    beside it (`<name>.tmp`), then a rename, so a reader or a kill mid-write finds the old content or the new."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    os.replace(temporary, path)
 
 
 def check_json_files_text(folder: str | Path, what: str) -> None:

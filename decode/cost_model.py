@@ -1,4 +1,4 @@
-"""The cost model of speculative decoding, measured on the decoder's own loops.
+"""The cost ratios of speculative decoding, measured on the decoder's own loops (decode.speedup has the formula).
 
 Model (Leviathan et al. 2023): one speculative step drafts gamma tokens and verifies them; it commits tau tokens on
 average (mean_accepted_tokens), and plain decoding commits one token per target step, so
@@ -30,19 +30,10 @@ from dataclasses import dataclass
 import torch
 
 from decode.speculative import autoregressive_generate, speculative_generate
+from decode.speedup import CostRatios
 from decode.timing import StepClock, timed_call
 
 MIN_ROUNDS = 3
-
-
-@dataclass
-class CostRatios:
-    draft_cost_ratio: float   # c = draft seconds per drafted token / t_target
-    verify_cost_ratio: float  # v = rest of a speculative step (verify pass + per-step overheads) / t_target
-
-    def predicted_speedup(self, tau: float, gamma: float) -> float:
-        # speedup = tau / (gamma * c + v)
-        return tau / (gamma * self.draft_cost_ratio + self.verify_cost_ratio)
 
 
 @dataclass

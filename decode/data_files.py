@@ -1,11 +1,16 @@
-"""One-line explanations for local data files that `datasets` refuses with a generic message (or a bare
-StopIteration): an empty file, and the first line of a .json/.jsonl file that is not valid JSON."""
+"""Local data files: which `datasets` builder reads each suffix (the one map), and one-line explanations for files
+that `datasets` refuses with a generic message (or a bare StopIteration): an empty file, and the first line of a
+.json/.jsonl file that is not valid JSON."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from decode.checks import read_text
+
+# file suffix -> the datasets builder that reads it (load_dataset(builder, data_files=...))
+DATA_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+TEXT_DATA_SUFFIXES = tuple(s for s, builder in DATA_FILE_BUILDERS.items() if builder != "parquet")  # text files
 
 
 def first_empty_file(files: list[str]) -> str | None:
@@ -29,7 +34,7 @@ def first_bad_json_line(files: list[str]) -> str | None:
     """
     for file in files:
         path = Path(file)
-        if path.suffix not in (".json", ".jsonl"):
+        if DATA_FILE_BUILDERS.get(path.suffix) != "json":
             continue
         text = read_text(path)  # the file passed check_text_file before datasets read it
         if path.suffix == ".json":

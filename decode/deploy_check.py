@@ -19,8 +19,8 @@ Checks (each failure is one line naming the check, what was found and what to do
 - serve (only with ``serve=``, `specdistill-check --serve`): vLLM loads the pair and its speculative greedy output
   equals its plain output (decode.serving.vllm_engine).
 The target can be a local folder or a hub id (its config and tokenizer are read); the draft is a local folder.
-An EAGLE-3 head folder (its config's architectures, decode.eagle3.is_eagle3_folder) gets the head's checks instead
-(decode/head_deploy_check.py) and the head's serving commands.
+The checks and commands are those of the draft's kind (decode.draft_kinds.kind_of_source): an EAGLE-3 head folder
+(its config's architectures) gets the head's checks instead (decode/head_deploy_check.py) and its serving commands.
 """
 from __future__ import annotations
 
@@ -29,16 +29,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from decode.checks import check_json_files_text, read_text
-from decode.eagle3 import is_eagle3_folder
+from decode.checks import FileProblem, check_json_files_text, read_text, safetensors_header
+from decode.draft_kinds import kind_of_source
 from decode.head_deploy_check import HEAD_CHECKS, check_head, head_serving_commands
 from decode.loading import LoadError, first_line
-from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
+from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
 
 CHECKS = ("safetensors", "tokenizer", "vocab", "max_position_embeddings", "rope", "dtype", "generation_config")
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
-LM_HEAD_NAMES = ("lm_head.weight",)
-EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 DEFAULT_GAMMA = 4  # shown in the commands when the draft's generation_config names none
 
 
@@ -75,24 +73,15 @@ class DeployReport:
 # Reading the two models without loading weights
 # ---------------------------------------------------------------------------------------------------------------
 
-def safetensors_header(path: Path) -> dict:
-    """{tensor name: {"dtype", "shape", ...}} from a safetensors file's header (8-byte length + JSON)."""
-    with open(path, "rb") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        try:
-            header = json.loads(f.read(header_len))
-        except ValueError:  # binary or cut short where the JSON header should be
-            raise LoadError(f"{path} is not a readable safetensors file (corrupt header)") from None
-    if not isinstance(header, dict):
-        raise LoadError(f"{path} is not a readable safetensors file (its header is not a JSON object)")
-    header.pop("__metadata__", None)
-    return header
-
-
 def draft_tensors(draft_dir: Path) -> dict:
+    """{tensor name: {"dtype", "shape", ...}} of the folder's *.safetensors files (decode.checks.safetensors_header);
+    LoadError naming a file whose header cannot be read."""
     tensors: dict = {}
-    for path in sorted(draft_dir.glob("*.safetensors")):
-        tensors.update(safetensors_header(path))
+    try:
+        for path in sorted(draft_dir.glob("*.safetensors")):
+            tensors.update(safetensors_header(path).tensors)
+    except FileProblem as err:
+        raise LoadError(str(err)) from None
     return tensors
 
 
@@ -150,14 +139,6 @@ def check_tokenizer(target_tokenizer, draft_dir: Path) -> str | None:
     except TokenizerMismatchError as err:
         return str(err)
     return None
-
-
-def lm_head_rows(tensors: dict, tied: bool) -> int | None:
-    """Rows of the stored lm_head (the input embedding when tied and no lm_head is stored)."""
-    names = [n for n in tensors if n.endswith(LM_HEAD_NAMES)]
-    if not names and tied:
-        names = [n for n in tensors if n.endswith(EMBEDDING_SUFFIXES)]
-    return int(tensors[names[0]]["shape"][0]) if names else None
 
 
 def check_vocab(target_config, draft_config, tensors: dict) -> str | None:
@@ -234,16 +215,22 @@ def check_generation_config(draft_dir: Path) -> tuple[str | None, str | None, in
 def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
     """Run every check of the module docstring. Raises LoadError (one line) when the draft folder or its config,
     or the target's config or tokenizer, cannot be read, FileProblem when a JSON file of either folder is not text;
-    every other finding is a problem in the report."""
-    from transformers import AutoConfig
-
+    every other finding is a problem in the report. The checks are those of the draft's kind (decode.draft_kinds):
+    a standalone model's (check_model_deploy) or an EAGLE-3 head's (check_head_deploy)."""
     draft_dir = Path(draft)
     if not (draft_dir / "config.json").is_file():
         raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
     check_json_files_text(draft_dir, "draft")
     check_json_files_text(target, "target")
-    if is_eagle3_folder(draft_dir):
-        return check_head_deploy(target, draft_dir, trust_remote_code)
+    return DEPLOY_CHECKS[kind_of_source(draft_dir).name](target, draft, trust_remote_code)
+
+
+def check_model_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
+    """CHECKS of a standalone draft model folder next to ``target``. Raises LoadError when either config or the
+    target's tokenizer cannot be read."""
+    from transformers import AutoConfig
+
+    draft_dir = Path(draft)
     try:
         draft_config = AutoConfig.from_pretrained(draft_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -265,11 +252,12 @@ def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False
                         warnings={"generation_config": generation_warning} if generation_warning else {})
 
 
-def check_head_deploy(target: str, draft_dir: Path, trust_remote_code: bool = False) -> DeployReport:
+def check_head_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
     """HEAD_CHECKS of an EAGLE-3 head folder (decode/head_deploy_check.py) next to ``target``. Raises LoadError
     when the target's config cannot be read."""
     from transformers import AutoConfig
 
+    draft_dir = Path(draft)
     try:
         target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -287,11 +275,19 @@ def serving_commands(report: DeployReport) -> str:
     """Copy-paste commands serving the pair: transformers (assistant_model), vLLM (its method for the draft: decode.
     serving.vllm_engine.vllm_method), SGLang (STANDALONE); for a head: specdistill-eval, vLLM (eagle3) and SGLang
     (EAGLE3). With no gamma in the folder they use $GAMMA, set first."""
+    return SERVING_COMMANDS[report.kind](report)
+
+
+def head_commands(report: DeployReport) -> str:
+    """An EAGLE-3 head's commands (decode.head_deploy_check.head_serving_commands) at the folder's gamma."""
+    return head_serving_commands(report.target, report.draft, report.gamma or DEFAULT_GAMMA)
+
+
+def model_commands(report: DeployReport) -> str:
+    """A standalone draft's commands: transformers, vLLM, SGLang."""
     from decode.serving.vllm_engine import vllm_method
 
     target, draft = report.target, report.draft
-    if report.kind == "eagle3":
-        return head_serving_commands(target, draft, report.gamma or DEFAULT_GAMMA)
     if report.gamma is not None:
         gamma, source = str(report.gamma), f"# gamma = {report.gamma}, from the draft's generation_config"
     else:
@@ -322,6 +318,11 @@ vllm serve {target} --speculative-config {vllm}
 python -m sglang.launch_server --model-path {target} --speculative-algorithm STANDALONE \\
     --speculative-draft-model-path {draft} --speculative-num-steps {gamma} --speculative-eagle-topk 1 \\
     --speculative-num-draft-tokens {draft_tokens}"""
+
+
+# draft kind (decode.draft_kinds) -> its checks, and the commands that serve it (prompt lookup has no folder)
+DEPLOY_CHECKS = {"model": check_model_deploy, "eagle3": check_head_deploy}
+SERVING_COMMANDS = {"model": model_commands, "eagle3": head_commands}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -10,14 +10,20 @@ committed tokens with ``target_features`` (after ``start`` and after each ``comm
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from decode.cache import CachedLM
+from decode.loading import load_causal_lm
 from decode.sampling import SamplingConfig, draw, probs_from_logits
-from decode.static import StaticLM, cached_lm
+from decode.static import StaticLM, cached_lm, session
+
+PROMPT_LOOKUP = "prompt-lookup"  # the --draft value that names prompt lookup
+# transformers' assisted generation reads these from the draft's generation_config (decode.evaluate, the export)
+ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
 class Drafter(Protocol):
@@ -149,3 +155,99 @@ class PromptLookupDrafter:
 
     def commit(self, num_accepted: int) -> None:
         return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two kinds of draft whose drafters live here (decode.draft_kinds.DraftKind)
+# ---------------------------------------------------------------------------------------------------------------
+
+def set_assisted_generation(draft: torch.nn.Module, gamma: int) -> None:
+    """Make transformers' assisted generation draft exactly `gamma` tokens per step, as measured.
+
+    A constant schedule with confidence threshold 0 reproduces the measured setting; the defaults (20 tokens,
+    'constant', threshold 0.4) would stop drafting early on low-confidence tokens and draft far more than measured.
+    """
+    draft.generation_config.num_assistant_tokens = gamma
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+
+
+class ModelKind:
+    """A standalone causal LM as the draft (a folder or hub id; vLLM's draft_model)."""
+
+    name, vllm_method, has_weights, assisted_refusal = "model", "draft_model", True, None
+
+    def recognises(self, draft: str) -> bool:
+        return True  # any folder or hub id that no other kind claims
+
+    def holds(self, draft: object) -> bool:
+        return isinstance(draft, (torch.nn.Module, ModelDrafter))
+
+    def fit_problem(self, draft: str, target: str, trust_remote_code: bool = False) -> str | None:
+        return None  # the tokenizers are compared instead (decode.vocab)
+
+    def load(self, draft: str, target: torch.nn.Module, device: torch.device, dtype: torch.dtype | str,
+             trust_remote_code: bool = False, earliest: bool = False) -> object:
+        return load_causal_lm(draft, device, dtype, trust_remote_code)
+
+    def drafter(self, draft: object, target: torch.nn.Module, compile: bool = False, capacity: int = 0,
+                max_gamma: int = 8) -> Drafter:
+        return draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft, compile=compile, capacity=capacity)
+
+    def reserve(self, draft: object, target: torch.nn.Module, capacity: int, max_gamma: int) -> None:
+        session(draft, "draft").reserve(capacity)
+
+    def assisted_generate(self, target: torch.nn.Module, draft: object, prompt: torch.Tensor, gamma: int,
+                          **generate_kwargs) -> torch.Tensor:
+        # transformers 5 reads the draft length from the assistant's generation_config (generate() kwargs are
+        # ignored); the caller's settings are put back afterwards
+        gc = draft.generation_config
+        saved = {name: getattr(gc, name) for name in ASSISTED_SETTINGS}
+        set_assisted_generation(draft, gamma)
+        try:
+            return target.generate(prompt, assistant_model=draft, **generate_kwargs)
+        finally:
+            for name, value in saved.items():
+                setattr(gc, name, value)
+
+    def save(self, draft: object, folder: str | Path, gamma: int) -> None:
+        """A standard model folder (safetensors, config, generation config drafting `gamma` tokens)."""
+        set_assisted_generation(draft, gamma)
+        draft.save_pretrained(folder, safe_serialization=True)
+
+
+class PromptLookupKind:
+    """Prompt lookup: no model, n-grams of the context (--draft prompt-lookup; vLLM's ngram)."""
+
+    name, vllm_method, has_weights, assisted_refusal = "prompt_lookup", "ngram", False, None
+
+    def recognises(self, draft: str) -> bool:
+        return draft == PROMPT_LOOKUP
+
+    def holds(self, draft: object) -> bool:
+        return isinstance(draft, PromptLookupDrafter)
+
+    def fit_problem(self, draft: str, target: str, trust_remote_code: bool = False) -> str | None:
+        return None
+
+    def load(self, draft: str, target: torch.nn.Module, device: torch.device, dtype: torch.dtype | str,
+             trust_remote_code: bool = False, earliest: bool = False) -> object:
+        return PromptLookupDrafter(earliest=earliest)
+
+    def drafter(self, draft: object, target: torch.nn.Module, compile: bool = False, capacity: int = 0,
+                max_gamma: int = 8) -> Drafter:
+        return draft
+
+    def reserve(self, draft: object, target: torch.nn.Module, capacity: int, max_gamma: int) -> None:
+        return None  # no model, no cache
+
+    def assisted_generate(self, target: torch.nn.Module, draft: object, prompt: torch.Tensor, gamma: int,
+                          **generate_kwargs) -> torch.Tensor:
+        return target.generate(prompt, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=draft.max_ngram_size,
+                               **generate_kwargs)
+
+    def save(self, draft: object, folder: str | Path, gamma: int) -> None:
+        raise ValueError("prompt lookup has no weights: there is no folder to export")
+
+
+MODEL_KIND, PROMPT_LOOKUP_KIND = ModelKind(), PromptLookupKind()

@@ -28,13 +28,12 @@ import torch
 from tqdm.auto import tqdm
 
 from decode import static
-from decode.auto_gamma import AUTO_GAMMAS, is_auto
-from decode.cost_model import CostRatios, measure_cost_ratios
-from decode.drafters import PromptLookupDrafter
-from decode.eagle3 import Eagle3Head
-from decode.head_drafter import bound_head, head_cache
+from decode.auto_gamma import is_auto, resolve_gamma
+from decode.cost_model import measure_cost_ratios
+from decode.draft_kinds import kind_of
 from decode.results import Result
 from decode.speculative import GenerateOutput, autoregressive_generate, check_gamma, speculative_generate
+from decode.speedup import CostRatios
 from decode.tally import Tally, category_names, category_tallies
 from decode.timing import median_time, timed_call
 
@@ -68,30 +67,16 @@ class EvalSettings:
 # ----------------------------------------------------------------------------------------------------------------
 # transformers assisted generation, for comparison
 # ----------------------------------------------------------------------------------------------------------------
-ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-
-
 def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, settings: EvalSettings):
-    """transformers' assisted generation with a fixed gamma (confidence threshold off), exactly ``n_new`` tokens.
+    """transformers' assisted generation with a fixed gamma (confidence threshold off), exactly ``n_new`` tokens,
+    run by the draft's kind (decode.draft_kinds).
     (transformers 5.23 refuses it with its static cache: "assisted generate is not supported with Static cache".)"""
     kwargs = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=settings.temperature > 0,
                   pad_token_id=target.config.eos_token_id if target.config.pad_token_id is None
                   else target.config.pad_token_id)
     if settings.temperature > 0:
         kwargs.update(temperature=settings.temperature, top_k=settings.top_k or 0, top_p=settings.top_p or 1.0)
-    if isinstance(draft, PromptLookupDrafter):
-        return target.generate(prompt, prompt_lookup_num_tokens=gamma, max_matching_ngram_size=draft.max_ngram_size,
-                               **kwargs)
-    # transformers 5 reads these from the assistant's generation_config (generate() kwargs are ignored); the
-    # caller's settings are put back afterwards
-    gc = draft.generation_config
-    saved = {name: getattr(gc, name) for name in ASSISTED_SETTINGS}
-    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
-    try:
-        return target.generate(prompt, assistant_model=draft, **kwargs)
-    finally:
-        for name, value in saved.items():
-            setattr(gc, name, value)
+    return kind_of(draft).assisted_generate(target, draft, prompt, gamma, **kwargs)
 
 
 def quiet_transformers(fn: Callable[[], object]) -> Callable[[], object]:
@@ -126,11 +111,7 @@ def warm_up(target, draft, prompts: list[torch.Tensor], settings: EvalSettings) 
         capacity = longest.shape[1] + settings.max_new_tokens + max_gamma + 2
         with torch.inference_mode():
             static.session(target, "target").reserve(capacity)
-            if isinstance(draft, Eagle3Head):  # the target's verify pass with its aux layers, and the head's cache
-                static.session(target, "target", tuple(draft.aux_layers)).reserve(capacity)
-                head_cache(bound_head(draft, target), capacity, True, max_gamma)
-            elif isinstance(draft, torch.nn.Module):
-                static.session(draft, "draft").reserve(capacity)
+            kind_of(draft).reserve(draft, target, capacity, max_gamma)
     sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
     for gamma in settings.gammas:
         speculative_generate(target, draft, longest, max_new_tokens=min(8, settings.max_new_tokens), gamma=gamma,
@@ -159,9 +140,8 @@ def evaluate_acceptance(
     measures them once per run)."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    if settings.compare_hf and isinstance(draft, Eagle3Head):
-        raise ValueError("--compare-hf: transformers' assisted generation cannot run an EAGLE-3 head (it runs in "
-                         "specdistill's decoder, vLLM and SGLang)")
+    if settings.compare_hf and kind_of(draft).assisted_refusal:
+        raise ValueError(f"--compare-hf: {kind_of(draft).assisted_refusal}")
     names = category_names(categories)
     if names is not None and len(names) != len(prompts):
         raise ValueError(f"{len(names)} categories for {len(prompts)} prompts")
@@ -200,7 +180,8 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
             device, settings.repeats)
         n_new, plain_tokens = len(spec.new_tokens), plain.new_tokens
         chosen += spec.chosen_gammas
-        hf_gamma = round(statistics.mean(spec.chosen_gammas)) if spec.chosen_gammas else gamma
+        mean_chosen = statistics.mean(spec.chosen_gammas) if spec.chosen_gammas else None  # "auto" only
+        hf_gamma = resolve_gamma(gamma, mean_chosen).deployed
         t_hf = 0.0
         if settings.compare_hf and n_new > 0:
             _, t_hf = median_time(quiet_transformers(lambda: hf_assisted(target, draft, prompt, n_new, hf_gamma,
@@ -216,7 +197,7 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
                             "speculative_ids": spec.new_tokens, **({"category": names[i]} if names else {})})
         bar.update(1)
     mean_gamma = statistics.mean(chosen) if chosen else None
-    cost_gamma = min(AUTO_GAMMAS, key=lambda g: abs(g - mean_gamma)) if chosen else gamma
+    cost_gamma = resolve_gamma(gamma, mean_gamma).cost_ratios
     if cost_ratios and cost_gamma in cost_ratios:  # measured once per run by the caller
         costs = cost_ratios[cost_gamma]
     else:
@@ -259,7 +240,7 @@ def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios, mean_gamm
         target_tokens_per_s=new_tokens / plain_s if plain_s else 0.0,
         speculative_tokens_per_s=new_tokens / spec_s if spec_s else 0.0,
         speedup=plain_s / spec_s if spec_s else 0.0,
-        predicted_speedup=costs.predicted_speedup(tau, mean_gamma if is_auto(gamma) else gamma),
+        predicted_speedup=costs.predicted_speedup(tau, resolve_gamma(gamma, mean_gamma).cost_model),
         draft_cost_ratio=costs.draft_cost_ratio,
         verify_cost_ratio=costs.verify_cost_ratio,
         greedy_match=tally.matches / num_prompts if settings.temperature == 0 else None,

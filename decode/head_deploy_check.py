@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors.torch import load_file
 
 from decode.eagle3 import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
 
@@ -57,8 +57,7 @@ def check_d2t(config: dict, folder: Path, tensors: dict) -> str | None:
     if "d2t" not in tensors:
         return (f"draft_vocab_size={draft_vocab} < vocab_size={vocab} but the weights have no d2t (draft id -> "
                 "target id offsets): vLLM would read draft ids as target ids")
-    with safe_open(str(folder / WEIGHTS_FILE), "pt") as f:
-        d2t = f.get_tensor("d2t").long()
+    d2t = load_file(folder / WEIGHTS_FILE)["d2t"].long()  # the head's weights (its header: decode.checks)
     if d2t.shape != (draft_vocab,):
         return f"d2t has shape {list(d2t.shape)} but draft_vocab_size is {draft_vocab}"
     target_ids = torch.arange(draft_vocab) + d2t  # target id of draft id i = i + d2t[i]

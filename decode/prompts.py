@@ -27,13 +27,11 @@ from typing import Any, Sequence
 import torch
 
 from decode.checks import FileProblem, check_text_file, read_text
-from decode.data_files import first_bad_json_line, first_empty_file
+from decode.data_files import DATA_FILE_BUILDERS, TEXT_DATA_SUFFIXES, first_bad_json_line, first_empty_file
 from decode.loading import LoadError, first_line
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
-PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")
-DATA_FILE_BUILDERS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # other files: through datasets
-TEXT_DATA_SUFFIXES = (".json", ".jsonl", ".txt", ".csv")
+PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")  # read by read_prompt_file; other data files go through datasets
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # Dataset(Dict).save_to_disk
 
 
@@ -188,7 +186,7 @@ def read_prompt_dataset(source: str, fields: PromptFields, split: str = "train",
 
 
 def looks_like_file(source: str) -> bool:
-    return source.endswith(PROMPT_FILE_SUFFIXES + tuple(DATA_FILE_BUILDERS)) or source.startswith((".", "/", "~"))
+    return source.endswith(tuple(DATA_FILE_BUILDERS)) or source.startswith((".", "/", "~"))
 
 
 def read_prompt_rows(source: str | Path, fields: PromptFields | None = None, *, split: str = "train",
@@ -201,7 +199,7 @@ def read_prompt_rows(source: str | Path, fields: PromptFields | None = None, *, 
     fields = fields or PromptFields()
     source = str(source)
     path = Path(source).expanduser()
-    if path.is_file() and path.suffix not in DATA_FILE_BUILDERS:
+    if path.is_file() and (path.suffix in PROMPT_FILE_SUFFIXES or path.suffix not in DATA_FILE_BUILDERS):
         rows = read_prompt_file(path, fields)
     elif path.is_file() or path.is_dir() or not looks_like_file(source):
         rows = read_prompt_dataset(source, fields, split=split, config=config)

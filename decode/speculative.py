@@ -15,9 +15,8 @@ import torch
 
 from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
 from decode.cache import CachedLM
-from decode.drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from decode.eagle3 import Eagle3Head
-from decode.head_drafter import HeadDrafter, bound_head
+from decode.draft_kinds import kind_of
+from decode.drafters import Drafter
 from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
 from decode.static import StaticLM, cached_lm
 from decode.stats import SpecStats
@@ -63,19 +62,15 @@ def cut_at_eos(tokens: list[int], stop: set[int]) -> list[int]:
 
 def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compile: bool = False,
                capacity: int = 0, max_gamma: int = 8) -> Drafter:
-    """The drafter of ``draft``: a causal LM (ModelDrafter), an Eagle3Head (HeadDrafter; bound to the target's
-    input embedding if it has none), or a drafter as is."""
-    if isinstance(draft, (PromptLookupDrafter, ModelDrafter, HeadDrafter)):
-        return draft
-    if not isinstance(draft, torch.nn.Module):
-        raise TypeError(f"draft must be a causal LM, an Eagle3Head or a PromptLookupDrafter, got "
-                        f"{type(draft).__name__}")
-    target_device, draft_device = next(target.parameters()).device, next(draft.parameters()).device
-    if target_device != draft_device:
-        raise ValueError(f"target is on {target_device} but draft is on {draft_device}; put both on one device")
-    if isinstance(draft, Eagle3Head):
-        return HeadDrafter(bound_head(draft, target), compile=compile, capacity=capacity, max_gamma=max_gamma)
-    return ModelDrafter(draft, compile=compile, capacity=capacity)
+    """The drafter of ``draft``, built by its kind (decode.draft_kinds): a causal LM (ModelDrafter), an Eagle3Head
+    (HeadDrafter; bound to the target's input embedding if it has none), or a drafter as is. TypeError for any
+    other object; ValueError when a draft model is on another device than the target."""
+    kind = kind_of(draft)
+    if isinstance(draft, torch.nn.Module):
+        target_device, draft_device = next(target.parameters()).device, next(draft.parameters()).device
+        if target_device != draft_device:
+            raise ValueError(f"target is on {target_device} but draft is on {draft_device}; put both on one device")
+    return kind.drafter(draft, target, compile=compile, capacity=capacity, max_gamma=max_gamma)
 
 
 def check_gamma(gamma: int | str) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from decode.cache import CachedLM, aux_hidden
+from decode.vocab import lm_head_rows
 
 MIN_CAPACITY = 64
 BACKEND = "inductor"  # torch.compile backend (tests of the decode logic swap in "aot_eager": no code generation)
@@ -204,7 +205,7 @@ class StaticLM:
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        return lm_head_rows(self.model)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:

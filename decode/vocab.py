@@ -1,5 +1,27 @@
-"""Target and draft must share a tokenizer: same token -> id mapping and special tokens (padded lm_head rows allowed)."""
+"""Target and draft must share a tokenizer: same token -> id mapping and special tokens (padded lm_head rows allowed);
+and the one count of an lm_head's rows."""
 from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import nn
+
+LM_HEAD_NAMES = ("lm_head.weight",)
+EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+
+
+def lm_head_rows(weights: nn.Module | Mapping[str, dict], tied: bool = False) -> int | None:
+    """V, the rows of an lm_head: the width of the logits (it may exceed len(tokenizer): padded rows).
+
+    `weights`: a model in memory (its output embedding), or the {name: {"shape", ...}} of stored weights (a
+    safetensors header), where a `tied` model that stores no lm_head counts its input embedding's rows; None when
+    the stored weights hold neither."""
+    if isinstance(weights, nn.Module):
+        return weights.get_output_embeddings().weight.shape[0]
+    names = [n for n in weights if n.endswith(LM_HEAD_NAMES)]
+    if not names and tied:
+        names = [n for n in weights if n.endswith(EMBEDDING_SUFFIXES)]
+    return int(weights[names[0]]["shape"][0]) if names else None
 
 
 class TokenizerMismatchError(ValueError):

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from decode.checks import read_text
+from decode.auto_gamma import ResolvedGamma, resolve_gamma
+from decode.checks import read_text, write_atomic
+from decode.speedup import CostRatios
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +115,7 @@ def _drop_torn_tail(fd: int, path: Path) -> None:
 
 def rewrite_records(location: str | Path, records: Sequence[dict]) -> None:
     """Replace acceptance.jsonl with `records` (a temporary file renamed over it: old or new, never half)."""
-    path = log_path(location)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_bytes(_encode(records))
-    os.replace(temporary, path)
+    write_atomic(log_path(location), _encode(records))
 
 
 def complete_steps(records: Sequence[dict], gammas: Sequence[int], temperatures: Sequence[float]) -> set[int]:
@@ -140,23 +139,18 @@ class CheckpointChoice:
     row: dict
 
 
+def row_gamma(row: dict) -> ResolvedGamma:
+    """What a row's gamma setting stands for (decode.auto_gamma.resolve_gamma; "auto" rows carry mean_gamma)."""
+    return resolve_gamma(row["gamma"], row.get("mean_gamma"))
+
+
 def cost_model_speedup(row: dict) -> float | None:
     """tau / (gamma * c + v) from the row's mean_accepted_tokens and cost ratios; None without cost ratios."""
     c, v = row.get("draft_cost_ratio"), row.get("verify_cost_ratio")
-    if c is None or v is None or cost_gamma(row) * c + v <= 0:
+    if c is None or v is None:
         return None
-    # speedup = tau / (gamma * c + v)
-    return row["mean_accepted_tokens"] / (cost_gamma(row) * c + v)
-
-
-def gamma_of(row: dict) -> int:
-    """The draft length a row's setting deploys with: its gamma, or for gamma "auto" the rounded mean chosen gamma."""
-    return round(row["mean_gamma"]) if row["gamma"] == "auto" else int(row["gamma"])
-
-
-def cost_gamma(row: dict) -> float:
-    """The gamma the cost model is evaluated at: the row's gamma, or for "auto" the mean chosen gamma."""
-    return float(row["mean_gamma"]) if row["gamma"] == "auto" else float(row["gamma"])
+    costs, gamma = CostRatios(c, v), row_gamma(row).cost_model
+    return costs.predicted_speedup(row["mean_accepted_tokens"], gamma) if costs.step_cost(gamma) > 0 else None
 
 
 def _rank(row: dict) -> tuple:
@@ -164,7 +158,7 @@ def _rank(row: dict) -> tuple:
     gamma, then the earlier step (the same model with fewer updates)."""
     speedup = cost_model_speedup(row)
     return (round(speedup, 9) if speedup is not None else float("-inf"), round(row["mean_accepted_tokens"], 9),
-            -gamma_of(row), -(row.get("step") or 0))
+            -row_gamma(row).deployed, -(row.get("step") or 0))
 
 
 def best_checkpoint(rows: Sequence[dict], temperature: float | None = None) -> CheckpointChoice | None:
@@ -181,6 +175,6 @@ def best_checkpoint(rows: Sequence[dict], temperature: float | None = None) -> C
     if not candidates:
         return None
     best = max(candidates, key=_rank)
-    return CheckpointChoice(step=best.get("step"), checkpoint=best.get("checkpoint"), gamma=gamma_of(best),
+    return CheckpointChoice(step=best.get("step"), checkpoint=best.get("checkpoint"), gamma=row_gamma(best).deployed,
                             temperature=float(best.get("temperature", 0.0)),
                             cost_model_speedup=cost_model_speedup(best), row=best)

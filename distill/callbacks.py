@@ -9,8 +9,9 @@ measurement are appended in one write (distill.acceptance_log); a checkpoint who
 After training, measure_remaining measures what is still missing and the final step if it was not saved.
 
 The cost ratios c and v of the cost model tau / (gamma * c + v) are measured once per run (the first time
-acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and written into
-every record, next to the measured wall-clock speedup; distill.export picks the best checkpoint from them.
+acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and handed to
+evaluate_acceptance, which writes them and the predicted speedup into every record, next to the measured wall-clock
+speedup; distill.export picks the best checkpoint from them.
 
 What is measured is what gets exported: an EAGLE-3 head is measured as the Eagle3Head itself (the trainer holds it
 inside distill.head_loss.UnrolledHead; decode's head drafter runs it), a LoRA draft as a merged copy, and under
@@ -31,8 +32,9 @@ from torch import nn
 from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from decode.auto_gamma import AUTO_GAMMAS, is_auto
-from decode.evaluate import CostRatios, measure_cost_ratios
-from distill.acceptance_log import append_records, complete_steps, cost_gamma, read_records, rewrite_records
+from decode.cost_model import measure_cost_ratios
+from decode.speedup import CostRatios
+from distill.acceptance_log import append_records, complete_steps, read_records, rewrite_records
 from distill.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.config import EvalConfig
 from distill.distributed import is_partitioned, plain_copy
@@ -51,12 +53,6 @@ Evaluate = Callable[..., list[dict]]
 def cost_gammas(gammas: Sequence[int | str]) -> list[int]:
     """The draft lengths whose cost ratios a run needs: its fixed gammas, and every candidate of gamma "auto"."""
     return sorted({g for g in gammas if not is_auto(g)} | (set(AUTO_GAMMAS) if any(map(is_auto, gammas)) else set()))
-
-
-def nearest_cost_gamma(record: dict) -> int:
-    """The measured draft length whose cost ratios a record uses (for "auto": the candidate nearest its mean)."""
-    return min(AUTO_GAMMAS, key=lambda g: abs(g - record["mean_gamma"])) if is_auto(record["gamma"]) \
-        else record["gamma"]
 
 
 def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int | str]) -> dict[int, CostRatios] | None:
@@ -223,10 +219,6 @@ class AcceptanceCallback(TrainerCallback):
                 with eval_mode(draft):
                     results += self.evaluate(target, draft, self.prompts, settings, progress=False,
                                              cost_ratios=self.cost_ratios, **by_category)
-            for r in results:  # every record carries the run's cost ratios and its cost-model speedup
-                costs = self.cost_ratios[nearest_cost_gamma(r)]
-                r.update(draft_cost_ratio=costs.draft_cost_ratio, verify_cost_ratio=costs.verify_cost_ratio,
-                         predicted_speedup=costs.predicted_speedup(r["mean_accepted_tokens"], cost_gamma(r)))
             return results
         finally:
             if target is not self.target:

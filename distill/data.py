@@ -26,12 +26,13 @@ from decode.checks import FileProblem, check_text_file
 from decode.loading import LoadError
 from decode.prompts import (PromptRow, check_chat_template, prompt_messages, prompt_token_ids, read_prompt_rows,
                             uses_template)
-from decode.data_files import first_bad_json_line, first_empty_file
+from decode.data_files import DATA_FILE_BUILDERS, first_bad_json_line, first_empty_file
 from distill.config import DataConfig
 from distill.text_files import PIECE_COLUMNS, TextFileError, load_text_files, tokenize_pieces
 from distill.utils import IGNORE_INDEX
 
-BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# the local files data.dataset takes (decode.data_files.DATA_FILE_BUILDERS names the builder of each)
+TRAINING_SUFFIXES = (".txt", ".json", ".jsonl", ".parquet")
 
 
 class DataError(ValueError):
@@ -60,22 +61,22 @@ def local_data_files(spec: str) -> tuple[str, list[str]] | None:
     """
     path = Path(spec).expanduser()
     if path.is_dir():
-        files = sorted(str(p) for p in path.iterdir() if p.suffix in BUILDERS)
+        files = sorted(str(p) for p in path.iterdir() if p.suffix in TRAINING_SUFFIXES)
     elif path.is_file():
         files = [str(path)]
     elif any(c in spec for c in "*?["):
         files = sorted(glob.glob(str(path), recursive=True))
         if not files:
             raise DataError(f"data.dataset: no file matches {spec!r}")
-    elif path.suffix in BUILDERS or spec.startswith((".", "/", "~")):
+    elif path.suffix in TRAINING_SUFFIXES or spec.startswith((".", "/", "~")):
         raise DataError(f"data.dataset: file not found: {spec}")
     else:
         return None
     if not files:
-        raise DataError(f"data.dataset: folder {spec} holds no {'/'.join(BUILDERS)} files")
-    builders = {BUILDERS.get(Path(f).suffix) for f in files}
+        raise DataError(f"data.dataset: folder {spec} holds no {'/'.join(TRAINING_SUFFIXES)} files")
+    builders = {DATA_FILE_BUILDERS[Path(f).suffix] if Path(f).suffix in TRAINING_SUFFIXES else None for f in files}
     if None in builders or len(builders) != 1:
-        raise DataError(f"data.dataset: {spec} must hold files of one kind among {', '.join(BUILDERS)}; "
+        raise DataError(f"data.dataset: {spec} must hold files of one kind among {', '.join(TRAINING_SUFFIXES)}; "
                         f"got {sorted({Path(f).suffix for f in files})}")
     return builders.pop(), files
 

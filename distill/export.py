@@ -5,7 +5,8 @@ export_run is the last step of a run (distill.pipeline), on rank 0 while the oth
             tau / (gamma * c + v) from the measured acceptance); no measurement: the final draft
   export    that checkpoint's draft written to OUTPUT_DIR as a plain model folder (safetensors, config, tokenizer;
             a LoRA draft merged, a ZeRO-3 / FSDP2 draft read back from its checkpoint), with
-            generation_config.num_assistant_tokens = its gamma (export_draft)
+            generation_config.num_assistant_tokens = its gamma (export_draft; the served folder of its kind,
+            decode.draft_kinds)
   check     decode.deploy_check on the folder against the target; problems are warnings, never fatal
   serving   eval.serving_engine: vllm: the folder measured inside vLLM (decode.serving) on the eval prompts;
             best.vllm_mean_accepted_tokens beside best.mean_accepted_tokens; a failure is a warning, never fatal
@@ -25,12 +26,13 @@ from accelerate import PartialState
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.acceptance_log import best_checkpoint, read_records
+from decode.draft_kinds import kind_of
+from distill.acceptance_log import best_checkpoint, read_records, row_gamma
 from distill.checkpoints import crash_point, find_checkpoints
 from distill.config import Recipe
 from distill.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.fsdp import unsharded_original
-from distill.heads import head_at_checkpoint, save_head, served_head
+from distill.heads import head_at_checkpoint, served_draft, served_head
 from distill.lora import is_lora
 from distill.run_folder import write_results
 
@@ -50,17 +52,6 @@ def best_record(records: Sequence[dict], temperature: float) -> dict | None:
 # ---------------------------------------------------------------------------------------------------------------
 # The draft folder
 # ---------------------------------------------------------------------------------------------------------------
-
-def set_assisted_generation(draft: PreTrainedModel, gamma: int) -> None:
-    """Make transformers' assisted generation draft exactly `gamma` tokens per step, as measured.
-
-    A constant schedule with confidence threshold 0 reproduces the measured setting; the defaults (20 tokens,
-    'constant', threshold 0.4) would stop drafting early on low-confidence tokens and draft far more than measured.
-    """
-    draft.generation_config.num_assistant_tokens = gamma
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
-
 
 def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
     """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
@@ -105,14 +96,9 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
         draft = plain_copy(final_draft)
     else:
         draft = final_draft
-    gamma = best["gamma"] if best else default_gamma
-    if gamma == "auto":  # a gamma-auto record: export its mean chosen draft length
-        gamma = max(1, round(best["mean_gamma"]))
-    if served_head(draft) is not None:  # the served layout of vLLM and SGLang (decode/eagle3.py)
-        save_head(served_head(draft), output_dir, gamma)
-    else:
-        set_assisted_generation(draft, gamma)
-        draft.save_pretrained(output_dir, safe_serialization=True)
+    gamma = row_gamma(best).deployed if best else default_gamma
+    draft = served_draft(draft)  # a head in training is wrapped (UnrolledHead): its head is what is served
+    kind_of(draft).save(draft, output_dir, gamma)  # its kind's served folder (decode.draft_kinds)
     tokenizer.save_pretrained(output_dir)
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}

@@ -1,5 +1,6 @@
 """EAGLE-3 heads in a run (model.draft_kind eagle3): the plan from configs, the head built from the target, the
-draft vocabulary from the training rows, and the head read back from a checkpoint.
+draft vocabulary from the training rows, and the head read back from a checkpoint (its served folder:
+decode.head_drafter.HeadKind.save).
 
 The head itself (its maths, files and vLLM semantics) is decode/eagle3.py; its training-time test is
 distill/head_loss.py; DistillTrainer trains it through distill.head_loss.UnrolledHead (distill/head_trainer.py).
@@ -18,7 +19,7 @@ import torch
 from accelerate import PartialState
 from safetensors.torch import load_file
 from torch import nn
-from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from decode.eagle3 import Eagle3Head, head_config
 from distill.config import ModelConfig
@@ -167,15 +168,3 @@ def head_at_checkpoint(folder: Path, final: nn.Module) -> Eagle3Head:
     head.load_state_dict({k.removeprefix(CHECKPOINT_PREFIX): v for k, v in state.items()}, strict=True)
     head.to(trained.fc.weight.device)
     return head.bind_embeddings(trained.bound_embeddings).eval()
-
-
-def save_head(head: Eagle3Head, folder: str | Path, gamma: int) -> None:
-    """The served folder: Eagle3Head.save_pretrained (config.json for vLLM's and SGLang's eagle3, model.safetensors
-    without the shared embedding) and generation_config.json drafting `gamma` tokens (constant, threshold 0: the
-    same rule as standalone drafts, distill.export.set_assisted_generation)."""
-    head.save_pretrained(folder)
-    config = head.config
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=config.pad_token_id, num_assistant_tokens=gamma,
-                     num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-                     ).save_pretrained(folder)

@@ -14,7 +14,9 @@ relative to the model folder (the run's folder).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -22,7 +24,8 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from decode.checks import read_text
-from decode.eagle3 import ARCHITECTURE, is_eagle3_folder
+from decode.draft_kinds import kind_of_source
+from decode.eagle3 import ARCHITECTURE
 from decode.results import read_eval_json
 from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
 from distill.acceptance_log import best_checkpoint, log_path, read_records
@@ -132,28 +135,35 @@ def eval_prompts(model_dir: Path, eval_json: Path | None = None) -> str | None:
 
 
 def describe_draft(model_dir: Path) -> str:
-    """One line on the draft's architecture from config.json and its parameter count from the safetensors headers."""
-    parts = []
+    """One line on the draft's architecture from config.json (its kind's CardText.describe) and its parameter count
+    from the safetensors headers."""
     config_path = Path(model_dir) / "config.json"
-    if config_path.is_file() and is_eagle3_folder(model_dir):
-        config = json.loads(read_text(config_path))
-        layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        parts += [f"EAGLE-3 head ({ARCHITECTURE}): one decoder layer on the target's hidden states at layers {layers}",
-                  f"hidden size {config.get('hidden_size')}",
-                  f"draft vocabulary {config.get('draft_vocab_size')} of {config.get('vocab_size')} tokens"]
-    elif config_path.is_file():
-        config = json.loads(read_text(config_path))
-        parts.append(str(config.get("model_type", "unknown architecture")))
-        layers = config.get("num_hidden_layers", config.get("n_layer"))
-        hidden = config.get("hidden_size", config.get("n_embd"))
-        if layers is not None:
-            parts.append(f"{layers} layers")
-        if hidden is not None:
-            parts.append(f"hidden size {hidden}")
+    parts = CARD_TEXTS[card_kind(model_dir)].describe(json.loads(read_text(config_path))) \
+        if config_path.is_file() else []
     n_params = saved_parameter_count(model_dir)
     if n_params:
         parts.append(f"{human_count(n_params)} parameters")
     return ", ".join(parts)
+
+
+def describe_model(config: dict) -> list[str]:
+    """A standalone draft: its model type, layers and hidden size."""
+    parts = [str(config.get("model_type", "unknown architecture"))]
+    layers = config.get("num_hidden_layers", config.get("n_layer"))
+    hidden = config.get("hidden_size", config.get("n_embd"))
+    if layers is not None:
+        parts.append(f"{layers} layers")
+    if hidden is not None:
+        parts.append(f"hidden size {hidden}")
+    return parts
+
+
+def describe_head(config: dict) -> list[str]:
+    """An EAGLE-3 head: the target layers it reads, its hidden size and draft vocabulary."""
+    layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return [f"EAGLE-3 head ({ARCHITECTURE}): one decoder layer on the target's hidden states at layers {layers}",
+            f"hidden size {config.get('hidden_size')}",
+            f"draft vocabulary {config.get('draft_vocab_size')} of {config.get('vocab_size')} tokens"]
 
 
 def human_count(n: int) -> str:
@@ -340,6 +350,33 @@ specdistill-eval --target {target} --draft {repo_id} --gamma {g}
 """
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# What the card says of each kind of draft (decode.draft_kinds)
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CardText:
+    intro: str                                      # the opening sentence; {target} is the target's reference
+    describe: Callable[[dict], list[str]]           # config.json -> the parts of the "Draft:" line
+    usage: Callable[[str, str, int | None], str]    # (target, repo_id, gamma) -> '## Usage'
+    tags: tuple[str, ...] = ()                      # added to CARD_TAGS
+
+
+CARD_TEXTS = {
+    "model": CardText("A draft model for speculative decoding with target {target}, trained with specdistill. ",
+                      describe_model, usage_section),
+    "eagle3": CardText("An EAGLE-3 draft head for speculative decoding with target {target}, trained with specdistill "
+                       "(training-time test). It is one decoder layer that reads the target's own hidden states; vLLM "
+                       "(`method: eagle3`) and SGLang (`EAGLE3`) serve this folder as it is. ",
+                       describe_head, head_usage_section, ("eagle3",)),
+}
+
+
+def card_kind(model_dir: Path) -> str:
+    """The name of the exported draft's kind (decode.draft_kinds.kind_of_source)."""
+    return kind_of_source(model_dir).name
+
+
 def eval_results(results: list[dict], prompts: str | None) -> list[EvalResult]:
     """The model-index entries: one EvalResult per measured CARD_METRICS value of each (gamma, temperature)."""
     dataset = prompts or "eval prompts"
@@ -369,15 +406,11 @@ def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, e
         prompts = shown_path(prompts, model_dir)
     target_ref = f"[`{target}`](https://huggingface.co/{target})" if is_hub_id(target) else f"`{target}`"
     draft_line = describe_draft(model_dir)
-    head = is_eagle3_folder(model_dir)
+    text = CARD_TEXTS[card_kind(model_dir)]
     recipe = (f"```yaml\n{recipe_text.rstrip()}\n```\n" if recipe_text
               else "No recipe.yaml was saved with this model.\n")
     sections = [
-        f"# {repo_id.split('/')[-1]}\n\n"
-        + (f"An EAGLE-3 draft head for speculative decoding with target {target_ref}, trained with specdistill "
-           "(training-time test). It is one decoder layer that reads the target's own hidden states; vLLM "
-           "(`method: eagle3`) and SGLang (`EAGLE3`) serve this folder as it is. " if head else
-           f"A draft model for speculative decoding with target {target_ref}, trained with specdistill. ")
+        f"# {repo_id.split('/')[-1]}\n\n" + text.intro.format(target=target_ref)
         + "The draft proposes tokens that the target verifies in one forward pass, so generation follows the "
         "target's distribution and only its speed changes.\n\n"
         f"- **Target model:** `{target}`\n"
@@ -385,10 +418,9 @@ def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, e
         results_section(eval_results, hardware),
         *[section for section in (category_section(eval_results), deploy_section(model_dir),
                                   serving_section(model_dir, eval_results)) if section],
-        (head_usage_section if head else usage_section)(target, repo_id, best_gamma(eval_results)),
+        text.usage(target, repo_id, best_gamma(eval_results)),
         f"## Training recipe\n\n{recipe}",
     ]
     metadata = card_metadata(target, repo_id, eval_results, prompts)
-    if head:
-        metadata.tags = [*metadata.tags, "eagle3"]
+    metadata.tags = [*metadata.tags, *text.tags]
     return str(ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n" + "\n".join(sections)))

@@ -23,7 +23,7 @@ from accelerate import PartialState
 from transformers import AutoConfig, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
 from decode.checks import (FileProblem, check_json_files_text, check_safetensors_whole, check_tokenizer_files,
-                           check_writable_folder, read_text)
+                           check_writable_folder, read_text, safetensors_header)
 from distill.checkpoints import Checkpoints, find_checkpoints, finished_step, report_incomplete
 from distill.config import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
 from distill.data import DistillData, build_data
@@ -274,8 +274,6 @@ def check_resume_shape(recipe: Recipe, resume: str | None) -> None:
 def check_resume_head_shape(recipe: Recipe, resume: str) -> None:
     """An EAGLE-3 head's checkpoint (weights only, `head.*`) has the shapes of the recipe's head (read from the
     safetensors header: no weights load)."""
-    from safetensors import safe_open
-
     from distill.heads import CHECKPOINT_PREFIX, plan_head
 
     weights = Path(resume) / "model.safetensors"
@@ -286,12 +284,10 @@ def check_resume_head_shape(recipe: Recipe, resume: str) -> None:
     want = {"fc.weight": [planned.hidden_size, 3 * planned.target_hidden_size],
             "lm_head.weight": [planned.draft_vocab_size, planned.hidden_size],
             "midlayer.mlp.up_proj.weight": [planned.intermediate_size, planned.hidden_size]}
-    with safe_open(str(weights), framework="pt") as saved:
-        names = set(saved.keys())
-        for name, shape in want.items():
-            got = saved.get_slice(CHECKPOINT_PREFIX + name).get_shape() if CHECKPOINT_PREFIX + name in names \
-                else None
-            if got != shape:
-                raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds no EAGLE-3 head of the "
-                                      f"recipe's shape ({name}: {got}, the recipe's head has {shape}); resume with "
-                                      "the recipe that made it, or start a new run (train.overwrite_output_dir=true)")
+    saved = safetensors_header(weights, "train.resume_from_checkpoint").tensors
+    for name, shape in want.items():
+        got = saved.get(CHECKPOINT_PREFIX + name, {}).get("shape")
+        if got != shape:
+            raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds no EAGLE-3 head of the "
+                                  f"recipe's shape ({name}: {got}, the recipe's head has {shape}); resume with "
+                                  "the recipe that made it, or start a new run (train.overwrite_output_dir=true)")

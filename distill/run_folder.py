@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
 from accelerate import PartialState
 
-from decode.checks import FileProblem, read_text
+from decode.checks import FileProblem, read_text, write_atomic
 
 from distill.acceptance_log import ACCEPTANCE_LOG
 from distill.checkpoints import PARTIAL_DIR
@@ -80,7 +79,4 @@ def read_results(output_dir: str | Path) -> dict | None:
 
 def write_results(output_dir: str | Path, results: dict) -> None:
     """train_results.json, written last (its presence means the run is done): a temporary file, then a rename."""
-    path = Path(output_dir) / RESULTS_FILE
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(temporary, path)
+    write_atomic(Path(output_dir) / RESULTS_FILE, json.dumps(results, indent=2) + "\n")

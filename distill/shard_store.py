@@ -29,7 +29,7 @@ from typing import Any
 import datasets
 from tqdm.auto import tqdm
 
-from decode.checks import read_text
+from decode.checks import read_text, write_atomic
 
 SHARDS_DIR = "shards"
 
@@ -43,12 +43,6 @@ def spec_differences(stored: dict[str, Any], wanted: dict[str, Any], what: str,
     """One line per key whose stored value (from a {what}'s metadata) differs from the wanted one."""
     return [f"{meanings.get(key, key)} ({key}): {stored.get(key)!r} in the {what}, expected {value!r}"
             for key, value in wanted.items() if stored.get(key) != value]
-
-
-def write_json_atomic(path: Path, content: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -85,7 +79,7 @@ class ShardStore:
         return json.loads(read_text(meta)) if meta.is_file() else None
 
     def write_metadata(self, metadata: dict[str, Any]) -> None:
-        write_json_atomic(self.root / self.metadata_file, metadata)
+        write_atomic(self.root / self.metadata_file, json.dumps(metadata, indent=2, sort_keys=True) + "\n")
 
     def differences(self, stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
         return spec_differences(stored, wanted, self.what, self.meanings)

@@ -26,14 +26,14 @@ from accelerate import PartialState
 from torch import nn
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
+from decode.vocab import lm_head_rows
 from distill.config import DataConfig, DistillConfig, Recipe
 from distill.data import DistillCollator, DistillData, padding_id
 from distill.fsdp import generating_on
 from distill.onpolicy import OnPolicySettings
 from distill.target_data import generate_target_data, prompts_from_rows, to_training_rows
 from distill.target_vllm import VLLM_SHARD_SIZE
-from distill.teacher_cache import (CacheMismatchError, TeacherCollator, build_teacher_cache, output_vocab_size,
-                                   with_teacher_columns)
+from distill.teacher_cache import CacheMismatchError, TeacherCollator, build_teacher_cache, with_teacher_columns
 from distill.utils import eval_mode
 
 logger = logging.getLogger(__name__)
@@ -140,4 +140,4 @@ def on_policy_settings(recipe: Recipe, tokenizer: PreTrainedTokenizerBase,
         fraction=recipe.distill.on_policy_fraction, max_new_tokens=recipe.distill.on_policy_max_new_tokens,
         temperature=recipe.distill.on_policy_temperature, prompt_tokens=recipe.data.prompt_tokens,
         max_length=recipe.data.max_length, eos_token_id=tokenizer.eos_token_id, pad_token_id=padding_id(tokenizer),
-        vocab_size=output_vocab_size(target), seed=recipe.train.seed)
+        vocab_size=lm_head_rows(target), seed=recipe.train.seed)

@@ -43,6 +43,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from decode.vocab import lm_head_rows
 from distill.fingerprints import config_hash, dataset_hash, vocab_hash, weights_hash
 from distill.losses import SparseTeacher
 from distill.shard_store import CacheMismatchError, ShardStore
@@ -52,11 +53,6 @@ FORMAT_VERSION = 1
 METADATA_FILE = "teacher_cache.json"
 TEACHER_COLUMNS = ("teacher_topk_ids", "teacher_topk_logprobs")
 LOGPROB_DTYPES = ("float16", "float32")
-
-
-def output_vocab_size(model: nn.Module) -> int:
-    """Rows of the model's lm_head: the width V of its logits (may exceed len(tokenizer) when padded)."""
-    return model.get_output_embeddings().weight.shape[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -99,7 +95,7 @@ def _row_lengths(dataset: datasets.Dataset) -> np.ndarray:
 def cache_spec(target: nn.Module, dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, *, k: int,
                target_id: str, logprob_dtype: str = "float16") -> CacheSpec:
     """The CacheSpec a cache of `dataset` under `target` would have. Raises ValueError for a bad k or dtype."""
-    vocab = output_vocab_size(target)
+    vocab = lm_head_rows(target)
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} is not a valid top-k width: the target's vocabulary has {vocab} tokens "
                          f"(lm_head rows), so k must be in [1, {vocab}]")
@@ -264,7 +260,7 @@ def load_teacher_cache(
         wanted["target_id"] = target_id
     if target is not None:
         wanted.update(target_config_hash=config_hash(target), target_weights_hash=weights_hash(target),
-                      vocab_size=output_vocab_size(target))
+                      vocab_size=lm_head_rows(target))
     if tokenizer is not None:
         wanted["tokenizer_vocab_hash"] = vocab_hash(tokenizer)
     if dataset is not None:

@@ -33,6 +33,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from decode.checks import write_atomic
+
 CORPUS_FORMAT = 2  # 2: eval prompts carry a category
 
 # Directory names whose contents are test suites (test/, tests/, idlelib/idle_test, lib2to3/tests, ...) or not the
@@ -198,12 +200,8 @@ def _select_prompts(candidates: dict[str, list[tuple[int, str]]], num_prompts: i
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    """Write rows to ``path`` atomically (a temporary file renamed into place)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    """Write rows to ``path`` atomically (decode.checks.write_atomic)."""
+    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def read_jsonl(path: Path) -> Iterator[dict]:
@@ -318,7 +316,6 @@ def build_corpus(
         "eval_prompts": len(prompts),
         "heldout_sources": sorted(split.prompt_candidates),
     }
-    tmp = paths.manifest.with_name("manifest.json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, paths.manifest)  # written last: its presence means the corpus is complete
+    # written last: its presence means the corpus is complete
+    write_atomic(paths.manifest, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return paths

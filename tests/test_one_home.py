@@ -82,8 +82,15 @@ def prompt_file_readers() -> list[str]:
 
 
 def auto_gamma_to_gamma() -> list[str]:
-    """Scopes turning a `gamma: auto` row's mean_gamma into a gamma (round / min over candidates / float)."""
-    return homes(lambda n: call_name(n) in ("round", "min", "float") and reads(n, "mean_gamma"))
+    """Scopes turning a `gamma: auto` row's mean_gamma (or the chosen gammas it is the mean of) into a gamma:
+    round / min over candidates / float of it, or `mean_gamma if <auto> else gamma`."""
+    def is_conversion(node: ast.AST) -> bool:
+        if call_name(node) in ("round", "min", "float"):
+            return reads(node, "mean_gamma") or reads(node, "chosen_gammas")
+        return (isinstance(node, ast.IfExp) and not isinstance(node.body, ast.JoinedStr)  # not a label
+                and reads(node.body, "mean_gamma") and reads(node.orelse, "gamma")
+                and (reads(node.test, "is_auto") or reads(node.test, "auto")))
+    return homes(is_conversion)
 
 
 def cost_model_speedup() -> list[str]:
@@ -126,8 +133,8 @@ def eos_cutters() -> list[str]:
 def atomic_writers() -> list[str]:
     """Scopes writing a temporary file and renaming it over the real one (os.replace next to a write)."""
     writes = ("write_text", "write_bytes", "dump", "write")
-    return [name for name, scope in scopes() if name.split(":")[0].startswith(("decode/", "distill/"))
-            and any(call_name(n) == "replace" and reads(n, "os") for n in own_nodes(scope))
+    return [name for name, scope in scopes()
+            if any(call_name(n) == "replace" and reads(n, "os") for n in own_nodes(scope))
             and any(call_name(n) in writes for n in own_nodes(scope))]
 
 
@@ -142,14 +149,14 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
         lambda: homes(lambda n: isinstance(n, ast.keyword) and n.arg == "allow_inf_nan"), True),
     "refusing NaN/inf in flags (checks.finite_float)": (
         lambda: defined(ast.FunctionDef, lambda n: n == "finite_float"), True),
-    "gamma: auto -> a gamma": (auto_gamma_to_gamma, False),
-    "the cost-model speedup tau / (gamma c + v)": (cost_model_speedup, False),
-    "file extension -> datasets builder map": (extension_builder_maps, False),
-    "safetensors header parsing": (safetensors_header_readers, False),
-    "lm_head row count": (lm_head_row_counts, False),
+    "gamma: auto -> a gamma": (auto_gamma_to_gamma, True),
+    "the cost-model speedup tau / (gamma c + v)": (cost_model_speedup, True),
+    "file extension -> datasets builder map": (extension_builder_maps, True),
+    "safetensors header parsing": (safetensors_header_readers, True),
+    "lm_head row count": (lm_head_row_counts, True),
     # decode.speculative.cut_at_eos (on-policy sampling moved to decode/batched.py)
     "cutting a token list at EOS": (eos_cutters, True),
-    "atomic write (temporary file + os.replace)": (atomic_writers, False),
+    "atomic write (temporary file + os.replace)": (atomic_writers, True),
 }
 
 
@@ -195,3 +202,53 @@ def test_dead_name_is_gone(file, name):
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == module:
                 assert name not in [alias.name for alias in node.names], f"{path} imports {name} from {module}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kinds of draft: one interface (decode.draft_kinds), no branches on the kind elsewhere
+# ---------------------------------------------------------------------------------------------------------------
+
+# Where the kinds are implemented: the registry, each kind next to its drafter, the head's own module (is_eagle3_*),
+# and the training side's wrapper of a head (distill.heads.served_head / served_draft).
+KIND_HOMES = {"decode/draft_kinds.py", "decode/drafters.py", "decode/head_drafter.py", "decode/eagle3.py",
+              "distill/heads.py"}
+DRAFT_CLASSES = {"Eagle3Head", "PromptLookupDrafter", "ModelDrafter", "HeadDrafter", "UnrolledHead"}
+KIND_RECOGNISERS = {"is_eagle3_folder", "is_eagle3_config"}
+KIND_LITERALS = {"prompt-lookup", "prompt_lookup", "ngram", "PROMPT_LOOKUP"}
+
+
+def branches_on_draft_kind(node: ast.AST) -> bool:
+    """`isinstance(x, <a draft class>)`, a call recognising a head folder, or a comparison with prompt lookup's
+    name or vLLM's method for it: the kind decided outside decode.draft_kinds."""
+    if call_name(node) == "isinstance" and len(node.args) == 2:
+        classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+        return any(getattr(c, "id", getattr(c, "attr", None)) in DRAFT_CLASSES for c in classes)
+    if call_name(node) in KIND_RECOGNISERS:
+        return True
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        return any((isinstance(s, ast.Constant) and s.value in KIND_LITERALS)
+                   or (isinstance(s, ast.Name) and s.id in KIND_LITERALS) for s in sides)
+    return False
+
+
+def kind_branches(sources: dict[str, ast.Module]) -> list[str]:
+    """'file:line' of every branch on the draft kind outside KIND_HOMES."""
+    return sorted(f"{file}:{node.lineno}" for file, module in sources.items() if file not in KIND_HOMES
+                  for node in ast.walk(module) if branches_on_draft_kind(node))
+
+
+def test_no_module_outside_the_kinds_branches_on_the_draft_kind():
+    found = kind_branches(SOURCES)
+    assert not found, f"branches on the draft kind outside decode.draft_kinds: {found}"
+
+
+def test_the_kind_branch_detector_finds_each_pattern():
+    """Each pattern a module could use to branch on the kind is caught (a detector that finds nothing passes
+    nothing)."""
+    snippets = ["if isinstance(draft, Eagle3Head): pass", "ok = isinstance(d, (torch.nn.Module, PromptLookupDrafter))",
+                "head = is_eagle3_folder(path)", "if args.draft == PROMPT_LOOKUP: pass",
+                "lookup = draft != 'prompt-lookup'", "skip = method == 'ngram'"]
+    for snippet in snippets:
+        assert kind_branches({"decode/other.py": ast.parse(snippet)}), snippet
+    assert not kind_branches({"decode/drafters.py": ast.parse(snippets[0])})  # a kind's own module may

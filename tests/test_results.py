@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from decode.evaluate import CostRatios, EvalSettings, summarize
+from decode.evaluate import EvalSettings, summarize
 from decode.results import OPTIONAL_KEYS, REQUIRED_KEYS, Result, read_eval_json, write_eval_json
+from decode.speedup import CostRatios
 from decode.stats import SpecStats
 from decode.table import CARD_COLUMNS, DECODE_COLUMNS, format_table, markdown_table, render
 from decode.tally import Tally

@@ -179,8 +179,12 @@ class FakeEvaluate:
         self.calls += 1
         self.modes.append(draft.training)
         self.by_category = by_category
+        # as evaluate_acceptance does: the caller's cost ratios and the predicted speedup in every row
         return [{"gamma": g, "temperature": settings.temperature, "acceptance_rate": 0.1 * self.calls,
-                 "mean_accepted_tokens": 1.0 + self.calls, "speedup": 1.0 + 0.1 * self.calls * (g == 2)}
+                 "mean_accepted_tokens": 1.0 + self.calls, "speedup": 1.0 + 0.1 * self.calls * (g == 2),
+                 "draft_cost_ratio": cost_ratios[g].draft_cost_ratio,
+                 "verify_cost_ratio": cost_ratios[g].verify_cost_ratio,
+                 "predicted_speedup": cost_ratios[g].predicted_speedup(1.0 + self.calls, g)}
                 for g in settings.gammas]
 
 

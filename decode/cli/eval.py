@@ -23,13 +23,13 @@ import torch
 
 from decode.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
                            check_writable_file)
-from decode.drafters import PromptLookupDrafter
+from decode.draft_kinds import DraftKind, kind_of_source
+from decode.drafters import PROMPT_LOOKUP
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
 from decode.results import write_eval_json
-from decode.eagle3 import Eagle3Head, fit_problems, is_eagle3_folder, read_config
 from decode.serving.parity import DEFAULT_TOLERANCE, PARITY_COLUMNS, aligned_inputs, out_of_tolerance, parity_rows
 from decode.serving.vllm_engine import (DRAFT_SAMPLE_METHODS, ServingError, evaluate_in_vllm, find_vllm_python,
                                          vllm_outputs)
@@ -37,8 +37,6 @@ from decode.table import format_table
 from decode.tally import category_rows
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
 
-PROMPT_LOOKUP = "prompt-lookup"
-DRAFT_KINDS = ("model", "prompt_lookup", "eagle3")  # the results JSON's draft_kind
 ENGINES = ("specdistill", "vllm", "both")
 
 
@@ -141,7 +139,7 @@ def check_model_paths(args: argparse.Namespace) -> None:
     """Local model folders exist and hold whole weights (no weights are loaded: a bad --draft is named before a
     large target takes minutes to load)."""
     for flag, name in (("--target", args.target), ("--draft", args.draft)):
-        if name == PROMPT_LOOKUP:
+        if not kind_of_source(name).has_weights:
             continue
         if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
             raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
@@ -151,39 +149,18 @@ def check_model_paths(args: argparse.Namespace) -> None:
 
 def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:
     """The draft's tokenizer (when it has one) matches the target's, checked before any weights load."""
-    if args.draft != PROMPT_LOOKUP:
+    if kind_of_source(args.draft).has_weights:
         draft_tokenizer = load_tokenizer(args.draft, required=False)
         if draft_tokenizer is not None:
             check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
 
 
-def draft_kind(draft: str) -> str:
-    """One of DRAFT_KINDS: prompt lookup, an EAGLE-3 head folder (by its config.json), or a draft model."""
-    if draft == PROMPT_LOOKUP:
-        return "prompt_lookup"
-    return "eagle3" if is_eagle3_folder(draft) else "model"
-
-
-def check_head_fits(args: argparse.Namespace) -> None:
-    """An EAGLE-3 head reads this target's hidden states and embedding (checked on the configs, before any
-    weights load)."""
-    from transformers import AutoConfig
-
-    target_config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
-    problems = fit_problems(read_config(args.draft), target_config)
-    if problems:
-        raise LoadError(f"--draft {args.draft} (an EAGLE-3 head) does not fit --target {args.target}: "
-                        f"{next(iter(problems.values()))}")
-
-
-def load_draft(args, kind: str, target, device, dtype):
-    """The draft of ``kind``: a PromptLookupDrafter, an Eagle3Head on the target's input embedding, or a causal LM."""
-    if kind == "prompt_lookup":  # vLLM's ngram takes the earliest occurrence: so do we when comparing
-        return PromptLookupDrafter(earliest=args.engine == "both")
-    if kind == "eagle3":
-        head = Eagle3Head.from_pretrained(args.draft, target.get_input_embeddings(), dtype=target.dtype)
-        return head.to(device)
-    return load_causal_lm(args.draft, device, dtype, args.trust_remote_code)
+def check_draft_fits(args: argparse.Namespace, kind: DraftKind) -> None:
+    """The draft can run next to the target (an EAGLE-3 head reads its hidden states and embedding), checked on the
+    configs before any weights load."""
+    problem = kind.fit_problem(args.draft, args.target, args.trust_remote_code)
+    if problem:
+        raise LoadError(f"--draft {args.draft} ({kind.name}) does not fit --target {args.target}: {problem}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -199,9 +176,8 @@ def main(argv: list[str] | None = None) -> dict:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     check_model_paths(args)
-    kind = draft_kind(args.draft)
-    if kind == "eagle3":
-        check_head_fits(args)
+    kind = kind_of_source(args.draft)
+    check_draft_fits(args, kind)
     tokenizer = load_tokenizer(args.target)
     check_draft_tokenizer(args, tokenizer)
     check_chat_template(tokenizer, args.chat_template)
@@ -213,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
                             eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
     report = {"engine": args.engine, "device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
               "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
-              "draft_kind": kind, "prompts": args.prompts, "chat_template": args.chat_template,
+              "draft_kind": kind.name, "prompts": args.prompts, "chat_template": args.chat_template,
               "compiled": args.compile}
 
     # ---- measure ------------------------------------------------------------------------------------------
@@ -235,7 +211,9 @@ def main(argv: list[str] | None = None) -> dict:
             prompt_ids, settings = aligned_inputs(prompt_ids, [o[0] for o in response["plain"]["outputs"]],
                                                   settings)
         target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
-        results = evaluate_acceptance(target, load_draft(args, kind, target, device, dtype), prompt_ids, settings,
+        # vLLM's ngram takes the earliest occurrence: so does our prompt lookup when comparing (--engine both)
+        draft = kind.load(args.draft, target, device, dtype, args.trust_remote_code, earliest=args.engine == "both")
+        results = evaluate_acceptance(target, draft, prompt_ids, settings,
                                       progress=not args.quiet, outputs=outputs, categories=categories)
         report.update(compile_seconds=results[0]["compile_seconds"], results=results)
         if args.engine == "both":

@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from decode.checks import read_text
+from decode.draft_kinds import kind_of_source
 from decode.drafters import PromptLookupDrafter
 from decode.evaluate import EvalSettings
 from decode.results import Result
@@ -31,11 +32,9 @@ from decode.tally import category_names
 VLLM_PYTHON_ENV = "SPECDISTILL_VLLM_PYTHON"      # an interpreter with vLLM, when --vllm-python is not given
 DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")  # what `make serving` creates
 WORKER = Path(__file__).with_name("vllm_worker.py")
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)    # config.json architectures of an EAGLE-3 head (issue 18)
 # vLLM's draft_sample_method: "greedy" (its default) drafts argmax tokens and accepts d with probability p(d) (q taken
 # as one-hot); "probabilistic" samples d ~ q and accepts with min(1, p(d) / q(d)), as our decoder does. Same at T=0.
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-PROMPT_LOOKUP = "prompt-lookup"
 
 
 class ServingError(ValueError):
@@ -56,16 +55,9 @@ def find_vllm_python(path: str | Path | None = None) -> Path:
 
 
 def vllm_method(draft: str) -> str:
-    """vLLM's speculative method for a draft: 'ngram' for prompt lookup, 'eagle3' for a folder whose config.json
-    names an EAGLE-3 architecture, 'draft_model' otherwise (the one place this is decided)."""
-    if draft == PROMPT_LOOKUP:
-        return "ngram"
-    config = Path(draft).expanduser() / "config.json"
-    if config.is_file():
-        architectures = json.loads(read_text(config, "--draft")).get("architectures") or []
-        if any(a in EAGLE3_ARCHITECTURES for a in architectures):
-            return "eagle3"
-    return "draft_model"
+    """vLLM's speculative method for a --draft value: its kind's (decode.draft_kinds): 'ngram' for prompt lookup,
+    'eagle3' for an EAGLE-3 head folder, 'draft_model' otherwise."""
+    return kind_of_source(draft).vllm_method
 
 
 def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
@@ -79,11 +71,11 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
     if len(gammas) != len(settings.gammas):
         raise ServingError("--engine vllm needs integer gammas: vLLM drafts a fixed num_speculative_tokens ('auto' "
                            "is our decoder's)")
-    method, lookup = vllm_method(draft), PromptLookupDrafter()
+    kind, lookup = kind_of_source(draft), PromptLookupDrafter()
     local = lambda name: str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name  # noqa
-    runs = [{"method": method, "draft": None if method == "ngram" else local(draft), "gamma": g,
+    runs = [{"method": kind.vllm_method, "draft": local(draft) if kind.has_weights else None, "gamma": g,
              "prompt_lookup_min": lookup.min_ngram_size, "prompt_lookup_max": lookup.max_ngram_size,
-             "draft_sample_method": None if method == "ngram" else draft_sample_method} for g in gammas]
+             "draft_sample_method": draft_sample_method if kind.has_weights else None} for g in gammas]
     longest = max(p.numel() for p in prompts)
     return {"target": local(target), "prompts": [p.view(-1).tolist() for p in prompts],
             "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_k": settings.top_k,

@@ -75,9 +75,10 @@ def sampling_params(request: dict, index: int):
 
 
 def speculative_config(run: dict) -> dict:
-    """vLLM's speculative_config for one run (the method was chosen by decode.serving.vllm_engine.vllm_method)."""
+    """vLLM's speculative_config for one run (the method and the draft were chosen by the draft's kind on our side,
+    decode.draft_kinds)."""
     config = {"method": run["method"], "num_speculative_tokens": run["gamma"]}
-    if run["method"] == "ngram":
+    if run["draft"] is None:  # no draft model (prompt lookup, vLLM's ngram): the n-gram sizes instead
         config.update(prompt_lookup_min=run["prompt_lookup_min"], prompt_lookup_max=run["prompt_lookup_max"])
     else:
         config["model"] = run["draft"]
