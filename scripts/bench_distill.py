@@ -228,15 +228,15 @@ def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eo
     """Teacher-forced numbers and decode.evaluate's gamma-4 results, greedy and at temperature 1 (sampling seed)."""
     from transformers import AutoModelForCausalLM
 
-    from decode.eagle3 import Eagle3Head, is_eagle3_folder
+    from decode.draft_kinds import kind_of_source
+    from decode.drafters import MODEL_KIND
     from decode.evaluate import EvalSettings, evaluate_acceptance
 
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
-    if is_eagle3_folder(draft_dir):  # a head drafts from the target's hidden states: no teacher-forced columns
-        draft = Eagle3Head.from_pretrained(draft_dir, embed_tokens=target.get_input_embeddings()).eval()
-        row = {"tf_acceptance": None, "greedy_agreement": None}
-    else:
-        draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
+    kind = kind_of_source(draft_dir)
+    draft = kind.load(str(draft_dir), target, target.device, target.dtype).eval()
+    row = {"tf_acceptance": None, "greedy_agreement": None}  # a head drafts from the target's hidden states
+    if kind is MODEL_KIND:  # a language model of its own: teacher-forced against the target
         row = teacher_forced(target, draft, blocks)
     for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
         settings = EvalSettings(gammas=[4], temperature=temperature, max_new_tokens=sizes.max_new_tokens,
