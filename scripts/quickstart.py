@@ -45,6 +45,10 @@ DRAFTS = ("draft_ce", "draft_kd", "head")
 DRAFT_KINDS = {"draft_ce": "plain cross-entropy", "draft_kd": "distilled from the target",
                "head": "an EAGLE-3 head on the target's hidden states, training-time test"}
 GAMMAS = ["1", "2", "3", "4"]
+RECIPE_SEED = 42  # train.seed of the quickstart recipes (distill.config's default)
+SEEDS = (RECIPE_SEED, 43)
+HEADLINE = ("draft_kd", "draft_ce", int(GAMMAS[-1]))  # the claim: distilled vs CE tau at the largest gamma, greedy
+NUM_PROMPTS = 32  # held-out prompts per eval (--fast: 4); see the docstring
 FAST_TRAIN = ["train.max_steps=8", "train.save_steps=4", "train.logging_steps=2",
               "train.per_device_train_batch_size=4", "data.max_samples=40", "eval.max_new_tokens=12"]
 
@@ -52,13 +56,13 @@ FAST_TRAIN = ["train.max_steps=8", "train.save_steps=4", "train.logging_steps=2"
 def main(argv: list[str] | None = None) -> None:
     """The five steps of the README's quickstart, in order; each reuses what a previous run left in --out."""
     args = parse_args(argv)
-    out, fast = args.out.resolve(), args.fast
+    out, fast, seeds = args.out.resolve(), args.fast, args.seeds
     start = time.time()
     corpus, tokenizer = corpus_and_tokenizer(out)
     pretrain_target(out, corpus, tokenizer, fast)
-    train_drafts(out, corpus, fast)
-    evals = evaluate_drafters(out, corpus, fast)
-    compare_and_report(out, evals)
+    train_drafts(out, corpus, fast, seeds)
+    evals = evaluate_drafters(out, corpus, fast, seeds)
+    compare_and_report(out, evals, seeds)
     print(f"TensorBoard: .venv/bin/tensorboard --logdir {out}\ndone in {(time.time() - start) / 60:.1f} min")
 
 
@@ -66,7 +70,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "quickstart_out")
     p.add_argument("--fast", action="store_true", help="a few steps of everything (a smoke test, ~2 minutes)")
-    return p.parse_args(argv)
+    p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                   help=f"train.seed of each drafter run (draft init and data order; default "
+                        f"{' '.join(map(str, SEEDS))}, or {SEEDS[0]} alone with --fast); the report shows the mean "
+                        "and spread over them")
+    args = p.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = list(SEEDS[:1] if args.fast else SEEDS)
+    if len(set(args.seeds)) != len(args.seeds):
+        p.error(f"--seeds must differ from each other, got {' '.join(map(str, args.seeds))}")
+    return args
+
+
+def run_name(name: str, seed: int) -> str:
+    """The folder (under --out) and eval name of drafter ``name`` trained at ``seed``: NAME at the recipes' own
+    seed (so a single-seed run's outputs are reused), NAME@seedN otherwise."""
+    return name if seed == RECIPE_SEED else f"{name}@seed{seed}"
 
 
 # ---- 1. corpus and tokenizer ------------------------------------------------------------------------------------
@@ -111,13 +130,15 @@ def seed_target(out: Path, tokenizer: PreTrainedTokenizerBase) -> Path:
 # ---- 3. two drafts: plain CE vs distilled -----------------------------------------------------------------------
 
 
-def train_drafts(out: Path, corpus: CorpusPaths, fast: bool) -> None:
-    """out/draft_ce, out/draft_kd and out/head: the same data and steps; the same small draft with plain CE and
-    distilled from the target, and an EAGLE-3 head."""
-    for name in DRAFTS:
-        banner(f"3/5 training {name} ({DRAFT_KINDS[name]})")
-        train(f"{name}.yaml", out / name, [f"model.target={out / 'target'}", f"data.dataset={corpus.train}",
-                                           f"data.eval_prompts={corpus.eval_prompts}"], fast)
+def train_drafts(out: Path, corpus: CorpusPaths, fast: bool, seeds: list[int]) -> None:
+    """out/draft_ce, out/draft_kd and out/head (out/NAME@seedN for another seed): the same data and steps; the same
+    small draft with plain CE and distilled from the target, and an EAGLE-3 head; each at every seed."""
+    for seed in seeds:
+        for name in DRAFTS:
+            banner(f"3/5 training {name} ({DRAFT_KINDS[name]}), train.seed={seed}")
+            train(f"{name}.yaml", out / run_name(name, seed),
+                  [f"model.target={out / 'target'}", f"data.dataset={corpus.train}",
+                   f"data.eval_prompts={corpus.eval_prompts}", f"train.seed={seed}"], fast)
 
 
 def train(recipe: str, output_dir: Path, overrides: list[str], fast: bool) -> None:
@@ -134,11 +155,14 @@ def train(recipe: str, output_dir: Path, overrides: list[str], fast: bool) -> No
 # ---- 4. eval-acceptance on held-out prompts ---------------------------------------------------------------------
 
 
-def evaluate_drafters(out: Path, corpus: CorpusPaths, fast: bool) -> dict[str, Path]:
-    """The drafts, the head and prompt lookup against the target on the held-out prompts: drafter name ->
-    out/eval/NAME.json."""
+def evaluate_drafters(out: Path, corpus: CorpusPaths, fast: bool,
+                      seeds: list[int]) -> dict[str, Path | dict[int, Path]]:
+    """The drafts, the head and prompt lookup against the target on the same held-out prompts: drafter name ->
+    {seed: out/eval/NAME.json or NAME@seedN.json}; prompt lookup (no training, no seed) -> one JSON."""
     banner("4/5 eval-acceptance against the target on held-out prompts")
-    evals = {name: evaluate(out, str(out / name), name, corpus.eval_prompts, fast) for name in DRAFTS}
+    evals: dict[str, Path | dict[int, Path]] = {
+        name: {seed: evaluate(out, str(out / run_name(name, seed)), run_name(name, seed), corpus.eval_prompts, fast)
+               for seed in seeds} for name in DRAFTS}
     evals["prompt_lookup"] = evaluate(out, "prompt-lookup", "prompt_lookup", corpus.eval_prompts, fast)
     return evals
 
@@ -148,11 +172,16 @@ def evaluate(out: Path, drafter: str, name: str, prompts: Path, fast: bool) -> P
     from decode.cli.eval import main as eval_main
 
     result = out / "eval" / f"{name}.json"
+    num_prompts = 4 if fast else NUM_PROMPTS
     if result.is_file():
-        print(f"reusing {result}")
-        return result
+        measured = {r.get("num_prompts") for r in json.loads(result.read_text())["results"]}
+        if measured == {num_prompts}:
+            print(f"reusing {result}")
+            return result
+        print(f"re-evaluating {result}: it was measured on {sorted(measured, key=str)} prompts, this run uses "
+              f"{num_prompts}")  # so that every seed and drafter is scored on the same prompts
     eval_main(["--target", str(out / "target"), "--draft", drafter, "--prompts", str(prompts), "--gamma", *GAMMAS,
-               "--num-prompts", "4" if fast else "16", "--max-new-tokens", "16" if fast else "64",
+               "--num-prompts", str(num_prompts), "--max-new-tokens", "16" if fast else "64",
                "--max-prompt-tokens", "64", "--device", "cpu", "--output", str(result)])
     return result
 
@@ -160,20 +189,28 @@ def evaluate(out: Path, drafter: str, name: str, prompts: Path, fast: bool) -> P
 # ---- 5. comparison table and report -----------------------------------------------------------------------------
 
 
-def compare_and_report(out: Path, evals: dict[str, Path]) -> None:
-    """The comparison table overall and by stdlib package (at the largest gamma), and out/report/."""
+def compare_and_report(out: Path, evals: dict[str, Path | dict[int, Path]], seeds: list[int]) -> None:
+    """The comparison tables (mean and spread over seeds, each seed, by stdlib package at the largest gamma), the
+    distilled draft's margin over CE against the seed spread, and out/report/."""
     from decode.table import format_table
     from decode.tally import category_rows
-    from distill.report import write_report
+    from distill.report import seed_label, write_report
+    from distill.seed_spread import SEED_COLUMNS, seed_rows, tau_margin
 
     banner("5/5 comparison and report")
-    results = {name: json.loads(path.read_text())["results"] for name, path in evals.items()}
-    print(format_table([{"drafter": name, **r} for name, rs in results.items() for r in rs]))
-    by_package = [row for name, rs in results.items() for row in category_rows(rs, drafter=name)
-                  if row["gamma"] == max(int(g) for g in GAMMAS)]
+    results = {name: {seed: json.loads(path.read_text())["results"] for seed, path in
+                      (paths.items() if isinstance(paths, dict) else [(None, paths)])} for name, paths in evals.items()}
+    print(format_table([{"drafter": seed_label(name, seed), **r} for name, by_seed in results.items()
+                        for seed, rs in by_seed.items() for r in rs]))
+    by_package = [row for name, by_seed in results.items() for seed, rs in by_seed.items()
+                  for row in category_rows(rs, drafter=seed_label(name, seed)) if row["gamma"] == int(GAMMAS[-1])]
     print(f"\nby stdlib package of the held-out prompt (gamma {GAMMAS[-1]}):\n{format_table(by_package)}")
-    report = write_report(out / "report", runs={name: out / name for name in DRAFTS}, evals=evals,
-                          machine=machine())
+    means = seed_rows(results)
+    print(f"\nmean over seeds {' '.join(map(str, seeds))} (spread = max - min):\n{format_table(means, SEED_COLUMNS)}")
+    print("\n" + tau_margin(means, *HEADLINE).sentence())
+    report = write_report(out / "report", runs={name: {seed: out / run_name(name, seed) for seed in seeds}
+                                                for name in DRAFTS}, evals=evals, machine=machine(),
+                          margin=HEADLINE)
     print(f"\nreport: {report}")
 
 
