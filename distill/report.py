@@ -138,12 +138,12 @@ def spread_bars(rows: list[dict], key: str) -> list[list[float]] | None:
 
 def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
     """Measured speedup (solid) and predicted speedup (dashed) against gamma, one colour per drafter and
-    temperature; rows averaged over seeds (distill.seed_spread) get min-max error bars. Returns False when no
-    result has a speedup."""
+    temperature; measured speedups averaged over seeds (distill.seed_spread) get min-max error bars (predicted ones
+    none, to stay readable). Returns False when no result has a speedup."""
     fig = _new_figure()
     ax = fig.add_subplot()
     colours = iter(f"C{i}" for i in range(10_000))
-    drawn = False
+    drawn, drawn_labels = False, []
     for name, results in evals.items():
         for temperature in sorted({r.get("temperature", 0.0) for r in results}):
             rows = sorted((r for r in results if r.get("temperature", 0.0) == temperature  # fixed gammas only
@@ -152,13 +152,13 @@ def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
             colour = next(colours)
             measured = [(r["gamma"], r["speedup"]) for r in rows if r.get("speedup") is not None]
             predicted = [(r["gamma"], r["predicted_speedup"]) for r in rows if r.get("predicted_speedup") is not None]
+            drawn_labels += [f"{label} measured", f"{label} predicted"]
             if measured:
                 ax.errorbar(*zip(*measured), yerr=spread_bars(rows, "speedup"), marker="o", color=colour, capsize=3,
                             label=f"{label} measured")
                 drawn = True
             if predicted:
-                ax.errorbar(*zip(*predicted), yerr=spread_bars(rows, "predicted_speedup"), marker="x",
-                            linestyle="--", color=colour, capsize=3, label=f"{label} predicted")
+                ax.plot(*zip(*predicted), marker="x", linestyle="--", color=colour, label=f"{label} predicted")
     if not drawn:
         return False
     from matplotlib.ticker import MaxNLocator
@@ -167,7 +167,9 @@ def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     ax.set(xlabel="gamma (draft tokens per step)", ylabel="speedup over target alone", title="Speedup vs gamma")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    handles, labels = ax.get_legend_handles_labels()  # error-bar entries come after lines: back to drawing order
+    pairs = sorted(zip(labels, handles), key=lambda pair: drawn_labels.index(pair[0]))
+    ax.legend([h for _, h in pairs], [label for label, _ in pairs], fontsize="small")
     fig.savefig(path)
     return True
 
@@ -211,14 +213,14 @@ def _eval_section(out_dir: Path, evals: dict[str, dict[int | None, dict]], root:
                   "difference larger than the spread is a claim:", "", "```text", format_table(means, SEED_COLUMNS),
                   "```"]
         if margin is not None:
-            lines += ["", tau_margin(means, *margin).sentence()]
+            lines += ["", f"**Headline**: {tau_margin(means, *margin).sentence()}"]
         lines += ["", "Each seed:"]
     lines += ["", "```text", format_table(rows, REPORT_COLUMNS), "```"]
     lines += category_lines(rows, "the evaluations above") + [""]
     if plot_speedup_vs_gamma(out_dir / SPEEDUP_PLOT, results):
         lines += [f"![speedup vs gamma]({SPEEDUP_PLOT})", "",
                   "Solid: measured wall-clock speedup; dashed: predicted from mean_accepted_tokens and measured "
-                  "step costs (means over seeds, bars from the lowest to the highest seed). Below the dotted line "
+                  "step costs (means over seeds; bars: the lowest to the highest seed). Below the dotted line "
                   "speculative decoding is slower than the target alone.", ""]
     else:
         lines += ["No speedup was measured, so there is no speedup plot.", ""]

@@ -18,9 +18,10 @@ from decode.table import Column, keyed_columns
 # the result keys averaged over seeds; each also gets KEY_spread (max - min) and KEY_range ((min, max))
 SEED_KEYS = ("acceptance_rate", "mean_accepted_tokens", "speedup", "predicted_speedup")
 SEED_COLUMNS = (*keyed_columns("drafter"), Column("seeds", "seeds"), *keyed_columns("gamma", "temperature"),
-                *keyed_columns("acceptance_rate"), Column("acceptance_rate_spread", "spread", ".3f"),
-                *keyed_columns("mean_accepted_tokens"), Column("mean_accepted_tokens_spread", "spread", ".2f"),
-                *keyed_columns("speedup"), Column("speedup_spread", "spread", ".2f"),
+                *keyed_columns("acceptance_rate"), Column("acceptance_rate_spread", "acceptance_rate_spread", ".3f"),
+                *keyed_columns("mean_accepted_tokens"),
+                Column("mean_accepted_tokens_spread", "mean_accepted_tokens_spread", ".2f"),
+                *keyed_columns("speedup"), Column("speedup_spread", "speedup_spread", ".2f"),
                 *keyed_columns("predicted_speedup"))
 
 
