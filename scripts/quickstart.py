@@ -182,18 +182,19 @@ def evaluate_drafters(out: Path, corpus: CorpusPaths, fast: bool,
 
 
 def evaluate(out: Path, drafter: str, name: str, prompts: Path, fast: bool) -> Path:
-    """scripts/eval_acceptance.py of `drafter` against out/target (skipped when out/eval/NAME.json exists)."""
+    """scripts/eval_acceptance.py of `drafter` against out/target (skipped when out/eval/NAME.json exists and was
+    measured on the number of prompts this run uses)."""
     from decode.cli.eval import main as eval_main
 
     result = out / "eval" / f"{name}.json"
     num_prompts = 4 if fast else NUM_PROMPTS
     if result.is_file():
-        measured = {r.get("num_prompts") for r in json.loads(result.read_text())["results"]}
+        measured = {r.get("num_prompts") for r in json.loads(result.read_text()).get("results", [])}
         if measured == {num_prompts}:
             print(f"reusing {result}")
             return result
-        print(f"re-evaluating {result}: it was measured on {sorted(measured, key=str)} prompts, this run uses "
-              f"{num_prompts}")  # so that every seed and drafter is scored on the same prompts
+        print(f"re-evaluating {result}: it was measured on {', '.join(map(str, measured)) or 'no'} prompts, this "
+              f"run uses {num_prompts}")  # so that every seed and drafter is scored on the same prompts
     eval_main(["--target", str(out / "target"), "--draft", drafter, "--prompts", str(prompts), "--gamma", *GAMMAS,
                "--num-prompts", str(num_prompts), "--max-new-tokens", "16" if fast else "64",
                "--max-prompt-tokens", "64", "--device", "cpu", "--output", str(result)])

@@ -74,7 +74,8 @@ def test_an_eval_on_other_prompts_is_measured_again(tmp_path, monkeypatch, capsy
     (tmp_path / "eval" / "draft_ce.json").write_text(json.dumps({"results": [{"num_prompts": 16}]}))
     quickstart.evaluate(tmp_path, str(tmp_path / "draft_ce"), "draft_ce", tmp_path / "p.jsonl", fast=False)
     assert ran and ran[0][ran[0].index("--num-prompts") + 1] == str(quickstart.NUM_PROMPTS)
-    assert "re-evaluating" in capsys.readouterr().out
+    assert capsys.readouterr().out == (f"re-evaluating {tmp_path / 'eval' / 'draft_ce.json'}: it was measured on 16 "
+                                       f"prompts, this run uses {quickstart.NUM_PROMPTS}\n")
 
 
 # ---- mean and spread over seeds ---------------------------------------------------------------------------------
