@@ -2,6 +2,8 @@
 
     write_report(Path("report"), runs={"kl": Path("out/kl")}, evals={"kl-draft": Path("eval.json")},
                  machine="1x H100 80GB")
+    write_report(Path("report"), runs=..., evals={"kd": {42: Path("kd.json"), 43: Path("kd@seed43.json")},
+                 "ce": {42: ..., 43: ...}}, machine=..., margin=("kd", "ce", 4))   # mean and spread over seeds
 
 ``write_report`` writes report.md and three PNG plots (matplotlib, Agg via ``Figure``; no pyplot state):
 acceptance_vs_step.png (acceptance_rate against training step, one line per run, at one gamma/temperature),
@@ -14,11 +16,12 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from decode.results import read_eval_json
 from decode.table import CATEGORY_COLUMNS, REPORT_COLUMNS, format_table
 from distill.acceptance_log import best_checkpoint, read_records
+from distill.seed_spread import SEED_COLUMNS, seed_rows, tau_margin
 
 STEP_PLOT = "acceptance_vs_step.png"
 POSITION_PLOT = "per_position_acceptance.png"
@@ -60,19 +63,29 @@ def choose_setting(runs: dict[str, list[dict]]) -> tuple[int, float] | None:
     return max(counts, key=lambda s: (counts[s], s[0], -s[1]))
 
 
-def plot_acceptance_vs_step(path: Path, runs: dict[str, list[dict]], gamma: int, temperature: float) -> list[str]:
-    """acceptance_rate against step, one line per run, at ``gamma``/``temperature``; returns the runs drawn."""
+def plot_acceptance_vs_step(path: Path, runs: dict[str, dict[int | None, list[dict]]], gamma: int,
+                            temperature: float) -> list[str]:
+    """acceptance_rate against step at ``gamma``/``temperature``, one line per run: the mean over its seeds, with a
+    band from the lowest to the highest seed when it has several; returns the runs drawn."""
     fig = _new_figure()
     ax = fig.add_subplot()
     drawn = []
-    for name, rows in runs.items():
-        points = sorted((r["step"], r["acceptance_rate"]) for r in rows
-                        if r.get("gamma") == gamma and r.get("temperature") == temperature
-                        and r.get("acceptance_rate") is not None)
-        if not points:
+    for colour, (name, by_seed) in zip((f"C{i}" for i in range(10_000)), runs.items()):
+        at_step: dict[int, list[float]] = {}
+        for rows in by_seed.values():
+            for r in rows:
+                if r.get("gamma") == gamma and r.get("temperature") == temperature \
+                        and r.get("acceptance_rate") is not None:
+                    at_step.setdefault(r["step"], []).append(r["acceptance_rate"])
+        if not at_step:
             continue
-        steps, rates = zip(*points)
-        ax.plot(steps, rates, marker="o", label=name)  # markers keep a single checkpoint visible
+        steps = sorted(at_step)
+        means = [sum(at_step[s]) / len(at_step[s]) for s in steps]
+        label = name if len(by_seed) == 1 else f"{name} (mean of {len(by_seed)} seeds)"
+        ax.plot(steps, means, marker="o", color=colour, label=label)  # markers keep a single checkpoint visible
+        if len(by_seed) > 1:  # band: min..max over seeds
+            ax.fill_between(steps, [min(at_step[s]) for s in steps], [max(at_step[s]) for s in steps],
+                            color=colour, alpha=0.2, linewidth=0)
         drawn.append(name)
     ax.set(xlabel="training step", ylabel="acceptance_rate", ylim=(0, 1.02),
            title=f"Acceptance during training (gamma={gamma}, temperature={temperature:g})")
@@ -113,13 +126,24 @@ def plot_per_position(path: Path, chosen: dict[str, dict]) -> None:
     fig.savefig(path)
 
 
+def spread_bars(rows: list[dict], key: str) -> list[list[float]] | None:
+    """Error bars from the mean down to the lowest seed and up to the highest (``KEY_range`` of seed_spread rows);
+    None for rows of a single measurement."""
+    ranges = [(r[key], r.get(f"{key}_range")) for r in rows if r.get(key) is not None]
+    if not any(bounds for _, bounds in ranges):
+        return None
+    return [[mean - (bounds or (mean, mean))[0] for mean, bounds in ranges],
+            [(bounds or (mean, mean))[1] - mean for mean, bounds in ranges]]
+
+
 def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
     """Measured speedup (solid) and predicted speedup (dashed) against gamma, one colour per drafter and
-    temperature; returns False when no result has a speedup."""
+    temperature; measured speedups averaged over seeds (distill.seed_spread) get min-max error bars (predicted ones
+    none, to stay readable). Returns False when no result has a speedup."""
     fig = _new_figure()
     ax = fig.add_subplot()
     colours = iter(f"C{i}" for i in range(10_000))
-    drawn = False
+    drawn, drawn_labels = False, []
     for name, results in evals.items():
         for temperature in sorted({r.get("temperature", 0.0) for r in results}):
             rows = sorted((r for r in results if r.get("temperature", 0.0) == temperature  # fixed gammas only
@@ -128,8 +152,10 @@ def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
             colour = next(colours)
             measured = [(r["gamma"], r["speedup"]) for r in rows if r.get("speedup") is not None]
             predicted = [(r["gamma"], r["predicted_speedup"]) for r in rows if r.get("predicted_speedup") is not None]
+            drawn_labels += [f"{label} measured", f"{label} predicted"]
             if measured:
-                ax.plot(*zip(*measured), marker="o", color=colour, label=f"{label} measured")
+                ax.errorbar(*zip(*measured), yerr=spread_bars(rows, "speedup"), marker="o", color=colour, capsize=3,
+                            label=f"{label} measured")
                 drawn = True
             if predicted:
                 ax.plot(*zip(*predicted), marker="x", linestyle="--", color=colour, label=f"{label} predicted")
@@ -141,7 +167,9 @@ def plot_speedup_vs_gamma(path: Path, evals: dict[str, list[dict]]) -> bool:
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     ax.set(xlabel="gamma (draft tokens per step)", ylabel="speedup over target alone", title="Speedup vs gamma")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    handles, labels = ax.get_legend_handles_labels()  # error-bar entries come after lines: back to drawing order
+    pairs = sorted(zip(labels, handles), key=lambda pair: drawn_labels.index(pair[0]))
+    ax.legend([h for _, h in pairs], [label for label, _ in pairs], fontsize="small")
     fig.savefig(path)
     return True
 
@@ -163,23 +191,37 @@ def category_lines(rows: list[dict], what: str) -> list[str]:
             format_table(flat, CATEGORY_COLUMNS), "```"]
 
 
-def _eval_section(out_dir: Path, evals: dict[str, dict], root: Path) -> list[str]:
+def _eval_section(out_dir: Path, evals: dict[str, dict[int | None, dict]], root: Path,
+                  margin: tuple[str, str, int] | None) -> list[str]:
     if not evals:
         return ["## Evaluations", "", "No eval_acceptance JSON was given.", ""]
     lines = ["## Evaluations", ""]
-    for name, payload in evals.items():
-        draft, target = (shown_path(payload.get(key, "?"), root) for key in ("draft", "target"))
-        lines.append(f"- **{name}**: draft `{draft}`, target `{target}`, "
-                     f"measured on {payload.get('device', 'unrecorded device')}, dtype {payload.get('dtype', '?')}, "
-                     f"torch {payload.get('torch_version', '?')}")
-    rows = [{"drafter": name, **r} for name, payload in evals.items() for r in payload["results"]]
+    for name, by_seed in evals.items():
+        for seed, payload in by_seed.items():
+            draft, target = (shown_path(payload.get(key, "?"), root) for key in ("draft", "target"))
+            lines.append(f"- **{seed_label(name, seed)}**: draft `{draft}`, target `{target}`, "
+                         f"measured on {payload.get('device', 'unrecorded device')}, "
+                         f"dtype {payload.get('dtype', '?')}, torch {payload.get('torch_version', '?')}")
+    rows = [{"drafter": seed_label(name, seed), **r} for name, by_seed in evals.items()
+            for seed, payload in by_seed.items() for r in payload["results"]]
+    results = {name: [r for payload in by_seed.values() for r in payload["results"]] for name, by_seed in evals.items()}
+    if any(len(by_seed) > 1 for by_seed in evals.values()):
+        means = seed_rows({name: {seed: payload["results"] for seed, payload in by_seed.items()}
+                           for name, by_seed in evals.items()})
+        results = {name: [r for r in means if r["drafter"] == name] for name in evals}
+        lines += ["", "Mean over the seeds each drafter was trained at; spread = max - min over those seeds. Only a "
+                  "difference larger than the spread is a claim:", "", "```text", format_table(means, SEED_COLUMNS),
+                  "```"]
+        if margin is not None:
+            lines += ["", f"**Headline**: {tau_margin(means, *margin).sentence()}"]
+        lines += ["", "Each seed:"]
     lines += ["", "```text", format_table(rows, REPORT_COLUMNS), "```"]
     lines += category_lines(rows, "the evaluations above") + [""]
-    results = {name: payload["results"] for name, payload in evals.items()}
     if plot_speedup_vs_gamma(out_dir / SPEEDUP_PLOT, results):
         lines += [f"![speedup vs gamma]({SPEEDUP_PLOT})", "",
                   "Solid: measured wall-clock speedup; dashed: predicted from mean_accepted_tokens and measured "
-                  "step costs. Below the dotted line speculative decoding is slower than the target alone.", ""]
+                  "step costs (means over seeds; bars: the lowest to the highest seed). Below the dotted line "
+                  "speculative decoding is slower than the target alone.", ""]
     else:
         lines += ["No speedup was measured, so there is no speedup plot.", ""]
     chosen = per_position_rows(results)
@@ -192,17 +234,23 @@ def _eval_section(out_dir: Path, evals: dict[str, dict], root: Path) -> list[str
     return lines
 
 
-def _run_section(out_dir: Path, runs: dict[str, list[dict]], gamma: int | None,
+def seed_label(name: str, seed: int | None) -> str:
+    """A drafter's name in per-seed rows: "draft_kd seed 43", or the name alone for a drafter with no seed."""
+    return name if seed is None else f"{name} seed {seed}"
+
+
+def _run_section(out_dir: Path, grouped: dict[str, dict[int | None, list[dict]]], gamma: int | None,
                  temperature: float | None) -> list[str]:
-    if not runs:
+    if not grouped:
         return ["## Training runs", "", "No training run was given.", ""]
     lines = ["## Training runs", ""]
+    runs = {seed_label(name, seed): rows for name, by_seed in grouped.items() for seed, rows in by_seed.items()}
     setting = choose_setting(runs)
     if setting is None:
         return lines + ["The acceptance logs hold no rows yet.", ""]
     gamma = setting[0] if gamma is None else gamma
     temperature = setting[1] if temperature is None else temperature
-    drawn = plot_acceptance_vs_step(out_dir / STEP_PLOT, runs, gamma, temperature)
+    drawn = plot_acceptance_vs_step(out_dir / STEP_PLOT, grouped, gamma, temperature)
     table = []
     for name, rows in runs.items():
         picked = sorted((r for r in rows if r.get("gamma") == gamma and r.get("temperature") == temperature),
@@ -227,22 +275,34 @@ def _run_section(out_dir: Path, runs: dict[str, list[dict]], gamma: int | None,
     return lines + [""]
 
 
-def write_report(out_dir: Path, *, runs: dict[str, Path], evals: dict[str, Path], machine: str,
-                 gamma: int | None = None, temperature: float | None = None, root: Path | None = None) -> Path:
+def by_seed(paths: Path | Mapping[int, Path]) -> list[tuple[int | None, Path]]:
+    """(seed, path) pairs of one drafter: its {seed: path}, or [(None, path)] for a single path."""
+    return list(paths.items()) if isinstance(paths, Mapping) else [(None, Path(paths))]
+
+
+def write_report(out_dir: Path, *, runs: Mapping[str, Path | Mapping[int, Path]], evals: Mapping[str, Path | Mapping[int, Path]],
+                 machine: str, gamma: int | None = None, temperature: float | None = None, root: Path | None = None,
+                 margin: tuple[str, str, int] | None = None) -> Path:
     """Write ``out_dir/report.md`` and its PNG plots; return the report path.
 
-    ``runs`` maps a name to a training OUTPUT_DIR holding acceptance.jsonl; ``evals`` maps a drafter name to an
-    eval_acceptance JSON; ``machine`` says where the numbers were measured. ``gamma``/``temperature`` pick the
-    setting of the acceptance-vs-step plot (default: the one logged by the most runs). Local model paths are written
-    relative to ``root``, the run's folder (default: the parent of ``out_dir``). Raises FileNotFoundError /
-    ValueError for missing or malformed inputs, ImportError without matplotlib.
+    ``runs`` maps a name to a training OUTPUT_DIR holding acceptance.jsonl, or to {seed: OUTPUT_DIR} (the plot then
+    draws the mean over seeds with a min-max band); ``evals`` maps a drafter name to an
+    eval_acceptance JSON, or to {seed: eval JSON} for a drafter trained at several seeds (the report then shows the
+    mean and spread over seeds, distill.seed_spread, and plots the means); ``machine`` says where the numbers were
+    measured. ``margin`` = (better, baseline, gamma) adds a line saying whether better's mean tau margin over
+    baseline at gamma, greedy, is larger than the seed spread. ``gamma``/``temperature`` pick the setting of the
+    acceptance-vs-step plot (default: the one logged by the most runs). Local model paths are written relative to
+    ``root``, the run's folder (default: the parent of ``out_dir``). Raises FileNotFoundError / ValueError for
+    missing or malformed inputs (and a margin drafter without that gamma), ImportError without matplotlib.
     """
     out_dir = Path(out_dir)
-    run_rows = {name: read_records(folder, required=True) for name, folder in runs.items()}
-    eval_payloads = {name: read_eval_json(Path(path)) for name, path in evals.items()}
+    run_rows = {name: {seed: read_records(folder, required=True) for seed, folder in by_seed(folders)}
+                for name, folders in runs.items()}
+    eval_payloads = {name: {seed: read_eval_json(Path(path)) for seed, path in by_seed(paths)}
+                     for name, paths in evals.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# specdistill report", "", f"Machine: **{machine}**", ""]
-    lines += _eval_section(out_dir, eval_payloads, out_dir.parent if root is None else Path(root))
+    lines += _eval_section(out_dir, eval_payloads, out_dir.parent if root is None else Path(root), margin)
     lines += _run_section(out_dir, run_rows, gamma, temperature)
     report = out_dir / "report.md"
     report.write_text("\n".join(lines).rstrip() + "\n")

@@ -147,3 +147,29 @@ def test_report_names_local_models_relative_to_the_run_folder(tmp_path):
     assert str(tmp_path) not in text
     elsewhere = write_report(tmp_path / "r", runs={}, evals={"kd": path}, machine="m", root=run / "report")
     assert "draft `../draft_kd`, target `../target`" in elsewhere.read_text()
+
+
+def test_report_of_two_seeds_shows_mean_spread_and_each_seed(tmp_path):
+    runs = {"kl": {1: write_run(tmp_path / "kl1", steps=[10, 20], gammas=[4]),
+                   2: write_run(tmp_path / "kl2", steps=[10, 20], gammas=[4])}}
+    evals = {"kl": {1: write_eval(tmp_path / "kl1.json", [result(4, 0.5)]),
+                    2: write_eval(tmp_path / "kl2.json", [result(4, 0.6)])},
+             "ce": {1: write_eval(tmp_path / "ce1.json", [result(4, 0.4)]),
+                    2: write_eval(tmp_path / "ce2.json", [result(4, 0.45)])},
+             "prompt_lookup": write_eval(tmp_path / "pl.json", [result(4, 0.3, per_position=[])])}
+    report = write_report(tmp_path / "r", runs=runs, evals=evals, machine="m", margin=("kl", "ce", 4))
+    for name in (STEP_PLOT, POSITION_PLOT, SPEEDUP_PLOT):
+        assert_png(report.parent / name)
+    text = report.read_text()
+    lines = [line.split() for line in text.splitlines()]
+    # kl: tau 1 + 4 * 0.5 = 3.0 and 3.4 -> mean 3.2, spread 0.4; speedup tau / 1.3 -> 2.46, spread 0.31
+    assert ["kl", "2", "4", "0", "0.550", "0.100", "3.20", "0.40", "2.46x", "0.31", "2.67x"] in lines
+    assert ["prompt_lookup", "1", "4", "0", "0.300", "0.000", "2.20", "0.00", "1.69x", "0.00", "1.83x"] in lines
+    assert ["kl", "seed", "2", "4", "0", "0.600", "3.40", "2.62x", "2.83x"] in lines
+    # ce: 2.6 and 2.8 -> 2.7, spread 0.2; margin 3.2 - 2.7 = 0.5 > max(0.4, 0.2)
+    assert ("kl vs ce, mean_accepted_tokens at gamma 4, temperature 0, mean of 2 seed(s): 3.20 vs 2.70, margin "
+            "+0.50 (1.19x); seed spread (max - min, the larger of the two) 0.40: the margin is larger than the "
+            "spread, so it holds.") in text
+    assert "- **kl seed 1**: 2 checkpoint(s) logged" in text and "kl seed 2 @ step 20" in text
+    with pytest.raises(ValueError, match="no mean_accepted_tokens for kl at gamma 2"):
+        write_report(tmp_path / "r2", runs={}, evals=evals, machine="m", margin=("kl", "ce", 2))
