@@ -59,9 +59,9 @@ PAIRS = {
                  draft=("model.draft_config=null", "model.draft_layers=[0,7]")),
 }
 
-# An EAGLE-3 head instead of the pair's standalone draft (recipes/quickstart/head.yaml's head: training-time test 3
+# An EAGLE-3 head instead of the pair's standalone draft (recipes/quickstart/head.yaml's head: training-time test 4
 # steps, decay 0.8, started from the target's lm_head / norm / last MLP)
-HEAD = ["model.draft_kind=eagle3", "model.draft_config=null", "model.draft_layers=null", "distill.ttt_steps=3",
+HEAD = ["model.draft_kind=eagle3", "model.draft_config=null", "model.draft_layers=null", "distill.ttt_steps=4",
         "distill.ttt_decay=0.8"]
 
 # Each row's objective, as recipe overrides; {pair_dir} and {sizes.*} are filled in by draft_overrides.
