@@ -75,9 +75,9 @@ def test_the_cycle_finder_finds_a_cycle_and_accepts_a_tree():
 
 def test_the_graph_sees_module_level_function_level_and_package_imports():
     graph = import_graph()
-    assert "distill.losses" in graph["distill.fused"]  # from distill.losses import ...
-    assert "decode" in graph["distill.target_data"]  # from decode import speculative_generate
-    assert "distill.hub" in graph["distill.export"]  # imported inside a function
+    assert "distill.losses.divergences" in graph["distill.losses.fused"]  # from distill.losses.divergences import ...
+    assert "decode" in graph["distill.data.target_data"]  # from decode import speculative_generate
+    assert "distill.publish.hub" in graph["distill.publish.export"]  # imported inside a function
     assert "decode.stats" in graph["decode"]  # a package's __init__
 
 
@@ -125,7 +125,7 @@ def test_a_run_is_the_six_named_steps_in_order():
     assert [name for name in called if name in steps] == steps
     owners = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)
               for alias in node.names if alias.name in steps}
-    assert owners == {"distill.preflight", "distill.models", "distill.sources", "distill.trainer", "distill.export"}
+    assert owners == {"distill.run.preflight", "distill.models.load", "distill.data.sources", "distill.run.trainer", "distill.publish.export"}
 
 
 def readme_module_map() -> list[str]:
