@@ -7,7 +7,7 @@ Rows (each trained by scripts/train.py for --steps optimizer steps of the same b
   ce          standalone 2-layer draft, plain cross-entropy            (recipes/quickstart/draft_ce.yaml)
   distilled   the same draft distilled from the target (forward KL)    (recipes/quickstart/draft_kd.yaml)
   head        EAGLE-3 head without training-time test (ttt_steps 1)    (recipes/quickstart/head.yaml)
-  head_ttt    EAGLE-3 head with training-time test (ttt_steps 3)       (recipes/quickstart/head.yaml)
+  head_ttt    EAGLE-3 head with training-time test (the recipe's ttt_steps) (recipes/quickstart/head.yaml)
 Each is measured by specdistill-eval (the same code path as the trainer) at gamma 2..6, greedy and T=1: tau,
 acceptance, the draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run
 (eager, and compiled with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head rows.
@@ -34,7 +34,7 @@ ROWS = {  # row -> (recipe, extra overrides)
     "ce": ("draft_ce.yaml", []),
     "distilled": ("draft_kd.yaml", []),
     "head": ("head.yaml", ["distill.ttt_steps=1"]),
-    "head_ttt": ("head.yaml", ["distill.ttt_steps=3"]),
+    "head_ttt": ("head.yaml", []),  # the recipe's training-time test (distill.ttt_steps)
 }
 GAMMAS = ["2", "3", "4", "5", "6"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    p.add_argument("--head-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="recipe overrides for the head rows only (e.g. model.aux_layers=[1,3,5] distill.ttt_steps=4)")
     p.add_argument("--compile", action="store_true", help="also measure the compiled decoder")
     p.add_argument("--vllm", action="store_true", help="also measure the head rows inside vLLM (make serving)")
     p.add_argument("--doc", type=Path, default=None, help="write the markdown here")
@@ -67,6 +69,8 @@ def train(args: argparse.Namespace, row: str) -> Path:
     out = args.out / row
     if not (out / "train_results.json").is_file():
         recipe, extra = ROWS[row]
+        if row.startswith("head"):
+            extra = [*args.head_overrides, *extra]  # the row's own ttt_steps last: it defines the row
         run([sys.executable, str(ROOT / "scripts" / "train.py"), str(RECIPES / recipe), f"model.target={args.target}",
              f"data.dataset={args.dataset}", f"data.eval_prompts={args.eval_prompts}", f"train.output_dir={out}",
              f"train.max_steps={args.steps}", f"train.per_device_train_batch_size={args.batch}",
@@ -123,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{p['ratio']:.3f}", p["greedy_match_vllm"]] for p in both.get("parity", [])]
     headers = ["row", "decoding", "gamma", "tau", "acceptance", "c", "speedup", "predicted", "train tok/s"]
     lines = [f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
-             f"Target: `{args.target.name}`; {args.steps} steps x batch {args.batch} for every row; "
+             f"Target: `{args.target.name}`; {args.steps} steps x batch {args.batch} for every row"
+             + (f"; head rows also `{' '.join(args.head_overrides)}`" if args.head_overrides else "") + "; "
              f"{args.num_prompts} held-out prompts x {args.max_new_tokens} new tokens.", "",
              *markdown_table(headers, table)]
     if parity:

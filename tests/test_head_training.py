@@ -131,23 +131,23 @@ def test_a_head_is_built_from_the_target_config_and_shares_its_embedding():
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_head_init_target_reads_out_like_the_target(arch):
     """model.head_init target: on any hidden state the head's readout (norm, lm_head) gives the target's logits of
-    the draft vocabulary, and its MLP is the target's last layer's; nothing else is touched."""
+    the draft vocabulary, its MLP is the target's last layer's, and fc passes the deepest aux layer through."""
     target = tiny_model(arch, layers=4)
     head = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
     ids = torch.tensor(sorted(torch.randperm(96, generator=torch.Generator().manual_seed(0))[:40].tolist()))
     head.set_vocab(ids)
-    fc_before = head.fc.weight.clone()
-    assert init_from_target(head, target) == ["lm_head", "norm", "midlayer.mlp"]
+    assert init_from_target(head, target) == ["fc", "lm_head", "norm", "midlayer.mlp"]
     x = torch.randn(3, 5, 32)
     expected = target.lm_head(target.model.norm(x))[..., ids]  # [3, 5, 40]
     torch.testing.assert_close(head.logits(head.norm(x)), expected)
     last = target.model.layers[-1]
     torch.testing.assert_close(head.midlayer.mlp(x), last.mlp(x))
     torch.testing.assert_close(head.midlayer.post_attention_layernorm(x), last.post_attention_layernorm(x))
-    assert torch.equal(head.fc.weight, fc_before)
+    aux = torch.randn(3, 5, 3 * 32)  # the fused hidden state starts as the deepest aux layer's
+    torch.testing.assert_close(head.fuse(aux), aux[..., 64:])
     narrow = build_head(ModelConfig(target="t", draft_kind="eagle3", head_intermediate_size=16), target,
                         torch.float32)
-    assert init_from_target(narrow, target) == ["lm_head", "norm"]  # a narrower MLP starts fresh
+    assert init_from_target(narrow, target) == ["fc", "lm_head", "norm"]  # a narrower MLP starts fresh
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -78,8 +78,15 @@ def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
         lm_head[i]  = target.lm_head[d2t-mapped id of draft id i]       (the rows of the draft vocabulary)
         norm        = target's final norm
         mlp, post_attention_layernorm = the target's last decoder layer's (when the MLP widths match)
+        fc          = [0 ... 0 | I]: the fused hidden state starts as the deepest aux layer's hidden state
     """
     copied = []
+    hidden, k = head.config.hidden_size, len(head.aux_layers)
+    if head.fc.weight.shape == (hidden, k * head.config.target_hidden_size) and hidden == head.config.target_hidden_size:
+        weight = torch.zeros_like(head.fc.weight)  # [H, k * H]
+        weight[:, (k - 1) * hidden:] = torch.eye(hidden, dtype=weight.dtype, device=weight.device)
+        head.fc.weight.copy_(weight)
+        copied.append("fc")
     out = target.get_output_embeddings()
     if out is not None and out.weight.shape[1] == head.lm_head.weight.shape[1]:
         rows = out.weight.index_select(0, head.target_ids.to(out.weight.device))  # [V_draft, H]
