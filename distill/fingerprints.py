@@ -1,6 +1,6 @@
 """Fingerprints of what stored data depend on: a model's config and weights, a tokenizer's vocabulary, token lists.
 
-Short sha256 hex digests, stable across processes and dtypes; the shard stores (distill/shard_store.py) compare
+Short sha256 hex digests, stable across processes and dtypes; the shard stores (distill/data/shard_store.py) compare
 them to decide whether a folder can be reused or resumed.
 """
 from __future__ import annotations

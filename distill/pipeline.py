@@ -1,15 +1,16 @@
 """One run of a recipe, as six named steps (README, "What a run does"), each one call into the module that owns it:
 
-  1. check     distill.preflight   recipe, output folder, processes, tokenizer and draft plan from configs, and the
-                                   dataset read and tokenised: every problem named before a weight loads
-  2. load      distill.models      the frozen target and the trainable draft (under FSDP2 the target is sharded
-                                   by distill.fsdp after step 3, which may run it on the main process alone)
-  3. tokenise  distill.sources     the training rows: the dataset's, the target's responses, the teacher cache
-                                   (an EAGLE-3 head's draft vocabulary is then counted on them: distill.heads)
-  4. distil    distill.trainer     DistillTrainer, with AcceptanceCallback measuring every checkpoint it saves
-  5. measure   distill.callbacks   acceptance of every checkpoint that still lacks it, and of the final step
-  6. export    distill.export      the best checkpoint as a model folder, its deployment check,
-                                   train_results.json (last), the optional hub push
+  1. check     distill.run.preflight     recipe, output folder, processes, tokenizer and draft plan from configs,
+                                         and the dataset read and tokenised: every problem named before a weight loads
+  2. load      distill.models.load       the frozen target and the trainable draft (under FSDP2 the target is sharded
+                                         by distill.models.fsdp after step 3, which may run it on the main process)
+  3. tokenise  distill.data.sources      the training rows: the dataset's, the target's responses, the teacher cache
+                                         (an EAGLE-3 head's draft vocabulary is then counted on them:
+                                         distill.models.heads)
+  4. distil    distill.run.trainer       DistillTrainer, with AcceptanceCallback measuring every checkpoint it saves
+  5. measure   distill.run.callbacks     acceptance of every checkpoint that still lacks it, and of the final step
+  6. export    distill.publish.export    the best checkpoint as a model folder, its deployment check,
+                                         train_results.json (last), the optional hub push
 
 Every process runs every step; what only rank 0 writes is decided inside each step. distill.cli.train
 (`specdistill-train`, `scripts/train.py`) is the command line around run_recipe.
@@ -19,16 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from distill.callbacks import AcceptanceCallback
-from distill.config import Recipe
-from distill.export import export_run
-from distill.fsdp import fsdp_enabled, shard_for_inference
-from distill.heads import init_from_target, served_head, set_draft_vocabulary
-from distill.models import load_models
-from distill.preflight import check_run
-from distill.sources import training_rows
-from distill.head_trainer import HeadTrainer
-from distill.trainer import DistillTrainer, distil
+from distill.data.sources import training_rows
+from distill.models.fsdp import fsdp_enabled, shard_for_inference
+from distill.models.heads import init_from_target, served_head, set_draft_vocabulary
+from distill.models.load import load_models
+from distill.publish.export import export_run
+from distill.recipe.sections import Recipe
+from distill.run.callbacks import AcceptanceCallback
+from distill.run.head_trainer import HeadTrainer
+from distill.run.preflight import check_run
+from distill.run.trainer import DistillTrainer, distil
 
 # model.draft_kind -> the trainer of that kind of draft
 TRAINERS: dict[str, type[DistillTrainer]] = {"standalone": DistillTrainer, "eagle3": HeadTrainer}

@@ -40,3 +40,11 @@ def saved_parameter_count(folder: Path) -> int:
     loaded): the counter for a saved model folder, as parameter_count is for a model in memory."""
     return sum(math.prod(tensor["shape"]) for path in sorted(Path(folder).glob("*.safetensors"))
                for tensor in safetensors_header(path).tensors.values())
+
+
+def plain_class(module: nn.Module) -> type:
+    """The class `module` had before fully_shard (which swaps in a subclass FSDP<name>)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    return cls.__mro__[2] if issubclass(cls, FSDPModule) and cls.__mro__[1] is FSDPModule else cls

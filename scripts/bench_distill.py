@@ -332,7 +332,7 @@ def run_pair(out: Path, targets: Path, pair: Pair, rows: list[str], sizes: Sizes
     """Train the pair's target, then train and measure every missing row at seeds[0], then the top seed_rows rows
     (and ce) at the other seeds. Returns the target's record (train_target)."""
     from decode.prompts import read_prompt_rows
-    from distill.data import eval_prompts
+    from distill.data.rows import eval_prompts
 
     corpus, tokenizer, target_file, _ = data
     pair_dir = out / pair.name

@@ -7,7 +7,7 @@ The target is a Llama built from a config with RANDOM weights (hidden 256, 6 lay
 lm_head sharpened x16 so that its distributions look like a trained LM's): rows/s depends on the shapes, not on
 what the weights learnt. The prompts are --rows random-token prompts of 8..64 tokens (different lengths, so batches
 are padded). The tokenizer has no eos, so every response is exactly --new-tokens tokens.
-Each mode runs distill.target_data.generate_target_data, the call a training run makes (shards written with
+Each mode runs distill.data.target_data.generate_target_data, the call a training run makes (shards written with
 `datasets`), into its own temporary folder, after an untimed warm-up batch; all modes run in this one process, one
 after the other, so the ratios are measured in one run. Wall and CPU seconds are both reported: on cores shared
 with other jobs the wall clock mostly measures the others (and OpenMP threads waiting for a descheduled sibling
@@ -31,12 +31,12 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, models  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from distill.target_data import generate_target_data  # noqa: E402
+from distill.data.target_data import generate_target_data  # noqa: E402
 from decode.benchmark import code_version, load_average, machine, markdown_table, random_llama, sharpen  # noqa: E402
 
 VOCAB = 4096
 SHARPEN = 16.0
-FILES = ("distill/target_data.py", "decode/batched.py", "decode/speculative.py")
+FILES = ("distill/data/target_data.py", "decode/batched.py", "decode/speculative.py")
 
 
 def word_tokenizer(vocab: int) -> PreTrainedTokenizerFast:

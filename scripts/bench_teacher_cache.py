@@ -30,21 +30,22 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from distill.data import DistillCollator  # noqa: E402
-from distill.distill_loss import chunked_distill_loss  # noqa: E402
-from distill.teacher_cache import (  # noqa: E402
+from distill.data.rows import DistillCollator  # noqa: E402
+from distill.data.teacher_cache import (  # noqa: E402
     TeacherCollator,
     build_teacher_cache,
     load_teacher_cache,
     sparse_teacher_from_batch,
     with_teacher_columns,
 )
+from distill.losses.distill_loss import chunked_distill_loss  # noqa: E402
 from decode.benchmark import (arguments, command_line, current_memory_mib, header, markdown_table,  # noqa: E402
                                peak_memory_mib, random_llama, random_rows, run_worker, sharpen, timed, worker_args)
 
 VOCAB = 4096
 SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM
-FILES = ("distill/teacher_cache.py", "distill/shard_store.py", "distill/distill_loss.py", "distill/fused.py")
+FILES = ("distill/data/teacher_cache.py", "distill/data/shard_store.py", "distill/losses/distill_loss.py",
+         "distill/losses/fused.py")
 
 
 # ---------------------------------------------------------------------------------------------------------------

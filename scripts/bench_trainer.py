@@ -16,7 +16,7 @@ Modes, each in its own subprocess (so its peak memory is its own), alternated --
           so the target is never loaded (a weightless nn.Module stands in for it).
 All three train the same draft (Llama, hidden 128, 2 layers) toward the same target (Llama, hidden 256, 4 layers,
 vocab 4096, lm_head sharpened x16 so its distributions look like a trained LM's) on the same random-token rows
-(max length 256, every row full), with the same collator (distill.data.DistillCollator; GKDTrainer takes any
+(max length 256, every row full), with the same collator (distill.data.rows.DistillCollator; GKDTrainer takes any
 collator, and with lmbda=0 it needs no prompts), per-device batch 8, AdamW, constant learning rate, fp32, 1 process.
 
 Timing: a TrainerCallback takes the wall clock at every on_step_end; a step is the interval between two of them
@@ -58,18 +58,18 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-import distill.trainer as distill_trainer  # noqa: E402
-from distill.config import DistillConfig, TrainConfig  # noqa: E402
-from distill.data import DistillCollator  # noqa: E402
-from distill.models import freeze  # noqa: E402
-from distill.teacher_cache import (  # noqa: E402
+from distill.data.rows import DistillCollator  # noqa: E402
+from distill.data.teacher_cache import (  # noqa: E402
     TeacherCollator,
     build_teacher_cache,
     load_teacher_cache,
     with_teacher_columns,
 )
-from distill.train_config import training_arguments  # noqa: E402
-from distill.trainer import DistillTrainer  # noqa: E402
+from distill.models.load import freeze  # noqa: E402
+from distill.recipe.sections import DistillConfig, TrainConfig  # noqa: E402
+from distill.recipe.train_config import training_arguments  # noqa: E402
+import distill.run.trainer as distill_trainer  # noqa: E402
+from distill.run.trainer import DistillTrainer  # noqa: E402
 from decode.benchmark import (BOS, EOS, PAD, ProfileSteps, StepTimer, TensorMemoryProbe, arguments,  # noqa: E402
                                command_line, header, labelled, load_average, markdown_table, peak_memory_mib,
                                random_llama, random_rows, run_worker, sharpen, sync, worker_args, write_result)
@@ -78,8 +78,9 @@ MODES = ("gkd", "online", "cached")
 VOCAB = 4096
 SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM
 LEARNING_RATE = 1e-4
-FILES = ("distill/trainer.py", "distill/losses.py", "distill/distill_loss.py", "distill/fused.py",
-         "distill/teacher_cache.py")  # the code under test, hashed into the result's header
+# the code under test, hashed into the result's header
+FILES = ("distill/run/trainer.py", "distill/losses/divergences.py", "distill/losses/distill_loss.py",
+         "distill/losses/fused.py", "distill/data/teacher_cache.py")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@
    x 64 new tokens (each prompt's category is its stdlib package, so results are also given by package);
 5. a comparison table here (each seed, by package, and the mean and spread = max - min over seeds), the headline
    (the distilled draft's tau margin over CE at gamma 4 against the larger of their two spreads, and whether it
-   is larger) and a report folder (report.md + PNG plots; distill/report.py, distill/seed_spread.py).
+   is larger) and a report folder (report.md + PNG plots; distill/publish/report.py, distill/publish/seed_spread.py).
 Every step reuses what an earlier run left in --out, so a re-run only redoes what is missing (an eval measured on
 another number of prompts is measured again, so that every drafter and seed is scored on the same prompts).
 
@@ -59,7 +59,7 @@ DRAFTS = ("draft_ce", "draft_kd", "head")
 DRAFT_KINDS = {"draft_ce": "plain cross-entropy", "draft_kd": "distilled from the target",
                "head": "an EAGLE-3 head on the target's hidden states, training-time test"}
 GAMMAS = ["1", "2", "3", "4"]
-RECIPE_SEED = 42  # train.seed of the quickstart recipes (distill.config's default)
+RECIPE_SEED = 42  # train.seed of the quickstart recipes (distill.recipe.sections's default)
 SEEDS = (RECIPE_SEED, 43)
 HEADLINE = ("draft_kd", "draft_ce", int(GAMMAS[-1]))  # the claim: distilled vs CE tau at the largest gamma, greedy
 NUM_PROMPTS = 32  # held-out prompts per eval (--fast: 4); see the docstring
@@ -209,8 +209,8 @@ def compare_and_report(out: Path, evals: dict[str, Path | dict[int, Path]], seed
     distilled draft's margin over CE against the seed spread, and out/report/."""
     from decode.table import format_table
     from decode.tally import category_rows
-    from distill.report import seed_label, write_report
-    from distill.seed_spread import SEED_COLUMNS, seed_rows, tau_margin
+    from distill.publish.report import seed_label, write_report
+    from distill.publish.seed_spread import SEED_COLUMNS, seed_rows, tau_margin
 
     banner("5/5 comparison and report")
     results = {name: {seed: json.loads(path.read_text())["results"] for seed, path in

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from distill import models
+from distill.models import load
 from decode.cli import eval as eval_acceptance
 from distill.cli import push as push_to_hub
 from distill.cli import train as train_script
@@ -87,7 +87,7 @@ def no_weights(monkeypatch):
     """Fails the case if a command gets as far as loading model weights."""
     def refuse(*_args, **_kwargs):
         raise AssertionError("model weights were loaded before the error")
-    monkeypatch.setattr(models, "load_target", refuse)
+    monkeypatch.setattr(load, "load_target", refuse)
     monkeypatch.setattr(eval_acceptance, "load_causal_lm", refuse)
 
 

@@ -257,9 +257,9 @@ def test_text_problem_positions_across_chunks(tmp_path, monkeypatch):
 
 
 # Files of the commands' code that may open text themselves: the one place, and the streaming .txt reader (its
-# file passed check_text_file in distill.data.load_rows first).
+# file passed check_text_file in distill.data.rows.load_rows first).
 # decode/serving/vllm_worker.py runs in vLLM's venv with the stdlib only and reads the request file we wrote.
-TEXT_READERS_ALLOWED = {"decode/checks.py", "distill/text_files.py", "decode/serving/vllm_worker.py"}
+TEXT_READERS_ALLOWED = {"decode/checks.py", "distill/data/text_files.py", "decode/serving/vllm_worker.py"}
 NOT_COMMAND_CODE = ("scripts/bench", "scripts/quickstart", "scripts/chaos_resume", "decode/benchmark.py")
 
 

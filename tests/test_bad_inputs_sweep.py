@@ -1,6 +1,6 @@
 """Sweeps of bad numbers over the four commands (issue 20, part 5); files: tests/test_bad_inputs_files.py.
 
-Every numeric field of every recipe section (introspected from distill.config.SECTION_TYPES; train: every
+Every numeric field of every recipe section (introspected from distill.recipe.sections.SECTION_TYPES; train: every
 TrainingArguments field a recipe may set), given as a key=value
 override and in a recipe file, and every number flag of specdistill-eval, -push and -check (introspected from the
 parsers the commands build), gets NaN, infinities and a number beyond float range. Each case: exit 1, exactly one
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from decode import checks
-from distill.config import SECTION_TYPES
+from distill.recipe.sections import SECTION_TYPES
 from decode.cli import check as check_deploy
 from decode.cli import eval as eval_acceptance
 from distill.cli import push as push_to_hub

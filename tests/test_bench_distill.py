@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.recipe_loader import load_recipe
+from distill.recipe.loader import load_recipe
 from scripts.bench_distill_rows import (PAIRS, ROWS, SEEDS, Sizes, draft_overrides, format_pair_table, over_seeds,
                                         row_key, target_converged, target_overrides, top_rows, winners)
 

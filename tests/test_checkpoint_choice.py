@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from distill.acceptance_log import best_checkpoint, cost_model_speedup
-from distill.model_card import best_gamma
+from distill.outputs.acceptance_log import best_checkpoint, cost_model_speedup
+from distill.publish.model_card import best_gamma
 from helpers import run_train
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
@@ -60,7 +60,7 @@ def test_two_identical_runs_export_the_same_checkpoint_and_gamma(workdir, monkey
     """Selection depends on tau (deterministic, greedy) and on the run's cost ratios, measured once per run. The
     ratios are a timing of the hardware (on a loaded machine two runs can time two gammas in a different order), so
     here they are the same known numbers in both runs: then nothing else may make the exports differ."""
-    import distill.callbacks
+    import distill.run.callbacks
     from decode.speedup import CostRatios
 
     calls = []
@@ -69,7 +69,7 @@ def test_two_identical_runs_export_the_same_checkpoint_and_gamma(workdir, monkey
         calls.append(gamma)
         return CostRatios(draft_cost_ratio=0.3, verify_cost_ratio=1.0 + 0.15 * gamma)
 
-    monkeypatch.setattr(distill.callbacks, "measure_cost_ratios", fixed_cost_ratios)
+    monkeypatch.setattr(distill.run.callbacks, "measure_cost_ratios", fixed_cost_ratios)
     keys = ("train.max_steps=12", "train.save_steps=4", "eval.gammas=[1,2,4]", "eval.max_new_tokens=12")
     bests = []
     for name in ("first", "second"):

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.config import OVERRIDE_SOURCE, SECTION_TYPES, DistillConfig, Recipe, RecipeError, TrainConfig
-from distill.train_config import (LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys,
-                                  training_arguments)
-from distill.recipe_loader import (load_recipe, parse_override, recipe_to_dict, reference_markdown, save_recipe,
+from distill.recipe.loader import (load_recipe, parse_override, recipe_to_dict, reference_markdown, save_recipe,
                                    with_overrides)
+from distill.recipe.sections import OVERRIDE_SOURCE, SECTION_TYPES, DistillConfig, Recipe, RecipeError, TrainConfig
+from distill.recipe.train_config import (LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys,
+                                  training_arguments)
 
 ROOT = Path(__file__).resolve().parents[1]
 # every training recipe, in sub-folders too (recipes/accelerate/ holds accelerate launch configs, not recipes)
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate" not in p.relative_to(ROOT).parts)
 README = ROOT / "recipes" / "README.md"
-BEGIN, END = "<!-- BEGIN RECIPE KEYS (python -m distill.recipe_loader) -->", "<!-- END RECIPE KEYS -->"
+BEGIN, END = "<!-- BEGIN RECIPE KEYS (python -m distill.recipe.loader) -->", "<!-- END RECIPE KEYS -->"
 
 
 def header_command(path: Path) -> list[str]:
@@ -58,7 +58,7 @@ def test_shipped_recipe_loads_with_its_header_command(path):
 
 
 def load_recipe_from_dict(recipe: Recipe) -> Recipe:
-    from distill.recipe_loader import build_recipe
+    from distill.recipe.loader import build_recipe
     return build_recipe(yaml.safe_load(yaml.safe_dump(recipe_to_dict(recipe))))
 
 
@@ -192,7 +192,7 @@ def test_readme_documents_every_key_with_its_default():
     text = README.read_text()
     assert BEGIN in text and END in text, "recipes/README.md lacks the generated key table markers"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert table == reference_markdown().strip(), "recipes/README.md is stale: paste `python -m distill.recipe_loader`"
+    assert table == reference_markdown().strip(), "recipes/README.md is stale: paste `python -m distill.recipe.loader`"
 
 
 # ---------------------------------------------------------------------------------------------------------------

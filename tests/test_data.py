@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill.config import DataConfig
-from distill.data import (IGNORE_INDEX, DataError, DistillCollator, build_data, chat_example, eval_prompts,
+from distill.data.rows import (IGNORE_INDEX, DataError, DistillCollator, build_data, chat_example, eval_prompts,
                           local_data_files, padding_id, read_eval_prompts)
+from distill.recipe.sections import DataConfig
 from tiny import tiny_tokenizer
 
 # A minimal chat template: <s>role\ncontent</s>\n per turn; the generation prompt is <s>assistant\n.

@@ -14,14 +14,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
-import distill.target_data as target_data
+import distill.data.target_data as target_data
 import distill.pipeline
 from decode import autoregressive_generate
 from decode.sampling import SamplingConfig
-from distill.config import DataConfig, DistillConfig, RecipeError
-from distill.recipe_loader import load_recipe
-from distill.data import IGNORE_INDEX, DistillCollator, build_data
-from distill.onpolicy import (
+from distill.data.onpolicy import (
     OnPolicySettings,
     micro_batch_generator,
     on_policy_batch,
@@ -29,11 +26,14 @@ from distill.onpolicy import (
     sample_continuations,
     select_rows,
 )
-from distill.sources import mix_sources
-from distill.target_data import load_target_data
-from distill.trainer import DistillTrainer
+from distill.data.rows import IGNORE_INDEX, DistillCollator, build_data
+from distill.data.sources import mix_sources
+from distill.data.target_data import load_target_data
+from distill.models import load
+from distill.recipe.loader import load_recipe
+from distill.recipe.sections import DataConfig, DistillConfig, RecipeError
+from distill.run.trainer import DistillTrainer
 from distill.utils import eval_mode
-from distill import models
 from helpers import ROOT, TINY_RECIPE, accelerate_launch, cli_error
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -74,7 +74,7 @@ class TargetForwards:
 
     def __init__(self, monkeypatch):
         self.calls, self.during_training = 0, None
-        load_target, train = models.load_target, DistillTrainer.train
+        load_target, train = load.load_target, DistillTrainer.train
 
         def counted_target(cfg):
             model = load_target(cfg)
@@ -88,7 +88,7 @@ class TargetForwards:
             finally:
                 self.during_training = self.calls - before
 
-        monkeypatch.setattr(models, "load_target", counted_target)
+        monkeypatch.setattr(load, "load_target", counted_target)
         monkeypatch.setattr(DistillTrainer, "train", counted_train)
 
     def _count(self, *_args):
@@ -141,7 +141,7 @@ def test_bad_source_settings_are_named(overrides, key, allowed):
 
 
 def test_k_larger_than_the_vocabulary_stops_before_any_weights(monkeypatch, capsys, workdir, tmp_path):
-    monkeypatch.setattr(models, "load_target", lambda *a: pytest.fail("weights were loaded"))
+    monkeypatch.setattr(load, "load_target", lambda *a: pytest.fail("weights were loaded"))
     message = cli_error(monkeypatch, capsys, TINY_RECIPE, f"model.target={workdir / 'target'}",
                         f"data.dataset={workdir / 'code.txt'}", f"distill.teacher_cache={tmp_path / 'cache'}",
                         f"distill.teacher_topk={VOCAB + 1}")

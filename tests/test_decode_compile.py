@@ -284,7 +284,7 @@ def test_bad_gamma_is_one_clear_error():
 
 
 def test_recipe_accepts_auto_and_compile():
-    from distill.config import EvalConfig, RecipeError
+    from distill.recipe.sections import EvalConfig, RecipeError
 
     cfg = EvalConfig(gammas=[2, "auto"], compile=True)
     assert cfg.gammas == [2, "auto"] and cfg.compile

@@ -2,7 +2,7 @@
 over 2 CPU processes (gloo), against one process with the whole batch.
 
 Integration tests (marked) launch scripts/train.py through FSDP_ON_CPU below; the fast ones check the launch
-settings that are refused and the pieces of distill/fsdp.py that need no process group.
+settings that are refused and the pieces of distill/models/fsdp.py that need no process group.
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distill.acceptance_log import read_records
-from distill.checkpoints import KILL_ENV, PARTIAL_DIR
-from distill.distributed import UnsupportedModeError, check_device_mode
-from distill.fsdp import LAYOUT, plain_class, remember_layout
+from distill.models.distributed import UnsupportedModeError, check_device_mode
+from distill.models.fsdp import LAYOUT, remember_layout
+from distill.outputs.acceptance_log import read_records
+from distill.outputs.checkpoints import KILL_ENV, PARTIAL_DIR
+from distill.utils import plain_class
 from helpers import (CHILD_ENV, ROOT, TINY_RECIPE, accelerate_command, accelerate_launch, assert_same_weights,
                      run_process, run_train, torchrun)
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -39,9 +40,9 @@ FSDP_ON_CPU = textwrap.dedent("""
     from accelerate import PartialState
     from accelerate.utils import DistributedType
     PartialState(backend="gloo").distributed_type = DistributedType.MULTI_GPU
-    import distill.train_config
-    distill.train_config.TrainingArguments = functools.partial(
-        distill.train_config.TrainingArguments, accelerator_config={"use_configured_state": True})
+    import distill.recipe.train_config
+    distill.recipe.train_config.TrainingArguments = functools.partial(
+        distill.recipe.train_config.TrainingArguments, accelerator_config={"use_configured_state": True})
     from distill import pipeline
     from torch.distributed.tensor import DTensor
     shard = pipeline.shard_for_inference
@@ -231,7 +232,7 @@ def test_fsdp2_on_policy_rows_match_ddp(workdir, tmp_path):
 GENERIC_MODULE = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch import nn
-    from distill.fsdp import is_sharded, local_copy, shard_for_inference, whole_copy
+    from distill.models.fsdp import is_sharded, local_copy, shard_for_inference, whole_copy
 
     class Block(nn.Module):
         def __init__(self):

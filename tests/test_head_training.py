@@ -18,15 +18,16 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from decode.eagle3 import Eagle3Head, is_eagle3_folder, target_aux_hidden
-from distill import models
-from distill.acceptance_log import read_records
-from distill.checkpoints import KILL_ENV
-from distill.data import build_data
-from distill.hub import push_to_hub
-from distill.config import ModelConfig
-from distill.heads import build_head, head_at_checkpoint, init_from_target, label_token_counts, most_frequent, plan_head
+from distill.data.rows import build_data
+from distill.models import load
+from distill.models.heads import (build_head, head_at_checkpoint, init_from_target, label_token_counts, most_frequent,
+                                  plan_head)
+from distill.outputs.acceptance_log import read_records
+from distill.outputs.checkpoints import KILL_ENV
+from distill.publish.hub import push_to_hub
+from distill.recipe.loader import load_recipe
+from distill.recipe.sections import ModelConfig
 from distill.utils import ModelSetupError
-from distill.recipe_loader import load_recipe
 from helpers import ROOT, accelerate_launch, cli_error, train_script
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
@@ -82,7 +83,7 @@ def train_losses(folder: Path) -> list[float]:
 def no_weights(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("model weights were loaded before the error")
-    monkeypatch.setattr(models, "load_target", refuse)
+    monkeypatch.setattr(load, "load_target", refuse)
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -267,7 +268,7 @@ MEASURED = ("step", "checkpoint", "gamma", "acceptance_rate", "mean_accepted_tok
 
 
 def killed_run(workdir: Path, out: str, point: str) -> Path:
-    """scripts/train.py in a real process that SIGKILLs itself at `point` (distill.checkpoints.crash_point)."""
+    """scripts/train.py in a real process that SIGKILLs itself at `point` (distill.outputs.checkpoints.crash_point)."""
     env = {**os.environ, KILL_ENV: point, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, str(ROOT / "scripts" / "train.py"), HEAD_RECIPE, f"model.target={workdir / 'target'}",

@@ -72,6 +72,10 @@ def test_only_decode_and_distill_are_found():
     found = find_packages(where=str(ROOT), include=include)
     assert {name.split(".")[0] for name in found} == PACKAGES, found
     assert {"decode.cli", "distill.cli", "decode.serving"} <= set(found)
+    subpackages = {path.parent.relative_to(ROOT).as_posix().replace("/", ".")
+                   for path in (ROOT / "distill").glob("*/__init__.py")}
+    assert subpackages >= {"distill.losses", "distill.recipe", "distill.models", "distill.data", "distill.run"}
+    assert subpackages <= set(found), sorted(subpackages - set(found))  # every subpackage of distill/ installs
 
 
 # ---------------------------------------------------------------------------------------------------------------

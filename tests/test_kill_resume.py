@@ -2,7 +2,7 @@
 the complete acceptance log; resuming a finished run trains nothing.
 
 The kill is exact, not a race: SPECDISTILL_KILL_AT=point:K makes the run SIGKILL itself the K-th time it reaches
-`point` (distill.checkpoints.crash_point). Killed runs are real processes; the reference and the resumes run in
+`point` (distill.outputs.checkpoints.crash_point). Killed runs are real processes; the reference and the resumes run in
 this process (one thread everywhere, so the arithmetic is the same).
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distill.acceptance_log import read_records
-from distill.checkpoints import KILL_ENV, PARTIAL_DIR
-from distill.trainer import DistillTrainer
+from distill.outputs.acceptance_log import read_records
+from distill.outputs.checkpoints import KILL_ENV, PARTIAL_DIR
+from distill.run.trainer import DistillTrainer
 from helpers import TINY_RECIPE, run_train
 from tiny import TINY_TEXT, save_and_load, tiny_model, tiny_tokenizer
 
@@ -132,7 +132,7 @@ def record(step: int, gamma: int, temperature: float = 0.0) -> dict:
 
 
 def test_acceptance_log_drops_a_torn_last_line_and_appends_after_it(tmp_path, caplog):
-    from distill.acceptance_log import append_records, complete_steps, rewrite_records
+    from distill.outputs.acceptance_log import append_records, complete_steps, rewrite_records
 
     append_records(tmp_path, [record(4, 1), record(4, 2)])
     with open(tmp_path / "acceptance.jsonl", "a") as log:
@@ -148,7 +148,7 @@ def test_acceptance_log_drops_a_torn_last_line_and_appends_after_it(tmp_path, ca
 
 
 def test_acceptance_log_names_a_corrupt_line_in_the_middle(tmp_path):
-    from distill.acceptance_log import AcceptanceLogError
+    from distill.outputs.acceptance_log import AcceptanceLogError
 
     (tmp_path / "acceptance.jsonl").write_text('{"step": 4}\n{oops\n{"step": 8}\n')
     with pytest.raises(AcceptanceLogError, match=r"acceptance.jsonl:2: not valid JSON"):
@@ -159,7 +159,7 @@ def test_acceptance_log_names_a_corrupt_line_in_the_middle(tmp_path):
 
 
 def test_resume_picks_the_latest_complete_checkpoint(tmp_path, caplog):
-    from distill.checkpoints import find_checkpoints
+    from distill.outputs.checkpoints import find_checkpoints
 
     for step in (4, 8, 12):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -173,7 +173,7 @@ def test_resume_picks_the_latest_complete_checkpoint(tmp_path, caplog):
 
 
 def test_a_used_output_folder_is_refused_and_overwrite_replaces_it(workdir, capsys):
-    from distill.config import RecipeError
+    from distill.recipe.sections import RecipeError
 
     out = run_train(workdir, "used", "train.max_steps=2", "train.save_steps=2", "data.num_eval_prompts=0",
                     "train.report_to=[]")

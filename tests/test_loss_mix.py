@@ -9,13 +9,13 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-from distill.config import DistillConfig, RecipeError
-from distill.data import IGNORE_INDEX, DistillCollator
-from distill.distill_loss import distill_loss
-from distill.loss_mix import LinearWeight, LossMix, LossSpecError
-from distill.onpolicy import OnPolicySettings
-from distill.recipe_loader import load_recipe
-from distill.trainer import DistillTrainer
+from distill.data.onpolicy import OnPolicySettings
+from distill.data.rows import IGNORE_INDEX, DistillCollator
+from distill.losses.distill_loss import distill_loss
+from distill.losses.loss_mix import LinearWeight, LossMix, LossSpecError
+from distill.recipe.loader import load_recipe
+from distill.recipe.sections import DistillConfig, RecipeError
+from distill.run.trainer import DistillTrainer
 from helpers import cli_error
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer

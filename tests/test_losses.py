@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distill.distill_loss import LossSums, chunked_distill_loss, distill_loss
-from distill.losses import (
+from distill.losses.distill_loss import LossSums, chunked_distill_loss, distill_loss
+from distill.losses.divergences import (
     ALPHA_FLOOR,
     DIVERGENCES,
     LOSSES,
@@ -451,7 +451,7 @@ def assert_same_sums_and_grads(chunked: LossSums, reference: LossSums, params):
 
 
 # the two ways chunked_distill_loss runs a head: a plain nn.Linear takes the fused path (closed-form gradients,
-# distill/fused.py), anything else (here the same Linear inside a Sequential) the checkpointed one
+# distill/losses/fused.py), anything else (here the same Linear inside a Sequential) the checkpointed one
 HEAD_PATHS = {"fused": lambda head: head, "checkpointed": lambda head: torch.nn.Sequential(head)}
 
 

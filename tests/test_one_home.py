@@ -182,7 +182,7 @@ def test_detector_finds_the_concept(concept):
 # Dead names stay gone
 # ---------------------------------------------------------------------------------------------------------------
 
-DEAD_NAMES = [("distill/config.py", "DTYPES"), ("distill/config.py", "DATA_FORMATS"),
+DEAD_NAMES = [("distill/recipe/sections.py", "DTYPES"), ("distill/recipe/sections.py", "DATA_FORMATS"),
               ("decode/prompts.py", "ChatTemplate"), ("decode/stats.py", "block_efficiency"),
               ("decode/auto_gamma.py", "mean_gamma"), ("decode/loading.py", "read_prompts"),
               ("decode/loading.py", "encode_prompts")]
@@ -209,9 +209,9 @@ def test_dead_name_is_gone(file, name):
 # ---------------------------------------------------------------------------------------------------------------
 
 # Where the kinds are implemented: the registry, each kind next to its drafter, the head's own module (is_eagle3_*),
-# and the training side's wrapper of a head (distill.heads.served_head / served_draft).
+# and the training side's wrapper of a head (distill.models.heads.served_head / served_draft).
 KIND_HOMES = {"decode/draft_kinds.py", "decode/drafters.py", "decode/head_drafter.py", "decode/eagle3.py",
-              "distill/heads.py"}
+              "distill/models/heads.py"}
 DRAFT_CLASSES = {"Eagle3Head", "PromptLookupDrafter", "ModelDrafter", "HeadDrafter", "UnrolledHead"}
 KIND_RECOGNISERS = {"is_eagle3_folder", "is_eagle3_config"}
 KIND_LITERALS = {"prompt-lookup", "prompt_lookup", "ngram", "PROMPT_LOOKUP"}

@@ -1,5 +1,5 @@
 """The quickstart's wiring without its training: each step's command, --fast, --seeds, reuse of what a run left,
-and the mean / spread over seeds with the headline margin (distill.seed_spread)."""
+and the mean / spread over seeds with the headline margin (distill.publish.seed_spread)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.seed_spread import seed_rows, tau_margin
+from distill.publish.seed_spread import seed_rows, tau_margin
 from scripts import quickstart
 
 

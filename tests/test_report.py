@@ -1,5 +1,5 @@
-"""distill.report (with decode.table's report columns): table, plots and report.md from synthetic acceptance.jsonl /
-eval JSON files."""
+"""distill.publish.report (with decode.table's report columns): table, plots and report.md from synthetic
+acceptance.jsonl / eval JSON files."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from decode.table import REPORT_COLUMNS, format_table
-from distill.acceptance_log import read_records
-from distill.report import POSITION_PLOT, SPEEDUP_PLOT, STEP_PLOT, choose_setting, write_report
+from distill.outputs.acceptance_log import read_records
+from distill.publish.report import POSITION_PLOT, SPEEDUP_PLOT, STEP_PLOT, choose_setting, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -23,14 +23,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainingArguments
 from transformers.models.llama import modeling_llama
 
-from distill.export import export_draft
-from distill.config import LoraConfig, RecipeError, TrainConfig, check_precision
-from distill.recipe_loader import load_recipe
-from distill.distributed import UnsupportedModeError, check_device_mode, plain_copy, zero3_inference_config
-from distill.lora import apply_lora, is_lora
-from distill.models import ModelSetupError
-from distill import models
 from distill.cli import train as train_script
+from distill.models import load
+from distill.models.distributed import UnsupportedModeError, check_device_mode, plain_copy, zero3_inference_config
+from distill.models.load import ModelSetupError
+from distill.models.lora import apply_lora, is_lora
+from distill.publish.export import export_draft
+from distill.recipe.loader import load_recipe
+from distill.recipe.sections import LoraConfig, RecipeError, TrainConfig, check_precision
 from helpers import ROOT, TINY_RECIPE, assert_same_weights, run_process, run_train, torchrun
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
@@ -193,7 +193,7 @@ def test_forced_cpu_refuses_fp16_even_with_a_gpu(monkeypatch):
 
 @cpu_only
 def test_cli_names_fp16_before_any_weights_load(monkeypatch, capsys, workdir):
-    monkeypatch.setattr(models, "load_target", lambda *a: pytest.fail("weights were loaded"))
+    monkeypatch.setattr(load, "load_target", lambda *a: pytest.fail("weights were loaded"))
     monkeypatch.setattr(sys, "argv", ["specdistill-train", TINY_RECIPE, f"model.target={workdir / 'target'}",
                                       f"data.dataset={workdir / 'code.txt'}", "train.fp16=true"])
     with pytest.raises(SystemExit) as exit_info:
@@ -408,22 +408,23 @@ ZERO3_ON_CPU = textwrap.dedent("""
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     from accelerate import PartialState
     PartialState(backend="gloo")
-    import distill.train_config
+    import distill.recipe.train_config
     zero = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
     config = {"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
               "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
-    distill.train_config.TrainingArguments = functools.partial(
-        distill.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
+    distill.recipe.train_config.TrainingArguments = functools.partial(
+        distill.recipe.train_config.TrainingArguments, accelerator_config={"use_configured_state": True},
+        deepspeed=config)
     from distill.cli import train
-    from distill import models
-    loaded = models.load_target
+    from distill.models import load
+    loaded = load.load_target
     def checked(cfg):  # every process holds only its partition of the target
         target = loaded(cfg)
-        assert models.is_partitioned(target), "the target is not partitioned"
+        assert load.is_partitioned(target), "the target is not partitioned"
         whole = sum(p.ds_numel for p in target.parameters())
         assert sum(p.ds_tensor.numel() for p in target.parameters()) < 0.6 * whole
         return target
-    models.load_target = checked
+    load.load_target = checked
     train.main(sys.argv[1:])
 """)
 

@@ -209,7 +209,7 @@ def test_without_a_vllm_interpreter_the_error_names_make_serving(tmp_path, monke
 
 # ---- the trainer: eval.serving_engine ---------------------------------------------------------------------------
 def test_serving_engine_needs_an_integer_gamma():
-    from distill.config import EvalConfig, RecipeError
+    from distill.recipe.sections import EvalConfig, RecipeError
 
     assert EvalConfig(gammas=[2, "auto"], serving_engine="vllm").serving_engine == "vllm"
     with pytest.raises(RecipeError, match="serving_engine"):
@@ -217,9 +217,9 @@ def test_serving_engine_needs_an_integer_gamma():
 
 
 def test_export_without_vllm_records_the_error_and_the_card_says_so(tmp_path, monkeypatch):
-    from distill.config import DataConfig, EvalConfig, ModelConfig, Recipe, TrainConfig
-    from distill.export import serving_check, vllm_tau
-    from distill.model_card import serving_section
+    from distill.publish.export import serving_check, vllm_tau
+    from distill.publish.model_card import serving_section
+    from distill.recipe.sections import DataConfig, EvalConfig, ModelConfig, Recipe, TrainConfig
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(vllm_engine.VLLM_PYTHON_ENV, raising=False)
@@ -239,8 +239,8 @@ def test_export_without_vllm_records_the_error_and_the_card_says_so(tmp_path, mo
 
 # ---- target responses by vLLM (data.target_engine: vllm) ---------------------------------------------------------
 def test_vllm_target_data_request_keeps_our_seeds_and_eos():
-    from distill.target_data import Sampling
-    from distill.target_vllm import vllm_request
+    from distill.data.target_data import Sampling
+    from distill.data.target_vllm import vllm_request
 
     sampling = Sampling(max_new_tokens=16, temperature=1.0, top_k=None, top_p=None, seed=7, gamma=1)
     request = vllm_request("target", [[1, 2, 3], [1, 4]], sampling, eos_token_id=2, first_index=64)
@@ -250,7 +250,7 @@ def test_vllm_target_data_request_keeps_our_seeds_and_eos():
 
 
 def test_vllm_target_data_without_interpreter_names_make_serving(tmp_path, monkeypatch):
-    from distill.target_data import generate_target_data
+    from distill.data.target_data import generate_target_data
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(vllm_engine.VLLM_PYTHON_ENV, raising=False)

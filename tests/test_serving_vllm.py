@@ -67,7 +67,7 @@ def test_vllm_matches_our_engine(pair, draft):
 def test_vllm_target_responses_equal_our_decoders(pair, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from distill.target_data import generate_target_data
+    from distill.data.target_data import generate_target_data
 
     tok = AutoTokenizer.from_pretrained(pair / "target")
     target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval()

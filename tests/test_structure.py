@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from helpers import ROOT, run_process
@@ -25,10 +26,11 @@ def project_modules() -> dict[str, Path]:
 
 def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
     """The project modules `path` imports anywhere in its body (functions included): `import a.b`, `from a.b import
-    c` (c itself when it is a module) and relative imports."""
+    c` (c itself when it is a module) and relative imports; not those under `if TYPE_CHECKING:` (annotations only:
+    nothing is imported when the module runs)."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in walk_runtime(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -41,6 +43,18 @@ def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
             continue
         found |= {name for name in names if name in modules}
     return found
+
+
+def walk_runtime(tree: ast.AST) -> Iterator[ast.AST]:
+    """ast.walk without the bodies of `if TYPE_CHECKING:` blocks."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -75,10 +89,18 @@ def test_the_cycle_finder_finds_a_cycle_and_accepts_a_tree():
 
 def test_the_graph_sees_module_level_function_level_and_package_imports():
     graph = import_graph()
-    assert "distill.losses" in graph["distill.fused"]  # from distill.losses import ...
-    assert "decode" in graph["distill.target_data"]  # from decode import speculative_generate
-    assert "distill.hub" in graph["distill.export"]  # imported inside a function
+    assert "distill.losses.divergences" in graph["distill.losses.fused"]  # from distill.losses.divergences import ...
+    assert "decode" in graph["distill.data.target_data"]  # from decode import speculative_generate
+    assert "distill.publish.hub" in graph["distill.publish.export"]  # imported inside a function
     assert "decode.stats" in graph["decode"]  # a package's __init__
+    assert "distill.recipe.sections" not in graph["distill.losses.head_loss"]  # under `if TYPE_CHECKING:`
+
+
+def test_imports_for_annotations_only_are_not_walked():
+    tree = ast.parse("import a\nif TYPE_CHECKING:\n    import b\nelse:\n    import c\n"
+                     "if typing.TYPE_CHECKING:\n    import d\ndef f():\n    import e\n")
+    imported = {alias.name for node in walk_runtime(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert imported == {"a", "c", "e"}
 
 
 def test_no_import_cycle_among_project_modules():
@@ -125,7 +147,8 @@ def test_a_run_is_the_six_named_steps_in_order():
     assert [name for name in called if name in steps] == steps
     owners = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)
               for alias in node.names if alias.name in steps}
-    assert owners == {"distill.preflight", "distill.models", "distill.sources", "distill.trainer", "distill.export"}
+    assert owners == {"distill.run.preflight", "distill.models.load", "distill.data.sources", "distill.run.trainer",
+                      "distill.publish.export"}
 
 
 def readme_module_map() -> list[str]:
@@ -144,3 +167,34 @@ def test_the_readme_module_map_matches_the_tree_in_dependency_order():
     position = {name: i for i, name in enumerate(listed)}
     late = [(name, dep) for name in listed for dep in graph[name] if dep in position and position[dep] > position[name]]
     assert not late, f"listed before a module it imports: {late}"
+
+
+# distill/ grouped by the six steps and the concerns: every module inside a subpackage but these
+DISTILL_TOP_LEVEL = {"distill.utils", "distill.fingerprints", "distill.pipeline"}
+
+
+def project_packages() -> set[str]:
+    return {name for name, path in project_modules().items() if path.name == "__init__.py"}
+
+
+def test_every_distill_module_sits_in_a_subpackage():
+    modules, packages = project_modules(), project_packages()
+    top = {name for name in modules if name.count(".") == 1 and name.startswith("distill.") and name not in packages}
+    assert top == DISTILL_TOP_LEVEL, sorted(top ^ DISTILL_TOP_LEVEL)
+
+
+def test_distill_subpackages_say_what_they_hold_and_import_nothing():
+    """Each subpackage's __init__ is a docstring only: `import distill.losses.divergences` loads no other module."""
+    graph = import_graph()
+    for package in sorted(name for name in project_packages() if name.startswith("distill.")):
+        tree = ast.parse(project_modules()[package].read_text())
+        assert ast.get_docstring(tree), f"{package}/__init__.py has no docstring"
+        assert not graph[package], f"{package}/__init__.py imports {sorted(graph[package])}"
+
+
+def test_the_readme_map_lists_each_package_as_one_block_headed_by_its_own_line():
+    listed = readme_module_map()
+    for package in sorted(project_packages() - set(PACKAGES)):
+        inside = [i for i, name in enumerate(listed) if name == package or name.startswith(package + ".")]
+        assert listed[inside[0]] == package, f"{package}'s line does not head its modules"
+        assert inside == list(range(inside[0], inside[0] + len(inside))), f"{package}'s modules are not one block"

@@ -12,15 +12,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import distill.target_data as target_data
-from distill.teacher_cache import CacheMismatchError
-from distill.target_data import (
+import distill.data.target_data as target_data
+from distill.data.target_data import (
     IGNORE_INDEX,
     generate_target_data,
     load_target_data,
     prompts_from_rows,
     to_training_rows,
 )
+from distill.data.teacher_cache import CacheMismatchError
 from helpers import CHILD_ENV, ROOT
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_config, tiny_model, tiny_tokenizer
 
@@ -346,7 +346,7 @@ def test_batches_decode_with_the_target_alone(target, tokenizer, prompts, tmp_pa
 KILLED_RUN = """
 import sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from distill.target_data import generate_target_data
+from distill.data.target_data import generate_target_data
 folder, out = sys.argv[1], sys.argv[2]
 prompts = [[int(t) for t in line.split()] for line in open(folder + "/prompts.txt")]
 generate_target_data(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), AutoTokenizer.from_pretrained(

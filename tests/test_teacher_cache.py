@@ -10,9 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 
-from distill.data import IGNORE_INDEX, DistillCollator
-from distill.distill_loss import chunked_distill_loss
-from distill.teacher_cache import (
+from distill.data.rows import IGNORE_INDEX, DistillCollator
+from distill.data.teacher_cache import (
     METADATA_FILE,
     TEACHER_COLUMNS,
     CacheMismatchError,
@@ -23,6 +22,7 @@ from distill.teacher_cache import (
     weights_hash,
     with_teacher_columns,
 )
+from distill.losses.distill_loss import chunked_distill_loss
 from tiny import perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 VOCAB = 96

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from tokenizers import processors
 
-from distill import text_files
-from distill.config import DataConfig, RecipeError
-from distill.data import DataError, build_data
+from distill.data import text_files
+from distill.data.rows import DataError, build_data
+from distill.recipe.sections import DataConfig, RecipeError
 from tiny import TINY_TEXT, tiny_tokenizer
 
 # line breaks, blank lines, indentation, trailing spaces and a final line without a newline: all must survive

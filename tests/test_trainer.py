@@ -17,14 +17,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainerControl, TrainerState, TrainingArguments
 
 from decode.vocab import TokenizerMismatchError
-from distill.acceptance_log import ACCEPTANCE_LOG, read_records
-from distill.callbacks import AcceptanceCallback
-from distill.export import best_record
-from distill.config import EvalConfig, ModelConfig
-from distill.recipe_loader import load_recipe
-from distill.models import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
-from distill.trainer import DistillTrainer
-from distill import models
+from distill.models import load
+from distill.models.load import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
+from distill.outputs.acceptance_log import ACCEPTANCE_LOG, read_records
+from distill.publish.export import best_record
+from distill.recipe.loader import load_recipe
+from distill.recipe.sections import EvalConfig, ModelConfig
+from distill.run.callbacks import AcceptanceCallback
+from distill.run.trainer import DistillTrainer
 from helpers import ROOT, TINY_RECIPE, accelerate_launch, assert_same_weights, cli_error, torchrun
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -150,7 +150,7 @@ def test_model_plan_errors_come_from_configs_alone(workdir, caplog):
         check_model_plan(ModelConfig(target=target, draft_config={"num_hiden_layers": 1}), tokenizer)
     with pytest.raises(ModelSetupError, match="vocabulary .* smaller than the tokenizer"):
         check_model_plan(ModelConfig(target=target, draft_config={"vocab_size": 100}), tokenizer)
-    with caplog.at_level(logging.WARNING, logger="distill.models"):
+    with caplog.at_level(logging.WARNING, logger="distill.models.load"):
         check_model_plan(ModelConfig(target=target, draft_config={"num_hidden_layers": 4}), tokenizer)
     assert "more parameters" in caplog.text
 
@@ -239,7 +239,7 @@ def no_weights(monkeypatch):
     """Fails the test if the script gets as far as loading model weights."""
     def refuse(*_args, **_kwargs):
         raise AssertionError("model weights were loaded before the error")
-    monkeypatch.setattr(models, "load_target", refuse)
+    monkeypatch.setattr(load, "load_target", refuse)
 
 
 def test_cli_unknown_key_and_wrong_type(monkeypatch, capsys, no_weights, workdir):
@@ -367,9 +367,9 @@ def test_two_processes_match_one_process_with_double_accumulation(workdir, one_b
 
 @pytest.mark.integration
 def test_push_to_hub_gets_the_exported_folder(workdir, monkeypatch):
-    import distill.hub
+    import distill.publish.hub
     pushed = []
-    monkeypatch.setattr(distill.hub, "push_to_hub", lambda folder, **kwargs: pushed.append((folder, kwargs)))
+    monkeypatch.setattr(distill.publish.hub, "push_to_hub", lambda folder, **kwargs: pushed.append((folder, kwargs)))
     out = run(workdir, "pushed", "train.max_steps=2", "train.save_steps=2", "data.num_eval_prompts=1",
               "eval.gammas=[2]", "hub.push_to_hub=true", "hub.repo_id=someone/tiny-draft", "hub.private=false")
     assert pushed == [(out, {"repo_id": "someone/tiny-draft", "private": False, "step": 2})]
@@ -396,11 +396,11 @@ import functools, os, sys
 os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
 from accelerate import PartialState
 PartialState(backend="gloo")
-import distill.train_config
+import distill.recipe.train_config
 config = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",
           "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
-distill.train_config.TrainingArguments = functools.partial(
-    distill.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
+distill.recipe.train_config.TrainingArguments = functools.partial(
+    distill.recipe.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
 from distill.cli import train
 train.main(sys.argv[1:])
 """

@@ -4,8 +4,8 @@
     python scripts/push_to_hub.py outputs/draft --repo-id you/qwen2.5-0.5b-draft --dry-run   # card, no upload
 
 (installed: ``specdistill-push outputs/draft --repo-id you/qwen2.5-0.5b-draft``). The card is written to
-OUTPUT_DIR/README.md and the listed files of OUTPUT_DIR are uploaded (distill.hub). The token comes from HF_TOKEN or
-``hf auth login``; it is never printed. Errors print one line ``error: ...`` and exit 1.
+OUTPUT_DIR/README.md and the listed files of OUTPUT_DIR are uploaded (distill.publish.hub). The token comes from
+HF_TOKEN or ``hf auth login``; it is never printed. Errors print one line ``error: ...`` and exit 1.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from decode.checks import OneLineArgumentParser
-from distill.hub import HubError, push_to_hub
+from distill.publish.hub import HubError, push_to_hub
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):

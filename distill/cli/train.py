@@ -16,7 +16,7 @@ target's top-k once so that training never runs it (recipes/README.md).
 The run itself is distill.pipeline.run_recipe: check, load, tokenise, distil, measure, export (README, "What a run
 does"); this script parses the command line, loads the recipe, calls it and reports.
 
-OUTPUT_DIR (train.output_dir) ends up holding the best draft (distill.acceptance_log.best_checkpoint: cost-model
+OUTPUT_DIR (train.output_dir) ends up holding the best draft (distill.outputs.acceptance_log.best_checkpoint: cost-model
 speedup from measured acceptance, cost ratios measured once per run) as a model folder,
 recipe.yaml (the resolved recipe), acceptance.jsonl, train_results.json, checkpoint-*/ and runs/ (TensorBoard).
 """
@@ -27,15 +27,15 @@ import sys
 
 from decode.checks import FileProblem
 from decode.vocab import TokenizerMismatchError
-from distill.acceptance_log import AcceptanceLogError
-from distill.config import RecipeError
-from distill.data import DataError
-from distill.distributed import UnsupportedModeError
-from distill.export import PushError
+from distill.data.rows import DataError
+from distill.data.shard_store import CacheMismatchError
+from distill.models.distributed import UnsupportedModeError
+from distill.outputs.acceptance_log import AcceptanceLogError
+from distill.outputs.run_folder import RESULTS_FILE
 from distill.pipeline import run_recipe
-from distill.recipe_loader import load_recipe
-from distill.run_folder import RESULTS_FILE
-from distill.shard_store import CacheMismatchError
+from distill.publish.export import PushError
+from distill.recipe.loader import load_recipe
+from distill.recipe.sections import RecipeError
 from distill.utils import ModelSetupError
 
 # Errors in what the user gave us: reported as one line, exit status 1, no traceback.

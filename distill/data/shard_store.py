@@ -1,0 +1,155 @@
+"""A resumable store of `datasets` shards: one folder, one JSON metadata file, shards written atomically.
+
+Used by the cached teacher (distill/data/teacher_cache.py) and the target's responses (distill/data/target_data.py):
+    store = ShardStore(out_dir, "teacher_cache.json", "teacher cache")
+    metadata = store.start(spec, num_rows=len(rows), rows_per_shard=1024, overwrite=False)
+    if not metadata["complete"]:
+        store.fill(metadata, lambda index, rows, scratch: make_dataset(rows), bar)
+        store.finish(metadata)
+    shards = store.load_shards(metadata)
+
+Layout on disk:
+    <metadata_file>        the spec the rows depend on, "complete", rows_per_shard, num_shards (+ the caller's keys)
+    shards/shard-00000/    `datasets` save_to_disk folders of rows_per_shard rows each
+A folder holding a build of the same spec is resumed after its last complete shard (or returned when complete);
+one of another spec raises CacheMismatchError naming every difference, unless overwrite=True deletes it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+from tqdm.auto import tqdm
+
+from decode.checks import read_text, write_atomic
+
+SHARDS_DIR = "shards"
+
+
+class CacheMismatchError(ValueError):
+    """A cache (or generated data) was built for another target, tokenizer, dataset or setting."""
+
+
+def spec_differences(stored: dict[str, Any], wanted: dict[str, Any], what: str,
+                     meanings: Mapping[str, str] = {}) -> list[str]:
+    """One line per key whose stored value (from a {what}'s metadata) differs from the wanted one."""
+    return [f"{meanings.get(key, key)} ({key}): {stored.get(key)!r} in the {what}, expected {value!r}"
+            for key, value in wanted.items() if stored.get(key) != value]
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """No `datasets` progress bars inside (the callers show one bar of their own), restored after."""
+    were_off = datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not were_off:
+            datasets.enable_progress_bars()
+
+
+# builds the dataset of one shard: (shard index, its rows, an empty scratch folder removed afterwards) -> rows
+MakeShard = Callable[[int, range, Path], datasets.Dataset]
+
+
+@dataclass(frozen=True)
+class ShardStore:
+    """The folder `root` holding one resumable build; `what` names it in errors ("teacher cache"), `meanings`
+    gives spec keys plain names there."""
+
+    root: Path
+    metadata_file: str
+    what: str
+    meanings: Mapping[str, str] = field(default_factory=dict)
+
+    def shard_path(self, index: int) -> Path:
+        return self.root / SHARDS_DIR / f"shard-{index:05d}"
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        meta = self.root / self.metadata_file
+        return json.loads(read_text(meta)) if meta.is_file() else None
+
+    def write_metadata(self, metadata: dict[str, Any]) -> None:
+        write_atomic(self.root / self.metadata_file, json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+
+    def differences(self, stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+        return spec_differences(stored, wanted, self.what, self.meanings)
+
+    def _existing(self, spec: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
+        """The metadata already here when it was built from `spec` (to reuse or resume), else None.
+
+        Raises CacheMismatchError when the folder holds a build from another spec and overwrite is False; with
+        overwrite the old build is deleted.
+        """
+        stored = self.read_metadata()
+        if stored is None:
+            return None
+        differences = self.differences(stored, spec)
+        if not differences:
+            return stored
+        if not overwrite:
+            raise CacheMismatchError(f"{self.root} already holds a {self.what} built from other inputs; use another "
+                                     f"folder or overwrite=True. Differences:\n  " + "\n  ".join(differences))
+        shutil.rmtree(self.root / SHARDS_DIR, ignore_errors=True)
+        (self.root / self.metadata_file).unlink()
+        return None
+
+    def start(self, spec: dict[str, Any], *, num_rows: int, rows_per_shard: int, size_key: str = "rows_per_shard",
+              overwrite: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The metadata of this build: a complete one of `spec` as stored, else a new or interrupted one (written
+        back with complete False; an interrupted build keeps its own shard size, stored under `size_key`)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        stored = self._existing(spec, overwrite)
+        if stored is not None and stored["complete"]:
+            return stored
+        size = stored[size_key] if stored is not None else rows_per_shard
+        metadata = {**spec, "complete": False, size_key: size, "num_shards": math.ceil(num_rows / size),
+                    **(extra or {})}
+        self.write_metadata(metadata)
+        return metadata
+
+    def fill(self, metadata: dict[str, Any], num_rows: int, make: MakeShard, bar: tqdm,
+             size_key: str = "rows_per_shard") -> None:
+        """Write every shard not on disk yet (make(index, rows, scratch)); a shard already there only moves
+        `bar` on by its rows."""
+        size = metadata[size_key]
+        for index in range(metadata["num_shards"]):
+            rows = range(index * size, min((index + 1) * size, num_rows))
+            if self.shard_path(index).is_dir():
+                bar.update(len(rows))
+                continue
+            scratch = self.root / f".generator-{index:05d}"
+            shutil.rmtree(scratch, ignore_errors=True)  # left over by an interrupted build
+            self.write_shard(lambda: make(index, rows, scratch), index)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def write_shard(self, make: Callable[[], datasets.Dataset], index: int) -> None:
+        """Save the dataset `make()` returns as shard `index`, atomically (a half-written shard never looks done)."""
+        final = self.shard_path(index)
+        partial = final.with_name(final.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        with quiet_datasets():
+            make().save_to_disk(str(partial))
+        os.replace(partial, final)
+
+    def finish(self, metadata: dict[str, Any], **summary: Any) -> dict[str, Any]:
+        """Mark the build complete (with `summary` keys added) and write it; returns the metadata."""
+        metadata.update(complete=True, **summary)
+        self.write_metadata(metadata)
+        return metadata
+
+    def load_shards(self, metadata: dict[str, Any]) -> list[datasets.Dataset]:
+        """Every shard of a complete build, memory-mapped, in order."""
+        return [datasets.load_from_disk(str(self.shard_path(i))) for i in range(metadata["num_shards"])]
+
+    def bytes_on_disk(self) -> int:
+        return sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())

@@ -1,0 +1,143 @@
+"""Where the training rows come from (recipes/README.md, "Where the training rows come from").
+
+  dataset   the dataset's own rows (distill.data.rows.build_data), weight data.dataset_weight
+  target    the target's responses to those rows' prompts (sequence-level KD), generated once into
+            data.target_data_dir (distill.data.target_data), weight data.target_weight
+  draft     the draft's own samples, put in during training by DistillTrainer (distill.data.onpolicy), a per-row
+            fraction distill.on_policy_fraction of whatever the first two give
+The first two are mixed row by row: datasets.interleave_datasets draws each row from a source with probability
+weight / sum of weights (seeded with train.seed) until one source runs out. Optionally the target's top-k
+log-probabilities of the mixed rows are cached (distill.teacher_cache) and travel with the rows, so that training
+never runs the target.
+
+training_rows (the tokenise step of a run, distill.pipeline) runs whatever uses the target on the main process
+first (TrainingArguments.main_process_first); the other processes then find the stored result complete and read it.
+Under FSDP2 the target is still whole on every process's CPU here (it is sharded after this step); the main process
+moves it to its device while it generates (distill.models.fsdp.generating_on).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import datasets
+from accelerate import PartialState
+from torch import nn
+from transformers import PreTrainedTokenizerBase, TrainingArguments
+
+from decode.vocab import lm_head_rows
+from distill.data.onpolicy import OnPolicySettings
+from distill.data.rows import DistillCollator, DistillData, padding_id
+from distill.data.target_data import generate_target_data, prompts_from_rows, to_training_rows
+from distill.data.target_vllm import VLLM_SHARD_SIZE
+from distill.data.teacher_cache import CacheMismatchError, TeacherCollator, build_teacher_cache, with_teacher_columns
+from distill.models.fsdp import generating_on
+from distill.recipe.sections import DataConfig, DistillConfig, Recipe
+from distill.utils import eval_mode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingRows:
+    """What DistillTrainer trains on: the mixed rows, the collator that pads them (with the cached teacher's
+    columns when there is a cache), and the on-policy settings (None: no draft samples)."""
+
+    rows: datasets.Dataset
+    collator: Callable[[list[dict]], Any]
+    on_policy: OnPolicySettings | None
+
+
+def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: nn.Module,
+                  tokenizer: PreTrainedTokenizerBase, args: TrainingArguments) -> TrainingRows:
+    """The tokenise step of a run (distill.pipeline): the dataset's rows (`data`, tokenised by the check step), the
+    target's responses (generated once, main process first) mixed in, the teacher cache attached, and the on-policy
+    settings. Raises CacheMismatchError when a stored folder holds results of other inputs."""
+    progress = PartialState().is_main_process
+    rows, target_rows = data.train, None
+    if recipe.data.target_weight > 0:
+        with args.main_process_first(desc="target responses"), generating_on(target, args.device):
+            target_rows = target_response_rows(recipe.data, data.train, target, draft, tokenizer,
+                                               target_id=recipe.model.target, progress=progress,
+                                               vllm_python=recipe.eval.vllm_python)
+        rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
+        logger.info("%d training rows: %d of the dataset and %d target responses mixed %g : %g", len(rows),
+                    len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
+    collator = DistillCollator(padding_id(tokenizer))
+    if recipe.distill.teacher_cache is not None:  # the target's top-k once; training then never runs the target
+        with args.main_process_first(desc="teacher cache"), generating_on(target, args.device):
+            rows, collator = with_teacher_cache(
+                rows, collator, recipe.distill, target, tokenizer, target_id=recipe.model.target,
+                batch_size=recipe.train.per_device_train_batch_size, progress=progress)
+    return TrainingRows(rows, collator, on_policy_settings(recipe, tokenizer, target))
+
+
+def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,
+                         tokenizer: PreTrainedTokenizerBase, *, target_id: str, progress: bool,
+                         vllm_python: str | None = None) -> datasets.Dataset:
+    """Training rows {input_ids, labels} = prompt + the target's response (labels on the response) for every row of
+    `rows`; the responses are generated into cfg.target_data_dir on first use and read back afterwards.
+    Raises CacheMismatchError when that folder holds responses of other inputs."""
+    prompts = prompts_from_rows(rows, prompt_tokens=min(cfg.prompt_tokens, cfg.max_length - 1))
+    # with target_gamma the draft proposes tokens for the speculative decoder (on the target's device, eval mode)
+    decoder_draft = draft.to(next(target.parameters()).device) if cfg.target_gamma is not None else None
+    shards = {"shard_size": VLLM_SHARD_SIZE} if cfg.target_engine == "vllm" else {}  # one vLLM start per shard
+    try:
+        with eval_mode(draft):
+            responses = generate_target_data(
+                target, tokenizer, prompts, cfg.target_data_dir, max_new_tokens=cfg.target_max_new_tokens,
+                temperature=cfg.target_temperature, top_k=cfg.target_top_k, top_p=cfg.target_top_p,
+                seed=cfg.target_seed, batch_size=cfg.target_batch_size, draft=decoder_draft,
+                gamma=cfg.target_gamma or 1, target_id=target_id, progress=progress, engine=cfg.target_engine,
+                vllm_python=vllm_python, **shards)
+    except CacheMismatchError as err:
+        raise CacheMismatchError(f"data.target_data_dir: {_for_recipes(err)}") from None
+    return to_training_rows(responses, cfg.max_length, num_proc=cfg.num_proc)
+
+
+def _for_recipes(err: CacheMismatchError) -> str:
+    """The message with the Python API's advice (overwrite=True, not a recipe key) put in recipe terms."""
+    return str(err).replace("or overwrite=True", "or delete this folder")
+
+
+def mix_sources(dataset_rows: datasets.Dataset, target_rows: datasets.Dataset | None, cfg: DataConfig,
+                seed: int) -> datasets.Dataset:
+    """The rows of the sources with weight > 0; two sources are interleaved at random in proportion to their
+    weights (seeded), stopping when one runs out."""
+    weighted = [(rows, weight) for rows, weight in ((dataset_rows, cfg.dataset_weight),
+                                                    (target_rows, cfg.target_weight)) if weight > 0]
+    if len(weighted) == 1:
+        return weighted[0][0]
+    total = sum(weight for _, weight in weighted)
+    aligned = [rows.cast(dataset_rows.features) for rows, _ in weighted]
+    return datasets.interleave_datasets(aligned, probabilities=[weight / total for _, weight in weighted],
+                                        seed=seed, stopping_strategy="first_exhausted")
+
+
+def with_teacher_cache(rows: datasets.Dataset, collator: Callable[[list[dict]], Any], cfg: DistillConfig,
+                       target: nn.Module, tokenizer: PreTrainedTokenizerBase, *, target_id: str, batch_size: int,
+                       progress: bool) -> tuple[datasets.Dataset, TeacherCollator]:
+    """The rows with the target's cached top-k columns attached, and a collator that pads them; the cache is built
+    into cfg.teacher_cache on first use (resumed if interrupted). Raises CacheMismatchError when the folder holds
+    a cache of another target, tokenizer or other rows."""
+    try:
+        cache = build_teacher_cache(target, rows, cfg.teacher_cache, k=cfg.teacher_topk, batch_size=batch_size,
+                                    target_id=target_id, tokenizer=tokenizer, logprob_dtype=cfg.teacher_cache_dtype,
+                                    chunk_size=cfg.chunk_size, progress=progress)
+    except CacheMismatchError as err:
+        raise CacheMismatchError(f"distill.teacher_cache: {_for_recipes(err)}") from None
+    # build_teacher_cache has just checked (or made) the cache against these very rows: no second hash
+    return with_teacher_columns(rows, cache, check=False), TeacherCollator(collator)
+
+
+def on_policy_settings(recipe: Recipe, tokenizer: PreTrainedTokenizerBase,
+                       target: nn.Module) -> OnPolicySettings | None:
+    """What DistillTrainer needs to put in on-policy rows; None when distill.on_policy_fraction is 0."""
+    if recipe.distill.on_policy_fraction == 0:
+        return None
+    return OnPolicySettings(
+        fraction=recipe.distill.on_policy_fraction, max_new_tokens=recipe.distill.on_policy_max_new_tokens,
+        temperature=recipe.distill.on_policy_temperature, prompt_tokens=recipe.data.prompt_tokens,
+        max_length=recipe.data.max_length, eos_token_id=tokenizer.eos_token_id, pad_token_id=padding_id(tokenizer),
+        vocab_size=lm_head_rows(target), seed=recipe.train.seed)

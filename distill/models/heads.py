@@ -1,0 +1,171 @@
+"""EAGLE-3 heads in a run (model.draft_kind eagle3): the plan from configs, the head built from the target, the
+draft vocabulary from the training rows, and the head read back from a checkpoint (its served folder:
+decode.head_drafter.HeadKind.save).
+
+The head itself (its maths, files and vLLM semantics) is decode/eagle3.py; its training-time test is
+distill/losses/head_loss.py; DistillTrainer trains it through distill.losses.head_loss.UnrolledHead
+(distill/run/head_trainer.py).
+
+Draft vocabulary: the `model.draft_vocab_size` most frequent tokens among the label tokens of the tokenised
+training rows (every row a process trains on: dataset rows and target responses alike), ties broken by the smaller
+id, kept in ascending id order (Eagle3Head.set_vocab). Counted on the main process, sent to the others.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from accelerate import PartialState
+from safetensors.torch import load_file
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from decode.eagle3 import Eagle3Head, head_config
+from distill.losses.head_loss import UnrolledHead
+from distill.recipe.sections import ModelConfig
+from distill.utils import IGNORE_INDEX, ModelSetupError
+
+MAX_DEFAULT_DRAFT_VOCAB = 32768  # model.draft_vocab_size null: the whole vocabulary up to this size
+
+
+def draft_vocab_size(cfg: ModelConfig, vocab_size: int) -> int:
+    """model.draft_vocab_size, or its default: the whole vocabulary when it is <= 32768 tokens, else 32768."""
+    return cfg.draft_vocab_size if cfg.draft_vocab_size is not None else min(vocab_size, MAX_DEFAULT_DRAFT_VOCAB)
+
+
+def plan_head(cfg: ModelConfig, target_config: PretrainedConfig) -> PretrainedConfig:
+    """The head's config from the target's (configs only, no weights). Raises ModelSetupError for an aux layer id
+    the target does not have or a draft vocabulary larger than the target's."""
+    vocab = target_config.get_text_config().vocab_size
+    size = draft_vocab_size(cfg, vocab)
+    if size > vocab:
+        raise ModelSetupError(f"model.draft_vocab_size: got {size}; allowed: an integer in [1, {vocab}] (the "
+                              "target's vocabulary size)")
+    text = target_config.get_text_config()
+    missing = [key for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings")
+               + (("intermediate_size",) if cfg.head_intermediate_size is None else ())
+               if not isinstance(getattr(text, key, None), int)]
+    if missing or getattr(text, "rope_parameters", None) is None:
+        raise ModelSetupError(f"model.draft_kind: an EAGLE-3 head needs a Llama-like target with rotary positions "
+                              f"(Llama, Qwen2, Mistral, ...); {type(text).__name__} has no "
+                              f"{', '.join(missing) or 'rope_parameters'}")
+    if text.num_hidden_layers < 3:
+        raise ModelSetupError(f"model.draft_kind: an EAGLE-3 head reads the hidden states of 3 distinct target "
+                              f"layers (as vLLM serves it); the target has {text.num_hidden_layers}")
+    try:
+        return head_config(target_config, aux_layers=cfg.aux_layers, draft_vocab_size=size,
+                           intermediate_size=cfg.head_intermediate_size)
+    except ValueError as err:
+        raise ModelSetupError(f"model.aux_layers: {err}") from None
+
+
+def build_head(cfg: ModelConfig, target: PreTrainedModel, dtype: torch.dtype) -> Eagle3Head:
+    """A fresh, trainable head on `target` (its input embedding shared and frozen), in train mode. Its vocabulary
+    is the first draft_vocab_size ids until set_draft_vocabulary."""
+    head = Eagle3Head(plan_head(cfg, target.config)).to(dtype)
+    head.bind_embeddings(target.get_input_embeddings())
+    head.set_vocab(torch.arange(head.d2t.numel()))
+    return head.requires_grad_(True).train()
+
+
+@torch.no_grad()
+def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
+    """model.head_init target: copy into the head what has the same role in the target, so training starts from a
+    head that already reads out like the target. Call after the draft vocabulary is set. Returns the names copied.
+
+        lm_head[i]  = target.lm_head[d2t-mapped id of draft id i]       (the rows of the draft vocabulary)
+        norm        = target's final norm
+        mlp, post_attention_layernorm = the target's last decoder layer's (when the MLP widths match)
+    """
+    copied = []
+    out = target.get_output_embeddings()
+    if out is not None and out.weight.shape[1] == head.lm_head.weight.shape[1]:
+        rows = out.weight.index_select(0, head.target_ids.to(out.weight.device))  # [V_draft, H]
+        head.lm_head.weight.copy_(rows.to(head.lm_head.weight))
+        copied.append("lm_head")
+    inner = target.get_decoder() if hasattr(target, "get_decoder") else None
+    final_norm = getattr(inner, "norm", None)
+    if final_norm is not None and final_norm.weight.shape == head.norm.weight.shape:
+        head.norm.weight.copy_(final_norm.weight.to(head.norm.weight))
+        copied.append("norm")
+    layers = getattr(inner, "layers", None)
+    last = layers[-1] if layers is not None and len(layers) else None
+    src = last.mlp.state_dict() if last is not None and hasattr(last, "mlp") else {}
+    dst = head.midlayer.mlp.state_dict()
+    if src.keys() == dst.keys() and all(src[k].shape == dst[k].shape for k in dst):
+        head.midlayer.mlp.load_state_dict({k: v.to(dst[k]) for k, v in src.items()})
+        head.midlayer.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight.to(head.fc.weight))
+        copied.append("midlayer.mlp")
+    return copied
+
+
+def served_draft(model: nn.Module | None) -> nn.Module | None:
+    """The draft that is measured and exported: the head of an UnrolledHead (what Trainer holds while training a
+    head); any other model as it is."""
+    return model.head if isinstance(model, UnrolledHead) else model
+
+
+def served_head(model: nn.Module) -> Eagle3Head | None:
+    """The Eagle3Head of a trained head (UnrolledHead or Eagle3Head); None for a standalone draft."""
+    if isinstance(model, UnrolledHead):
+        return model.head
+    return model if isinstance(model, Eagle3Head) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The draft vocabulary
+# ---------------------------------------------------------------------------------------------------------------
+
+def label_token_counts(rows: datasets.Dataset, vocab_size: int, batch_size: int = 1024) -> torch.Tensor:
+    """How often each target id is a label (loss) token of `rows`: [V] long. Label ids are those of `labels`
+    other than -100."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for batch in rows.select_columns(["labels"]).iter(batch_size=batch_size):
+        flat = np.concatenate([np.asarray(row, dtype=np.int64) for row in batch["labels"]] or [np.zeros(0, np.int64)])
+        counts += np.bincount(flat[flat != IGNORE_INDEX], minlength=vocab_size)[:vocab_size]
+    return torch.from_numpy(counts)
+
+
+def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The `size` ids with the highest counts, ties broken by the smaller id, in ascending id order: [size]."""
+    ids = torch.arange(counts.numel())
+    # sort by (-count, id): a stable sort of ids by descending count keeps ids ascending within a count
+    order = torch.sort(-counts, stable=True).indices
+    return torch.sort(ids[order[:size]]).values
+
+
+def set_draft_vocabulary(model: nn.Module, rows: datasets.Dataset) -> torch.Tensor:
+    """Set the head's vocabulary to the most frequent label tokens of `rows` (counted on the main process and
+    broadcast, so every process holds the same). Returns the draft ids' target ids [V_draft]."""
+    head = served_head(model)
+    state = PartialState()
+    chosen = None
+    if state.is_main_process:
+        counts = label_token_counts(rows, head.config.vocab_size)
+        chosen = most_frequent(counts, head.d2t.numel()).tolist()
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+        chosen = broadcast_object_list([chosen])[0]
+    ids = torch.tensor(chosen, dtype=torch.long)
+    head.set_vocab(ids)
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------------------------
+
+CHECKPOINT_PREFIX = "head."  # UnrolledHead's name for the head in a Trainer checkpoint's model.safetensors
+
+
+def head_at_checkpoint(folder: Path, final: nn.Module) -> Eagle3Head:
+    """The head saved in a Trainer checkpoint folder (model.safetensors of UnrolledHead), on `final`'s embedding
+    and device, in eval mode."""
+    trained = served_head(final)
+    head = Eagle3Head(trained.config).to(trained.fc.weight.dtype)
+    state = load_file(str(Path(folder) / "model.safetensors"), device=str(trained.fc.weight.device))
+    head.load_state_dict({k.removeprefix(CHECKPOINT_PREFIX): v for k, v in state.items()}, strict=True)
+    head.to(trained.fc.weight.device)
+    return head.bind_embeddings(trained.bound_embeddings).eval()

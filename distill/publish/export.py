@@ -1,0 +1,202 @@
+"""The export: the best checkpoint of a run as a ready-to-use draft folder, its deployment check, its results.
+
+export_run is the last step of a run (distill.pipeline), on rank 0 while the other ranks wait:
+  best      distill.outputs.acceptance_log.best_checkpoint at the first eval temperature (cost-model speedup
+            tau / (gamma * c + v) from the measured acceptance); no measurement: the final draft
+  export    that checkpoint's draft written to OUTPUT_DIR as a plain model folder (safetensors, config, tokenizer;
+            a LoRA draft merged, a ZeRO-3 / FSDP2 draft read back from its checkpoint), with
+            generation_config.num_assistant_tokens = its gamma (export_draft; the served folder of its kind,
+            decode.draft_kinds)
+  check     decode.deploy_check on the folder against the target; problems are warnings, never fatal
+  serving   eval.serving_engine: vllm: the folder measured inside vLLM (decode.serving) on the eval prompts;
+            best.vllm_mean_accepted_tokens beside best.mean_accepted_tokens; a failure is a warning, never fatal
+  results   OUTPUT_DIR/train_results.json = {Trainer metrics..., "best": summary, "deploy_check": report,
+            "serving": vLLM's results (with serving_engine)}, last
+  push      hub.push_to_hub: distill.publish.hub uploads the folder; a failure raises PushError (the draft stays safe)
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from accelerate import PartialState
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from decode.draft_kinds import kind_of
+from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
+from distill.models.fsdp import unsharded_original
+from distill.models.heads import head_at_checkpoint, served_draft, served_head
+from distill.models.lora import is_lora
+from distill.outputs.acceptance_log import best_checkpoint, read_records, row_gamma
+from distill.outputs.checkpoints import crash_point, find_checkpoints
+from distill.outputs.run_folder import write_results
+from distill.recipe.sections import Recipe
+
+logger = logging.getLogger(__name__)
+
+
+class PushError(RuntimeError):
+    """The hub push at the end failed (the trained draft is safe in train.output_dir)."""
+
+
+def best_record(records: Sequence[dict], temperature: float) -> dict | None:
+    """The record of distill.outputs.acceptance_log.best_checkpoint at `temperature` (None when there is none)."""
+    choice = best_checkpoint(records, temperature)
+    return choice.row if choice else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The draft folder
+# ---------------------------------------------------------------------------------------------------------------
+
+def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
+    """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
+    that are put on a copy of `final_draft` (its frozen base is the same at every step; under FSDP2 the unsharded
+    copy kept before sharding) and merged; an EAGLE-3 head's weights (distill.models.heads)."""
+    if served_head(final_draft) is not None:
+        return head_at_checkpoint(folder, final_draft)
+    if (folder / "adapter_config.json").is_file():
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        adapted = copy.deepcopy(unsharded_original(final_draft))
+        weights = load_file(folder / "adapter_model.safetensors", device=str(next(adapted.parameters()).device))
+        set_peft_model_state_dict(adapted, weights)
+        return adapted.merge_and_unload()
+    with outside_zero3_init():  # export runs on rank 0 alone: no partitioning (a collective) while loading
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=next(final_draft.parameters()).dtype)
+
+
+def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Module,
+                 tokenizer: PreTrainedTokenizerBase, default_gamma: int) -> dict:
+    """Write the best draft to OUTPUT_DIR as a standard model folder (safetensors, config, generation config,
+    tokenizer) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)` load, with no peft
+    files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
+
+    `best` is the row of distill.outputs.acceptance_log.best_checkpoint (None: export `final_draft` with
+    `default_gamma`). A ZeRO-3-partitioned or FSDP2-sharded `final_draft` is read back from the last checkpoint instead
+    (AcceptanceCallback saves the last step under both). Returns what was exported: {"checkpoint", "step",
+    "gamma"} plus the record's speedup numbers.
+    """
+    output_dir = Path(output_dir)
+    folder = output_dir / best["checkpoint"] if best else None
+    if folder is not None and folder.is_dir():
+        draft = draft_at_checkpoint(folder, final_draft)
+    elif is_partitioned(final_draft):
+        last = find_checkpoints(output_dir).latest
+        if last is None:
+            raise RuntimeError(f"the final draft is sharded (ZeRO-3 / FSDP2) and {output_dir} holds no checkpoint to "
+                               "export it from")
+        draft = draft_at_checkpoint(last, final_draft)
+    elif is_lora(final_draft):
+        draft = plain_copy(final_draft)
+    else:
+        draft = final_draft
+    gamma = row_gamma(best).deployed if best else default_gamma
+    draft = served_draft(draft)  # a head in training is wrapped (UnrolledHead): its head is what is served
+    kind_of(draft).save(draft, output_dir, gamma)  # its kind's served folder (decode.draft_kinds)
+    tokenizer.save_pretrained(output_dir)
+    summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
+               "gamma": gamma}
+    if best:
+        summary.update({k: best[k] for k in ("temperature", "speedup", "acceptance_rate", "mean_accepted_tokens",
+                                             "predicted_speedup") if k in best})
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run's last step
+# ---------------------------------------------------------------------------------------------------------------
+
+def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedTokenizerBase, metrics: dict,
+               eval_prompts: Sequence[torch.Tensor] = (), eval_categories: Sequence[str | None] | None = None) -> dict:
+    """Rank 0: export the best draft, check it, measure it in vLLM (eval.serving_engine), write train_results.json
+    last, push if asked; every rank then waits. Returns the export summary of export_draft (empty on the other
+    ranks). Raises PushError."""
+    state, summary = PartialState(), {}
+    if state.is_main_process:
+        output_dir = recipe.train.output_dir
+        best = best_record(read_records(output_dir), recipe.eval.temperatures[0])
+        fixed_gammas = [g for g in recipe.eval.gammas if g != "auto"]
+        summary = export_draft(output_dir, best, final_draft, tokenizer, default_gamma=max(fixed_gammas, default=4))
+        crash_point("export")  # test hook: killed with the draft exported but the run not marked done
+        results = {**metrics, "best": summary, "deploy_check": deploy_check(recipe)}
+        if recipe.eval.serving_engine == "vllm":
+            results["serving"] = serving_check(recipe, eval_prompts, eval_categories)
+            summary["vllm_mean_accepted_tokens"] = vllm_tau(results["serving"], summary)
+        write_results(output_dir, results)
+        logger.info("exported %s (gamma %s) to %s", summary["checkpoint"], summary["gamma"], output_dir)
+        if recipe.hub.push_to_hub:
+            push(recipe, step=summary["step"])
+    state.wait_for_everyone()
+    return summary
+
+
+def deploy_check(recipe: Recipe) -> dict:
+    """decode.deploy_check on the exported folder against the target (the model card states the result); its
+    problems are logged as warnings, never fatal: the draft is trained and exported either way."""
+    from decode.deploy_check import check_deploy
+    from decode.loading import LoadError
+
+    try:
+        report = check_deploy(recipe.model.target, recipe.train.output_dir,
+                              trust_remote_code=recipe.model.trust_remote_code)
+    except LoadError as err:
+        logger.warning("deployment check could not run: %s", err)
+        return {"passed": False, "problems": {"inputs": str(err)}}
+    for name, advice in report.warnings.items():
+        logger.warning("deployment check %s: %s", name, advice)
+    for name, problem in report.problems.items():
+        logger.warning("deployment check %s failed: %s (specdistill-check --target %s --draft %s)", name, problem,
+                       recipe.model.target, recipe.train.output_dir)
+    return report.to_dict()
+
+
+def serving_check(recipe: Recipe, prompts: Sequence[torch.Tensor],
+                  categories: Sequence[str | None] | None) -> dict:
+    """The exported folder measured inside vLLM (decode.serving.vllm_engine) at the integer eval gammas and the
+    first eval temperature: {"engine", "vllm_version", "results"}; {"engine", "error"} when vLLM cannot run (a
+    warning: the draft is exported either way)."""
+    from decode.evaluate import EvalSettings
+    from decode.serving.vllm_engine import ServingError, evaluate_in_vllm, find_vllm_python
+
+    cfg = recipe.eval
+    settings = EvalSettings(gammas=[g for g in cfg.gammas if g != "auto"], temperature=cfg.temperatures[0],
+                            max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
+    try:
+        if not prompts:
+            raise ServingError("no eval prompts to measure")
+        results, response = evaluate_in_vllm(find_vllm_python(cfg.vllm_python), recipe.model.target,
+                                             str(recipe.train.output_dir), prompts, settings, categories,
+                                             draft_sample_method="probabilistic")  # our acceptance rule at T > 0
+    except ServingError as err:
+        logger.warning("eval.serving_engine vllm could not measure the exported draft: %s", err)
+        return {"engine": "vllm", "error": str(err)}
+    for r in results:
+        logger.info("vLLM: gamma %s tau %.3f greedy_match %s", r["gamma"], r["mean_accepted_tokens"],
+                    r["greedy_match"])
+    return {"engine": "vllm", "vllm_version": response["vllm_version"], "results": results}
+
+
+def vllm_tau(serving: dict, summary: dict) -> float | None:
+    """vLLM's tau at the exported gamma (None when vLLM did not measure it)."""
+    return next((r["mean_accepted_tokens"] for r in serving.get("results", []) if r["gamma"] == summary["gamma"]),
+                None)
+
+
+def push(recipe: Recipe, step: int | None) -> None:
+    """distill.publish.hub.push_to_hub on the exported folder, its card showing the exported checkpoint's numbers.
+    Raises PushError (one line) when the hub refuses or cannot be reached."""
+    try:
+        from distill.publish.hub import push_to_hub
+    except ImportError as err:
+        raise RuntimeError(f"hub.push_to_hub is true but distill.publish.hub cannot be imported: {err}") from err
+    from distill.publish.hub import HubError
+    try:
+        push_to_hub(Path(recipe.train.output_dir), repo_id=recipe.hub.repo_id, private=recipe.hub.private, step=step)
+    except HubError as err:
+        raise PushError(f"{err} (the exported draft is in {recipe.train.output_dir})") from None

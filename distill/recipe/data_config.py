@@ -1,0 +1,89 @@
+"""The `data:` section of a recipe: where the training rows come from and which prompts measure acceptance."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from distill.recipe.schema import Section, require
+
+
+class DataConfig(Section):
+    """Where the training rows come from (the dataset, the target's responses, mixed by weight), how they become
+    token blocks, and which prompts measure acceptance."""
+
+    section = "data"
+
+    dataset: str = Field(min_length=1, description="Hub id, or local .txt/.json/.jsonl/.parquet file, folder or glob "
+                                                   "(required).")
+    dataset_config: str | None = Field(None, description="Hub dataset configuration name.")
+    split: str = Field("train", description="Split to train on (slicing such as train[:10%] works).")
+    text_field: str = Field("text", description="Column holding plain text (format text).")
+    messages_field: str = Field("messages", description="Column holding chat messages [{role, content}] (format chat).")
+    format: Literal["auto", "text", "chat"] = Field(
+        "auto", description="text: pack documents into max_length blocks; chat: one conversation per row, loss on "
+                            "assistant tokens only; auto: chat if messages_field exists, else text.")
+    max_length: int = Field(1024, ge=2, description="Tokens per training sequence (packed block or truncated "
+                                                    "conversation).")
+    text_sample_by: Literal["document", "paragraph", "line"] = Field(
+        "document", description="What one document of a local .txt file is: document = the whole file (line breaks "
+                                "kept, eos only at its end), paragraph = each blank-line-separated paragraph, line = "
+                                "each line.")
+    max_samples: int | None = Field(None, gt=0, description="Use at most this many rows of the dataset.")
+    num_proc: int | None = Field(None, gt=0, description="Processes for tokenisation (datasets.map).")
+    eval_prompts: str | None = Field(
+        None, description="Acceptance prompts: .jsonl ('prompt' or 'messages' per line, optional 'category') or .txt "
+                          "(one per line); null = hold out num_eval_prompts rows of the dataset.")
+    num_eval_prompts: int = Field(16, ge=0, description="How many prompts to measure acceptance on.")
+    eval_prompt_tokens: int = Field(128, gt=0, description="Prompts are truncated to this many tokens.")
+    prompt_tokens: int = Field(
+        32, gt=0, description="Prompt of a row trained from its first token (packed text): its first prompt_tokens "
+                              "tokens, at most max_length - 1 (chat rows: the conversation before the first "
+                              "assistant turn). Used by target responses and on-policy samples.")
+    # sources of training rows (recipes/README.md, "Where the training rows come from")
+    dataset_weight: float = Field(1.0, ge=0, description="Mixing weight of source 'dataset': the dataset's own rows, "
+                                                         ">= 0.")
+    target_weight: float = Field(
+        0.0, ge=0, description="Mixing weight of source 'target': the target's responses to the rows' prompts "
+                               "(sequence-level KD), >= 0. Rows are drawn from the sources at random in proportion "
+                               "to the weights.")
+    target_data_dir: str | None = Field(
+        None, description="Folder of the target's responses: generated on first use, resumed if interrupted, reused "
+                          "by later runs with the same inputs (required when target_weight > 0).")
+    target_max_new_tokens: int = Field(256, gt=0, description="Tokens the target generates per response (stops "
+                                                              "earlier at eos).")
+    target_temperature: float = Field(0.0, ge=0, description="Sampling temperature of the target's responses; 0 = "
+                                                             "greedy.")
+    target_top_k: int | None = Field(None, gt=0, description="Top-k filter of the target's responses "
+                                                             "(target_temperature > 0).")
+    target_top_p: float | None = Field(None, gt=0, le=1, description="Top-p filter of the target's responses "
+                                                                     "(target_temperature > 0).")
+    target_seed: int = Field(0, description="Response i is sampled with seed target_seed + i.")
+    target_gamma: int | None = Field(
+        None, gt=0, description="Generate the responses with the speculative decoder, the initial draft proposing "
+                                "this many tokens per target pass (greedy: the same tokens; sampled: the same "
+                                "distribution); null = the target alone.")
+    target_batch_size: int = Field(
+        1, gt=0, description="Prompts the target answers at once (left-padded, the target alone; 1 with "
+                             "data.target_gamma): greedy rows are the same at every size, sampled rows use the same "
+                             "per-prompt seeds (recipes/README.md).")
+    target_engine: Literal["specdistill", "vllm"] = Field(
+        "specdistill", description="Who generates the target's responses: specdistill = our decoder; vllm = vLLM's "
+                                   "offline LLM in the serving venv (`make serving`; interpreter as "
+                                   "eval.vllm_python), one vLLM run per shard.")
+
+    @model_validator(mode="after")
+    def _rules(self) -> DataConfig:
+        """Rules between keys (each key's own range is in its Field)."""
+        require(self.dataset_weight + self.target_weight > 0, "data.target_weight", self.target_weight,
+                "weights with data.dataset_weight + data.target_weight > 0 (at least one source)",
+                involves=["data.dataset_weight"])
+        require(self.target_engine == "specdistill" or self.target_gamma is None, "data.target_engine",
+                self.target_engine, "specdistill when target_gamma is set (vLLM generates with the target alone)",
+                involves=["data.target_gamma"])
+        require(self.target_weight == 0 or bool(self.target_data_dir), "data.target_data_dir", self.target_data_dir,
+                "a folder for the target's responses when data.target_weight > 0", involves=["data.target_weight"])
+        require(self.target_gamma is None or self.target_batch_size == 1, "data.target_batch_size",
+                self.target_batch_size, "1 with data.target_gamma (the speculative decoder runs one prompt at a time)",
+                involves=["data.target_gamma"])
+        return self

@@ -1,0 +1,318 @@
+"""Typed recipes: one pydantic model per concern (model, lora, data, distill, train, eval, hub) under `Recipe`.
+
+A recipe YAML file holds the fields of these models; defaults and ranges live in their `Field`s and nowhere else,
+rules between keys in their validators (distill/recipe/schema.py turns every problem into one RecipeError naming
+the key, the bad value and what is allowed). The `train:` section is transformers.TrainingArguments' own fields
+(distill/recipe/train_config.py), `data:` is in distill/recipe/data_config.py. Reading a file, applying
+`section.key=value` overrides and writing the key reference live in distill/recipe/loader.py (`load_recipe`).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt, MinLen
+from pydantic import Field, JsonValue, field_validator, model_validator
+
+from distill.losses.divergences import LOSSES
+from distill.losses.loss_mix import LossMix, LossSpecError, teacher_divergences
+from distill.recipe.data_config import DataConfig
+from distill.recipe.schema import OVERRIDE_SOURCE, RecipeError, Section, require, rule_error
+from distill.recipe.train_config import TrainConfig, check_precision
+
+SECTIONS = ("model", "lora", "data", "distill", "train", "eval", "hub")
+
+__all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTION_TYPES", "SECTIONS", "ModelConfig", "LoraConfig",
+           "DataConfig", "DistillConfig", "TrainConfig", "EvalConfig", "HubConfig", "check_precision"]
+
+STANDALONE_KEYS = ("draft", "draft_layers", "draft_config")
+LayerIds = Annotated[list[Annotated[int, Ge(0)]], MinLen(1)]
+
+
+class ModelConfig(Section):
+    """Which target to distil from and how the draft is made: a standalone model (exactly one of draft,
+    draft_layers, draft_config) or an EAGLE-3 head on the target's hidden states (draft_kind eagle3)."""
+
+    section = "model"
+
+    target: str = Field(min_length=1, description="Target LLM: local folder or hub id (required).")
+    draft_kind: Literal["standalone", "eagle3"] = Field(
+        "standalone", description="standalone: a small LM of its own (model.draft / draft_layers / draft_config); "
+                                  "eagle3: an EAGLE-3 head (one decoder layer on the target's hidden states, served "
+                                  "by vLLM and SGLang).")
+    target_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype the frozen target is loaded in; auto = the dtype in its config.")
+    draft: str | None = Field(None, description="Draft to fine-tune: local folder or hub id.")
+    draft_layers: LayerIds | None = Field(
+        None, description="Build the draft from the target by keeping these decoder layers (0-based, increasing).")
+    draft_config: dict[str, JsonValue] | None = Field(
+        None, description="Build the draft from scratch: the target's config with these keys overridden.")
+    draft_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype of the trainable draft weights (use train.bf16 for mixed precision).")
+    tokenizer: str | None = Field(None, description="Tokenizer folder or hub id; null = the target's.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the hub (only for repos you trust).")
+    attn_implementation: str | None = Field(None, description="eager, sdpa, flash_attention_2, ...; null = "
+                                                              "transformers' pick.")
+    # EAGLE-3 heads (draft_kind eagle3; recipes/README.md, "EAGLE-3 heads")
+    aux_layers: LayerIds | None = Field(
+        None, description="eagle3: the target's layer ids whose hidden states the head reads (3 distinct, ascending, "
+                          "as vLLM requires; id i = the residual stream entering decoder layer i); null = vLLM's "
+                          "default (2, L // 2, L - 3), a repeated id moved to the nearest free layer.")
+    draft_vocab_size: int | None = Field(
+        None, gt=0, description="eagle3: rows of the head's lm_head, the most frequent target tokens of the training "
+                                "data; null = the whole vocabulary when it has <= 32768 tokens, else 32768.")
+    head_intermediate_size: int | None = Field(
+        None, gt=0, description="eagle3: the MLP width of the head's decoder layer; null = the target's "
+                                "intermediate_size.")
+    head_init: Literal["target", "random"] = Field(
+        "target", description="eagle3: target = start the head's lm_head from the target's lm_head rows of the "
+                              "draft vocabulary, its final norm from the target's final norm, and its MLP (and the "
+                              "norm before it) from the target's last decoder layer where the widths match; random = "
+                              "all fresh.")
+
+    @model_validator(mode="after")
+    def _rules(self) -> ModelConfig:
+        """A standalone draft comes from exactly one of draft, draft_layers, draft_config; a head from none."""
+        chosen = [k for k in STANDALONE_KEYS if getattr(self, k) is not None]
+        involves = ["model.draft_kind"]
+        if self.draft_kind == "eagle3":
+            require(not chosen, f"model.{chosen[0] if chosen else 'draft'}", getattr(self, chosen[0]) if chosen
+                    else None, "null with model.draft_kind eagle3 (model.draft, draft_layers and draft_config are "
+                    "for standalone drafts; a head is built from the target)", involves)
+            layers = self.aux_layers  # ids are checked against the target's config in distill.run.preflight
+            require(layers is None or (len(layers) == 3 and layers == sorted(set(layers))), "model.aux_layers",
+                    layers, "null or 3 distinct, ascending layer ids >= 0 (vLLM's EAGLE-3 reads exactly 3, in "
+                    "layer order)")
+            return self
+        require(len(chosen) == 1, "model.draft", chosen or None,
+                "exactly one of model.draft, model.draft_layers, model.draft_config", [f"model.{k}" for k in chosen])
+        for key in ("aux_layers", "draft_vocab_size", "head_intermediate_size"):
+            require(getattr(self, key) is None, f"model.{key}", getattr(self, key),
+                    "null with model.draft_kind standalone (it is a key of EAGLE-3 heads: model.draft_kind eagle3)",
+                    involves)
+        layers = self.draft_layers
+        require(layers is None or layers == sorted(set(layers)), "model.draft_layers", layers,
+                "a non-empty, strictly increasing list of layer indices >= 0")
+        return self
+
+
+LORA_ALL_LINEAR = "all-linear"
+ModuleNames = Annotated[list[Annotated[str, MinLen(1)]], MinLen(1)]
+
+
+class LoraConfig(Section):
+    """LoRA adapters on the draft (peft): only the adapters (and modules_to_save) train; the export is merged."""
+
+    section = "lora"
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every draft weight (needs model.draft "
+                                             "or model.draft_layers: pre-trained weights to adapt).")
+    r: int = Field(16, gt=0, description="Rank of each adapter, > 0.")
+    alpha: float = Field(32.0, gt=0, description="Scaling: the update is (alpha / r) * B @ A, > 0.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input, in [0, 1).")
+    target_modules: ModuleNames | Literal[LORA_ALL_LINEAR] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Linear layers to adapt (names or name suffixes), or 'all-linear' (every linear layer but the "
+                    "lm_head).")
+    modules_to_save: ModuleNames | None = Field(
+        None, description="Modules trained in full next to the adapters (e.g. [lm_head]); null = none.")
+
+
+class DistillConfig(Section):
+    """The per-token objective: a divergence between target and draft next-token distributions, plus optional CE,
+    or a weighted combination of such losses (distill.losses.loss_mix)."""
+
+    section = "distill"
+
+    loss: Literal[LOSSES] | dict[str, JsonValue] = Field(
+        "forward_kl", description=f"One of {', '.join(LOSSES)}; or a weighted combination {{name: weight}}, each "
+                                  "weight a number >= 0 or a linear schedule {start, end, steps} over optimizer steps "
+                                  "(held at end after steps; steps left out = the whole run). recipes/README.md, "
+                                  "'Which loss to pick'.")
+    beta: float = Field(0.5, ge=0, le=1, description="Mixture weight of the generalised JSD (loss jsd), in [0, 1].")
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature applied to both models' logits, > 0.")
+    ce_weight: float = Field(0.0, ge=0, le=1, description="w in loss = (1 - w) * divergence + w * cross-entropy on "
+                                                          "data tokens, in [0, 1]; 0 with a combination (put ce in "
+                                                          "it).")
+    chunk_size: int = Field(1024, gt=0, description="Token positions per chunk when computing logits (bounds "
+                                                    "memory), > 0.")
+    # cached teacher (recipes/README.md, "Cached teacher")
+    teacher_cache: str | None = Field(
+        None, description="Folder of the target's top-k log-probabilities (plus tail mass) at every training "
+                          "position: built on first use (resumable), reused while target, tokenizer and rows are "
+                          "unchanged; training then never runs the target. Needs temperature 1; null = run the "
+                          "target at every step.")
+    teacher_topk: int = Field(32, gt=0, description="k: cached tokens per position, in [1, the target's vocabulary "
+                                                    "size].")
+    teacher_cache_dtype: Literal["float16", "float32"] = Field(
+        "float16", description="dtype of the cached log-probabilities (float16: half the bytes, ~5e-4 relative error).")
+    # on-policy source (recipes/README.md, "On-policy")
+    on_policy_fraction: float = Field(
+        0.0, ge=0, le=1, description="lambda in [0, 1]: each training row is, with this probability, replaced by the "
+                                     "draft's own continuation of its prompt (source 'draft', on-policy "
+                                     "distillation); 0 = off.")
+    on_policy_max_new_tokens: int = Field(
+        128, gt=0, description="Tokens the draft samples per on-policy row (stops earlier at eos; the row stays <= "
+                               "data.max_length).")
+    on_policy_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the draft's on-policy "
+                                                                "samples; 0 = greedy.")
+    # training-time test of EAGLE-3 heads (recipes/README.md, "EAGLE-3 heads")
+    ttt_steps: int = Field(
+        1, ge=1, description="eagle3: K, steps the head is unrolled on its own outputs in training (training-time "
+                             "test; EAGLE-3 uses 7); step j is scored against the target at its position. >= 1; 1 = "
+                             "no unrolling.")
+    ttt_decay: float = Field(
+        1.0, gt=0, le=1, description="eagle3: step j's loss is weighted by ttt_decay ** j, in (0, 1].")
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_mix(cls, loss: str | dict[str, Any]) -> str | dict[str, Any]:
+        """A combination is a valid distill.losses.loss_mix spec (its own errors name the sub-key)."""
+        if isinstance(loss, dict):
+            try:
+                LossMix.parse(loss)
+            except LossSpecError as err:
+                raise rule_error(f"distill.{err.key}", err.problem) from None
+        return loss
+
+    @model_validator(mode="after")
+    def _rules(self) -> DistillConfig:
+        """What the loss, the cached teacher and on-policy rows need from each other."""
+        teacher_terms = teacher_divergences(self.loss)
+        if isinstance(self.loss, dict):
+            require(self.ce_weight == 0.0, "distill.ce_weight", self.ce_weight,
+                    "0 when distill.loss is a combination (give ce its weight inside distill.loss)", ["distill.loss"])
+        require(self.on_policy_fraction == 0 or bool(teacher_terms), "distill.on_policy_fraction",
+                self.on_policy_fraction, "0 with distill.loss ce (cross-entropy on the draft's own samples teaches "
+                "nothing)", ["distill.loss"])
+        if self.teacher_cache is not None:
+            involves = ["distill.teacher_cache"]
+            require(self.temperature == 1.0, "distill.temperature", self.temperature,
+                    "1.0 with distill.teacher_cache (cached log-probabilities are at temperature 1)", involves)
+            require(bool(teacher_terms), "distill.teacher_cache", self.teacher_cache,
+                    "null with distill.loss ce (no teacher)", ["distill.loss"])
+            require(self.on_policy_fraction == 0, "distill.on_policy_fraction", self.on_policy_fraction,
+                    "0 with distill.teacher_cache (the draft's samples are not in the cache)", involves)
+        return self
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the loss has a divergence term (the target, or its cache, must be read)."""
+        return bool(teacher_divergences(self.loss))
+
+    def loss_at(self, step: int, total_steps: int) -> str | dict[str, float]:
+        """distill_loss's `loss` at optimizer step `step` of total_steps: the name, or the combination's weights."""
+        return self.loss if isinstance(self.loss, str) else LossMix.parse(self.loss).at(step, total_steps)
+
+
+class EvalConfig(Section):
+    """Acceptance measured with decode.evaluate at every checkpoint (see docs/INTERFACES.md)."""
+
+    section = "eval"
+
+    gammas: list[Annotated[int, Gt(0)] | Literal["auto"]] = Field(
+        default_factory=lambda: [1, 2, 4], min_length=1,
+        description="Draft lengths to measure; the best one goes into generation_config. 'auto' = chosen at every "
+                    "step from the running acceptance and the measured costs (its row reports mean_gamma).")
+    temperatures: list[Annotated[float, Ge(0)]] = Field(
+        default_factory=lambda: [0.0], min_length=1,
+        description="Sampling temperatures to measure; the first one picks the best checkpoint.")
+    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt.")
+    top_k: int | None = Field(None, gt=0, description="Top-k sampling filter (temperature > 0).")
+    top_p: float | None = Field(None, gt=0, le=1, description="Top-p sampling filter (temperature > 0).")
+    seed: int = Field(0, description="Sampling seed.")
+    repeats: int = Field(1, gt=0, description="Timing repeats per prompt.")
+    at_checkpoints: bool = Field(True, description="Measure at every checkpoint; false = only at the end of training.")
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="Render acceptance prompts with the tokenizer's chat template: auto = conversations only "
+                            "(in a chat-format run every prompt is a conversation); on = every prompt (error without "
+                            "a template); off = raw text (decode.prompts).")
+    compile: bool = Field(
+        False, description="Measure on the static-cache, torch.compiled decode path (compiled once, reused at every "
+                           "checkpoint).")
+    serving_engine: Literal["none", "vllm"] = Field(
+        "none", description="After export, also measure the exported draft inside a serving engine: vllm = vLLM's "
+                            "offline LLM (the serving venv of `make serving`) at the integer gammas and the first "
+                            "temperature; train_results.json and the model card then show vLLM's tau next to ours.")
+    vllm_python: str | None = Field(
+        None, description="Interpreter with vLLM for serving_engine: vllm; null = $SPECDISTILL_VLLM_PYTHON, else "
+                          ".venv-vllm/bin/python.")
+
+    @model_validator(mode="after")
+    def _rules(self) -> EvalConfig:
+        """vLLM drafts a fixed number of tokens: it needs an integer gamma."""
+        require(self.serving_engine == "none" or any(g != "auto" for g in self.gammas), "eval.serving_engine",
+                self.serving_engine, "none, unless eval.gammas holds an integer gamma (vLLM drafts a fixed number)",
+                ["eval.gammas"])
+        return self
+
+
+class HubConfig(Section):
+    """Publishing the exported draft (distill.publish.hub.push_to_hub)."""
+
+    section = "hub"
+
+    push_to_hub: bool = Field(False, description="Push the exported best draft at the end of training.")
+    repo_id: str | None = Field(None, description="Hub repository, e.g. you/qwen2.5-0.5b-draft (required to push).")
+    private: bool = Field(True, description="Create the repository as private.")
+
+    @model_validator(mode="after")
+    def _rules(self) -> HubConfig:
+        """A push needs a repository."""
+        require(not self.push_to_hub or bool(self.repo_id), "hub.repo_id", self.repo_id,
+                "a hub repository id when hub.push_to_hub is true", ["hub.push_to_hub"])
+        return self
+
+
+SECTION_TYPES: dict[str, type[Section]] = {
+    "model": ModelConfig, "lora": LoraConfig, "data": DataConfig, "distill": DistillConfig,
+    "train": TrainConfig, "eval": EvalConfig, "hub": HubConfig,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The whole recipe, and the rules between its sections
+# ---------------------------------------------------------------------------------------------------------------
+
+HEAD_REFUSALS = (  # (key, whether the recipe sets it, what an EAGLE-3 head needs instead)
+    ("lora.enabled", lambda r: r.lora.enabled, "false with model.draft_kind eagle3 (a head is one small layer "
+     "trained in full; LoRA adapts pre-trained drafts)"),
+    ("distill.teacher_cache", lambda r: r.distill.teacher_cache is not None, "null with model.draft_kind eagle3 (a "
+     "head reads the target's hidden states at every step, which the cache of top-k log-probabilities does not hold)"),
+    ("distill.on_policy_fraction", lambda r: r.distill.on_policy_fraction > 0, "0 with model.draft_kind eagle3 "
+     "(on-policy rows are sampled from standalone drafts only)"),
+    ("train.activation_checkpointing", lambda r: bool(r.train.activation_checkpointing), "false with "
+     "model.draft_kind eagle3 (a head is one layer: there is nothing to recompute)"),
+    ("data.target_gamma", lambda r: r.data.target_gamma is not None, "null with model.draft_kind eagle3 (the "
+     "target's responses are generated by the target alone: an untrained head would only slow them down)"),
+)
+
+
+class Recipe(Section):
+    """A whole training run; each attribute is one section of the YAML file."""
+
+    model: ModelConfig
+    data: DataConfig
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    hub: HubConfig = Field(default_factory=HubConfig)
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> Recipe:
+        """Rules that involve two sections (each section has already checked its own keys)."""
+        if self.model.draft_kind == "eagle3":
+            for key, refused, allowed in HEAD_REFUSALS:
+                section, name = key.split(".")
+                require(not refused(self), key, getattr(getattr(self, section), name), allowed,
+                        ["model.draft_kind"])
+        else:
+            for key, default in (("ttt_steps", 1), ("ttt_decay", 1.0)):
+                require(getattr(self.distill, key) == default, f"distill.{key}", getattr(self.distill, key),
+                        f"{default} with model.draft_kind standalone (training-time test unrolls EAGLE-3 heads: "
+                        "model.draft_kind eagle3)", ["model.draft_kind"])
+        if self.lora.enabled and self.model.draft_config is not None:
+            raise rule_error("lora.enabled", "got true with model.draft_config; allowed: false for a draft built from "
+                             "scratch (LoRA adapts pre-trained weights, the random base would stay frozen); use "
+                             "model.draft or model.draft_layers with LoRA", ["model.draft_config"])
+        return self

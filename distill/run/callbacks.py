@@ -1,0 +1,246 @@
+"""Acceptance measured at every checkpoint: AcceptanceCallback (the measure step of a run, distill.pipeline).
+
+AcceptanceCallback runs decode.evaluate.evaluate_acceptance on rank 0 at every save; the other ranks wait at a
+barrier that every rank reaches, so no collective is ever called from one rank alone. Each result becomes one line
+of OUTPUT_DIR/acceptance.jsonl (`{"step", "checkpoint", <result keys>}`, docs/INTERFACES.md) and TensorBoard
+scalars such as `acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance). The lines of one
+measurement are appended in one write (distill.outputs.acceptance_log); a checkpoint whose lines are missing or
+incomplete (the run was killed while measuring it) is measured from its folder at the start of training
+(measure_missing). After training, measure_remaining measures what is still missing and the final step if it was not
+saved.
+
+The cost ratios c and v of the cost model tau / (gamma * c + v) are measured once per run (the first time
+acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and handed to
+evaluate_acceptance, which writes them and the predicted speedup into every record, next to the measured wall-clock
+speedup; distill.publish.export picks the best checkpoint from them.
+
+What is measured is what gets exported: an EAGLE-3 head is measured as the Eagle3Head itself (the trainer holds it
+inside distill.losses.head_loss.UnrolledHead; decode's head drafter runs it), a LoRA draft as a merged copy, and under
+ZeRO-3 or FSDP2 rank 0 measures whole copies of draft and target gathered from every rank's partitions (all ranks
+take part in the gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 / FSDP2
+the last step is always saved as a checkpoint, so the export reads whole weights from disk.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from accelerate import PartialState
+from torch import nn
+from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from decode.auto_gamma import AUTO_GAMMAS, is_auto
+from decode.cost_model import measure_cost_ratios
+from decode.speedup import CostRatios
+from distill.models.distributed import is_partitioned, plain_copy
+from distill.models.heads import served_draft
+from distill.models.lora import is_lora
+from distill.outputs.acceptance_log import append_records, complete_steps, read_records, rewrite_records
+from distill.outputs.checkpoints import checkpoint_step, crash_point, find_checkpoints
+from distill.publish.export import best_record, draft_at_checkpoint
+from distill.recipe.sections import EvalConfig
+from distill.utils import eval_mode
+
+logger = logging.getLogger(__name__)
+
+COST_REPEATS = 31  # timings per cost ratio, measured once per run: enough for a stable median
+# (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.evaluate.evaluate_acceptance or a fake
+Evaluate = Callable[..., list[dict]]
+
+
+def cost_gammas(gammas: Sequence[int | str]) -> list[int]:
+    """The draft lengths whose cost ratios a run needs: its fixed gammas, and every candidate of gamma "auto"."""
+    return sorted({g for g in gammas if not is_auto(g)} | (set(AUTO_GAMMAS) if any(map(is_auto, gammas)) else set()))
+
+
+def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int | str]) -> dict[int, CostRatios] | None:
+    """The run's cost ratios per gamma as its records carry them; None unless every needed gamma has them."""
+    found = {r["gamma"]: CostRatios(r["draft_cost_ratio"], r["verify_cost_ratio"]) for r in records
+             if not is_auto(r["gamma"]) and r.get("draft_cost_ratio") is not None
+             and r.get("verify_cost_ratio") is not None}
+    return found if all(g in found for g in cost_gammas(gammas)) else None
+
+
+def _default_evaluate() -> Evaluate:
+    from decode.evaluate import evaluate_acceptance
+    return evaluate_acceptance
+
+
+class AcceptanceCallback(TrainerCallback):
+    """Measures acceptance of the draft against the target on rank 0 at every checkpoint; see module docstring."""
+
+    def __init__(self, target: PreTrainedModel, prompts: list[torch.Tensor], cfg: EvalConfig,
+                 evaluate: Evaluate | None = None, tensorboard: bool = True,
+                 categories: list[str | None] | None = None):
+        self.target, self.prompts, self.cfg = target, prompts, cfg
+        # one per prompt: each record then holds by_category (passed on only when some prompt has a category)
+        self.categories = categories if categories and any(c is not None for c in categories) else None
+        self.evaluate = evaluate or _default_evaluate()
+        self.tensorboard = tensorboard
+        self._writer = None
+        self.measured_steps: set[int] = set()
+        self._whole_target: PreTrainedModel | None = None  # ZeRO-3 / FSDP2: rank 0's gathered copy (CPU), made once
+        self._target_gathered = False  # on every rank: whether that (collective) gathering has happened
+        self.cost_ratios: dict[int, CostRatios] | None = None  # gamma -> c, v: measured once per run
+
+    # ---- Trainer events ---------------------------------------------------------------------------------------
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: PreTrainedModel | None = None, **kwargs):
+        """Keep the complete measurements of steps this run has already done (resume), drop those of an abandoned
+        future and any interrupted one, then measure every saved checkpoint that still lacks its lines."""
+        model = served_draft(model)
+        if state.is_world_process_zero:
+            records = read_records(args.output_dir)
+            done = complete_steps(records, self.cfg.gammas, self.cfg.temperatures)
+            kept = [r for r in records if r["step"] <= state.global_step and r["step"] in done]
+            os.makedirs(args.output_dir, exist_ok=True)
+            rewrite_records(args.output_dir, kept)
+            self.measured_steps = {r["step"] for r in kept}
+            self.cost_ratios = self.cost_ratios or logged_cost_ratios(kept, self.cfg.gammas)
+            self._protect_best(args, state, kept)
+        PartialState().wait_for_everyone()
+        self.measure_missing(args, state, model)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: PreTrainedModel | None = None, **kwargs):
+        """Under ZeRO-3 or FSDP2 save the last step too: the export then loads whole weights from that checkpoint."""
+        if model is not None and state.global_step >= state.max_steps and is_partitioned(model):
+            control.should_save = True
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                model: PreTrainedModel | None = None, **kwargs):
+        if self.cfg.at_checkpoints:
+            self._measure_on_rank_zero(args, state, served_draft(model), f"checkpoint-{state.global_step}")
+
+    # ---- after training (distill.pipeline's measure step) -------------------------------------------------------
+
+    def measure_remaining(self, args: TrainingArguments, state: TrainerState, model: nn.Module | None) -> None:
+        """Measure every checkpoint up to state.global_step that still lacks its lines, then the final step unless
+        it is measured already; close TensorBoard. Called on every rank, after training."""
+        self.measure_missing(args, state, model)
+        if state.global_step not in self.measured_steps:
+            self._measure_on_rank_zero(args, state, model, "final")
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # ---- measuring --------------------------------------------------------------------------------------------
+
+    def _measure_on_rank_zero(self, args: TrainingArguments, state: TrainerState, model: PreTrainedModel | None,
+                              checkpoint: str) -> None:
+        """Rank 0 measures and records; every rank (this is called on all of them) then meets at one barrier.
+        Under ZeRO-3 / FSDP2 every rank first takes part in gathering the whole draft (and, once, the target)."""
+        if not self.prompts or model is None:
+            draft = None
+        elif is_partitioned(model):  # ZeRO-3 / FSDP2: a collective, the copy lands on rank 0 (None elsewhere)
+            draft = plain_copy(model)
+            if is_partitioned(self.target) and not self._target_gathered:
+                self._whole_target = plain_copy(self.target)
+                self._target_gathered = True
+        elif not state.is_world_process_zero:
+            draft = None
+        else:
+            draft = plain_copy(model) if is_lora(model) else model  # LoRA: measure the merged draft, as exported
+        if state.is_world_process_zero and draft is not None:
+            self._record(args, state, state.global_step, checkpoint, draft)
+        self.measured_steps.add(state.global_step)
+        PartialState().wait_for_everyone()
+
+    def _record(self, args: TrainingArguments, state: TrainerState, step: int, checkpoint: str,
+                draft: PreTrainedModel) -> None:
+        """Measure `draft` (rank 0) and append its lines to acceptance.jsonl in one write."""
+        records = [{"step": step, "checkpoint": checkpoint, **r} for r in self.measure(draft, device=args.device)]
+        crash_point("acceptance")  # test hook: killed with the measurement done but not yet written
+        append_records(args.output_dir, records)
+        self._write_tensorboard(args, step, records)
+        for r in records:
+            logger.info("step %d gamma %d temperature %g: acceptance_rate %.3f, mean_accepted_tokens %.2f, "
+                        "speedup %.2f", r["step"], r["gamma"], r["temperature"], r["acceptance_rate"],
+                        r["mean_accepted_tokens"], r["speedup"])
+        self._protect_best(args, state, read_records(args.output_dir))
+
+    def measure_missing(self, args: TrainingArguments, state: TrainerState, model: nn.Module | None) -> list[int]:
+        """Measure every complete checkpoint up to state.global_step that has no complete lines yet (a run killed
+        before measuring it), loading its draft from disk. Called on every rank; returns the steps measured."""
+        if not self.cfg.at_checkpoints or not self.prompts or model is None:
+            return []
+        missing = []
+        if state.is_world_process_zero:
+            missing = [str(folder) for folder in find_checkpoints(args.output_dir).complete
+                       if checkpoint_step(folder) <= state.global_step
+                       and checkpoint_step(folder) not in self.measured_steps]
+        if PartialState().num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+            missing = broadcast_object_list([missing])[0]
+        if missing and is_partitioned(self.target) and not self._target_gathered:  # a collective, every rank
+            self._whole_target = plain_copy(self.target)
+            self._target_gathered = True
+        if state.is_world_process_zero:
+            for folder in missing:
+                logger.info("measuring acceptance of %s (saved before an interruption, not measured yet)", folder)
+                draft = draft_at_checkpoint(Path(folder), model).to(args.device)
+                self._record(args, state, checkpoint_step(folder), Path(folder).name, draft)
+        steps = [checkpoint_step(folder) for folder in missing]
+        self.measured_steps.update(steps)
+        PartialState().wait_for_everyone()
+        return steps
+
+    def measure(self, draft: PreTrainedModel, device: torch.device | str | None = None) -> list[dict]:
+        """Result dicts (one per gamma and temperature) of `draft` against the target; draft in eval mode meanwhile.
+
+        `device`: where copies of the models (LoRA merged, ZeRO-3 / FSDP2 gathered) are measured; the draft itself is
+        measured where it is. A partitioned target is replaced by its gathered copy, moved there and back.
+        """
+        from decode.evaluate import EvalSettings
+
+        target = self.target
+        if is_partitioned(target):
+            if self._whole_target is None:
+                raise RuntimeError("the sharded target was not gathered before measuring (see _measure_on_rank_zero)")
+            target = self._whole_target.to(device)
+            draft = draft.to(device)
+        try:
+            if self.cost_ratios is None:  # architectures and hardware: the same at every checkpoint
+                prompt = self.prompts[0].view(1, -1).to(next(target.parameters()).device)
+                self.cost_ratios = {g: measure_cost_ratios(target, draft, prompt, g, repeats=COST_REPEATS,
+                                                           compile=self.cfg.compile,
+                                                           new_tokens=self.cfg.max_new_tokens)
+                                    for g in cost_gammas(self.cfg.gammas)}
+            results = []
+            for temperature in self.cfg.temperatures:
+                settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
+                                        max_new_tokens=self.cfg.max_new_tokens, top_k=self.cfg.top_k,
+                                        top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats,
+                                        compile=self.cfg.compile)
+                by_category = {"categories": self.categories} if self.categories else {}
+                with eval_mode(draft):
+                    results += self.evaluate(target, draft, self.prompts, settings, progress=False,
+                                             cost_ratios=self.cost_ratios, **by_category)
+            return results
+        finally:
+            if target is not self.target:
+                self._whole_target.to("cpu")
+
+    def _write_tensorboard(self, args: TrainingArguments, step: int, records: list[dict]) -> None:
+        if not self.tensorboard:
+            return
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+            self._writer = SummaryWriter(log_dir=os.path.join(args.output_dir, "runs", "acceptance"))
+        several = len(self.cfg.temperatures) > 1
+        for record in records:
+            prefix = f"acceptance/temperature{record['temperature']}/" if several else "acceptance/"
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "gamma"):
+                    self._writer.add_scalar(f"{prefix}gamma{record['gamma']}/{key}", value, step)
+        self._writer.flush()
+
+    def _protect_best(self, args: TrainingArguments, state: TrainerState, records: list[dict]) -> None:
+        """Point state.best_model_checkpoint at the best folder so save_total_limit never deletes it."""
+        best = best_record(records, self.cfg.temperatures[0])
+        folder = os.path.join(args.output_dir, best["checkpoint"]) if best else None
+        state.best_model_checkpoint = folder if folder and os.path.isdir(folder) else None

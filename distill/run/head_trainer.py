@@ -1,0 +1,92 @@
+"""HeadTrainer: DistillTrainer for an EAGLE-3 head (model.draft_kind eagle3), for 1..N processes.
+
+What changes from a standalone draft, one optimizer step (the rest of DistillTrainer's lifecycle is unchanged):
+  get_batch_samples  -> N_j for every TTT step j: the kept positions of step j (label x_{t+2+j} a loss token in
+                        the draft vocabulary) summed over all processes and micro-batches, [K]
+  compute_loss       -> one forward of the frozen target (aux hidden states and final hidden states together),
+                        the head unrolled K steps inside the wrapped model's forward (distill.losses.head_loss), each
+                        step's loss sum S_pg,j; the returned loss is sum_j decay^j S_pg,j * P / N_j, so the
+                        update is that of sum_j decay^j (per-token mean of step j over the whole optimizer batch):
+                        identical for (P processes x G micro-batches) = (1 x P*G), as for standalone drafts
+  log                -> loss, kd / tv / ce of step 0 (comparable with a standalone draft's), tokens_per_s, and per
+                        step `ttt/step{j}_kd` (the recipe's divergence) and `ttt/step{j}_tv` (1 - tv is the
+                        probability that sampling at temperature 1 accepts the step's token: the acceptance proxy)
+The trained module is distill.losses.head_loss.UnrolledHead; `head` is the Eagle3Head that acceptance measures and
+export writes.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from decode.eagle3 import Eagle3Head
+from distill.losses.head_loss import (UnrolledHead, restricted_head, step_token_counts, target_features, ttt_step_sums,
+                               weighted_loss)
+from distill.run.trainer import DistillTrainer
+
+
+class HeadTrainer(DistillTrainer):
+    """Trains an Eagle3Head with training-time test; see the module docstring for the maths."""
+
+    def __init__(self, model: Eagle3Head, **kwargs: Any) -> None:
+        distill = kwargs["distill"]
+        super().__init__(model=UnrolledHead(model, distill.ttt_steps), **kwargs)
+        self.head = model
+        self._teacher_head: nn.Module | None = None  # the target's lm_head on the draft vocabulary (first step)
+        # per step j: [kd, tv, kept positions] summed on this process since the last log
+        self._ttt_sums = torch.zeros(distill.ttt_steps, 3, dtype=torch.float64, device=self.args.device)
+
+    def trained_draft(self) -> nn.Module:
+        """The head (acceptance measures it, export writes it)."""
+        return self.head
+
+    def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int,
+                          device: torch.device) -> tuple[list, torch.Tensor]:
+        """The next `num_batches` micro-batches and N_j [K]: each step's kept positions over every process."""
+        batches = list(itertools.islice(epoch_iterator, num_batches))
+        local = torch.zeros(self.distill.ttt_steps, dtype=torch.long)
+        for b in batches:
+            local += step_token_counts(b["labels"], b["attention_mask"], self.head, self.distill.ttt_steps).cpu()
+        local = local.to(device)
+        return batches, self.accelerator.gather(local[None]).sum(0) if self.accelerator.num_processes > 1 else local
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """sum_j decay^j S_j * P / N_j for the training loop; with each step's own counts when called alone."""
+        if self._teacher_head is None:  # after a resume has loaded the head's vocabulary
+            self._teacher_head = restricted_head(self.target.get_output_embeddings(), self.head)
+        aux, final = target_features(self.target, inputs["input_ids"], inputs["attention_mask"],
+                                     self.head.aux_layers)  # [B, T, k H'], [B, T, H']
+        outputs = model(inputs["input_ids"], aux)  # K x [B, T, H], through DDP's forward
+        sums = ttt_step_sums(self.head, outputs, final, self._teacher_head, inputs["labels"],
+                             inputs["attention_mask"], self.distill,
+                             loss=self.distill.loss_at(self.state.global_step, self.state.max_steps))
+        if num_items_in_batch is None:
+            counts, processes = torch.tensor([s.num_tokens for s in sums], device=final.device), 1
+        else:
+            counts, processes = torch.as_tensor(num_items_in_batch, device=final.device), \
+                self.accelerator.num_processes
+        # loss = sum_j decay^j S_pg,j * P / N_j: DDP's gradient average then yields the per-token means' sum
+        loss = weighted_loss(sums, counts, self.distill.ttt_decay) * processes
+        first = sums[0]
+        logged = (first.kd, first.tv, first.ce, torch.tensor(first.num_tokens, device=final.device),
+                  inputs["attention_mask"].sum())
+        self._log_sums[:5] += torch.stack([value.double() for value in logged]).to(self._log_sums.device)
+        self._ttt_sums += torch.stack([torch.stack([s.kd.double(), s.tv.double(),
+                                                    torch.tensor(float(s.num_tokens), device=final.device)])
+                                       for s in sums]).to(self._ttt_sums.device)
+        return (loss, sums) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Adds ttt/step{j}_kd and ttt/step{j}_tv (per-token means of each step) to the periodic training log."""
+        if "loss" in logs:
+            totals = self.accelerator.reduce(self._ttt_sums, reduction="sum") \
+                if self.accelerator.num_processes > 1 else self._ttt_sums
+            for step, (kd, tv, tokens) in enumerate(totals.tolist()):
+                logs[f"ttt/step{step}_kd"] = kd / max(tokens, 1)
+                logs[f"ttt/step{step}_tv"] = tv / max(tokens, 1)
+            self._ttt_sums.zero_()
+        super().log(logs, start_time)

@@ -1,0 +1,313 @@
+"""DistillTrainer: a transformers.Trainer that trains the draft toward a frozen target, for 1..N processes.
+
+Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
+  get_batch_samples  -> the G micro-batches, with on-policy rows (distill.data.onpolicy) put in first when
+                        distill.on_policy_fraction > 0, and N = number of loss tokens of those rows summed over all
+                        processes and micro-batches
+  compute_loss       -> the loss's weights at this optimizer step (DistillConfig.loss_at); draft and target final
+                        hidden states (or the cached top-k teacher of the batch, when the rows carry one: the
+                        target is then not run); chunked_distill_loss gives S_pg (a sum over
+                        tokens); the returned loss is S_pg * P / N
+  backward           -> DDP / DeepSpeed / FSDP average gradients over the P processes, so the update follows
+                        (1/P) sum_p sum_g grad(S_pg * P / N) = grad(sum_pg S_pg) / N: the per-token mean over the
+                        whole optimizer batch, identical for (P processes x G micro-batches) = (1 x P*G).
+  log                -> loss (per token), kd (per-token divergence), tv (per-token total variation of the batch at
+                        temperature 1), ce, tokens_per_s (all processes' input tokens per second of training
+                        steps), on_policy (share of rows that were the draft's samples, when on); with a combination
+                        of losses (distill.losses.loss_mix) also loss/<name> (each term's per-token mean) and
+                        weight/<name> (its scheduled weight); learning_rate and grad_norm come from Trainer.
+
+The target is never wrapped by the Trainer or trained: it is frozen and used under no_grad, a replica on this
+process's device (single process, DDP, ZeRO-1/2) or sharded for inference (ZeRO-3, FSDP2: every rank runs every
+target forward). Device modes come from the accelerate config, not from this file; settings DistillTrainer cannot
+run are refused by distill.models.distributed.check_device_mode before any weights load. Under FSDP2 the draft is
+sharded by accelerate, checkpoints hold the sharded training state (torch distributed checkpoint) and the whole weights
+gathered onto rank 0 (save_model), and on-policy rows are sampled from a local whole copy of the draft.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from accelerate import PartialState
+from torch import nn
+from transformers import (PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainerControl,
+                          TrainerState, TrainingArguments)
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from decode.batched import accepts_logits_to_keep
+from distill.data.onpolicy import OnPolicySettings, micro_batch_generator, on_policy_batch
+from distill.data.sources import TrainingRows
+from distill.data.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
+from distill.losses.distill_loss import LossSums, chunked_distill_loss
+from distill.models.distributed import is_partitioned
+from distill.models.fsdp import is_sharded, local_copy, whole_head
+from distill.outputs.checkpoints import clear_partial, partial_folder, publish
+from distill.outputs.run_folder import start_run_folder
+from distill.publish.export import draft_at_checkpoint
+from distill.recipe.sections import DistillConfig, Recipe
+from distill.utils import IGNORE_INDEX
+
+logger = logging.getLogger(__name__)
+
+
+class TrainStepTimer(TrainerCallback):
+    """Seconds spent inside optimizer steps (forward, backward, update); logging, saving and acceptance
+    measurements at checkpoints are left out, so tokens_per_s is the training throughput."""
+
+    def __init__(self) -> None:
+        self.seconds, self._start = 0.0, 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+
+class DistillTrainer(Trainer):
+    """Trains `model` (the draft) to match `target` on the training rows; see the module docstring for the maths."""
+
+    # compute_loss already divides by the token count of the whole optimizer step: Trainer must not divide by G.
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        target: PreTrainedModel,
+        args: TrainingArguments,
+        distill: DistillConfig,
+        train_dataset: Any,
+        data_collator: Any,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        on_policy: OnPolicySettings | None = None,
+    ):
+        super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator,
+                         processing_class=processing_class, callbacks=callbacks)
+        self.distill = distill
+        self.on_policy = on_policy  # None: no on-policy rows
+        # frozen by distill.models.load.load_target; never prepared (a sharded target is already where its shards live)
+        self.target = target if is_partitioned(target) else target.to(self.args.device)
+        self._draft_takes_logits_to_keep = accepts_logits_to_keep(model)
+        # [kd, tv, ce, loss tokens, input tokens, rows, on-policy rows] summed on this process since the last log
+        self._log_sums = torch.zeros(7, dtype=torch.float64, device=self.args.device)
+        # a combination of losses: each term's sum since the last log (loss/<name>) and its weight (weight/<name>)
+        self._term_names = [] if isinstance(distill.loss, str) else list(distill.loss)
+        self._term_sums = torch.zeros(len(self._term_names), dtype=torch.float64, device=self.args.device) \
+            if self._term_names else None
+        self._step_timer = TrainStepTimer()
+        self.add_callback(self._step_timer)
+        self._saving_into: str | None = None  # while a checkpoint is written: OUTPUT_DIR/.partial
+
+    # ---- checkpoints: complete or absent (distill.outputs.checkpoints) ----------------------------------------------
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return self._saving_into or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Trainer's save, written into OUTPUT_DIR/.partial/checkpoint-N and renamed to OUTPUT_DIR/checkpoint-N
+        when every process has written its part; then the rotation (save_total_limit) that Trainer would do."""
+        run_dir = super()._get_output_dir(trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save:
+            clear_partial(run_dir)  # what a killed save left behind
+        self.accelerator.wait_for_everyone()
+        self._saving_into = str(partial_folder(run_dir))
+        try:
+            super()._save_checkpoint(model, trial)  # rotation in .partial/ finds one checkpoint: deletes nothing
+        finally:
+            self._saving_into = None
+        self.accelerator.wait_for_everyone()  # every process has written its files (optimizer shards, rng state)
+        if self.args.should_save:
+            publish(run_dir, name)
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Trainer's save_model; under FSDP2 the sharded checkpoint (written by Trainer with the optimizer) gets the
+        whole weights next to it, gathered onto rank 0 (a collective), as acceptance and the export read them."""
+        if self.is_fsdp_enabled and is_sharded(self.model):
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+            return
+        super().save_model(output_dir, _internal_call)
+
+    def trained_draft(self) -> nn.Module:
+        """The draft as acceptance measures it and export writes it (a plain or peft model)."""
+        return self.accelerator.unwrap_model(self.model)
+
+    # ---- the global token count N of one optimizer step ----------------------------------------------------
+
+    def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int,
+                          device: torch.device) -> tuple[list, torch.Tensor]:
+        """The next `num_batches` micro-batches (on-policy rows in place) and N, their loss tokens summed over every
+        process. The replacement comes first, so N counts the tokens the loss is actually taken on."""
+        batches = list(itertools.islice(epoch_iterator, num_batches))
+        if self.on_policy is not None:
+            sampler = self.on_policy_sampler()
+            batches = [self.with_on_policy_rows(batch, micro, sampler) for micro, batch in enumerate(batches)]
+        # position t predicts token t+1, so the loss tokens are the labels[:, 1:] that are not -100
+        local = sum((b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in batches) if batches else torch.tensor(0)
+        local = torch.as_tensor(local, device=device).reshape(1)
+        return batches, self.accelerator.gather(local).sum() if self.accelerator.num_processes > 1 else local[0]
+
+    def on_policy_sampler(self) -> nn.Module:
+        """The draft that samples on-policy rows: itself, or under FSDP2 a whole copy on every rank (a collective,
+        once per optimizer step on every rank), since the ranks sample different numbers of tokens."""
+        draft = self.accelerator.unwrap_model(self.model)
+        return local_copy(draft) if is_sharded(draft) else draft
+
+    def with_on_policy_rows(self, batch: dict[str, torch.Tensor], micro_batch: int,
+                            draft: nn.Module) -> dict[str, torch.Tensor]:
+        """The micro-batch with a lambda share of its rows replaced by `draft`'s samples (no collective: each process
+        samples its own rows, from a generator seeded by seed, process, step and micro-batch)."""
+        generator = micro_batch_generator(self.on_policy.seed, self.args.process_index, self.state.global_step,
+                                          micro_batch)
+        batch, rows = on_policy_batch(batch, draft, self.on_policy, generator)
+        self._log_sums[5] += batch["input_ids"].shape[0]
+        self._log_sums[6] += len(rows.selected)
+        return batch
+
+    # ---- the loss ---------------------------------------------------------------------------------------------
+
+    def draft_hidden_states(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Final (normed) hidden states of the draft [B, T, H], through the wrapped model so DDP hooks run."""
+        extra = {"logits_to_keep": 1} if self._draft_takes_logits_to_keep else {}
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                        output_hidden_states=True, use_cache=False, **extra)
+        return outputs.hidden_states[-1]
+
+    @torch.no_grad()
+    def target_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Final (normed) hidden states of the target [B, T, H'] from its base model (no logits); an FSDP2-sharded
+        target runs from its root (whose forward gathers the embeddings), logits at the last position only."""
+        if is_sharded(self.target):
+            outputs = self.target(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                  use_cache=False, output_hidden_states=True, logits_to_keep=1)
+            return outputs.hidden_states[-1]
+        outputs = self.target.base_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                         use_cache=False)
+        return outputs.last_hidden_state
+
+    def distill_sums(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> LossSums:
+        """Loss sums of one micro-batch: the divergence between the models at every position t whose next token
+        labels[t + 1] is a target, computed chunk by chunk from hidden states (full logits are never built)."""
+        draft_hidden = self.draft_hidden_states(model, inputs)  # [B, T, H]
+        if TEACHER_COLUMNS[0] in inputs:  # cached top-k teacher (distill.teacher_cache): the target is not run
+            teacher, teacher_head = sparse_teacher_from_batch(inputs), None  # SparseTeacher, B * (T-1) positions
+        elif not self.distill.needs_teacher:  # cross-entropy on the data alone: the target is not run (kd = tv = 0)
+            teacher, teacher_head = None, None
+        else:
+            teacher = self.target_hidden_states(inputs)[:, :-1]  # [B, T-1, H']
+            teacher_head = self.target.get_output_embeddings()
+        labels = inputs["labels"][:, 1:]  # [B, T-1]: the token each position predicts
+        with whole_head(self.target, teacher_head):  # FSDP2: gathered once here, not once per chunk
+            return chunked_distill_loss(
+                draft_hidden[:, :-1], self.accelerator.unwrap_model(model).get_output_embeddings(),
+                teacher, labels, inputs["attention_mask"][:, 1:].bool(),
+                teacher_head=teacher_head, chunk_size=self.distill.chunk_size,
+                loss=self.distill.loss_at(self.state.global_step, self.state.max_steps), beta=self.distill.beta,
+                temperature=self.distill.temperature, ce_weight=self.distill.ce_weight,
+            )
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """S * P / N for the training loop (see module docstring); S / (its own token count) when called alone."""
+        sums = self.distill_sums(model, inputs)
+        if num_items_in_batch is None:
+            loss = sums.loss / max(sums.num_tokens, 1)
+        else:
+            # loss = S_pg * P / N: DDP's gradient average over P processes then yields grad(sum S) / N
+            loss = sums.loss * self.accelerator.num_processes / torch.as_tensor(num_items_in_batch).clamp(min=1)
+        num_tokens = torch.tensor(sums.num_tokens, device=self._log_sums.device)
+        logged = (sums.kd, sums.tv, sums.ce, num_tokens, inputs["attention_mask"].sum())
+        self._log_sums[:5] += torch.stack([value.double() for value in logged])
+        if self._term_sums is not None:  # a combination: each term's own sum, logged as loss/<name>
+            self._term_sums += torch.stack([sums.terms[name].double() for name in self._term_names])
+        return (loss, sums) if return_outputs else loss
+
+    # ---- logging ----------------------------------------------------------------------------------------------
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Adds kd, tv, ce and tokens_per_s to the periodic training log (the one with 'loss', on every rank)."""
+        if "loss" in logs:
+            totals = self.accelerator.reduce(self._log_sums, reduction="sum") if self.accelerator.num_processes > 1 \
+                else self._log_sums
+            kd, tv, ce, loss_tokens, input_tokens, rows, on_policy_rows = totals.tolist()
+            logs.update(kd=kd / max(loss_tokens, 1), tv=tv / max(loss_tokens, 1), ce=ce / max(loss_tokens, 1),
+                        tokens_per_s=input_tokens / max(self._step_timer.seconds, 1e-9))
+            if self.on_policy is not None:
+                logs["on_policy"] = on_policy_rows / max(rows, 1)
+            if self._term_sums is not None:
+                self._log_terms(logs, loss_tokens)
+            self._log_sums.zero_()
+            self._step_timer.seconds = 0.0
+        super().log(logs, start_time)
+
+
+    def _log_terms(self, logs: dict[str, float], loss_tokens: float) -> None:
+        """loss/<name>: each term's per-token mean since the last log; weight/<name>: its weight in the last step."""
+        sums = self.accelerator.reduce(self._term_sums, reduction="sum") if self.accelerator.num_processes > 1 \
+            else self._term_sums
+        weights = self.distill.loss_at(max(self.state.global_step - 1, 0), self.state.max_steps)
+        for name, total in zip(self._term_names, sums.tolist()):
+            logs[f"loss/{name}"] = total / max(loss_tokens, 1)
+            logs[f"weight/{name}"] = weights[name]
+        self._term_sums.zero_()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The distil step of a run
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Distilled:
+    """The outcome of the distil step: the draft as trained (plain, a peft model, or ZeRO-3-partitioned) with the
+    Trainer's final state and metrics; `trainer` is None for a run that had already reached its last step."""
+
+    draft: nn.Module
+    state: TrainerState
+    metrics: dict
+    trainer: DistillTrainer | None = None
+
+    def end(self) -> None:
+        """Every process leaves together (accelerate's end_training: trackers closed, process group destroyed)."""
+        if self.trainer is not None:
+            self.trainer.accelerator.end_training()
+
+
+def distil(recipe: Recipe, args: TrainingArguments, target: PreTrainedModel, draft: nn.Module, rows: TrainingRows,
+           tokenizer: PreTrainedTokenizerBase, callbacks: list[TrainerCallback], *, resume: str | None,
+           finished_at: int | None, trainer_class: type[DistillTrainer] = DistillTrainer) -> Distilled:
+    """Open the run folder (distill.outputs.run_folder), then train `draft` with `trainer_class` (DistillTrainer, or a
+    subclass for another kind of draft: distill.pipeline.TRAINERS) from `resume` (a checkpoint folder or None).
+    A run that already reached its last step (`finished_at`; killed while measuring or exporting) trains nothing:
+    its last checkpoint's draft is read back and the callbacks see the run begin at that step."""
+    start_run_folder(recipe)
+    if finished_at is not None:
+        return _already_trained(args, draft, callbacks, resume, finished_at)
+    trainer = trainer_class(model=draft, target=target, args=args, distill=recipe.distill,
+                            train_dataset=rows.rows, data_collator=rows.collator, processing_class=tokenizer,
+                            callbacks=callbacks, on_policy=rows.on_policy)
+    metrics = trainer.train(resume_from_checkpoint=resume).metrics
+    return Distilled(trainer.trained_draft(), trainer.state, metrics, trainer)
+
+
+def _already_trained(args: TrainingArguments, draft: nn.Module, callbacks: list[TrainerCallback], resume: str,
+                     finished_at: int) -> Distilled:
+    """The last checkpoint's draft and a state at its step; on_train_begin lets AcceptanceCallback measure the
+    checkpoints that lack their lines (no step is trained, nothing rotates)."""
+    logger.info("%s already reached step %d: nothing to train; measuring what is missing and exporting", resume,
+                finished_at)
+    final_draft = draft_at_checkpoint(Path(resume), draft).to(args.device)
+    state = TrainerState(global_step=finished_at, max_steps=finished_at,
+                         is_world_process_zero=PartialState().is_main_process)
+    for callback in callbacks:
+        callback.on_train_begin(args, state, TrainerControl(), model=final_draft)
+    return Distilled(final_draft, state, {})
