@@ -102,7 +102,8 @@ def section_error(cls: type[Section], values: dict[str, Any], err: ValidationErr
     info = cls.model_fields[name]
     allowed = describe(info.annotation, info.metadata)
     if first["type"] == "missing":
-        return RecipeError(key, f"missing; a required key: {allowed} ({info.description})")
+        what = (info.description or "").removesuffix(".").removesuffix(" (required)")
+        return RecipeError(key, f"missing; a required key: {allowed}" + (f" ({what})" if what else ""))
     value = values.get(name)
     inner, at_path = _inner_path(value, first["loc"][1:])
     if first["type"] == "finite_number":
