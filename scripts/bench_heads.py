@@ -101,6 +101,8 @@ def evaluate(args: argparse.Namespace, row: str, draft: Path, temperature: float
              "--device", "cpu", "--dtype", "float32", "--output", str(path),
              *(["--engine", engine] if engine != "specdistill" else []),
              *(["--compile"] if compiled else [])], check=engine == "specdistill")  # both: exit 1 = out of tolerance
+    if not path.is_file():  # --engine both stopped before writing (e.g. no vLLM interpreter): its error is above
+        sys.exit(f"bench_heads: {name} wrote no results (see the error above; `make serving` creates .venv-vllm)")
     return json.loads(path.read_text())
 
 
