@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -252,13 +251,6 @@ def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eo
 # The report
 # ---------------------------------------------------------------------------------------------------------------
 
-def machine() -> str:
-    import torch
-
-    return (f"{platform.machine()} VM, {os.cpu_count()} cores, torch {torch.__version__} (CPU, float32), "
-            f"Python {platform.python_version()}")
-
-
 def target_lines(target: dict) -> list[str]:
     """How the pair's target was trained: rounds, steps, convergence, training and held-out CE."""
     rounds = target["rounds"]
@@ -287,11 +279,12 @@ def budget_line(sizes: Sizes) -> str:
 def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes: Sizes, command: str,
               targets: dict[str, dict]) -> None:
     """docs/benchmarks/distill.md: one table per pair and the winner per decoding mode."""
+    from decode.benchmark import machine
     from scripts.bench_distill_rows import format_pair_table, winners
 
     lines = ["# Distillation benchmark: which objective the target accepts most", "",
              "```", command, "```", "",
-             f"Machine: {machine()}; shared with other jobs during the run, so wall-clock columns (speedup, "
+             f"Machine: {machine('cpu')}, float32; shared with other jobs during the run, so wall-clock columns (speedup, "
              "tokens/s, wall) are noisy; acceptance and tau are deterministic (greedy) or seeded (sampled).", "",
              f"Sizes: {json.dumps(asdict(sizes))}", "", budget_line(sizes), ""]
     for name, rows in results.items():
