@@ -1,4 +1,4 @@
-"""The offline quickstart: the whole product on a laptop CPU, no network, in about 20 minutes.
+"""The offline quickstart: the whole product on a laptop CPU, no network (82 minutes for two seeds on one core).
 
     make quickstart                   # = .venv/bin/python scripts/quickstart.py
     python scripts/quickstart.py --out quickstart_out --fast   # a much shorter run (smoke test), one seed
