@@ -23,8 +23,8 @@ from distill.models.fsdp import LAYOUT, remember_layout
 from distill.outputs.acceptance_log import read_records
 from distill.outputs.checkpoints import KILL_ENV, PARTIAL_DIR
 from distill.utils import plain_class
-from helpers import (CHILD_ENV, ROOT, TINY_RECIPE, accelerate_command, accelerate_launch, assert_same_weights,
-                     run_process, run_train, torchrun)
+from helpers import (CHILD_ENV, ROOT, SMOOTH_LOSS, TINY_RECIPE, accelerate_command, accelerate_launch,
+                     assert_same_weights, run_process, run_train, torchrun)
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 FSDP_CONFIG = ROOT / "recipes" / "accelerate" / "fsdp.yaml"
@@ -61,7 +61,7 @@ RUN = ("data.dataset={chat}", "data.format=chat", "data.max_length=48", "data.nu
        "eval.gammas=[2]", "eval.max_new_tokens=8", "model.draft_config=null", "model.draft_layers=[1]",
        "train.max_steps=4", "train.logging_steps=1", "train.save_steps=2", "train.learning_rate=3e-3",
        "train.save_total_limit=null", "train.report_to=[]",
-       "distill.chunk_size=8")  # several chunks per micro-batch, a different number on each rank
+       "distill.chunk_size=8", SMOOTH_LOSS)  # several chunks per micro-batch, a different number on each rank
 
 
 # ---------------------------------------------------------------------------------------------------------------

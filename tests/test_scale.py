@@ -31,7 +31,7 @@ from distill.models.lora import apply_lora, is_lora
 from distill.publish.export import export_draft
 from distill.recipe.loader import load_recipe
 from distill.recipe.sections import LoraConfig, RecipeError, TrainConfig, check_precision
-from helpers import ROOT, TINY_RECIPE, assert_same_weights, run_process, run_train, torchrun
+from helpers import ROOT, SMOOTH_LOSS, TINY_RECIPE, assert_same_weights, run_process, run_train, torchrun
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 ACCELERATE = ROOT / "recipes" / "accelerate"
@@ -432,7 +432,7 @@ ZERO3_RUN = ("data.dataset={chat}", "data.format=chat", "data.max_length=48", "d
              "eval.gammas=[2]", "eval.max_new_tokens=8", "model.draft=null", "model.draft_config=null",
              "model.draft_layers=[1]",
              "train.max_steps=4", "train.logging_steps=1", "train.save_steps=3", "train.learning_rate=3e-3",
-             "train.report_to=[]")
+             "train.report_to=[]", SMOOTH_LOSS)
 
 
 @pytest.mark.integration

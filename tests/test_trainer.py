@@ -25,7 +25,8 @@ from distill.recipe.loader import load_recipe
 from distill.recipe.sections import EvalConfig, ModelConfig
 from distill.run.callbacks import AcceptanceCallback
 from distill.run.trainer import DistillTrainer
-from helpers import ROOT, TINY_RECIPE, accelerate_launch, assert_same_weights, cli_error, torchrun
+from helpers import (ROOT, SMOOTH_LOSS, TINY_RECIPE, accelerate_launch, assert_same_weights, cli_error,
+                     torchrun)
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
@@ -335,7 +336,7 @@ def test_distillation_raises_acceptance_and_exports_a_working_assistant(workdir)
 # (instead of per token of the optimizer step) would not match the one-big-batch reference.
 CHAT_RUN = ("data.dataset={chat}", "data.format=chat", "data.max_length=48", "data.num_eval_prompts=0",
             "train.max_steps=4", "train.logging_steps=1", "train.save_steps=4", "train.per_device_train_batch_size=3",
-            "train.learning_rate=3e-3", "train.report_to=[]")
+            "train.learning_rate=3e-3", "train.report_to=[]", SMOOTH_LOSS)
 
 
 def chat_run_args(workdir: Path) -> list[str]:
