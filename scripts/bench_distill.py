@@ -251,36 +251,11 @@ def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eo
 # The report
 # ---------------------------------------------------------------------------------------------------------------
 
-def target_lines(target: dict) -> list[str]:
-    """How the pair's target was trained: rounds, steps, convergence, training and held-out CE."""
-    rounds = target["rounds"]
-    if not rounds:
-        return ["Target: not trained yet.", ""]
-    last = rounds[-1]
-    stop = "held-out CE improved by < 1% over the last fifth of its steps" if target["converged"] else \
-        "**not converged**: stopped at target_max_rounds"
-    per_round = ", ".join(f"{r['heldout_ce']:.3f}" for r in rounds)
-    train_ce = "-" if last["train_ce"] is None else f"{last['train_ce']:.2f}"
-    return [f"Target: {len(rounds)} rounds, {last['steps']} steps of cross-entropy ({stop}); last logged training "
-            f"CE {train_ce}, held-out CE {last['heldout_ce']:.2f} nats/token (ln 4096 = 8.32); "
-            f"held-out CE after each round: {per_round}.", ""]
-
-
-def budget_line(sizes: Sizes) -> str:
-    tokens = sizes.draft_steps * sizes.draft_batch * sizes.max_length
-    return (f"Budget per row: {sizes.draft_steps} optimizer steps x {sizes.draft_batch} rows x {sizes.max_length} "
-            f"tokens = {tokens:,} training tokens (same data, optimiser and seed for every row; its wall time is "
-            f"the last column); measured on {sizes.num_prompts} held-out prompts x {sizes.max_new_tokens} new "
-            f"tokens at gamma 4, greedy and at temperature 1, and teacher-forced on {sizes.heldout_blocks} x "
-            f"{sizes.max_length} held-out tokens. Rows with seeds = 2 were trained and measured again with seed "
-            f"{SEEDS[1]} (draft init, data order, sampling): tau is the mean, ± half the spread (max - min).")
-
-
 def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes: Sizes, command: str,
               targets: dict[str, dict]) -> None:
     """docs/benchmarks/distill.md: one table per pair and the winner per decoding mode."""
     from decode.benchmark import machine
-    from scripts.bench_distill_rows import format_pair_table, winners
+    from scripts.bench_distill_rows import budget_line, format_pair_table, target_lines, winners
 
     lines = ["# Distillation benchmark: which objective the target accepts most", "",
              "```", command, "```", "",
