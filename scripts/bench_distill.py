@@ -259,8 +259,9 @@ def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes:
 
     lines = ["# Distillation benchmark: which objective the target accepts most", "",
              "```", command, "```", "",
-             f"Machine: {machine('cpu')}, float32; shared with other jobs during the run, so wall-clock columns (speedup, "
-             "tokens/s, wall) are noisy; acceptance and tau are deterministic (greedy) or seeded (sampled).", "",
+             f"Machine: {machine('cpu')}, float32; shared with other jobs during the run, so wall-clock columns "
+             "(speedup, tokens/s, wall) are noisy; acceptance and tau are deterministic (greedy) or seeded (sampled).",
+             "",
              f"Sizes: {json.dumps(asdict(sizes))}", "", budget_line(sizes), ""]
     for name, rows in results.items():
         lines += [f"## Pair `{name}`: {PAIRS[name].describe}", "",
