@@ -4,10 +4,11 @@
         --out bench_heads_out [--steps 240] [--compile] [--vllm] [--doc docs/benchmarks/heads.md]
 
 Rows (each trained by scripts/train.py for --steps optimizer steps of the same batch and block length):
-  ce          standalone 2-layer draft, plain cross-entropy            (recipes/quickstart/draft_ce.yaml)
-  distilled   the same draft distilled from the target (forward KL)    (recipes/quickstart/draft_kd.yaml)
-  head        EAGLE-3 head without training-time test (ttt_steps 1)    (recipes/quickstart/head.yaml)
-  head_ttt    EAGLE-3 head with training-time test (the recipe's ttt_steps) (recipes/quickstart/head.yaml)
+  ce                    standalone 2-layer draft, plain cross-entropy             (recipes/quickstart/draft_ce.yaml)
+  distilled             the same draft distilled from the target, the recipe's loss (lk_hybrid; draft_kd.yaml)
+  distilled_forward_kl  the same with distill.loss=forward_kl (draft_kd.yaml's loss before issue 19)
+  head                  EAGLE-3 head without training-time test (ttt_steps 1)     (recipes/quickstart/head.yaml)
+  head_ttt              EAGLE-3 head with the recipe's training-time test          (recipes/quickstart/head.yaml)
 Each is measured by specdistill-eval (the same code path as the trainer) at gamma 2..6, greedy and T=1: tau,
 acceptance, the draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run
 (eager, and compiled with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head rows.
@@ -33,6 +34,7 @@ RECIPES = ROOT / "recipes" / "quickstart"
 ROWS = {  # row -> (recipe, extra overrides)
     "ce": ("draft_ce.yaml", []),
     "distilled": ("draft_kd.yaml", []),
+    "distilled_forward_kl": ("draft_kd.yaml", ["distill.loss=forward_kl"]),
     "head": ("head.yaml", ["distill.ttt_steps=1"]),
     "head_ttt": ("head.yaml", []),  # the recipe's training-time test (distill.ttt_steps)
 }

@@ -1,0 +1,77 @@
+"""scripts/bench_heads.py: every row trains with the same data, steps and optimiser as the others (the rows differ
+only where their names say), head overrides never override a row's own ttt_steps, and the tables are built from
+what earlier runs left in --out without running anything again."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from distill.recipe.loader import load_recipe
+from scripts import bench_heads
+
+
+def trained_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, row: str, head_overrides: list[str]) -> list[str]:
+    """The scripts/train.py command line bench_heads runs for `row`."""
+    commands = []
+    monkeypatch.setattr(bench_heads, "run", lambda cmd, check=True: commands.append(cmd))
+    args = bench_heads.parse_args(["--target", str(tmp_path / "target"), "--dataset", str(tmp_path / "corpus.txt"),
+                                   "--eval-prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "out"),
+                                   "--steps", "12", "--batch", "3", "--head-overrides", *head_overrides])
+    assert bench_heads.train(args, row) == tmp_path / "out" / row
+    (command,) = commands
+    return command
+
+
+def recipe_of(command: list[str]):
+    return load_recipe(command[2], command[3:])
+
+
+def test_rows_share_data_steps_and_optimiser(tmp_path, monkeypatch):
+    recipes = {row: recipe_of(trained_with(tmp_path, monkeypatch, row, ["model.aux_layers=[1,3,5]"]))
+               for row in bench_heads.ROWS}
+    base = recipes["ce"]
+    for row, recipe in recipes.items():
+        assert recipe.train.max_steps == 12 and recipe.train.per_device_train_batch_size == 3, row
+        assert recipe.train.learning_rate > 0 and recipe.data == base.data, row
+    assert recipes["distilled"].distill.loss == "lk_hybrid" and recipes["distilled_forward_kl"].distill.loss == \
+        "forward_kl"
+    assert recipes["distilled"].model == recipes["distilled_forward_kl"].model == base.model
+    optimiser = {row: recipe.train.model_dump(exclude={"output_dir"}) for row, recipe in recipes.items()}
+    assert optimiser["distilled"] == optimiser["distilled_forward_kl"] == optimiser["ce"]
+    assert {row: recipes[row].distill.ttt_steps for row in ("head", "head_ttt")} == {"head": 1, "head_ttt": 4}
+    assert all(recipes[row].model.aux_layers == [1, 3, 5] for row in ("head", "head_ttt"))
+    assert base.model.aux_layers is None  # head overrides reach the head rows only
+
+
+def test_head_overrides_do_not_replace_the_rows_ttt_steps(tmp_path, monkeypatch):
+    command = trained_with(tmp_path, monkeypatch, "head", ["distill.ttt_steps=6"])
+    assert recipe_of(command).distill.ttt_steps == 1
+
+
+def test_tables_are_built_from_earlier_results(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    monkeypatch.setattr(bench_heads, "run", lambda cmd, check=True: pytest.fail(f"ran {cmd}"))
+    results = {"distilled": 2.5, "head_ttt": 3.75}
+    for row, tau in results.items():
+        (out / row).mkdir(parents=True)
+        (out / row / "train_results.json").write_text("{}")
+        for name in ("T0", "T1"):
+            result = {"results": [{"gamma": g, "mean_accepted_tokens": tau, "acceptance_rate": 0.5,
+                                   "draft_cost_ratio": 0.25, "speedup": 1.5, "predicted_speedup": 1.25}
+                                  for g in (2, 4)]}
+            (out / "evals").mkdir(exist_ok=True)
+            (out / "evals" / f"{row}_{name}.json").write_text(json.dumps(result))
+    parity = [{"gamma": 4, "tau_specdistill": 3.75, "tau_vllm": 3.7, "ratio": 0.987, "greedy_match_vllm": 1.0}]
+    (out / "evals" / "head_ttt_T0_both.json").write_text(json.dumps({"parity": parity}))
+    doc = tmp_path / "heads.md"
+    bench_heads.main(["--target", str(tmp_path / "target6"), "--dataset", "c.txt", "--eval-prompts", "p.jsonl",
+                      "--out", str(out), "--rows", "distilled", "head_ttt", "--vllm", "--doc", str(doc)])
+    text = doc.read_text()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    assert ["distilled", "T=0", "4", "2.50", "0.500", "0.250", "1.50x", "1.25x", "-"] in cells
+    assert ["head_ttt", "T=1", "2", "3.75", "0.500", "0.250", "1.50x", "1.25x", "-"] in cells
+    assert ["head_ttt", "4", "3.750", "3.700", "0.987", "1.0"] in cells  # inside vLLM
+    assert len([row for row in cells if row[0] == "head_ttt"]) == 4 + 1  # T=0, T=1 at two gammas; the vLLM row
+    assert "`target6`" in text and text in capsys.readouterr().out
