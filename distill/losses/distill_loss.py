@@ -4,7 +4,7 @@
 at most one chunk's [c, V] logits exist at a time (the fused path, distill/losses/fused.py, for a plain nn.Linear
 head; a checkpointed path for any other head). Both resolve the loss names through
 distill.losses.divergences.DIVERGENCES; a loss is one name or a weighted combination of names
-(distill.losses.divergences.LossOptions).
+(distill.losses.options.LossOptions).
 
 Reductions return SUMS over tokens (`LossSums`), never means: the caller divides by the global token count,
 so gradient accumulation and several processes give the same update as one large batch.
@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from distill.losses.divergences import (DIVERGENCES, LossOptions, SparseTeacher, bucketize, take_rows, total_variation,
-                            upcast)
+from distill.losses.divergences import DIVERGENCES, SparseTeacher, bucketize, total_variation, upcast
 from distill.losses.fused import fusable_head, fused_head_loss
+from distill.losses.options import LossOptions, take_rows
 from distill.utils import IGNORE_INDEX
 
 

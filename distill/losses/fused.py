@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from distill.losses.divergences import DIVERGENCES, TAIL_FLOOR, LossOptions, SparseTeacher, take_rows, upcast
+from distill.losses.divergences import DIVERGENCES, TAIL_FLOOR, SparseTeacher, upcast
+from distill.losses.options import LossOptions, take_rows
 from distill.utils import plain_class
 
 
