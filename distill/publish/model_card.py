@@ -29,6 +29,7 @@ from decode.eagle3 import ARCHITECTURE
 from decode.results import read_eval_json
 from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
 from distill.outputs.acceptance_log import best_checkpoint, log_path, read_records
+from distill.publish.card_usage import head_usage_section, usage_section
 from distill.publish.report import shown_path
 from distill.utils import saved_parameter_count
 
@@ -268,86 +269,6 @@ def serving_section(model_dir: Path, results: list[dict]) -> str:
 
 def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
-
-
-def vllm_usage(target: str, spec: str) -> str:
-    """The card's vLLM snippet: offline LLM and `vllm serve` with the speculative config ``spec`` (JSON)."""
-    return f"""### vLLM
-
-```python
-from vllm import LLM, SamplingParams
-
-llm = LLM(model="{target}", speculative_config={spec})
-outputs = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0.0, max_tokens=128))
-print(outputs[0].outputs[0].text)
-```
-
-```bash
-vllm serve {target} --speculative-config '{spec}'
-```
-"""
-
-
-def usage_section(target: str, repo_id: str, gamma: int | None) -> str:
-    """'## Usage': the draft as transformers' assistant_model and as vLLM's draft, at ``gamma`` (default 4)."""
-    g = gamma if gamma is not None else 4
-    why = ("the gamma with the best cost-model speedup above (mean_accepted_tokens / (gamma * draft_cost_ratio + "
-           "verify_cost_ratio))" if gamma is not None
-           else "an untuned default: measure and pick your own")
-    spec = json.dumps({"method": "draft_model", "model": repo_id, "num_speculative_tokens": g})
-    return f"""## Usage
-
-The draft must share the target's tokenizer; the target's output distribution is unchanged. `gamma = {g}`
-is {why}.
-
-### transformers (assisted generation)
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-tokenizer = AutoTokenizer.from_pretrained("{target}")
-target = AutoModelForCausalLM.from_pretrained("{target}", dtype="auto", device_map="auto")
-draft = AutoModelForCausalLM.from_pretrained("{repo_id}", dtype="auto", device_map="auto")
-# transformers reads the draft length from the draft's generation_config.
-draft.generation_config.num_assistant_tokens = {g}
-draft.generation_config.num_assistant_tokens_schedule = "constant"
-draft.generation_config.assistant_confidence_threshold = 0.0
-
-inputs = tokenizer("def fibonacci(n):", return_tensors="pt").to(target.device)
-outputs = target.generate(**inputs, assistant_model=draft, max_new_tokens=128)
-print(tokenizer.decode(outputs[0], skip_special_tokens=True))
-```
-
-{vllm_usage(target, spec)}"""
-
-
-def head_usage_section(target: str, repo_id: str, gamma: int | None) -> str:
-    """'## Usage' of an EAGLE-3 head: vLLM (method eagle3) and SGLang (EAGLE3, chain drafting) at ``gamma``."""
-    g = gamma if gamma is not None else 4
-    why = ("the gamma with the best cost-model speedup above" if gamma is not None
-           else "an untuned default: measure and pick your own")
-    spec = json.dumps({"method": "eagle3", "model": repo_id, "num_speculative_tokens": g})
-    return f"""## Usage
-
-An EAGLE-3 head reads the target's own hidden states: it runs only next to `{target}` (same tokenizer; the
-target's input embedding is shared, not stored here). The target's output distribution is unchanged.
-`gamma = {g}` is {why}.
-
-{vllm_usage(target, spec)}
-### SGLang
-
-```bash
-python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\
-    --speculative-draft-model-path {repo_id} --speculative-num-steps {g} --speculative-eagle-topk 1 \\
-    --speculative-num-draft-tokens {g + 1}
-```
-
-### specdistill (the decoder that measured it)
-
-```bash
-specdistill-eval --target {target} --draft {repo_id} --gamma {g}
-```
-"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
