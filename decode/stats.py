@@ -6,10 +6,17 @@ draft_acceptance_rate = accepted draft tokens / drafted tokens
 mean_accepted_tokens  = tau = new tokens / target verify passes (the bonus or resampled token included);
                         also called block efficiency
 per_position_acceptance[i] = P(draft token i accepted | tokens 0..i-1 accepted) = accepted[i] / verified[i]
+
+The same summaries as an `evaluate` metric (installed with the package, loads offline):
+
+    evaluate.load(ACCEPTANCE_METRIC).compute(drafted=[4], accepted=[2], produced=[3], min_pq=[[.9, .7, .2]])
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ACCEPTANCE_METRIC = str(Path(__file__).resolve().parent / "metrics" / "acceptance")  # evaluate.load's path
 
 
 @dataclass

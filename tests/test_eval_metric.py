@@ -7,9 +7,14 @@ from pathlib import Path
 import evaluate
 import pytest
 
-from decode.stats import SpecStats
+from decode.stats import ACCEPTANCE_METRIC, SpecStats
 
 METRIC_DIR = Path(__file__).resolve().parents[1] / "decode" / "metrics" / "acceptance"
+
+
+def test_the_library_names_this_folder():
+    assert Path(ACCEPTANCE_METRIC) == METRIC_DIR.resolve()
+    assert (Path(ACCEPTANCE_METRIC) / "acceptance.py").is_file()
 
 # Three verify passes at gamma 4: all accepted (+1 bonus), one accepted then rejected, nothing drafted (prompt
 # lookup found no match; the target still produces one token).

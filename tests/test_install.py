@@ -155,6 +155,22 @@ def test_the_installed_eval_measures_a_tiny_pair(installed):
     assert result["greedy_match"] == 1.0 and result["acceptance_rate"] == 1.0
 
 
+@pytest.mark.integration
+def test_the_installed_acceptance_metric_loads_offline_outside_the_repository(installed):
+    """decode/metrics/acceptance ships in the wheel (package data): evaluate.load(decode.stats.ACCEPTANCE_METRIC)
+    from the venv, in a folder without a checkout, gives SpecStats' summaries of the same counts."""
+    program = ("import json, evaluate, decode.stats as s; m = evaluate.load(s.ACCEPTANCE_METRIC); "
+               "r = m.compute(drafted=[4, 2], accepted=[2, 2], produced=[3, 3], min_pq=[[.9, .7, .2], [.8, .6]]); "
+               "print(s.ACCEPTANCE_METRIC); print(json.dumps(r))")
+    env_dir = installed.parent / "elsewhere"
+    path, result = run([str(installed / "bin" / "python"), "-c", program], cwd=env_dir).stdout.strip().split("\n")[-2:]
+    assert path.startswith(str(venv_site_packages(installed))), path
+    result = json.loads(result)
+    assert result["mean_accepted_tokens"] == 3.0  # 6 new tokens / 2 verify passes
+    assert result["draft_acceptance_rate"] == 4 / 6
+    assert result["acceptance_rate"] == pytest.approx((0.9 + 0.7 + 0.2 + 0.8 + 0.6) / 5)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The entry files in scripts/: the same commands by path, from any folder, without installing
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """A local `evaluate` metric: speculative-decoding acceptance summaries from the raw per-verify-pass counts.
 
-    metric = evaluate.load("decode/metrics/acceptance")        # or the path of this file; works offline
+    metric = evaluate.load("decode/metrics/acceptance")        # from a checkout; or the path of this file; offline
+    metric = evaluate.load(decode.stats.ACCEPTANCE_METRIC)    # wherever specdistill is installed
     metric.compute(drafted=[4, 4], accepted=[4, 1], produced=[5, 2], min_pq=[[.9, .8, .9, .7], [.6, .3]])
 
 The summaries are those of `decode.stats.SpecStats` (the counts are fed to it, so the two cannot drift apart).
