@@ -16,6 +16,7 @@ def test_the_library_names_this_folder():
     assert Path(ACCEPTANCE_METRIC) == METRIC_DIR.resolve()
     assert (Path(ACCEPTANCE_METRIC) / "acceptance.py").is_file()
 
+
 # Three verify passes at gamma 4: all accepted (+1 bonus), one accepted then rejected, nothing drafted (prompt
 # lookup found no match; the target still produces one token).
 PASSES = {

@@ -162,8 +162,8 @@ def test_the_installed_acceptance_metric_loads_offline_outside_the_repository(in
     program = ("import json, evaluate, decode.stats as s; m = evaluate.load(s.ACCEPTANCE_METRIC); "
                "r = m.compute(drafted=[4, 2], accepted=[2, 2], produced=[3, 3], min_pq=[[.9, .7, .2], [.8, .6]]); "
                "print(s.ACCEPTANCE_METRIC); print(json.dumps(r))")
-    env_dir = installed.parent / "elsewhere"
-    path, result = run([str(installed / "bin" / "python"), "-c", program], cwd=env_dir).stdout.strip().split("\n")[-2:]
+    done = run([str(installed / "bin" / "python"), "-c", program], cwd=installed.parent / "elsewhere")
+    path, result = done.stdout.strip().split("\n")[-2:]
     assert path.startswith(str(venv_site_packages(installed))), path
     result = json.loads(result)
     assert result["mean_accepted_tokens"] == 3.0  # 6 new tokens / 2 verify passes
