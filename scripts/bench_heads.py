@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    p.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="recipe overrides for every row (e.g. train.warmup_steps=0.05, the recipes' warm-up when "
+                        "docs/benchmarks/heads.md was measured)")
     p.add_argument("--head-overrides", nargs="*", default=[], metavar="KEY=VALUE",
                    help="recipe overrides for the head rows only (e.g. model.aux_layers=[1,3,5] distill.ttt_steps=4)")
     p.add_argument("--compile", action="store_true", help="also measure the compiled decoder")
@@ -73,6 +76,7 @@ def train(args: argparse.Namespace, row: str) -> Path:
         recipe, extra = ROWS[row]
         if row.startswith("head"):
             extra = [*args.head_overrides, *extra]  # the row's own ttt_steps last: it defines the row
+        extra = [*args.overrides, *extra]
         run([sys.executable, str(ROOT / "scripts" / "train.py"), str(RECIPES / recipe), f"model.target={args.target}",
              f"data.dataset={args.dataset}", f"data.eval_prompts={args.eval_prompts}", f"train.output_dir={out}",
              f"train.max_steps={args.steps}", f"train.per_device_train_batch_size={args.batch}",
@@ -132,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     headers = ["row", "decoding", "gamma", "tau", "acceptance", "c", "speedup", "predicted", "train tok/s"]
     lines = [f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
              f"Target: `{args.target.name}`; {args.steps} steps x batch {args.batch} for every row"
+             + (f"; every row also `{' '.join(args.overrides)}`" if args.overrides else "")
              + (f"; head rows also `{' '.join(args.head_overrides)}`" if args.head_overrides else "") + "; "
              f"{args.num_prompts} held-out prompts x {args.max_new_tokens} new tokens.", "",
              *markdown_table(headers, table)]

@@ -12,13 +12,15 @@ from distill.recipe.loader import load_recipe
 from scripts import bench_heads
 
 
-def trained_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, row: str, head_overrides: list[str]) -> list[str]:
+def trained_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, row: str, head_overrides: list[str],
+                 overrides: tuple[str, ...] = ()) -> list[str]:
     """The scripts/train.py command line bench_heads runs for `row`."""
     commands = []
     monkeypatch.setattr(bench_heads, "run", lambda cmd, check=True: commands.append(cmd))
     args = bench_heads.parse_args(["--target", str(tmp_path / "target"), "--dataset", str(tmp_path / "corpus.txt"),
                                    "--eval-prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "out"),
-                                   "--steps", "12", "--batch", "3", "--head-overrides", *head_overrides])
+                                   "--steps", "12", "--batch", "3", "--head-overrides", *head_overrides,
+                                   "--overrides", *overrides])
     assert bench_heads.train(args, row) == tmp_path / "out" / row
     (command,) = commands
     return command
@@ -48,6 +50,14 @@ def test_rows_share_data_steps_and_optimiser(tmp_path, monkeypatch):
 def test_head_overrides_do_not_replace_the_rows_ttt_steps(tmp_path, monkeypatch):
     command = trained_with(tmp_path, monkeypatch, "head", ["distill.ttt_steps=6"])
     assert recipe_of(command).distill.ttt_steps == 1
+
+
+def test_overrides_reach_every_row_and_never_replace_what_defines_a_row(tmp_path, monkeypatch):
+    overrides = ("train.warmup_steps=0.05", "distill.loss=tv")
+    recipes = {row: recipe_of(trained_with(tmp_path, monkeypatch, row, [], overrides)) for row in bench_heads.ROWS}
+    assert {row: recipe.train.warmup_steps for row, recipe in recipes.items()} == dict.fromkeys(recipes, 0.05)
+    assert recipes["distilled_forward_kl"].distill.loss == "forward_kl"  # the row's own loss comes last
+    assert recipes["distilled"].distill.loss == recipes["head_ttt"].distill.loss == "tv"
 
 
 def test_tables_are_built_from_earlier_results(tmp_path, monkeypatch, capsys):
