@@ -12,7 +12,7 @@ Rows (each trained by scripts/train.py for --steps optimizer steps of the same b
 Each is measured by specdistill-eval (the same code path as the trainer) at gamma 2..6, greedy and T=1: tau,
 acceptance, the draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run
 (eager, and compiled with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head rows.
-Every step reuses what an earlier run left in --out.
+Every step reuses what an earlier run left in --out (a row trained there with other settings stops it).
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ if str(ROOT) not in sys.path:
 
 from decode.table import markdown_table  # noqa: E402
 from decode.benchmark import load_average, machine  # noqa: E402
+from distill.outputs.run_folder import RECIPE_FILE  # noqa: E402
+from distill.recipe.loader import load_recipe  # noqa: E402
 
 RECIPES = ROOT / "recipes" / "quickstart"
 ROWS = {  # row -> (recipe, extra overrides)
@@ -70,18 +72,38 @@ def run(cmd: list[str], check: bool = True) -> None:
 
 
 def train(args: argparse.Namespace, row: str) -> Path:
-    """scripts/train.py for one row (skipped when its output folder already holds an exported draft)."""
+    """scripts/train.py for one row (skipped when its output folder already holds a draft exported with the same
+    recipe; one trained with other settings stops the benchmark)."""
     out = args.out / row
-    if not (out / "train_results.json").is_file():
-        recipe, extra = ROWS[row]
-        if row.startswith("head"):
-            extra = [*args.head_overrides, *extra]  # the row's own ttt_steps last: it defines the row
-        extra = [*args.overrides, *extra]
-        run([sys.executable, str(ROOT / "scripts" / "train.py"), str(RECIPES / recipe), f"model.target={args.target}",
-             f"data.dataset={args.dataset}", f"data.eval_prompts={args.eval_prompts}", f"train.output_dir={out}",
-             f"train.max_steps={args.steps}", f"train.per_device_train_batch_size={args.batch}",
-             f"train.save_steps={args.steps}", "eval.at_checkpoints=false", *extra])
+    recipe, extra = ROWS[row]
+    if row.startswith("head"):
+        extra = [*args.head_overrides, *extra]  # the row's own ttt_steps last: it defines the row
+    extra = [*args.overrides, *extra]
+    recipe_args = [str(RECIPES / recipe), f"model.target={args.target}", f"data.dataset={args.dataset}",
+                   f"data.eval_prompts={args.eval_prompts}", f"train.output_dir={out}", f"train.max_steps={args.steps}",
+                   f"train.per_device_train_batch_size={args.batch}", f"train.save_steps={args.steps}",
+                   "eval.at_checkpoints=false", *extra]
+    if (out / "train_results.json").is_file():
+        check_reusable(out, recipe_args)
+    else:
+        run([sys.executable, str(ROOT / "scripts" / "train.py"), *recipe_args])
     return out
+
+
+def check_reusable(out: Path, recipe_args: list[str]) -> None:
+    """Exit with one line when the draft in `out` was trained with another recipe than `recipe_args` (a recipe file
+    and its overrides) asks for, e.g. another --overrides train.seed into the same --out."""
+    saved_file = out / RECIPE_FILE
+    if not saved_file.is_file():
+        return
+    wanted = load_recipe(recipe_args[0], recipe_args[1:]).model_dump()
+    saved = load_recipe(saved_file).model_dump()
+    changed = [f"{section}.{key}: {saved[section].get(key)!r} there, {value!r} now"
+               for section, values in wanted.items() for key, value in values.items()
+               if value != saved.get(section, {}).get(key)]
+    if changed:
+        sys.exit(f"bench_heads: {out} holds a draft trained with other settings ({'; '.join(changed[:3])}"
+                 f"{'; ...' if len(changed) > 3 else ''}): pass another --out, or remove that folder to train it again")
 
 
 def tokens_per_s(out: Path) -> float | None:

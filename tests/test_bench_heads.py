@@ -1,6 +1,7 @@
 """scripts/bench_heads.py: every row trains with the same data, steps and optimiser as the others (the rows differ
 only where their names say), head overrides never override a row's own ttt_steps, and the tables are built from
-what earlier runs left in --out without running anything again."""
+what earlier runs left in --out without running anything again, and a row is reused only when it was trained
+with the settings asked for."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.recipe.loader import load_recipe
+from distill.recipe.loader import load_recipe, save_recipe
 from scripts import bench_heads
 
 
@@ -58,6 +59,27 @@ def test_overrides_reach_every_row_and_never_replace_what_defines_a_row(tmp_path
     assert {row: recipe.train.warmup_steps for row, recipe in recipes.items()} == dict.fromkeys(recipes, 0.05)
     assert recipes["distilled_forward_kl"].distill.loss == "forward_kl"  # the row's own loss comes last
     assert recipes["distilled"].distill.loss == recipes["head_ttt"].distill.loss == "tv"
+
+
+def test_a_row_is_reused_only_when_trained_with_the_same_settings(tmp_path, monkeypatch):
+    command = trained_with(tmp_path, monkeypatch, "head_ttt", ["model.aux_layers=[1,3,5]"], ("train.seed=42",))
+    row = tmp_path / "out" / "head_ttt"
+    row.mkdir(parents=True)
+    save_recipe(recipe_of(command), row / "recipe.yaml")  # what scripts/train.py leaves in a finished row
+    (row / "train_results.json").write_text("{}")
+    monkeypatch.setattr(bench_heads, "run", lambda cmd, check=True: pytest.fail(f"ran {cmd}"))
+
+    def train_again(*overrides: str) -> Path:
+        args = bench_heads.parse_args(["--target", str(tmp_path / "target"), "--dataset", str(tmp_path / "corpus.txt"),
+                                       "--eval-prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "out"),
+                                       "--steps", "12", "--batch", "3", "--head-overrides", "model.aux_layers=[1,3,5]",
+                                       "--overrides", *overrides])
+        return bench_heads.train(args, "head_ttt")
+
+    assert train_again("train.seed=42") == row  # the same settings: reused, nothing runs
+    with pytest.raises(SystemExit, match=r"head_ttt holds a draft trained with other settings \(train\.seed: 42 "
+                                         r"there, 43 now\): pass another --out"):
+        train_again("train.seed=43")
 
 
 def test_tables_are_built_from_earlier_results(tmp_path, monkeypatch, capsys):
