@@ -98,9 +98,9 @@ def check_reusable(out: Path, recipe_args: list[str]) -> None:
         return
     wanted = load_recipe(recipe_args[0], recipe_args[1:]).model_dump()
     saved = load_recipe(saved_file).model_dump()
-    changed = [f"{section}.{key}: {saved[section].get(key)!r} there, {value!r} now"
+    changed = [f"{section}.{key}: {before!r} there, {value!r} now"
                for section, values in wanted.items() for key, value in values.items()
-               if value != saved.get(section, {}).get(key)]
+               if value != (before := saved.get(section, {}).get(key))]
     if changed:
         sys.exit(f"bench_heads: {out} holds a draft trained with other settings ({'; '.join(changed[:3])}"
                  f"{'; ...' if len(changed) > 3 else ''}): pass another --out, or remove that folder to train it again")
