@@ -18,6 +18,7 @@ import inspect
 import torch
 from torch import nn
 
+from decode.cache import cache_keyword, returned_cache
 from decode.sampling import SamplingConfig, next_token
 
 
@@ -74,7 +75,8 @@ def batched_generate(model: nn.Module, prompts: list[torch.Tensor] | list[list[i
     last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}  # no [B, L, V] prefill logits
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
                 **last_only)
-    cache, logits = out.past_key_values, out.logits[:, -1, :vocab_size]  # [B, V]
+    cache, logits = returned_cache(out), out.logits[:, -1, :vocab_size]  # [B, V]
+    keyword = cache_keyword(model)
     active = list(range(len(prompts)))  # the prompt of each batch row still decoding
     for step in range(max_new_tokens):
         token = draw_rows(logits, sampling, [generators[i] for i in active])  # [b]
@@ -91,6 +93,6 @@ def batched_generate(model: nn.Module, prompts: list[torch.Tensor] | list[list[i
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)  # [b, L + t]
         position_ids = position_ids[:, -1:] + 1  # [b, 1]
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position_ids,
-                    past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1, :vocab_size]  # [b, V]
+                    **{keyword: cache}, use_cache=True)
+        cache, logits = returned_cache(out), out.logits[:, -1, :vocab_size]  # [b, V]
     return rows

@@ -1,6 +1,8 @@
 """A causal LM with its own KV cache: forward new tokens, roll back rejected ones. Nothing is ever re-prefilled."""
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 
@@ -11,6 +13,20 @@ def aux_hidden(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...])
     """The residual streams entering decoder layers ``layers`` (``hidden_states[i]`` of a transformers forward with
     output_hidden_states), concatenated: [1, T, H] each -> [T, len(layers) * H]."""
     return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model.forward`` takes its KV cache by: ``cache`` from transformers 5.24 on, ``past_key_values``
+    before (5.24 still accepts the old name, with a FutureWarning; 5.40 removes it). Asked of the model itself, so a
+    remote-code model on either convention works; a peft or compiled wrapper is looked through."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = getattr(base, "_orig_mod", base)  # torch.compile's OptimizedModule
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def returned_cache(out) -> object:
+    """The KV cache a forward returned (``out.cache`` from transformers 5.24 on, ``out.past_key_values`` before)."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
 
 
 class CachedLM:
@@ -24,6 +40,7 @@ class CachedLM:
     def __init__(self, model: torch.nn.Module, aux_layers: tuple[int, ...] = ()) -> None:
         self.model = model
         self.cache = DynamicCache(config=model.config)
+        self.cache_keyword = cache_keyword(model)
         self.length = 0
         self.aux_layers = tuple(aux_layers)
         self.aux: torch.Tensor | None = None
@@ -37,7 +54,7 @@ class CachedLM:
         """Append ``tokens`` [1, T] to the cache; returns logits [T, V] (or [1, V] with ``last_only``)."""
         out = self.model(
             input_ids=tokens,
-            past_key_values=self.cache,
+            **{self.cache_keyword: self.cache},
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             output_hidden_states=bool(self.aux_layers),

@@ -28,7 +28,7 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
-from decode.cache import CachedLM, aux_hidden
+from decode.cache import CachedLM, aux_hidden, cache_keyword
 from decode.vocab import lm_head_rows
 
 MIN_CAPACITY = 64
@@ -64,6 +64,7 @@ class Session:
     compile_seconds: float = 0.0   # first calls of each compiled step (compilation and one run)
     eager: bool = False            # compilation failed once: every step runs eagerly on the static cache
     aux_layers: tuple[int, ...] = ()  # hidden-state layers every step also returns (a head drafter's features)
+    cache_keyword: str = "past_key_values"  # model.forward's name for its cache (decode.cache.cache_keyword)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -81,7 +82,8 @@ class Session:
                 f"{type(self.model).__name__} uses sliding-window or hybrid attention layers")
         self.cache, self.capacity, self.steps = cache, cache.layers[0].max_cache_len, {}
         # allocate the buffers eagerly (a lazy allocation inside a compiled step would break its graph)
-        self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
+        self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), **{self.cache_keyword: cache},
+                   use_cache=True)
         self.set_position(0)
 
     @torch.inference_mode()
@@ -92,7 +94,7 @@ class Session:
 
     def eager_step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits [T, V], the aux layers' hidden states [T, k * H] or None without aux layers)."""
-        out = self.model(input_ids=tokens, past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=tokens, **{self.cache_keyword: self.cache}, use_cache=True,
                          output_hidden_states=bool(self.aux_layers))
         return out.logits[0], aux_hidden(out.hidden_states, self.aux_layers) if self.aux_layers else None
 
@@ -159,7 +161,7 @@ def session(model: torch.nn.Module, role: str, aux_layers: tuple[int, ...] = ())
     sessions = _SESSIONS.setdefault(model, {})
     name = role_name(role, aux_layers)
     if name not in sessions:
-        sessions[name] = Session(weakref.ref(model), aux_layers=tuple(aux_layers))
+        sessions[name] = Session(weakref.ref(model), aux_layers=tuple(aux_layers), cache_keyword=cache_keyword(model))
     return sessions[name]
 
 
