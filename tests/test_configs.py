@@ -225,6 +225,21 @@ def test_any_training_arguments_field_reaches_the_trainer(tmp_path):
     assert recipe_to_dict(recipe)["train"]["adam_beta2"] == 0.95 and "adam_beta1" not in recipe_to_dict(recipe)["train"]
 
 
+@pytest.mark.parametrize("override, machine_has_accelerator, pinned", [
+    (None, False, False),   # left out on a CPU-only machine: off (pinning would only warn)
+    (None, True, True),     # left out where torch sees an accelerator: on, transformers' default
+    ("train.dataloader_pin_memory=true", False, True),   # a recipe's value is kept on any machine
+    ("train.dataloader_pin_memory=false", True, False),
+])
+def test_pin_memory_follows_the_machine_unless_the_recipe_says(tmp_path, monkeypatch, override, machine_has_accelerator,
+                                                              pinned):
+    import distill.recipe.train_config as train_config
+
+    monkeypatch.setattr(train_config, "accelerator_present", lambda: machine_has_accelerator)
+    recipe = load_recipe(write(tmp_path, MINIMAL), [override] if override else [])
+    assert training_arguments(recipe.train).dataloader_pin_memory is pinned
+
+
 @pytest.mark.parametrize("override, expected", [
     ("train.eval_strategy=steps", "train.eval_strategy: set by the run to 'no'"),
     ("train.deepspeed=ds.json", "train.deepspeed: not a recipe key: device modes come from the accelerate config"),

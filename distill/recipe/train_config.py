@@ -18,6 +18,7 @@ import types
 import typing
 from typing import Any, Literal
 
+import torch
 from pydantic import Field, JsonValue, create_model, model_validator
 from pydantic.fields import FieldInfo
 from transformers import TrainingArguments
@@ -50,12 +51,16 @@ TRAINING_ARGUMENTS_CHANGES: dict[str, FieldInfo] = {
     "report_to": Field(default_factory=lambda: ["tensorboard"],
                        description="Trackers (tensorboard, wandb, ...); [] = none."),
     "dataloader_num_workers": Field(ge=0, description="Data loader worker processes."),
+    "dataloader_pin_memory": Field(None, description="Pin batches in page-locked memory for faster copies to the "
+                                                     "accelerator; null = on when torch sees one, off on a CPU-only "
+                                                     "machine (where pinning only warns)."),
     "ddp_timeout": Field(gt=0, description="Seconds a process waits for the others (acceptance runs on rank 0 "
                                            "only)."),
     "resume_from_checkpoint": Field(description="A checkpoint folder, or true for the latest checkpoint in "
                                                 "output_dir."),
 }
-ALSO_ALLOWED = {"resume_from_checkpoint": Literal[True]}  # read by distill.run.preflight.plan_run, not by the Trainer
+ALSO_ALLOWED = {"resume_from_checkpoint": Literal[True],  # read by distill.run.preflight.plan_run, not by the Trainer
+                "dataloader_pin_memory": types.NoneType}  # null: decided by training_arguments on this machine
 NOT_PASSED = ("resume_from_checkpoint", "overwrite_output_dir")  # the run folder's keys: Trainer.train gets resume
 SET_BY_THE_RUN: dict[str, tuple[Any, str]] = {  # name -> (value, why)
     "eval_strategy": ("no", "acceptance is measured at every checkpoint (the eval: section); the Trainer has no "
@@ -146,10 +151,18 @@ TrainConfig = create_model("TrainConfig", __base__=RunFolderKeys, __module__=__n
 TrainConfig.__doc__ = RunFolderKeys.__doc__
 
 
+def accelerator_present() -> bool:
+    """Whether torch sees an accelerator (CUDA, XPU, MPS, ...) that pinned host memory would feed."""
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
     """transformers.TrainingArguments of a recipe's train section (checkpoints every save_steps, no Trainer eval).
     Raises ValueError where transformers refuses a combination of fields (distill.run.preflight names it)."""
     values = cfg.model_dump(exclude=set(NOT_PASSED))
+    if values["dataloader_pin_memory"] is None:
+        values["dataloader_pin_memory"] = accelerator_present()
     return TrainingArguments(**values, **{name: value for name, (value, _) in SET_BY_THE_RUN.items()})
 
 
