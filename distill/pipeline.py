@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from distill.data.sources import training_rows
+from distill.data.sources import training_rows, with_synthesized_prompts
 from distill.models.fsdp import fsdp_enabled, shard_for_inference
 from distill.models.heads import init_from_target, served_head, set_draft_vocabulary
 from distill.models.load import load_models
@@ -54,7 +54,8 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     args, tokenizer, data = checked.args, checked.tokenizer, checked.data
     # 2. load
     target, draft = load_models(recipe.model, recipe.lora, args.device)
-    # 3. tokenise
+    # 3. tokenise (prompts the target writes first, when the recipe asks for them)
+    data = with_synthesized_prompts(recipe, data, target, tokenizer, args)
     rows = training_rows(recipe, data, target, draft, tokenizer, args)
     if fsdp_enabled():  # FSDP2: nothing runs the target on one process alone any more: shard it over all of them
         shard_for_inference(target, args.device)

@@ -45,7 +45,7 @@ class DistillData:
 
     train: datasets.Dataset
     eval_prompts: list[torch.Tensor]  # 1-D token ids, one per prompt
-    format: Literal["text", "chat"]
+    format: Literal["text", "chat", "prompts"]  # prompts: prompt-only rows the target answers (distill.data.prompt_rows)
     eval_categories: list[str | None]  # one per eval prompt (None: no category)
 
 
@@ -286,7 +286,17 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
 
     Raises DataError: missing file (named), missing column (named, with the available ones), no usable rows.
     """
+    from distill.data.prompt_rows import dataset_prompt_rows, holds_prompts_only, prompts_data  # imports this module
+
+    if cfg.dataset is None:  # data.synthesize_prompts alone: the prompts come from the target (tokenise step)
+        return prompts_data(cfg, [], tokenizer, seed, chat_template)
     rows = load_rows(cfg)
+    if cfg.format == "prompts" or (cfg.format == "auto" and holds_prompts_only(cfg, rows)):
+        if cfg.dataset_weight > 0:
+            raise DataError(f"data.dataset: {cfg.dataset} holds prompts alone (no assistant turns to train on): let "
+                            "the target answer them with data.dataset_weight=0 data.target_weight=1 "
+                            "data.target_data_dir=DIR")
+        return prompts_data(cfg, dataset_prompt_rows(cfg, rows), tokenizer, seed, chat_template)
     fmt = resolve_format(cfg, rows.column_names)
     field = cfg.messages_field if fmt == "chat" else cfg.text_field
     whole_files = is_text_pieces(rows) and cfg.text_sample_by == "document"
@@ -314,7 +324,8 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
 def check_usable(train: datasets.Dataset, cfg: DataConfig, fmt: str, num_rows: int) -> None:
     """Raises DataError when no training row is left."""
     if len(train) == 0:
-        what = ("no conversation keeps an assistant token" if fmt == "chat"
+        what = ("no conversation keeps an assistant token (a dataset of prompts alone is answered by the target: "
+                "data.dataset_weight=0 data.target_weight=1)" if fmt == "chat"
                 else f"the text does not fill one {cfg.max_length}-token block")
         raise DataError(f"no usable rows in {cfg.dataset}: {what} (data.max_length={cfg.max_length}, "
                         f"{num_rows} rows)")

@@ -18,7 +18,8 @@ moves it to its device while it generates (distill.models.fsdp.generating_on).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import datasets
@@ -27,8 +28,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
 from decode.vocab import lm_head_rows
+from decode.prompts import PromptRow
+from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
 from distill.data.onpolicy import OnPolicySettings
-from distill.data.rows import DistillCollator, DistillData, padding_id
+from distill.data.prompt_rows import held_out, prompt_training_rows
+from distill.data.rows import DataError, DistillCollator, DistillData, eval_prompt_set, padding_id
 from distill.data.target_data import generate_target_data, prompts_from_rows, to_training_rows
 from distill.data.target_vllm import VLLM_SHARD_SIZE
 from distill.data.teacher_cache import CacheMismatchError, TeacherCollator, build_teacher_cache, with_teacher_columns
@@ -71,6 +75,41 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
                 rows, collator, recipe.distill, target, tokenizer, target_id=recipe.model.target,
                 batch_size=recipe.train.per_device_train_batch_size, progress=progress)
     return TrainingRows(rows, collator, on_policy_settings(recipe, tokenizer, target))
+
+
+def with_synthesized_prompts(recipe: Recipe, data: DistillData, target: nn.Module,
+                             tokenizer: PreTrainedTokenizerBase, args: TrainingArguments) -> DistillData:
+    """`data` with data.synthesize_prompts prompts written by the target (distill.data.magpie; main process first,
+    stored in target_data_dir/prompts) added as prompt rows; with neither data.dataset nor data.eval_prompts the
+    acceptance prompts are held out of them. `data` itself when the key is not set. Raises DataError (no chat
+    template), CacheMismatchError (the folder holds prompts of another target or settings)."""
+    cfg = recipe.data
+    if cfg.synthesize_prompts is None:
+        return data
+    hold_out = cfg.num_eval_prompts if cfg.dataset is None and cfg.eval_prompts is None else 0
+    synthesis = Synthesis(count=cfg.synthesize_prompts + hold_out, seed=cfg.target_seed,
+                          temperature=cfg.synthesize_temperature, max_new_tokens=cfg.synthesize_max_tokens,
+                          batch_size=cfg.target_batch_size)
+    try:
+        with args.main_process_first(desc="synthesized prompts"), generating_on(target, args.device):
+            made = synthesize_prompts(target, tokenizer, Path(cfg.target_data_dir) / "prompts", synthesis,
+                                      target_id=recipe.model.target, progress=PartialState().is_main_process,
+                                      engine=cfg.target_engine, vllm_python=recipe.eval.vllm_python)
+    except SynthesisError as err:
+        raise DataError(str(err)) from None
+    except CacheMismatchError as err:
+        raise CacheMismatchError(f"data.synthesize_prompts: {_for_recipes(err)}") from None
+    prompts = [PromptRow(messages=({"role": "user", "content": text},)) for text in made]
+    prompts, evaluated = held_out(prompts, min(hold_out, max(len(prompts) - 1, 0)), recipe.train.seed,
+                                  "data.synthesize_prompts")
+    train = datasets.concatenate_datasets([data.train, prompt_training_rows(
+        prompts, tokenizer, cfg, recipe.eval.chat_template).cast(data.train.features)])
+    logger.info("%d prompts synthesized by the target (%d held out for acceptance)", len(made), len(evaluated))
+    if not evaluated:
+        return replace(data, train=train)
+    eval_ids, categories = eval_prompt_set(evaluated, "chat", tokenizer, cfg.eval_prompt_tokens,
+                                           recipe.eval.chat_template)
+    return replace(data, train=train, eval_prompts=eval_ids, eval_categories=categories)
 
 
 def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,

@@ -14,15 +14,19 @@ class DataConfig(Section):
 
     section = "data"
 
-    dataset: str = Field(min_length=1, description="Hub id, or local .txt/.json/.jsonl/.parquet file, folder or glob "
-                                                   "(required).")
+    dataset: str | None = Field(None, min_length=1, description="Hub id, or local .txt/.json/.jsonl/.parquet file, "
+                                                               "folder or glob (required unless "
+                                                               "data.synthesize_prompts makes the prompts).")
     dataset_config: str | None = Field(None, description="Hub dataset configuration name.")
     split: str = Field("train", description="Split to train on (slicing such as train[:10%] works).")
     text_field: str = Field("text", description="Column holding plain text (format text).")
     messages_field: str = Field("messages", description="Column holding chat messages [{role, content}] (format chat).")
-    format: Literal["auto", "text", "chat"] = Field(
+    format: Literal["auto", "text", "chat", "prompts"] = Field(
         "auto", description="text: pack documents into max_length blocks; chat: one conversation per row, loss on "
-                            "assistant tokens only; auto: chat if messages_field exists, else text.")
+                            "assistant tokens only; prompts: one prompt per row (a .txt line, a 'prompt' field, a "
+                            "conversation ending in a user turn), answered by the target (data.dataset_weight 0); "
+                            "auto: prompts if the rows hold a 'prompt' column or conversations without an assistant "
+                            "turn, chat if messages_field exists, else text.")
     max_length: int = Field(1024, ge=2, description="Tokens per training sequence (packed block or truncated "
                                                     "conversation).")
     text_sample_by: Literal["document", "paragraph", "line"] = Field(
@@ -67,6 +71,14 @@ class DataConfig(Section):
         1, gt=0, description="Prompts the target answers at once (left-padded, the target alone; 1 with "
                              "data.target_gamma): greedy rows are the same at every size, sampled rows use the same "
                              "per-prompt seeds (recipes/README.md).")
+    synthesize_prompts: int | None = Field(
+        None, gt=0, description="Make this many prompts with the target itself (Magpie: the target is given its chat "
+                                "template up to a user turn and writes the user message): sampled, deduplicated, "
+                                "seeded by target_seed, stored in target_data_dir/prompts and resumed like the "
+                                "responses; the target then answers them (needs target_weight > 0).")
+    synthesize_max_tokens: int = Field(128, gt=0, description="Longest synthesized prompt in tokens (longer "
+                                                              "candidates are dropped).")
+    synthesize_temperature: float = Field(1.0, gt=0, description="Sampling temperature of synthesized prompts.")
     target_engine: Literal["specdistill", "vllm"] = Field(
         "specdistill", description="Who generates the target's responses: specdistill = our decoder; vllm = vLLM's "
                                    "offline LLM in the serving venv (`make serving`; interpreter as "
@@ -75,6 +87,17 @@ class DataConfig(Section):
     @model_validator(mode="after")
     def _rules(self) -> DataConfig:
         """Rules between keys (each key's own range is in its Field)."""
+        require(self.dataset is not None or self.synthesize_prompts is not None, "data.dataset", self.dataset,
+                "a hub id or local file/folder (or data.synthesize_prompts: N to make prompts with the target)",
+                involves=["data.synthesize_prompts"])
+        require(self.synthesize_prompts is None or self.target_weight > 0, "data.synthesize_prompts",
+                self.synthesize_prompts, "null unless data.target_weight > 0 (the target answers the prompts it "
+                "makes)", involves=["data.target_weight"])
+        require(self.dataset is not None or self.dataset_weight == 0, "data.dataset_weight", self.dataset_weight,
+                "0 without data.dataset (there are no dataset rows to train on)", involves=["data.dataset"])
+        require(self.format != "prompts" or self.dataset_weight == 0, "data.dataset_weight", self.dataset_weight,
+                "0 with data.format prompts (prompts alone are not training rows: the target writes the responses)",
+                involves=["data.format"])
         require(self.dataset_weight + self.target_weight > 0, "data.target_weight", self.target_weight,
                 "weights with data.dataset_weight + data.target_weight > 0 (at least one source)",
                 involves=["data.dataset_weight"])

@@ -1,0 +1,148 @@
+"""Build training data once, as its own step: the target's answers to a prompt set, prompts written by the target,
+the hidden states an EAGLE-3 head trains on. Each writes a folder that a recipe's `data.dataset` (or
+`distill.hidden_state_cache`) reads directly, resumes after a kill (rerun the same command), and shows a progress
+bar with rows/s and ETA.
+
+    specdistill-data prompts --target MODEL --num 2000 --out data/prompts                 # Magpie
+    specdistill-data responses --target MODEL --prompts data/prompts --out data/chat      # answered turn by turn
+    specdistill-data responses --target MODEL.gguf --prompts prompts.jsonl --out data/chat --engine vllm
+    specdistill-data hidden-states RECIPE.yaml key=value ...      # the recipe's distill.hidden_state_cache
+
+Layout: OUT/prompts.jsonl ({"messages": [one user turn]}) or OUT/train.jsonl ({"messages": [...]} with the target's
+answers, "category" kept; {"text"} for prompts rendered without a chat template); OUT/.specdistill/ holds the
+resumable shards (distill.data.target_data) and the settings they were made with.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from decode.checks import FileProblem, OneLineArgumentParser, check_writable_folder
+from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from decode.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, read_prompt_rows
+from decode.serving.vllm_engine import ServingError, find_vllm_python
+from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
+from distill.data.regenerate import Answering, answer_conversations, write_jsonl
+from distill.data.shard_store import CacheMismatchError
+from distill.utils import eval_mode
+
+WORK_DIR = ".specdistill"  # inside OUT: shards and their settings (hidden: data.dataset reads OUT's .jsonl only)
+PROMPTS_FILE, RESPONSES_FILE = "prompts.jsonl", "train.jsonl"
+ENGINES = ("specdistill", "vllm")
+
+
+class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 1)."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = ArgumentParser(prog="specdistill-data", description=__doc__.split("\n")[0])
+    jobs = p.add_subparsers(dest="job", required=True, metavar="{prompts,responses,hidden-states}")
+    for name, text in (("prompts", "prompts written by the target (Magpie)"),
+                       ("responses", "the target's answers to a prompt set, turn by turn")):
+        job = jobs.add_parser(name, help=text, description=text)
+        job.add_argument("--target", required=True, help="target model: local folder, .gguf file or hub id")
+        job.add_argument("--out", required=True, type=Path, help="output folder (a rerun resumes it)")
+        job.add_argument("--seed", type=int, default=0, help="row i is sampled with seed + i")
+        job.add_argument("--batch-size", type=int, default=16, help="prompts decoded at once (our engine)")
+        job.add_argument("--engine", default="specdistill", choices=ENGINES,
+                         help="specdistill = our batched decoder; vllm = vLLM in the serving venv (`make serving`)")
+        job.add_argument("--vllm-python", default=None, help="interpreter with vLLM (default: .venv-vllm)")
+        job.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+        job.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+        job.add_argument("--quiet", action="store_true", help="no progress bar")
+    prompts, responses = jobs.choices["prompts"], jobs.choices["responses"]
+    prompts.add_argument("--num", type=int, required=True, help="how many distinct prompts")
+    prompts.add_argument("--temperature", type=float, default=1.0)
+    prompts.add_argument("--max-tokens", type=int, default=128, help="longest prompt (longer ones are dropped)")
+    responses.add_argument("--prompts", required=True,
+                           help=".jsonl ('prompt' or 'messages' per line), .txt (one per line), a dataset folder "
+                                "(e.g. the OUT of `specdistill-data prompts`) or a hub dataset id")
+    responses.add_argument("--prompts-split", default="train")
+    responses.add_argument("--messages-field", default=None, help="field holding a conversation (default: messages)")
+    responses.add_argument("--prompt-field", default=None, help="field holding a plain prompt (default: prompt)")
+    responses.add_argument("--limit", type=int, default=None, help="answer only the first N rows")
+    responses.add_argument("--chat-template", default="auto", choices=CHAT_TEMPLATE_MODES,
+                           help="auto/on: answer as a chat (the target's template); off: continue raw text")
+    responses.add_argument("--max-new-tokens", type=int, default=256)
+    responses.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    responses.add_argument("--top-k", type=int, default=None)
+    responses.add_argument("--top-p", type=float, default=None)
+    hidden = jobs.add_parser("hidden-states", help="the hidden-state cache of an EAGLE-3 head recipe",
+                             description="build distill.hidden_state_cache of RECIPE (the same cache a run builds "
+                                         "at its start)")
+    hidden.add_argument("recipe", help="recipe .yaml with model.draft_kind eagle3 and distill.hidden_state_cache")
+    hidden.add_argument("overrides", nargs="*", help="key=value recipe overrides")
+    args = p.parse_args(argv)
+    for flag in ("num", "batch_size", "max_tokens", "max_new_tokens", "limit"):
+        if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Run one job; returns the file written."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.job == "hidden-states":
+        from distill.data.hidden_cache_job import build_recipe_hidden_cache
+
+        return build_recipe_hidden_cache(args.recipe, args.overrides)
+
+    # ---- inputs: the output folder, the prompts, the vLLM interpreter: every problem before a weight loads --------
+    check_writable_folder(args.out, "--out")
+    rows = None
+    if args.job == "responses":
+        fields = PromptFields(prompt_field=args.prompt_field, messages_field=args.messages_field)
+        rows = read_prompt_rows(args.prompts, fields, split=args.prompts_split, limit=args.limit)
+    vllm_python = find_vllm_python(args.vllm_python) if args.engine == "vllm" else None
+
+    # ---- the target ------------------------------------------------------------------------------------------------
+    device = resolve_device(args.device)
+    tokenizer = load_tokenizer(args.target)
+    if args.job == "responses":
+        check_chat_template(tokenizer, args.chat_template)
+    target = load_causal_lm(args.target, device, resolve_dtype(args.dtype, device))
+    target_id = str(getattr(target, "name_or_path", "") or args.target)  # a .gguf: its converted folder (vLLM)
+
+    # ---- generate (resumable) and write --------------------------------------------------------------------------
+    started, work = time.perf_counter(), args.out / WORK_DIR
+    with eval_mode(target):
+        if args.job == "prompts":
+            made = synthesize_prompts(
+                target, tokenizer, work, Synthesis(count=args.num, seed=args.seed, temperature=args.temperature,
+                                                   max_new_tokens=args.max_tokens, batch_size=args.batch_size),
+                target_id=target_id, progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
+            written = write_jsonl([{"messages": [{"role": "user", "content": text}]} for text in made],
+                                  args.out / PROMPTS_FILE)
+        else:
+            answering = Answering(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
+                                  chat_template=args.chat_template)
+            answered = answer_conversations(target, tokenizer, rows, work, answering, target_id=target_id,
+                                            progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
+            written = write_jsonl(answered, args.out / RESPONSES_FILE)
+    count = sum(1 for _ in written.open())
+    print(f"specdistill-data {args.job}: {count} rows in {written} ({time.perf_counter() - started:.0f} s); "
+          f"train on them with data.dataset={args.out}")
+    return written
+
+
+USER_ERRORS = (LoadError, FileProblem, ServingError, SynthesisError, CacheMismatchError, FileNotFoundError)
+
+
+def cli() -> None:
+    """Console entry point `specdistill-data`: user errors exit 1 with one line, no traceback."""
+    try:
+        main()
+    except USER_ERRORS as err:
+        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"specdistill-data: error: {message}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    cli()

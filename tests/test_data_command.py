@@ -1,0 +1,135 @@
+"""`specdistill-data`: the target's answers to a prompt set (turn by turn), prompts written by the target, and the
+folder a recipe reads; resumed after an interruption; bad input answered by one line."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import distill.data.target_data as target_data
+from decode import autoregressive_generate
+from distill.cli import data as data_command
+from distill.data.rows import IGNORE_INDEX, build_data
+from distill.recipe.sections import DataConfig
+from tiny import tiny_model, tiny_tokenizer
+
+VOCAB = 320
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """target/ (a tiny Llama with a chat tokenizer) and chats.jsonl (one and two user turns, old answers)."""
+    root = tmp_path_factory.mktemp("data_command")
+    tokenizer = tiny_tokenizer(VOCAB)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tiny_model("llama", seed=0, vocab_size=VOCAB, hidden=32, layers=2).save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    rows = [{"messages": [{"role": "user", "content": f"def f{i}(x):"}], "category": "code"} for i in range(5)]
+    rows.append({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "class A:"},
+                              {"role": "assistant", "content": "an old answer"},
+                              {"role": "user", "content": "and then?"}]})
+    (root / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def answer(workdir: Path, out: Path, *extra: str) -> list[dict]:
+    data_command.main(["responses", "--target", str(workdir / "target"), "--prompts", str(workdir / "chats.jsonl"),
+                       "--out", str(out), "--max-new-tokens", str(NEW_TOKENS), "--batch-size", "4", "--quiet",
+                       *extra])
+    return [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+
+
+def greedy_reply(target, tokenizer, messages: list[dict]) -> str:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    new = autoregressive_generate(target, ids, max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id)
+    return tokenizer.decode(new.new_tokens, skip_special_tokens=True).strip()
+
+
+def test_every_turn_is_answered_by_the_target_given_its_own_earlier_answers(workdir, tmp_path):
+    rows = answer(workdir, tmp_path / "chat")
+    target = AutoModelForCausalLM.from_pretrained(workdir / "target").eval()
+    tokenizer = data_command.load_tokenizer(str(workdir / "target"))
+    assert len(rows) == 6 and [r.get("category") for r in rows] == ["code"] * 5 + [None]
+    for row in rows[:5]:
+        user, reply = row["messages"]
+        assert reply["role"] == "assistant" and reply["content"] == greedy_reply(target, tokenizer, [user])
+    system, first_user, first_reply, second_user, second_reply = rows[5]["messages"]
+    assert (system["role"], first_user["content"], second_user["content"]) == ("system", "class A:", "and then?")
+    assert first_reply["content"] != "an old answer"
+    assert first_reply["content"] == greedy_reply(target, tokenizer, [system, first_user])
+    assert second_reply["content"] == greedy_reply(target, tokenizer, [system, first_user, first_reply, second_user])
+
+
+def test_a_recipe_reads_the_folder_and_trains_on_the_answers(workdir, tmp_path):
+    rows = answer(workdir, tmp_path / "chat")
+    tokenizer = data_command.load_tokenizer(str(workdir / "target"))
+    data = build_data(DataConfig(dataset=str(tmp_path / "chat"), num_eval_prompts=0), tokenizer)
+    assert data.format == "chat" and len(data.train) == sum(1 for r in rows if r["messages"][-1]["content"])
+    first = data.train[0]
+    trained = [t for t, label in zip(first["input_ids"], first["labels"]) if label != IGNORE_INDEX]
+    assert tokenizer.decode(trained, skip_special_tokens=True).strip() == rows[0]["messages"][1]["content"]
+
+
+def test_an_interrupted_run_resumes_and_equals_an_uninterrupted_one(workdir, tmp_path, monkeypatch):
+    whole = answer(workdir, tmp_path / "whole", "--batch-size", "2")
+    real, calls = target_data.DecoderEngine.generate_responses, []
+
+    def dies_on_the_third_shard(self, prompts, seeds, sampling, batch_size):
+        calls.append(len(prompts))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # what a kill leaves behind: complete shards only
+        return real(self, prompts, seeds, sampling, batch_size)
+
+    monkeypatch.setattr(target_data, "SHARD_PROMPTS", 2)
+    monkeypatch.setattr(target_data.DecoderEngine, "generate_responses", dies_on_the_third_shard)
+    with pytest.raises(KeyboardInterrupt):
+        answer(workdir, tmp_path / "cut", "--batch-size", "2")
+    assert not (tmp_path / "cut" / "train.jsonl").exists()
+    calls.clear()
+    monkeypatch.setattr(target_data.DecoderEngine, "generate_responses", real)
+    assert answer(workdir, tmp_path / "cut", "--batch-size", "2") == whole
+    generated = []
+    monkeypatch.setattr(target_data.DecoderEngine, "generate_responses",
+                        lambda self, prompts, *a: generated.append(prompts) or real(self, prompts, *a))
+    assert answer(workdir, tmp_path / "cut", "--batch-size", "2") == whole and generated == []  # all read back
+
+
+def test_prompts_are_written_as_user_turns_a_recipe_reads_as_prompts(workdir, tmp_path, monkeypatch):
+    import distill.cli.data as command
+
+    monkeypatch.setattr(command, "synthesize_prompts", lambda *a, **k: ["one question", "another question"])
+    command.main(["prompts", "--target", str(workdir / "target"), "--num", "2", "--out", str(tmp_path / "p"),
+                  "--quiet"])
+    rows = [json.loads(line) for line in (tmp_path / "p" / "prompts.jsonl").read_text().splitlines()]
+    assert rows == [{"messages": [{"role": "user", "content": q}]} for q in ("one question", "another question")]
+    tokenizer = command.load_tokenizer(str(workdir / "target"))
+    data = build_data(DataConfig(dataset=str(tmp_path / "p"), dataset_weight=0.0, target_weight=1.0,
+                                 target_data_dir="d", num_eval_prompts=0), tokenizer)
+    assert data.format == "prompts" and len(data.train) == 2
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["responses", "--target", "TARGET", "--prompts", "missing.jsonl", "--out", "OUT"], "does not exist"),
+    (["responses", "--target", "TARGET", "--prompts", "PROMPTS", "--out", "PROMPTS"], "is a file, not a folder"),
+    (["prompts", "--target", "TARGET", "--num", "0", "--out", "OUT"], "--num must be >= 1"),
+    (["prompts", "--target", "nowhere/model", "--num", "2", "--out", "OUT"], "nowhere/model"),
+    (["respond", "--target", "TARGET"], "invalid choice: 'respond'"),
+    (["responses", "--target", "TARGET", "--prompts", "PROMPTS", "--out", "OUT", "--engine", "vllm",
+      "--vllm-python", "/no/python"], "/no/python does not exist"),
+])
+def test_bad_input_is_one_line(workdir, tmp_path, monkeypatch, capsys, argv, expected):
+    subs = {"TARGET": str(workdir / "target"), "PROMPTS": str(workdir / "chats.jsonl"), "OUT": str(tmp_path / "o")}
+    monkeypatch.setattr(sys, "argv", ["specdistill-data", *[subs.get(a, a) for a in argv]])
+    with pytest.raises(SystemExit) as exit_info:
+        data_command.cli()
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and "Traceback" not in err
+    assert err.startswith("specdistill-data: error: ") and expected in err and len(err.splitlines()) == 1, err
