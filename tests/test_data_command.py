@@ -133,3 +133,28 @@ def test_bad_input_is_one_line(workdir, tmp_path, monkeypatch, capsys, argv, exp
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and "Traceback" not in err
     assert err.startswith("specdistill-data: error: ") and expected in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.integration
+def test_killed_with_sigkill_mid_turn_resumes_to_the_same_file(workdir, tmp_path):
+    """A real process killed -9 right after its second shard (distill.outputs.checkpoints.crash_point), rerun."""
+    import os
+    import signal
+    import subprocess
+
+    from distill.outputs.checkpoints import KILL_ENV
+
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"prompt": f"def g{i}(y):"}) + "\n" for i in range(40)))
+    command = [sys.executable, "-m", "distill.cli.data", "responses", "--target", str(workdir / "target"),
+               "--prompts", str(many), "--max-new-tokens", "4", "--batch-size", "4", "--shard-size", "8", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", KILL_ENV: "shard-written:2",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    killed = subprocess.run([*command, "--out", str(tmp_path / "cut")], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    shards = sorted(p.name for p in (tmp_path / "cut" / ".specdistill" / "turn-0" / "shards").iterdir())
+    assert shards == ["shard-00000", "shard-00001"] and not (tmp_path / "cut" / "train.jsonl").exists()
+    data_command.main(command[3:] + ["--out", str(tmp_path / "cut")])
+    data_command.main(command[3:] + ["--out", str(tmp_path / "whole")])
+    assert (tmp_path / "cut" / "train.jsonl").read_text() == (tmp_path / "whole" / "train.jsonl").read_text()

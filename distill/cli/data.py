@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         job.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
         job.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
         job.add_argument("--quiet", action="store_true", help="no progress bar")
+        job.add_argument("--shard-size", type=int, default=None,
+                         help="prompts per stored shard: what a kill can lose (default 64, vLLM 4096)")
     prompts, responses = jobs.choices["prompts"], jobs.choices["responses"]
     prompts.add_argument("--num", type=int, required=True, help="how many distinct prompts")
     prompts.add_argument("--temperature", type=float, default=1.0)
@@ -77,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     hidden.add_argument("recipe", help="recipe .yaml with model.draft_kind eagle3 and distill.hidden_state_cache")
     hidden.add_argument("overrides", nargs="*", help="key=value recipe overrides")
     args = p.parse_args(argv)
-    for flag in ("num", "batch_size", "max_tokens", "max_new_tokens", "limit"):
+    for flag in ("num", "batch_size", "max_tokens", "max_new_tokens", "limit", "shard_size"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     return args
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> Path:
         else:
             answering = Answering(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
-                                  chat_template=args.chat_template)
+                                  chat_template=args.chat_template, shard_size=args.shard_size)
             answered = answer_conversations(target, tokenizer, rows, work, answering, target_id=target_id,
                                             progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
             written = write_jsonl(answered, args.out / RESPONSES_FILE)

@@ -40,6 +40,7 @@ class Answering:
     seed: int = 0
     batch_size: int = 16
     chat_template: str = "auto"
+    shard_size: int | None = None  # prompts per stored shard (None: generate_target_data's default)
 
 
 def user_turns(row: PromptRow) -> list[dict]:
@@ -76,7 +77,7 @@ def answer_conversations(target: nn.Module, tokenizer: PreTrainedTokenizerBase, 
             temperature=answering.temperature, top_k=answering.top_k, top_p=answering.top_p,
             seed=answering.seed + turn * len(rows), batch_size=answering.batch_size, target_id=target_id,
             progress=progress, engine=engine, vllm_python=vllm_python,
-            shard_size=VLLM_SHARD_SIZE if engine == "vllm" else None)
+            shard_size=VLLM_SHARD_SIZE if engine == "vllm" else answering.shard_size)
         for i, prompt, response in zip(asking, prompts, out["response_text"]):
             answered[i].append({"role": "assistant", "content": response.strip()})
             if not templated:

@@ -30,6 +30,7 @@ import datasets
 from tqdm.auto import tqdm
 
 from decode.checks import read_text, write_atomic
+from distill.outputs.checkpoints import crash_point
 
 SHARDS_DIR = "shards"
 
@@ -140,6 +141,7 @@ class ShardStore:
         with quiet_datasets():
             make().save_to_disk(str(partial))
         os.replace(partial, final)
+        crash_point("shard-written")  # test hook: SPECDISTILL_KILL_AT=shard-written:K kills -9 after the K-th shard
 
     def finish(self, metadata: dict[str, Any], **summary: Any) -> dict[str, Any]:
         """Mark the build complete (with `summary` keys added) and write it; returns the metadata."""
