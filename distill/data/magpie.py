@@ -85,7 +85,8 @@ def synthesize_prompts(target: nn.Module, tokenizer: PreTrainedTokenizerBase, ou
             target, tokenizer, [prefix] * asked, Path(out_dir) / f"round-{round_index}",
             max_new_tokens=synthesis.max_new_tokens, temperature=synthesis.temperature, seed=first_seed,
             batch_size=synthesis.batch_size, target_id=target_id, progress=progress, engine=engine,
-            vllm_python=vllm_python, shard_size=VLLM_SHARD_SIZE if engine == "vllm" else None)
+            vllm_python=vllm_python, shard_size=VLLM_SHARD_SIZE if engine == "vllm" else None,
+            desc=f"synthesized prompts (round {round_index + 1})")
         for row in rows:
             text = _kept_text(row)
             if text is not None and _key(text) not in seen:

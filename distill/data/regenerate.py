@@ -77,7 +77,8 @@ def answer_conversations(target: nn.Module, tokenizer: PreTrainedTokenizerBase, 
             temperature=answering.temperature, top_k=answering.top_k, top_p=answering.top_p,
             seed=answering.seed + turn * len(rows), batch_size=answering.batch_size, target_id=target_id,
             progress=progress, engine=engine, vllm_python=vllm_python,
-            shard_size=VLLM_SHARD_SIZE if engine == "vllm" else answering.shard_size)
+            shard_size=VLLM_SHARD_SIZE if engine == "vllm" else answering.shard_size,
+            desc=f"answers to turn {turn + 1}")
         for i, prompt, response in zip(asking, prompts, out["response_text"]):
             answered[i].append({"role": "assistant", "content": response.strip()})
             if not templated:

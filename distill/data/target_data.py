@@ -217,6 +217,7 @@ def generate_target_data(
     progress: bool = True,
     engine: ResponseEngine | str = "specdistill",
     vllm_python: Path | None = None,
+    desc: str = "target responses",
 ) -> datasets.Dataset:
     """The target's responses to `prompts`, one row per prompt in order: index, prompt_ids, response_ids,
     prompt_text, response_text, stopped_at_eos.
@@ -229,7 +230,7 @@ def generate_target_data(
     target's folder or hub id), or any ResponseEngine.
     Resumes an interrupted run after its last complete shard and returns a finished one without generating.
     Raises ValueError for an empty prompt or a bad setting, CacheMismatchError when out_dir holds responses of
-    other inputs (overwrite=True deletes them).
+    other inputs (overwrite=True deletes them). desc: the progress bar's label.
     """
     check_batch_size(batch_size, draft)
     shard_size = shard_size if shard_size is not None else math.ceil(SHARD_PROMPTS / batch_size) * batch_size
@@ -259,7 +260,7 @@ def generate_target_data(
         rows = [_row(tokenizer, i, prompt_ids[i], r) for i, r in zip(indices, responses)]
         return datasets.Dataset.from_list(rows, features=FEATURES)
 
-    with eval_mode(target), tqdm(total=len(prompt_ids), desc="target responses", unit="prompt",
+    with eval_mode(target), tqdm(total=len(prompt_ids), desc=desc, unit="prompt",
                                  disable=not progress) as bar:
         store.fill(metadata, len(prompt_ids), make, bar, size_key="shard_size")
     store.finish(metadata)
