@@ -167,6 +167,14 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
+class SharedEmbedding(list):
+    """Holds the target's input embedding for a head without registering it as a submodule; a deep copy of the head
+    (a checkpoint's copy, a sharded head's whole copy) reads the same embedding instead of copying the target's."""
+
+    def __deepcopy__(self, memo: dict) -> "SharedEmbedding":
+        return self
+
+
 class Eagle3Head(nn.Module):
     """An EAGLE-3 head. `embed_tokens` is the target's input embedding (set by `bind_embeddings`; not a parameter
     of the head, never saved). Buffers: d2t [V_draft] (target id = draft id + d2t), t2d [V] (is the target id in
@@ -184,12 +192,12 @@ class Eagle3Head(nn.Module):
         self.rotary = LlamaRotaryEmbedding(config=config)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
-        self._embed: list[nn.Module] = []  # a list, so the target's embedding is not registered as a submodule
+        self._embed = SharedEmbedding()  # not a submodule: the target's, never saved, not copied
 
     # -- wiring ---------------------------------------------------------------------------------------------------
     def bind_embeddings(self, embed_tokens: nn.Module) -> "Eagle3Head":
         """Use the target's input embedding (shared and frozen). Returns self."""
-        self._embed = [embed_tokens]
+        self._embed = SharedEmbedding([embed_tokens])
         return self
 
     @property

@@ -1,10 +1,14 @@
 """Loading targets, drafts and tokenizers, with one-line errors for what users get wrong (prompt files:
-decode/prompts.py)."""
+decode/prompts.py). A model path is a local folder, a hub id or a .gguf file; `resolve_model_path` turns the last
+into its converted folder (decode/gguf.py), which every loader and vLLM then read."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+
+from decode.gguf import GGUFProblem, gguf_folder, is_gguf_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
@@ -16,6 +20,19 @@ class LoadError(ValueError):
 def first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def resolve_model_path(path: str | os.PathLike, what: str = "") -> str:
+    """The name to load a model path from: a .gguf file's converted folder (converted on first use, then reused),
+    any other path or hub id unchanged. Raises LoadError (one line, prefixed by ``what``, a flag or recipe key) for
+    a missing .gguf, a file that is not a GGUF, a truncated one, or an architecture transformers cannot load."""
+    if not is_gguf_path(path):
+        return str(path)
+    try:
+        return str(gguf_folder(Path(path)))
+    except GGUFProblem as err:
+        cause = f" ({first_line(err.cause)})" if err.cause is not None else ""
+        raise LoadError(f"{what}: {err}{cause}" if what else f"{err}{cause}") from None
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -35,9 +52,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype | str:
 
 
 def load_causal_lm(name: str, device: torch.device, dtype: torch.dtype | str, trust_remote_code: bool = False):
-    """``AutoModelForCausalLM.from_pretrained`` in eval mode on ``device``; LoadError if it cannot be found."""
+    """``AutoModelForCausalLM.from_pretrained`` in eval mode on ``device`` (a .gguf file: its converted folder,
+    decode.gguf); LoadError if it cannot be found."""
     from transformers import AutoModelForCausalLM
 
+    name = resolve_model_path(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -48,8 +67,11 @@ def load_causal_lm(name: str, device: torch.device, dtype: torch.dtype | str, tr
 
 
 def load_tokenizer(name: str, required: bool = True):
+    """``AutoTokenizer.from_pretrained`` (a .gguf file: its converted folder's); LoadError, or None when not
+    ``required``, if it cannot be loaded."""
     from transformers import AutoTokenizer
 
+    name = resolve_model_path(name)
     try:
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError, TypeError) as err:

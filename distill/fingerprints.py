@@ -1,13 +1,16 @@
-"""Fingerprints of what stored data depend on: a model's config and weights, a tokenizer's vocabulary, token lists.
+"""Fingerprints of what stored data depend on: a model's config and weights (sampled, or every byte), a tokenizer's
+vocabulary, token lists.
 
-Short sha256 hex digests, stable across processes and dtypes; the shard stores (distill/data/shard_store.py) compare
-them to decide whether a folder can be reused or resumed.
+Short sha256 hex digests, stable across processes (weights_hash also across load dtypes); the shard stores
+(distill/data/shard_store.py) compare them to decide whether a folder can be reused or resumed.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 import datasets
 import numpy as np
@@ -51,6 +54,28 @@ def weights_hash(model: nn.Module) -> str:
         sample = flat[::step][:_SAMPLES_PER_TENSOR].to("cpu", torch.bfloat16).contiguous()
         parts += [name, str(tuple(param.shape)), sample.view(torch.int16).numpy().tobytes()]
     return _digest(*parts)
+
+
+@torch.no_grad()
+def full_weights_hash(model: nn.Module,
+                      whole: Callable[[nn.Parameter], AbstractContextManager[torch.Tensor]] | None = None,
+                      chunk_values: int = 1 << 24) -> str:
+    """Hash of every parameter's name, shape, dtype and every byte of its values, in its own dtype (so the same
+    checkpoint loaded in another dtype hashes differently: what was computed from it differs too).
+
+    Streams: at most `chunk_values` values of one tensor are copied to the CPU at a time. `whole(param)` is a context
+    manager giving the parameter's whole tensor (a ZeRO-3 partition or FSDP2 shard gathered:
+    distill.models.distributed.whole_parameter); None reads the parameters as they are.
+    """
+    params = dict(model.named_parameters())
+    h = hashlib.sha256()
+    for name in sorted(params):
+        with (whole or contextlib.nullcontext)(params[name]) as tensor:
+            h.update(f"{name}\x00{tuple(tensor.shape)}\x00{tensor.dtype}\x00".encode())
+            flat = tensor.detach().reshape(-1)
+            for start in range(0, flat.numel(), chunk_values):
+                h.update(flat[start:start + chunk_values].to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def vocab_hash(tokenizer: PreTrainedTokenizerBase) -> str:

@@ -17,6 +17,7 @@ Every process runs every step; what only rank 0 writes is decided inside each st
 """
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -51,18 +52,18 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     checked = check_run(recipe, source, overrides)
     if checked.done:
         return RunOutcome(checked.plan.results.get("best", {}), finished_before=checked.plan.finished_at)
-    args, tokenizer, data = checked.args, checked.tokenizer, checked.data
+    recipe, args, tokenizer, data = checked.recipe, checked.args, checked.tokenizer, checked.data  # .gguf: folders
     # 2. load
     target, draft = load_models(recipe.model, recipe.lora, args.device)
     # 3. tokenise (prompts the target writes first, when the recipe asks for them)
     data = with_synthesized_prompts(recipe, data, target, tokenizer, args)
     rows = training_rows(recipe, data, target, draft, tokenizer, args)
-    if fsdp_enabled():  # FSDP2: nothing runs the target on one process alone any more: shard it over all of them
-        shard_for_inference(target, args.device)
     if recipe.model.draft_kind == "eagle3":  # the head's vocabulary: the rows' most frequent label tokens
         set_draft_vocabulary(draft, rows.rows)
         if recipe.model.head_init == "target":  # lm_head rows, final norm, MLP: read out like the target from step 0
             init_from_target(served_head(draft), target)
+    if fsdp_enabled():  # FSDP2: nothing runs the target on one process alone any more: shard it over all of them
+        shard_for_inference(target, args.device)
     # 4. distil
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to)
@@ -75,3 +76,18 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
                          data.eval_categories)
     distilled.end()  # every process leaves together
     return RunOutcome(summary)
+
+
+def prepare_data(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Recipe:
+    """Steps 1-3 of a run and nothing after: every stored thing the recipe's rows need from the target (synthesized
+    prompts, the target's responses, the teacher or hidden-state cache) built or resumed where the recipe keeps
+    it, so that a later run with the same recipe finds them (`specdistill-data hidden-states`). The run's own
+    output folder is not touched (the check step sees a scratch one). Returns the recipe as checked (.gguf paths
+    as their folders)."""
+    with tempfile.TemporaryDirectory(prefix="specdistill-data-") as scratch:
+        scratch_run = recipe.model_copy(update={"train": recipe.train.model_copy(update={"output_dir": scratch})})
+        checked = check_run(scratch_run, source, overrides)
+        target, draft = load_models(checked.recipe.model, checked.recipe.lora, checked.args.device)
+        data = with_synthesized_prompts(checked.recipe, checked.data, target, checked.tokenizer, checked.args)
+        training_rows(checked.recipe, data, target, draft, checked.tokenizer, checked.args)
+        return checked.recipe

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,3 +50,21 @@ def plain_class(module: nn.Module) -> type:
 
     cls = type(module)
     return cls.__mro__[2] if issubclass(cls, FSDPModule) and cls.__mro__[1] is FSDPModule else cls
+
+
+# test hook: SPECDISTILL_KILL_AT=name[:K] SIGKILLs the process the K-th time it reaches crash_point(name)
+KILL_ENV = "SPECDISTILL_KILL_AT"
+_crash_counts: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process here when SPECDISTILL_KILL_AT names this point (test hook; a no-op otherwise)."""
+    wanted = os.environ.get(KILL_ENV)
+    if not wanted:
+        return
+    point, _, nth = wanted.partition(":")
+    if point != name:
+        return
+    _crash_counts[name] = _crash_counts.get(name, 0) + 1
+    if _crash_counts[name] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

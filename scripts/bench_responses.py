@@ -126,10 +126,10 @@ def main() -> None:
     # ---- the markdown section ------------------------------------------------------------------------------------
     print("## Target responses on SmolLM2-135M-Instruct: ours, transformers, vLLM\n")
     print(f"Command: `{command_line('scripts/bench_responses.py')}`\n")
-    print(f"Machine: {machine('cpu', ['vllm'] if python else [])}; load average before / after: {load_before} / "
+    print(f"Machine: {machine('cpu')}; load average before / after: {load_before} / "
           f"{load_average()}\n")
     print(f"Code (sha256): {code_version(FILES)}\n")
-    print(f"Target: {Path(args.target).name}, float32 on the CPU. Prompts: {args.prompts} (chat template), greedy, "
+    print(f"Target: {Path(args.target).name} (SmolLM2-135M-Instruct), float32 on the CPU. Prompts: {args.prompts} (chat template), greedy, "
           f"at most {args.new_tokens} new tokens, stopping at eos.\n")
     headers = ["engine", "batch size", "rows", "responses/s", "new tokens/s", "rows equal to the first engine's"]
     print("\n".join(markdown_table(headers, table)))

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from decode import checks
 from helpers import run_train
 from test_bad_inputs import RECIPE, no_weights, w  # noqa: F401 - fixtures (no_weights: getfixturevalue)
 from test_bad_inputs_sweep import (PARSED, STRING_TYPES, VALID_ARGV, action_name, command_parser, holds,
                                    recipe_fields, run_command, value_actions)
-from tiny import TINY_TEXT
+from tiny import TINY_TEXT, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PATH_KEYS = {
     "model.target": "read", "model.draft": "read", "model.tokenizer": "read", "data.dataset": "read",
     "data.eval_prompts": "read", "data.target_data_dir": "read", "distill.teacher_cache": "read",
+    "distill.hidden_state_cache": "read",
     "train.output_dir": "read", "train.resume_from_checkpoint": "read",
     "model.draft_config": "name", "model.attn_implementation": "name", "data.dataset_config": "name",
     "data.split": "name", "data.text_field": "name", "data.messages_field": "name", "distill.loss": "name",
@@ -113,6 +115,9 @@ FILE_CASES = [
                "train.resume_from_checkpoint=true"),
     train_case("distill.teacher_cache", "cache/teacher_cache.json", "distill.teacher_cache={w}/cache",
                "train.max_steps=1", late=True),
+    train_case("distill.hidden_state_cache", "hidden/hidden_cache.json", "distill.hidden_state_cache={w}/hidden",
+               "model.target={w}/deep_target", "train.max_steps=1", recipe=str(ROOT / "recipes" / "tiny_eagle3.yaml"),
+               late=True),  # a head reads 3 layers: the 4-layer target
     train_case("data.target_data_dir", "responses/target_data.json", "data.target_weight=1.0",
                "data.target_data_dir={w}/responses", "data.target_max_new_tokens=2", "train.max_steps=1", late=True),
     # specdistill-eval: prompt files (read by us, or by datasets after a check), the two model folders
@@ -168,6 +173,9 @@ def sources(w: Path) -> Path:
         copy = shutil.copytree if (w / name).is_dir() else shutil.copyfile
         copy(w / name, root / name)
     shutil.copyfile(RECIPE, root / "recipe.yaml")
+    shutil.copytree(w / "target", root / "deep_target")  # its tokenizer, with 4 layers (an EAGLE-3 head reads 3)
+    tiny_model("llama", vocab_size=len(AutoTokenizer.from_pretrained(w / "target")), hidden=32,
+               layers=4).save_pretrained(root / "deep_target")
     shutil.copytree(w / "draft", root / "tokenizer")
     lines = TINY_TEXT.splitlines()
     (root / "rows.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
@@ -190,7 +198,8 @@ def sources(w: Path) -> Path:
     (root / "done" / "train_results.json").write_text(json.dumps({"best": {"step": 24}}))
     (root / "export" / "train_results.json").write_text(json.dumps({"best": {"step": 4}}))
     (root / "eval.json").write_text(json.dumps({"target": "t", "results": []}))
-    for folder, name in (("cache", "teacher_cache.json"), ("responses", "target_data.json")):
+    for folder, name in (("cache", "teacher_cache.json"), ("responses", "target_data.json"),
+                         ("hidden", "hidden_cache.json")):
         (root / folder).mkdir()
         (root / folder / name).write_text("{}")
     return root

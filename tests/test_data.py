@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill.data.rows import (IGNORE_INDEX, DataError, DistillCollator, build_data, chat_example, eval_prompts,
+from distill.data.dataset import build_data
+from distill.data.rows import (IGNORE_INDEX, DataError, DistillCollator, chat_example, eval_prompts,
                           local_data_files, padding_id, read_eval_prompts)
 from distill.recipe.sections import DataConfig
 from tiny import tiny_tokenizer
@@ -169,7 +170,10 @@ def test_no_usable_rows(tmp_path, tokenizer):
     with pytest.raises(DataError, match=r"no usable rows .* 1024-token block"):
         build_data(DataConfig(dataset=str(short), num_eval_prompts=0), tokenizer)
     no_reply = jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 3)
-    with pytest.raises(DataError, match="no usable rows .* assistant token"):
+    with pytest.raises(DataError, match="no usable rows .* assistant token .* data.dataset_weight=0"):
+        build_data(DataConfig(dataset=str(no_reply), num_eval_prompts=0, format="chat"), tokenizer)
+    # format auto sees prompts alone and says how to have the target answer them (tests/test_prompt_data.py)
+    with pytest.raises(DataError, match="holds prompts alone .* data.dataset_weight=0 data.target_weight=1"):
         build_data(DataConfig(dataset=str(no_reply), num_eval_prompts=0), tokenizer)
     with pytest.raises(DataError, match="cannot hold out 16 prompts from 3 rows"):
         build_data(DataConfig(dataset=str(short)), tokenizer)

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 import distill.data.target_data as target_data
 from decode import autoregressive_generate
 from distill.cli import data as data_command
-from distill.data.rows import IGNORE_INDEX, build_data
+from distill.data.dataset import build_data
+from distill.data.rows import IGNORE_INDEX
 from distill.recipe.sections import DataConfig
 from tiny import tiny_model, tiny_tokenizer
 

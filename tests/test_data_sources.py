@@ -26,7 +26,8 @@ from distill.data.onpolicy import (
     sample_continuations,
     select_rows,
 )
-from distill.data.rows import IGNORE_INDEX, DistillCollator, build_data
+from distill.data.dataset import build_data
+from distill.data.rows import IGNORE_INDEX, DistillCollator
 from distill.data.sources import mix_sources
 from distill.data.target_data import load_target_data
 from distill.models import load

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from decode.eagle3 import Eagle3Head, is_eagle3_folder, target_aux_hidden
-from distill.data.rows import build_data
+from distill.data.dataset import build_data
 from distill.models import load
 from distill.models.heads import (build_head, head_at_checkpoint, init_from_target, label_token_counts, most_frequent,
                                   plan_head)

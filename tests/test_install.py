@@ -31,6 +31,7 @@ COMMANDS = {  # console command -> (the module pyproject.toml names, the entry f
     "specdistill-check": ("decode.cli.check", "check_deploy.py"),
     "specdistill-train": ("distill.cli.train", "train.py"),
     "specdistill-push": ("distill.cli.push", "push_to_hub.py"),
+    "specdistill-data": ("distill.cli.data", "build_data.py"),
 }
 
 

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 import distill.pipeline
 from decode import autoregressive_generate
 from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts, user_turn_prefix
-from distill.data.rows import IGNORE_INDEX, DataError, build_data
+from distill.data.dataset import build_data
+from distill.data.rows import IGNORE_INDEX, DataError
 from distill.data.shard_store import CacheMismatchError
 from distill.data.target_data import load_target_data
 from distill.recipe.sections import DataConfig, RecipeError

@@ -7,7 +7,8 @@ import pytest
 from tokenizers import processors
 
 from distill.data import text_files
-from distill.data.rows import DataError, build_data
+from distill.data.dataset import build_data
+from distill.data.rows import DataError
 from distill.recipe.sections import DataConfig, RecipeError
 from tiny import TINY_TEXT, tiny_tokenizer
 

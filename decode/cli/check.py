@@ -3,6 +3,7 @@
     python scripts/check_deploy.py --target Qwen/Qwen2.5-7B-Instruct --draft outputs/qwen2.5-7b-to-0.5b
     specdistill-check --target TARGET --draft DRAFT_DIR --json check.json
     specdistill-check --target TARGET --draft DRAFT_DIR --serve        # also load and run the pair in vLLM
+    specdistill-check --target MODEL.gguf --draft DRAFT_DIR           # a .gguf: checked as its converted folder
 
 One line per check (`ok   <check>` or `FAIL <check>: <what is wrong and what to do>`; the checks are listed in
 decode/deploy_check.py), then the transformers, vLLM and SGLang commands. Exit code 1 when a check fails or the
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from decode.checks import FileProblem, OneLineArgumentParser
 from decode.deploy_check import check_deploy, check_serve, serving_commands
-from decode.loading import LoadError
+from decode.loading import LoadError, resolve_model_path
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 
 
@@ -29,8 +30,10 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="specdistill-check", description=__doc__.split("\n")[0])
-    p.add_argument("--target", required=True, help="target model: local folder or hub id (config + tokenizer read)")
-    p.add_argument("--draft", required=True, help="exported draft folder")
+    p.add_argument("--target", required=True,
+                   help="target model: local folder, .gguf file (checked as its converted folder) or hub id "
+                        "(config + tokenizer read)")
+    p.add_argument("--draft", required=True, help="exported draft folder (or a .gguf draft model)")
     p.add_argument("--json", type=Path, default=None, help="also write the findings as JSON here")
     p.add_argument("--serve", action="store_true", help="also run the pair in vLLM (greedy output = plain, tau)")
     p.add_argument("--vllm-python", default=None,
@@ -42,9 +45,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     python = find_vllm_python(args.vllm_python) if args.serve else None
+    # a .gguf: its converted folder (decode.gguf), which is also what vLLM serves
+    target, draft = resolve_model_path(args.target, "--target"), resolve_model_path(args.draft, "--draft")
 
     # ---- check ------------------------------------------------------------------------------------------------
-    report = check_deploy(args.target, args.draft, trust_remote_code=args.trust_remote_code)
+    report = check_deploy(target, draft, trust_remote_code=args.trust_remote_code)
     if python is not None:
         report = check_serve(report, python)
 

@@ -3,6 +3,7 @@
     python scripts/eval_acceptance.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \
         --prompts prompts.jsonl --gamma 2 4 6 --max-new-tokens 128 --output eval.json
     specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --gamma 4
+    specdistill-eval --target SmolLM2-135M-Instruct.Q4_1.gguf --draft DRAFT --prompts prompts.txt   # converted once
     specdistill-eval --target TARGET --draft DRAFT --prompts question.jsonl --messages-field turns \
         --category-field category --chat-template auto        # Spec-Bench's 480 prompts, by category
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
@@ -26,7 +27,8 @@ from decode.checks import (OneLineArgumentParser, check_json_files_text, check_s
 from decode.draft_kinds import DraftKind, kind_of_source
 from decode.drafters import PROMPT_LOOKUP
 from decode.evaluate import EvalSettings, evaluate_acceptance
-from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from decode.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype,
+                            resolve_model_path)
 from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
 from decode.results import write_eval_json
@@ -46,10 +48,10 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="specdistill-eval", description=__doc__.split("\n")[0])
-    p.add_argument("--target", required=True, help="target model: local folder or hub id")
+    p.add_argument("--target", required=True, help="target model: local folder, .gguf file or hub id")
     p.add_argument("--draft", required=True,
-                   help=f"draft model (local folder or hub id), an EAGLE-3 head folder (recognised by its config), "
-                        f"or '{PROMPT_LOOKUP}'")
+                   help=f"draft model (local folder, .gguf file or hub id), an EAGLE-3 head folder (recognised by its "
+                        f"config), or '{PROMPT_LOOKUP}'")
     p.add_argument("--prompts", required=True,
                    help=".jsonl (a 'prompt' or 'messages' field per line), .txt (one prompt per line), a local dataset "
                         "folder, or a hub dataset id")
@@ -135,6 +137,13 @@ def check_args(args: argparse.Namespace) -> None:
         check_writable_file(args.save_outputs, "--save-outputs")
 
 
+def with_model_folders(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of ``args`` whose .gguf --target / --draft name their converted folders (decode.gguf: converted on
+    first use); LoadError for a bad GGUF file."""
+    return argparse.Namespace(**{**vars(args), "target": resolve_model_path(args.target, "--target"),
+                                 "draft": resolve_model_path(args.draft, "--draft")})
+
+
 def check_model_paths(args: argparse.Namespace) -> None:
     """Local model folders exist and hold whole weights (no weights are loaded: a bad --draft is named before a
     large target takes minutes to load)."""
@@ -175,6 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
                             limit=args.num_prompts)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    given = args  # the report names the models as given; a .gguf loads from its converted folder from here on
+    args = with_model_folders(args)
     check_model_paths(args)
     kind = kind_of_source(args.draft)
     check_draft_fits(args, kind)
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
                             compare_hf=args.compare_hf, compile=args.compile,
                             eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
     report = {"engine": args.engine, "device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
-              "torch_version": torch.__version__, "target": args.target, "draft": args.draft,
+              "torch_version": torch.__version__, "target": given.target, "draft": given.draft,
               "draft_kind": kind.name, "prompts": args.prompts, "chat_template": args.chat_template,
               "compiled": args.compile}
 
@@ -250,7 +261,7 @@ def print_report(args: argparse.Namespace, report: dict) -> None:
     for key, engine in engines:
         results = report[key]
         print((f"{engine}:\n" if args.engine == "both" else "") +
-              format_table([{"drafter": args.draft, **r} for r in results]))
+              format_table([{"drafter": report["draft"], **r} for r in results]))
         if any("by_category" in r for r in results):
             print("\nby category:\n" + format_table(category_rows(results)))
     if "parity" in report:

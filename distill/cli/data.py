@@ -20,13 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-from decode.checks import FileProblem, OneLineArgumentParser, check_writable_folder
+from decode.checks import OneLineArgumentParser, check_writable_folder
 from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, read_prompt_rows
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
 from distill.data.regenerate import Answering, answer_conversations, write_jsonl
-from distill.data.shard_store import CacheMismatchError
+from distill.cli.train import USER_ERRORS as RUN_ERRORS
+from distill.pipeline import prepare_data
+from distill.recipe.loader import load_recipe
+from distill.recipe.sections import RecipeError
 from distill.utils import eval_mode
 
 WORK_DIR = ".specdistill"  # inside OUT: shards and their settings (hidden: data.dataset reads OUT's .jsonl only)
@@ -90,9 +93,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.job == "hidden-states":
-        from distill.data.hidden_cache_job import build_recipe_hidden_cache
-
-        return build_recipe_hidden_cache(args.recipe, args.overrides)
+        return recipe_hidden_states(args.recipe, args.overrides)
 
     # ---- inputs: the output folder, the prompts, the vLLM interpreter: every problem before a weight loads --------
     check_writable_folder(args.out, "--out")
@@ -118,22 +119,36 @@ def main(argv: list[str] | None = None) -> Path:
                 target, tokenizer, work, Synthesis(count=args.num, seed=args.seed, temperature=args.temperature,
                                                    max_new_tokens=args.max_tokens, batch_size=args.batch_size),
                 target_id=target_id, progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
-            written = write_jsonl([{"messages": [{"role": "user", "content": text}]} for text in made],
-                                  args.out / PROMPTS_FILE)
+            rows_out = [{"messages": [{"role": "user", "content": text}]} for text in made]
+            written = write_jsonl(rows_out, args.out / PROMPTS_FILE)
         else:
             answering = Answering(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
                                   chat_template=args.chat_template, shard_size=args.shard_size)
             answered = answer_conversations(target, tokenizer, rows, work, answering, target_id=target_id,
                                             progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
-            written = write_jsonl(answered, args.out / RESPONSES_FILE)
-    count = sum(1 for _ in written.open())
-    print(f"specdistill-data {args.job}: {count} rows in {written} ({time.perf_counter() - started:.0f} s); "
+            rows_out = answered
+            written = write_jsonl(rows_out, args.out / RESPONSES_FILE)
+    print(f"specdistill-data {args.job}: {len(rows_out)} rows in {written} ({time.perf_counter() - started:.0f} s); "
           f"train on them with data.dataset={args.out}")
     return written
 
 
-USER_ERRORS = (LoadError, FileProblem, ServingError, SynthesisError, CacheMismatchError, FileNotFoundError)
+def recipe_hidden_states(recipe_file: str, overrides: list[str]) -> Path:
+    """The recipe's distill.hidden_state_cache built (or resumed, or found complete) as its run would build it,
+    with whatever the rows need first (prompts, responses); returns the cache folder."""
+    recipe = load_recipe(recipe_file, overrides)
+    if recipe.distill.hidden_state_cache is None:
+        raise RecipeError("distill.hidden_state_cache", "is null; set it to the folder the cache goes to "
+                          "(model.draft_kind eagle3)", recipe_file)
+    checked = prepare_data(recipe, recipe_file, overrides)
+    folder = Path(checked.distill.hidden_state_cache)
+    print(f"specdistill-data hidden-states: the cache of {recipe_file} is complete in {folder}; train with "
+          f"specdistill-train {recipe_file}{''.join(' ' + o for o in overrides)}")
+    return folder
+
+
+USER_ERRORS = (*RUN_ERRORS, LoadError, ServingError, SynthesisError)  # a run's, and the loaders' and engines'
 
 
 def cli() -> None:

@@ -30,7 +30,7 @@ import datasets
 from tqdm.auto import tqdm
 
 from decode.checks import read_text, write_atomic
-from distill.outputs.checkpoints import crash_point
+from distill.utils import crash_point
 
 SHARDS_DIR = "shards"
 

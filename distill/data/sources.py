@@ -1,14 +1,14 @@
 """Where the training rows come from (recipes/README.md, "Where the training rows come from").
 
-  dataset   the dataset's own rows (distill.data.rows.build_data), weight data.dataset_weight
+  dataset   the dataset's own rows (distill.data.dataset.build_data), weight data.dataset_weight
   target    the target's responses to those rows' prompts (sequence-level KD), generated once into
             data.target_data_dir (distill.data.target_data), weight data.target_weight
   draft     the draft's own samples, put in during training by DistillTrainer (distill.data.onpolicy), a per-row
             fraction distill.on_policy_fraction of whatever the first two give
 The first two are mixed row by row: datasets.interleave_datasets draws each row from a source with probability
 weight / sum of weights (seeded with train.seed) until one source runs out. Optionally the target's top-k
-log-probabilities of the mixed rows are cached (distill.teacher_cache) and travel with the rows, so that training
-never runs the target.
+log-probabilities of the mixed rows are cached (distill.teacher_cache; for an EAGLE-3 head its hidden states,
+distill.hidden_state_cache) and travel with the rows, so that training never runs the target.
 
 training_rows (the tokenise step of a run, distill.pipeline) runs whatever uses the target on the main process
 first (TrainingArguments.main_process_first); the other processes then find the stored result complete and read it.
@@ -33,6 +33,7 @@ from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
 from distill.data.onpolicy import OnPolicySettings
 from distill.data.prompt_rows import held_out, prompt_training_rows
 from distill.data.rows import DataError, DistillCollator, DistillData, eval_prompt_set, padding_id
+from distill.data.hidden_cache import with_hidden_state_cache
 from distill.data.target_data import generate_target_data, prompts_from_rows, to_training_rows
 from distill.data.target_vllm import VLLM_SHARD_SIZE
 from distill.data.teacher_cache import CacheMismatchError, TeacherCollator, build_teacher_cache, with_teacher_columns
@@ -74,6 +75,14 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
             rows, collator = with_teacher_cache(
                 rows, collator, recipe.distill, target, tokenizer, target_id=recipe.model.target,
                 batch_size=recipe.train.per_device_train_batch_size, progress=progress)
+    if recipe.distill.hidden_state_cache is not None:  # a head's target features once: steps never run the target
+        try:
+            rows, collator = with_hidden_state_cache(
+                rows, collator, target, recipe.distill.hidden_state_cache, aux_layers=draft.aux_layers,
+                dtype=recipe.distill.hidden_state_cache_dtype, target_id=recipe.model.target,
+                batch_size=recipe.train.per_device_train_batch_size, args=args)
+        except CacheMismatchError as err:
+            raise CacheMismatchError(f"distill.hidden_state_cache: {_for_recipes(err)}") from None
     return TrainingRows(rows, collator, on_policy_settings(recipe, tokenizer, target))
 
 

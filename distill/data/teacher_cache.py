@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,17 +36,17 @@ from typing import Any
 
 import datasets
 import numpy as np
-import pyarrow.compute as pc
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from decode.vocab import lm_head_rows
+from distill.data.row_cache import (attach_columns, build_row_shards, check_row_lengths, open_complete, open_rows,
+                                    padded_batches, row_lengths)
 from distill.data.shard_store import CacheMismatchError, ShardStore
 from distill.fingerprints import config_hash, dataset_hash, vocab_hash, weights_hash
 from distill.losses.divergences import SparseTeacher
-from distill.utils import eval_mode
 
 FORMAT_VERSION = 1
 METADATA_FILE = "teacher_cache.json"
@@ -86,12 +85,6 @@ _SPEC_MEANING = {
 }
 
 
-def _row_lengths(dataset: datasets.Dataset) -> np.ndarray:
-    lengths = [pc.list_value_length(t.column("input_ids")).to_numpy(zero_copy_only=False)
-               for t in dataset.with_format("arrow").iter(batch_size=16384)]
-    return np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-
-
 def cache_spec(target: nn.Module, dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, *, k: int,
                target_id: str, logprob_dtype: str = "float16") -> CacheSpec:
     """The CacheSpec a cache of `dataset` under `target` would have. Raises ValueError for a bad k or dtype."""
@@ -103,7 +96,7 @@ def cache_spec(target: nn.Module, dataset: datasets.Dataset, tokenizer: PreTrain
         raise ValueError(f"logprob_dtype={logprob_dtype!r}; allowed values: {', '.join(LOGPROB_DTYPES)}")
     if "input_ids" not in dataset.column_names:
         raise ValueError(f"the dataset has no input_ids column (columns: {', '.join(dataset.column_names)})")
-    lengths = _row_lengths(dataset)
+    lengths = row_lengths(dataset)
     return CacheSpec(target_id=target_id, target_config_hash=config_hash(target),
                      target_weights_hash=weights_hash(target), tokenizer_vocab_hash=vocab_hash(tokenizer),
                      vocab_size=vocab, k=k, logprob_dtype=logprob_dtype, dataset_hash=dataset_hash(dataset),
@@ -138,26 +131,10 @@ def teacher_topk(target: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return ids.view(batch, width, k), logprobs.view(batch, width, k)
 
 
-def _batches(dataset: datasets.Dataset, rows: range, batch_size: int,
-             device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
-    """Right-padded (input_ids [B, T], attention_mask [B, T], lengths) over `rows` of the dataset."""
-    has_mask = "attention_mask" in dataset.column_names
-    dataset = dataset.with_format(None)  # python lists whatever the caller's format
-    for start in range(rows.start, rows.stop, batch_size):
-        chunk = dataset[start:min(start + batch_size, rows.stop)]
-        lengths = [len(ids) for ids in chunk["input_ids"]]
-        input_ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)  # [B, T]
-        attention_mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)  # [B, T]
-        for i, ids in enumerate(chunk["input_ids"]):
-            input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[i, :len(ids)] = torch.tensor(chunk["attention_mask"][i]) if has_mask else 1
-        yield input_ids.to(device), attention_mask.to(device), lengths
-
-
 def _shard_rows(target: nn.Module, dataset: datasets.Dataset, rows: range, k: int, batch_size: int,
                 chunk_size: int, logprob_dtype: str, bar: tqdm) -> Iterator[dict[str, np.ndarray]]:
     device = next(target.parameters()).device
-    for input_ids, attention_mask, lengths in _batches(dataset, rows, batch_size, device):
+    for input_ids, attention_mask, lengths in padded_batches(dataset, rows, batch_size, device):
         ids, logprobs = teacher_topk(target, input_ids, attention_mask, k, chunk_size)
         ids, logprobs = ids.cpu().numpy(), logprobs.cpu().numpy().astype(logprob_dtype)
         for i, length in enumerate(lengths):
@@ -208,19 +185,11 @@ def build_teacher_cache(
     if metadata["complete"]:
         return load_teacher_cache(store.root)
 
-    def make(index: int, rows: range, scratch: Path) -> datasets.Dataset:
-        """Shard `index` from _shard_rows, written by `datasets` in batches of rows into `scratch`."""
-        generate = dict(target=target, dataset=dataset, rows=rows, k=k, batch_size=batch_size,
-                        chunk_size=chunk_size, logprob_dtype=logprob_dtype, bar=bar)
-        fingerprint = f"teacher-{spec['dataset_hash']}-{index}"
-        return datasets.Dataset.from_generator(_shard_rows, features=_features(k, logprob_dtype),
-                                               gen_kwargs=generate, cache_dir=str(scratch), fingerprint=fingerprint)
+    def make_rows(rows: range, bar: tqdm) -> Iterator[dict[str, np.ndarray]]:
+        return _shard_rows(target, dataset, rows, k, batch_size, chunk_size, logprob_dtype, bar)
 
-    started = time.perf_counter()
-    with eval_mode(target), tqdm(total=len(dataset), desc=f"teacher top-{k}", unit="row", disable=not progress) as bar:
-        store.fill(metadata, len(dataset), make, bar)
-    store.finish(metadata, num_positions=int(_row_lengths(dataset).sum()),
-                 build_seconds=round(time.perf_counter() - started, 3), bytes_on_disk=store.bytes_on_disk())
+    metadata = build_row_shards(store, metadata, dataset, target, make_rows, _features(k, logprob_dtype),
+                                desc=f"teacher top-{k}", progress=progress)
     return _open(store, metadata)
 
 
@@ -229,10 +198,8 @@ def _store(path: str | os.PathLike) -> ShardStore:
 
 
 def _open(store: ShardStore, metadata: dict[str, Any]) -> TeacherCache:
-    shards = store.load_shards(metadata)
-    rows = datasets.concatenate_datasets(shards) if shards else datasets.Dataset.from_dict(
-        {"topk_ids": [], "topk_logprobs": []}, features=_features(metadata["k"], metadata["logprob_dtype"]))
-    return TeacherCache(store.root, metadata, rows)
+    return TeacherCache(store.root, metadata, open_rows(store, metadata,
+                                                        _features(metadata["k"], metadata["logprob_dtype"])))
 
 
 def load_teacher_cache(
@@ -247,14 +214,6 @@ def load_teacher_cache(
     """Open a complete cache (memory-mapped), checking it against whatever of target / target_id / tokenizer /
     dataset / k is given. Raises FileNotFoundError (no cache, or an unfinished build) and CacheMismatchError
     naming every difference."""
-    store = _store(path)
-    path, metadata = store.root, store.read_metadata()
-    if metadata is None:
-        raise FileNotFoundError(f"no teacher cache at {path} (missing {METADATA_FILE}); build it with "
-                                "build_teacher_cache")
-    if not metadata.get("complete"):
-        raise FileNotFoundError(f"the teacher cache at {path} is unfinished; run build_teacher_cache again with "
-                                "the same inputs to resume it")
     wanted: dict[str, Any] = {"format_version": FORMAT_VERSION}
     if target_id is not None:
         wanted["target_id"] = target_id
@@ -267,11 +226,8 @@ def load_teacher_cache(
         wanted.update(num_rows=len(dataset), dataset_hash=dataset_hash(dataset))
     if k is not None:
         wanted["k"] = k
-    differences = store.differences(metadata, wanted)
-    if differences:
-        raise CacheMismatchError(f"the teacher cache at {path} was built for other inputs:\n  "
-                                 + "\n  ".join(differences))
-    return _open(store, metadata)
+    store = _store(path)
+    return _open(store, open_complete(store, wanted, "build_teacher_cache"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -337,15 +293,9 @@ def with_teacher_columns(dataset: datasets.Dataset, cache: TeacherCache, *, chec
     Trainer's dataloader (needs remove_unused_columns=False). Rows are matched by position, so `dataset` must be
     the one the cache was built from, in the same order (shuffling is the dataloader's job).
     Raises CacheMismatchError when its rows differ from the cache's (checked by hashing unless check=False)."""
-    if len(dataset) != len(cache):
-        raise CacheMismatchError(f"the dataset has {len(dataset)} rows but the teacher cache at {cache.path} "
-                                 f"has {len(cache)}")
-    if check and dataset_hash(dataset) != cache.metadata["dataset_hash"]:
-        raise CacheMismatchError(f"the dataset's input_ids differ from those the teacher cache at {cache.path} "
-                                 "was built from (other rows, other order or other tokenisation)")
-    teacher = cache.rows.rename_columns(dict(zip(("topk_ids", "topk_logprobs"), TEACHER_COLUMNS)))
-    combined = datasets.concatenate_datasets([dataset, teacher], axis=1)
-    return combined.with_format("numpy", columns=list(TEACHER_COLUMNS), output_all_columns=True)
+    return attach_columns(dataset, cache.rows, dict(zip(("topk_ids", "topk_logprobs"), TEACHER_COLUMNS)),
+                          what="teacher cache", path=cache.path, built_from=cache.metadata["dataset_hash"],
+                          check=check)
 
 
 @dataclass
@@ -357,10 +307,7 @@ class TeacherCollator:
     base: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        for i, row in enumerate(rows):
-            if len(row[TEACHER_COLUMNS[0]]) != len(row["input_ids"]):
-                raise ValueError(f"row {i} of the batch has {len(row['input_ids'])} tokens but "
-                                 f"{len(row[TEACHER_COLUMNS[0]])} cached teacher positions")
+        check_row_lengths(rows, TEACHER_COLUMNS[0], "teacher")
         batch = self.base([{k: v for k, v in row.items() if k not in TEACHER_COLUMNS} for row in rows])
         ids, logprobs = pad_topk([r[TEACHER_COLUMNS[0]] for r in rows], [r[TEACHER_COLUMNS[1]] for r in rows],
                                  batch["input_ids"].shape[1])

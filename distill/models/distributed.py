@@ -18,10 +18,11 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainingArguments
 from transformers.initialization import no_init_weights
 
-from distill.models.fsdp import fsdp_enabled, is_sharded, whole_copy
+from distill.models.fsdp import LAYOUT, fsdp_enabled, from_layout, is_sharded, whole_copy
 from distill.models.lora import is_lora
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,6 +144,30 @@ def shard_for_inference(model: PreTrainedModel) -> PreTrainedModel:
     return engine.module.eval()
 
 
+@contextlib.contextmanager
+def gathered(params: list[nn.Parameter]) -> Iterator[None]:
+    """The ZeRO-3 partitions among `params` whole inside the block, to read (a collective: every rank enters it when
+    one is partitioned); nothing happens for plain parameters."""
+    partitioned = [p for p in params if hasattr(p, "ds_id")]
+    if not partitioned:
+        yield
+        return
+    import deepspeed
+    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
+        yield
+
+
+@contextlib.contextmanager
+def whole_parameter(param: nn.Parameter) -> Iterator[torch.Tensor]:
+    """The whole tensor of `param` inside the block, to read: a ZeRO-3 partition gathered, an FSDP2 shard
+    all-gathered (each a collective: every rank enters it), a plain parameter as it is."""
+    if isinstance(param, DTensor):
+        yield param.full_tensor()
+        return
+    with gathered([param]):
+        yield param.data if hasattr(param, "ds_id") else param
+
+
 def _gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     """Every parameter of a ZeRO-3 model, whole and on the CPU, on rank 0 (None elsewhere). A collective: every rank
     calls it; one weight is gathered at a time, so no process ever holds more than one whole weight extra.
@@ -166,8 +191,9 @@ def _empty_like(model: PreTrainedModel) -> PreTrainedModel:
 
 def plain_copy(model: nn.Module) -> PreTrainedModel | None:
     """A plain transformers model equal to `model`, which is left unchanged: LoRA adapters are merged into the
-    weights (merge_and_unload), ZeRO-3 partitions or FSDP2 shards gathered. The copy is on the CPU when gathered,
-    else on the model's device.
+    weights (merge_and_unload), ZeRO-3 partitions or FSDP2 shards gathered (into the layout remembered for a model
+    that is not a transformers model, e.g. an EAGLE-3 head: distill.models.fsdp.remember_layout). The copy is on
+    the CPU when gathered, else on the model's device.
 
     A collective when `model` is partitioned (every rank must call it; the copy is returned on rank 0, None
     elsewhere); otherwise a local copy.
@@ -180,6 +206,10 @@ def plain_copy(model: nn.Module) -> PreTrainedModel | None:
         state = _gathered_state_dict(model)
         if state is None:
             return None
+        if LAYOUT in model.__dict__:  # not a transformers model (an EAGLE-3 head): its layout, its own buffers
+            params = dict(model.named_parameters())
+            buffers = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items() if k not in params}
+            return from_layout(model, {**state, **buffers}).eval()
         copied = _empty_like(model)  # LoRA under ZeRO-3 is refused by load_draft: no adapters here
         missing, unexpected = copied.load_state_dict(state, strict=False)
         named = dict(copied.named_parameters())

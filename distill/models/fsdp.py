@@ -135,7 +135,7 @@ def unsharded_original(model: nn.Module) -> nn.Module:
     return model.__dict__.get(LAYOUT, model)
 
 
-def _from_layout(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+def from_layout(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     """A plain module of `model`'s class (its remembered layout) holding the tensors of the full `state`."""
     layout = model.__dict__.get(LAYOUT)
     if layout is None:
@@ -160,13 +160,13 @@ def whole_copy(model: nn.Module) -> nn.Module | None:
     """A plain (unsharded) copy of the FSDP-sharded `model` on rank 0's CPU, None on the other ranks; `model` is left
     unchanged. A collective: every rank calls it."""
     state = _full_state(model, everywhere=False)
-    return _from_layout(model, state) if state else None
+    return from_layout(model, state) if state else None
 
 
 def local_copy(model: nn.Module) -> nn.Module:
     """A plain copy of the FSDP-sharded `model` on every rank, on its device (e.g. to sample from it without a
     collective per forward). A collective: every rank calls it."""
     state = _full_state(model, everywhere=True)
-    copied = _from_layout(model, state)
+    copied = from_layout(model, state)
     # the layout's buffers were kept on the CPU: they join the weights on this rank's device
     return copied.to(next(iter(state.values())).device) if state else copied

@@ -6,6 +6,10 @@ The head itself (its maths, files and vLLM semantics) is decode/eagle3.py; its t
 distill/losses/head_loss.py; DistillTrainer trains it through distill.losses.head_loss.UnrolledHead
 (distill/run/head_trainer.py).
 
+Under ZeRO-3 and FSDP2 (where heads train from the hidden-state cache) a head reads a whole copy of the target's
+input embedding (`head_embedding`) and its teacher is a whole copy of the target's lm_head (`teacher_lm_head`): no
+training step runs the sharded target.
+
 Draft vocabulary: the `model.draft_vocab_size` most frequent tokens among the label tokens of the tokenised
 training rows (every row a process trains on: dataset rows and target responses alike), ties broken by the smaller
 id, kept in ascending id order (Eagle3Head.set_vocab). Counted on the main process, sent to the others.
@@ -24,6 +28,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from decode.eagle3 import Eagle3Head, head_config
 from distill.losses.head_loss import UnrolledHead
+from distill.models.distributed import gathered, is_partitioned, whole_parameter, zero3_enabled
+from distill.models.fsdp import fsdp_enabled
 from distill.recipe.sections import ModelConfig
 from distill.utils import IGNORE_INDEX, ModelSetupError
 
@@ -61,11 +67,43 @@ def plan_head(cfg: ModelConfig, target_config: PretrainedConfig) -> PretrainedCo
         raise ModelSetupError(f"model.aux_layers: {err}") from None
 
 
+def head_embedding(target: PreTrainedModel) -> nn.Module:
+    """The target's input embedding as its head reads it: the module itself; under ZeRO-3 or FSDP2, where the target is
+    (or will be) sharded, a whole frozen nn.Embedding of its weights on this process (gathered under ZeRO-3: a
+    collective), so the head embeds tokens without a collective and rank 0 can measure it alone."""
+    embed = target.get_input_embeddings()
+    if not (zero3_enabled() or fsdp_enabled()):
+        return embed
+    with whole_parameter(embed.weight) as weight:
+        return nn.Embedding.from_pretrained(weight.detach().clone(), freeze=True,
+                                            padding_idx=getattr(embed, "padding_idx", None))
+
+
+def teacher_lm_head(target: PreTrainedModel) -> nn.Module:
+    """The target's lm_head with whole weights on this process: the module itself, or for a sharded target (ZeRO-3,
+    FSDP2) a frozen nn.Linear copy of its weights (gathered: a collective, every rank calls it). The teacher of a
+    head trained from the hidden-state cache: only this copy of the target is needed in a training step."""
+    head = target.get_output_embeddings()
+    if not is_partitioned(head):
+        return head
+    parts = [p for p in (head.weight, getattr(head, "bias", None)) if p is not None]
+    copies = []
+    for part in parts:
+        with whole_parameter(part) as whole:
+            copies.append(whole.detach().clone())
+    weight = copies[0]  # [V, H']
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=len(copies) > 1, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        for param, value in zip(linear.parameters(), copies):
+            param.copy_(value)
+    return linear.requires_grad_(False)
+
+
 def build_head(cfg: ModelConfig, target: PreTrainedModel, dtype: torch.dtype) -> Eagle3Head:
-    """A fresh, trainable head on `target` (its input embedding shared and frozen), in train mode. Its vocabulary
-    is the first draft_vocab_size ids until set_draft_vocabulary."""
+    """A fresh, trainable head on `target` (its input embedding shared and frozen: head_embedding), in train mode.
+    Its vocabulary is the first draft_vocab_size ids until set_draft_vocabulary."""
     head = Eagle3Head(plan_head(cfg, target.config)).to(dtype)
-    head.bind_embeddings(target.get_input_embeddings())
+    head.bind_embeddings(head_embedding(target))
     head.set_vocab(torch.arange(head.d2t.numel()))
     return head.requires_grad_(True).train()
 
@@ -79,25 +117,27 @@ def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
         norm        = target's final norm
         mlp, post_attention_layernorm = the target's last decoder layer's (when the MLP widths match)
     """
-    copied = []
-    out = target.get_output_embeddings()
-    if out is not None and out.weight.shape[1] == head.lm_head.weight.shape[1]:
-        rows = out.weight.index_select(0, head.target_ids.to(out.weight.device))  # [V_draft, H]
-        head.lm_head.weight.copy_(rows.to(head.lm_head.weight))
-        copied.append("lm_head")
     inner = target.get_decoder() if hasattr(target, "get_decoder") else None
-    final_norm = getattr(inner, "norm", None)
-    if final_norm is not None and final_norm.weight.shape == head.norm.weight.shape:
-        head.norm.weight.copy_(final_norm.weight.to(head.norm.weight))
-        copied.append("norm")
     layers = getattr(inner, "layers", None)
+    out, final_norm = target.get_output_embeddings(), getattr(inner, "norm", None)
     last = layers[-1] if layers is not None and len(layers) else None
-    src = last.mlp.state_dict() if last is not None and hasattr(last, "mlp") else {}
-    dst = head.midlayer.mlp.state_dict()
-    if src.keys() == dst.keys() and all(src[k].shape == dst[k].shape for k in dst):
-        head.midlayer.mlp.load_state_dict({k: v.to(dst[k]) for k, v in src.items()})
-        head.midlayer.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight.to(head.fc.weight))
-        copied.append("midlayer.mlp")
+    read = [p for m in (out, final_norm, last) if m is not None for p in m.parameters()]
+    copied = []
+    with gathered(read):  # ZeRO-3: the target's partitions whole while they are read (a collective)
+        if out is not None and out.weight.shape[1] == head.lm_head.weight.shape[1]:
+            rows = out.weight.index_select(0, head.target_ids.to(out.weight.device))  # [V_draft, H]
+            head.lm_head.weight.copy_(rows.to(head.lm_head.weight))
+            copied.append("lm_head")
+        if final_norm is not None and final_norm.weight.shape == head.norm.weight.shape:
+            head.norm.weight.copy_(final_norm.weight.to(head.norm.weight))
+            copied.append("norm")
+        src = last.mlp.state_dict() if last is not None and hasattr(last, "mlp") else {}
+        dst = head.midlayer.mlp.state_dict()
+        if src.keys() == dst.keys() and all(src[k].shape == dst[k].shape for k in dst):
+            head.midlayer.mlp.load_state_dict({k: v.to(dst[k]) for k, v in src.items()})
+            head.midlayer.post_attention_layernorm.weight.copy_(
+                last.post_attention_layernorm.weight.to(head.fc.weight))
+            copied.append("midlayer.mlp")
     return copied
 
 

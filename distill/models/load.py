@@ -10,7 +10,9 @@ partitioned as they load and the target is hooked for inference (distill/models/
 whole on the CPU and are sharded later (distill/models/fsdp.py: the target after the tokenise step, the draft by the
 Trainer).
 
-`check_model_plan` reads only configs and tokenizers, so its errors come before any weights are loaded.
+`check_model_plan` reads only configs and tokenizers, so its errors come before any weights are loaded. A `.gguf`
+target, draft or tokenizer is converted once into a plain folder (decode.gguf) by `with_model_folders`, which the
+check step runs first: everything after it sees folders only.
 """
 from __future__ import annotations
 
@@ -21,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import PartialState
 from torch import nn
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers import PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
 
-from decode.loading import DTYPES
+from decode.gguf import is_gguf_path
+from decode.loading import DTYPES, LoadError, resolve_model_path
 from decode.vocab import check_tokenizers_compatible
 from distill.models.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
 from distill.models.fsdp import fsdp_enabled, remember_layout
@@ -40,6 +44,32 @@ logger = logging.getLogger(__name__)
 
 # Config entries with one value per decoder layer; kept in step with num_hidden_layers when layers are dropped.
 PER_LAYER_CONFIG_KEYS = ("layer_types",)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model paths
+# ---------------------------------------------------------------------------------------------------------------
+
+MODEL_PATH_KEYS = ("target", "draft", "tokenizer")
+
+
+def with_model_folders(cfg: ModelConfig) -> ModelConfig:
+    """A copy of ``cfg`` whose .gguf target / draft / tokenizer name their converted folders (decode.gguf: converted
+    on first use, by the main process while the others wait, then found in the cache by them). Raises
+    ModelSetupError naming the key for a file that is not a loadable GGUF."""
+    folders: dict[str, str] = {}
+    problem: LoadError | None = None
+    with PartialState().main_process_first():
+        try:
+            for key in MODEL_PATH_KEYS:
+                path = getattr(cfg, key)
+                if path is not None and is_gguf_path(path):
+                    folders[key] = resolve_model_path(path, f"model.{key}")
+        except LoadError as err:  # raised after the block, so the processes waiting on the main one are released
+            problem = err
+    if problem is not None:
+        raise ModelSetupError(str(problem))
+    return cfg.model_copy(update=folders)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -134,19 +164,22 @@ def planned_parameter_count(config: PretrainedConfig, trust_remote_code: bool = 
     return parameter_count(model)
 
 
-def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Everything that can be checked before loading weights.
+def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *,
+                     hidden_state_cache: bool = False) -> None:
+    """Everything that can be checked before loading weights (`hidden_state_cache`: the recipe sets
+    distill.hidden_state_cache).
 
-    Raises ModelSetupError (bad draft_layers / draft_config, draft vocabulary smaller than the tokenizer) and
+    Raises ModelSetupError (bad draft_layers / draft_config, draft vocabulary smaller than the tokenizer, an EAGLE-3
+    head under ZeRO-3 or FSDP2 without the hidden-state cache) and
     decode.vocab.TokenizerMismatchError (the draft's tokenizer differs from the target's). Logs a warning when
     the draft has more parameters than the target.
     """
     target_config = _load("model.target", cfg.target, AutoConfig, trust_remote_code=cfg.trust_remote_code)
     if cfg.draft_kind == "eagle3":  # aux layer ids and draft vocabulary against the target's config
-        if zero3_enabled() or fsdp_enabled():
-            raise ModelSetupError("model.draft_kind: EAGLE-3 heads are not supported under DeepSpeed ZeRO-3 or "
-                                  "FSDP (a head is one layer: use DDP or ZeRO-2, "
-                                  "recipes/accelerate/deepspeed_zero2.yaml)")
+        if (zero3_enabled() or fsdp_enabled()) and not hidden_state_cache:  # the cache: steps never run the target
+            raise ModelSetupError("model.draft_kind: EAGLE-3 heads train under DeepSpeed ZeRO-3 or FSDP only from "
+                                  "distill.hidden_state_cache (the target is then not run in training steps); "
+                                  "without it use DDP or ZeRO-2 (recipes/accelerate/deepspeed_zero2.yaml)")
         plan_head(cfg, target_config)
         return
     planned = draft_config(cfg, target_config)
@@ -275,4 +308,6 @@ def load_models(cfg: ModelConfig, lora: LoraConfig, device: torch.device | str) 
     if fsdp_enabled():
         remember_layout(draft, keep_weights=is_lora(draft))  # LoRA: the frozen base, to merge checkpoints on rank 0
         return target, draft
+    if zero3_enabled() and not isinstance(draft, PreTrainedModel):  # a head: its gathered copies follow this layout
+        remember_layout(draft)
     return target.to(device), draft

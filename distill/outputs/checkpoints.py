@@ -16,32 +16,17 @@ import logging
 import os
 import re
 import shutil
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from decode.checks import FileProblem, read_text
+from distill.utils import KILL_ENV, crash_point  # noqa: F401  (KILL_ENV: for the tests that set it)
 
 logger = logging.getLogger(__name__)
 
 PARTIAL_DIR = ".partial"  # checkpoints being written; never a checkpoint-* name, so nothing picks or rotates it
 TRAINER_STATE = "trainer_state.json"  # written last by Trainer._save_checkpoint
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
-KILL_ENV = "SPECDISTILL_KILL_AT"
-_crash_counts: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    """SIGKILL this process here when SPECDISTILL_KILL_AT names this point (test hook; a no-op otherwise)."""
-    wanted = os.environ.get(KILL_ENV)
-    if not wanted:
-        return
-    point, _, nth = wanted.partition(":")
-    if point != name:
-        return
-    _crash_counts[name] = _crash_counts.get(name, 0) + 1
-    if _crash_counts[name] == int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def checkpoint_step(folder: str | Path) -> int | None:

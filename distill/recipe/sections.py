@@ -145,6 +145,16 @@ class DistillConfig(Section):
                                                     "size].")
     teacher_cache_dtype: Literal["float16", "float32"] = Field(
         "float16", description="dtype of the cached log-probabilities (float16: half the bytes, ~5e-4 relative error).")
+    # hidden-state cache of EAGLE-3 heads (recipes/README.md, "Hidden-state cache")
+    hidden_state_cache: str | None = Field(
+        None, description="eagle3: folder of the target's aux and final hidden states at every training position: "
+                          "built on first use (resumable), reused while the target's weights, the aux layers and the "
+                          "rows are unchanged; training steps then never run the target (its lm_head gives the "
+                          "teacher's logits), and heads train under ZeRO-3 and FSDP2. null = run the target at every "
+                          "step.")
+    hidden_state_cache_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="eagle3: dtype the hidden states are stored in (bfloat16: exact for a bfloat16 target, "
+                                "2 bytes per value; float32: exact for float32 targets too, twice the bytes).")
     # on-policy source (recipes/README.md, "On-policy")
     on_policy_fraction: float = Field(
         0.0, ge=0, le=1, description="lambda in [0, 1]: each training row is, with this probability, replaced by the "
@@ -277,7 +287,8 @@ HEAD_REFUSALS = (  # (key, whether the recipe sets it, what an EAGLE-3 head need
     ("lora.enabled", lambda r: r.lora.enabled, "false with model.draft_kind eagle3 (a head is one small layer "
      "trained in full; LoRA adapts pre-trained drafts)"),
     ("distill.teacher_cache", lambda r: r.distill.teacher_cache is not None, "null with model.draft_kind eagle3 (a "
-     "head reads the target's hidden states at every step, which the cache of top-k log-probabilities does not hold)"),
+     "head reads the target's hidden states, which the cache of top-k log-probabilities does not hold: use "
+     "distill.hidden_state_cache)"),
     ("distill.on_policy_fraction", lambda r: r.distill.on_policy_fraction > 0, "0 with model.draft_kind eagle3 "
      "(on-policy rows are sampled from standalone drafts only)"),
     ("train.activation_checkpointing", lambda r: bool(r.train.activation_checkpointing), "false with "
@@ -307,6 +318,10 @@ class Recipe(Section):
                 require(not refused(self), key, getattr(getattr(self, section), name), allowed,
                         ["model.draft_kind"])
         else:
+            require(self.distill.hidden_state_cache is None, "distill.hidden_state_cache",
+                    self.distill.hidden_state_cache, "null with model.draft_kind standalone (it holds the target "
+                    "features an EAGLE-3 head reads; a standalone draft caches its teacher with distill.teacher_cache)",
+                    ["model.draft_kind"])
             for key, default in (("ttt_steps", 1), ("ttt_decay", 1.0)):
                 require(getattr(self.distill, key) == default, f"distill.{key}", getattr(self.distill, key),
                         f"{default} with model.draft_kind standalone (training-time test unrolls EAGLE-3 heads: "

@@ -3,8 +3,10 @@
 What changes from a standalone draft, one optimizer step (the rest of DistillTrainer's lifecycle is unchanged):
   get_batch_samples  -> N_j for every TTT step j: the kept positions of step j (label x_{t+2+j} a loss token in
                         the draft vocabulary) summed over all processes and micro-batches, [K]
-  compute_loss       -> one forward of the frozen target (aux hidden states and final hidden states together),
-                        the head unrolled K steps inside the wrapped model's forward (distill.losses.head_loss), each
+  compute_loss       -> one forward of the frozen target (aux hidden states and final hidden states together), or
+                        both read from the batch with distill.hidden_state_cache (distill.data.hidden_cache: the
+                        target is not run, only a copy of its lm_head gives the teacher's logits), the head
+                        unrolled K steps inside the wrapped model's forward (distill.losses.head_loss), each
                         step's loss sum S_pg,j; the returned loss is sum_j decay^j S_pg,j * P / N_j, so the
                         update is that of sum_j decay^j (per-token mean of step j over the whole optimizer batch):
                         identical for (P processes x G micro-batches) = (1 x P*G), as for standalone drafts
@@ -23,8 +25,10 @@ import torch
 from torch import nn
 
 from decode.eagle3 import Eagle3Head
+from distill.data.hidden_cache import cached_features
 from distill.losses.head_loss import (UnrolledHead, restricted_head, step_token_counts, target_features, ttt_step_sums,
-                               weighted_loss)
+                                      weighted_loss)
+from distill.models.heads import teacher_lm_head
 from distill.run.trainer import DistillTrainer
 
 
@@ -35,6 +39,8 @@ class HeadTrainer(DistillTrainer):
         distill = kwargs["distill"]
         super().__init__(model=UnrolledHead(model, distill.ttt_steps), **kwargs)
         self.head = model
+        if model.bound_embeddings is not None:  # a whole copy of the target's embedding (ZeRO-3, FSDP2) joins the head
+            model.bound_embeddings.to(self.args.device)
         self._teacher_head: nn.Module | None = None  # the target's lm_head on the draft vocabulary (first step)
         # per step j: [kd, tv, kept positions] summed on this process since the last log
         self._ttt_sums = torch.zeros(distill.ttt_steps, 3, dtype=torch.float64, device=self.args.device)
@@ -56,10 +62,12 @@ class HeadTrainer(DistillTrainer):
     def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """sum_j decay^j S_j * P / N_j for the training loop; with each step's own counts when called alone."""
-        if self._teacher_head is None:  # after a resume has loaded the head's vocabulary
-            self._teacher_head = restricted_head(self.target.get_output_embeddings(), self.head)
-        aux, final = target_features(self.target, inputs["input_ids"], inputs["attention_mask"],
-                                     self.head.aux_layers)  # [B, T, k H'], [B, T, H']
+        if self._teacher_head is None:  # after a resume has loaded the head's vocabulary; a collective when sharded
+            self._teacher_head = restricted_head(teacher_lm_head(self.target), self.head)
+        # [B, T, k H'], [B, T, H']: from the hidden-state cache (the target is not run), else one target forward
+        aux, final = cached_features(inputs) or target_features(self.target, inputs["input_ids"],
+                                                                 inputs["attention_mask"], self.head.aux_layers)
+        final = final.to(self._teacher_head.weight.dtype)  # a cache's storage dtype -> the target's
         outputs = model(inputs["input_ids"], aux)  # K x [B, T, H], through DDP's forward
         sums = ttt_step_sums(self.head, outputs, final, self._teacher_head, inputs["labels"],
                              inputs["attention_mask"], self.distill,

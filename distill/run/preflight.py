@@ -2,8 +2,9 @@
 
 check_run goes through, in order: the hub settings and trackers transformers would refuse late (RecipeError), the
 precision for this machine, the output folder and where training starts (plan_run), transformers' own checks of
-the TrainingArguments, the processes and the device mode, the model files (FileProblem for truncated weights, a
-target without tokenizer files), the tokenizer and the draft plan from configs (ModelSetupError), and the dataset
+the TrainingArguments, the processes and the device mode, a .gguf model path turned into its converted folder (once,
+on the main process first: decode.gguf), the model files (FileProblem for truncated weights, a target without
+tokenizer files), the tokenizer and the draft plan from configs (ModelSetupError), and the dataset
 itself: it is read and tokenised here (once, on the main process first; `datasets` caches it), so that a bad file
 or column is named before any weight loads.
 
@@ -24,9 +25,10 @@ from transformers import AutoConfig, PreTrainedTokenizerBase, TrainingArguments,
 
 from decode.checks import (FileProblem, check_json_files_text, check_safetensors_whole, check_tokenizer_files,
                            check_writable_folder, read_text, safetensors_header)
-from distill.data.rows import DistillData, build_data
+from distill.data.dataset import build_data
+from distill.data.rows import DistillData
 from distill.models.distributed import check_device_mode
-from distill.models.load import ModelSetupError, check_model_plan, draft_config, load_tokenizer
+from distill.models.load import ModelSetupError, check_model_plan, draft_config, load_tokenizer, with_model_folders
 from distill.outputs.checkpoints import Checkpoints, find_checkpoints, finished_step, report_incomplete
 from distill.outputs.run_folder import RECIPE_FILE, previous_run_files, read_results
 from distill.recipe.sections import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
@@ -42,12 +44,14 @@ logger = logging.getLogger(__name__)
 @dataclass
 class CheckedRun:
     """What the check step hands on: where training starts and, unless the run is already done, the processes'
-    TrainingArguments, the tokenizer and the tokenised data (rows and acceptance prompts)."""
+    TrainingArguments, the tokenizer, the tokenised data (rows and acceptance prompts) and the recipe the run goes
+    on with (a .gguf model path replaced by its converted folder: distill.models.load.with_model_folders)."""
 
     plan: RunPlan
     args: TrainingArguments | None = None
     tokenizer: PreTrainedTokenizerBase | None = None
     data: DistillData | None = None
+    recipe: Recipe | None = None
 
     @property
     def done(self) -> bool:
@@ -71,9 +75,10 @@ def check_run(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Che
     set_seed(recipe.train.seed)
 
     # ---- tokenizer and model plan: configs only, no weights yet ----------------------------------------------
+    recipe = recipe.model_copy(update={"model": with_model_folders(recipe.model)})  # a .gguf: converted once
     check_model_files(recipe)  # truncated safetensors, a target folder without tokenizer files
     tokenizer = load_tokenizer(recipe.model)
-    check_model_plan(recipe.model, tokenizer)
+    check_model_plan(recipe.model, tokenizer, hidden_state_cache=recipe.distill.hidden_state_cache is not None)
     check_attn_implementation(recipe)
     check_resume_shape(recipe, plan.resume)
     topk_from_override = any(a.startswith("distill.teacher_topk=") for a in overrides)
@@ -83,7 +88,7 @@ def check_run(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Che
     with args.main_process_first(desc="tokenise dataset"):
         data = build_data(recipe.data, tokenizer, seed=recipe.train.seed, chat_template=recipe.eval.chat_template)
     logger.info("%d training rows (%s), %d acceptance prompts", len(data.train), data.format, len(data.eval_prompts))
-    return CheckedRun(plan, args, tokenizer, data)
+    return CheckedRun(plan, args, tokenizer, data, recipe)
 
 
 # ---------------------------------------------------------------------------------------------------------------
