@@ -21,3 +21,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def rows_seen(monkeypatch) -> list:
+    """The training rows (a datasets.Dataset) of every run made in the test, as distill.cli.train hands them to
+    DistillTrainer."""
+    import distill.pipeline
+    from distill.run.trainer import DistillTrainer
+
+    seen = []
+
+    class Recording(DistillTrainer):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs["train_dataset"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setitem(distill.pipeline.TRAINERS, "standalone", Recording)  # the class a standalone run trains with
+    return seen

@@ -85,3 +85,19 @@ def assert_same_weights(expected_file: Path, got_file: Path, rtol: float = 1e-5,
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=rtol, atol=atol,
                                    msg=lambda m: f"{got_file} {key}: {m}")
+
+
+class ForwardCounter:
+    """Counts the target's base-model forward passes; raises on pass number `fail_at` (an interrupted build)."""
+
+    def __init__(self, model, fail_at: int | None = None):
+        self.calls, self.fail_at = 0, fail_at
+        self.handle = model.base_model.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt("simulated interruption")
+
+    def remove(self):
+        self.handle.remove()

@@ -15,7 +15,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
 import distill.data.target_data as target_data
-import distill.pipeline
 from decode import autoregressive_generate
 from decode.sampling import SamplingConfig
 from distill.data.onpolicy import (
@@ -181,20 +180,6 @@ def packed_blocks(workdir: Path) -> datasets.Dataset:
         TINY_RECIPE, [f"model.target={workdir / 'target'}", f"data.dataset={workdir / 'code.txt'}"]).data.max_length,
         num_eval_prompts=0)
     return build_data(cfg, AutoTokenizer.from_pretrained(workdir / "target")).train
-
-
-@pytest.fixture
-def rows_seen(monkeypatch) -> list[datasets.Dataset]:
-    """The training rows of every run made in the test, as distill.cli.train hands them to DistillTrainer."""
-    seen = []
-
-    class Recording(DistillTrainer):
-        def __init__(self, *args, **kwargs):
-            seen.append(kwargs["train_dataset"])
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setitem(distill.pipeline.TRAINERS, "standalone", Recording)  # the class a standalone run trains with
-    return seen
 
 
 @pytest.mark.integration

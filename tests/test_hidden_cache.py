@@ -23,8 +23,8 @@ from distill.models import load
 from distill.recipe.sections import ModelConfig
 from distill.run import head_trainer
 from distill.utils import ModelSetupError
-from helpers import (ROOT, TINY_RECIPE, accelerate_command, assert_same_weights, cli_error, run_process, torchrun,
-                     train_script)
+from helpers import (ROOT, ForwardCounter, TINY_RECIPE, accelerate_command, assert_same_weights, cli_error,
+                     run_process, torchrun, train_script)
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 VOCAB = 96
@@ -54,22 +54,6 @@ def build(target, rows, path, **kwargs):
 @pytest.fixture(scope="module")
 def cache32(target, rows, tmp_path_factory):
     return build(target, rows, tmp_path_factory.mktemp("cache32"))
-
-
-class ForwardCounter:
-    """Counts the target's base-model forward passes; raises on pass number `fail_at` (an interrupted build)."""
-
-    def __init__(self, model, fail_at: int | None = None):
-        self.calls, self.fail_at = 0, fail_at
-        self.handle = model.base_model.register_forward_pre_hook(self)
-
-    def __call__(self, module, args):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise KeyboardInterrupt("simulated interruption")
-
-    def remove(self):
-        self.handle.remove()
 
 
 def alone(target, row: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import datasets
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import distill.pipeline
 from decode import autoregressive_generate
 from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts, user_turn_prefix
 from distill.data.dataset import build_data
@@ -18,7 +16,6 @@ from distill.data.rows import IGNORE_INDEX, DataError
 from distill.data.shard_store import CacheMismatchError
 from distill.data.target_data import load_target_data
 from distill.recipe.sections import DataConfig, RecipeError
-from distill.run.trainer import DistillTrainer
 from helpers import cli_error
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -172,19 +169,6 @@ def test_synthesized_prompts_of_other_settings_are_refused(tmp_path, tokenizer):
 # Runs of the trainer
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def rows_seen(monkeypatch) -> list[datasets.Dataset]:
-    seen = []
-
-    class Recording(DistillTrainer):
-        def __init__(self, *args, **kwargs):
-            seen.append(kwargs["train_dataset"])
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setitem(distill.pipeline.TRAINERS, "standalone", Recording)
-    return seen
-
-
 def greedy(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     return autoregressive_generate(target, torch.tensor([prompt]), max_new_tokens=max_new_tokens,
                                    eos_token_id=2).new_tokens
@@ -212,6 +196,7 @@ def test_a_prompts_only_jsonl_trains_on_the_targets_answers(workdir, tokenizer, 
 def test_synthesized_prompts_alone_make_the_rows_and_the_acceptance_prompts(workdir, tokenizer, rows_seen,
                                                                            monkeypatch):
     import distill.data.magpie as magpie
+    import distill.data.sources as sources
 
     made = [f"question {i}" for i in range(10)]
     monkeypatch.setattr(magpie, "generate_target_data", lambda *a, **k: pytest.fail("not replaced"))
@@ -220,7 +205,7 @@ def test_synthesized_prompts_alone_make_the_rows_and_the_acceptance_prompts(work
         assert synthesis.count == 8 + 2 and Path(out_dir) == workdir / "synth" / "prompts"
         return made
 
-    monkeypatch.setattr(distill.data.sources, "synthesize_prompts", scripted)
+    monkeypatch.setattr(sources, "synthesize_prompts", scripted)
     out = run(workdir, "synthesized", "data.dataset=null", "data.synthesize_prompts=8", "data.dataset_weight=0",
               "data.target_weight=1", f"data.target_data_dir={workdir / 'synth'}", "data.target_max_new_tokens=4",
               "data.num_eval_prompts=2", "eval.gammas=[2]", *QUICK)

@@ -23,6 +23,7 @@ from distill.data.teacher_cache import (
     with_teacher_columns,
 )
 from distill.losses.distill_loss import chunked_distill_loss
+from helpers import ForwardCounter
 from tiny import perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 VOCAB = 96
@@ -71,22 +72,6 @@ def build(target, rows, tokenizer, path, **kwargs):
     settings = dict(k=4, batch_size=4, target_id="tiny-target", tokenizer=tokenizer, rows_per_shard=5,
                     progress=False)
     return build_teacher_cache(target, rows, path, **{**settings, **kwargs})
-
-
-class ForwardCounter:
-    """Counts the target's base-model forward passes; raises on pass number `fail_at` (an interrupted build)."""
-
-    def __init__(self, model, fail_at: int | None = None):
-        self.calls, self.fail_at = 0, fail_at
-        self.handle = model.base_model.register_forward_pre_hook(self)
-
-    def __call__(self, module, args):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise KeyboardInterrupt("simulated interruption")
-
-    def remove(self):
-        self.handle.remove()
 
 
 # ---------------------------------------------------------------------------------------------------------------
