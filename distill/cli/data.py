@@ -85,6 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag in ("num", "batch_size", "max_tokens", "max_new_tokens", "limit", "shard_size"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    lowest = 0.0 if args.job == "responses" else 1e-6  # prompts are sampled: a positive temperature
+    if getattr(args, "temperature", None) is not None and args.temperature < lowest:
+        p.error(f"--temperature must be {'>= 0' if args.job == 'responses' else '> 0'}, got {args.temperature}")
     return args
 
 
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> Path:
     tokenizer = load_tokenizer(args.target)
     if args.job == "responses":
         check_chat_template(tokenizer, args.chat_template)
+    # loaded with --engine vllm too: what the stored shards depend on includes the target's weights
     target = load_causal_lm(args.target, device, resolve_dtype(args.dtype, device))
     target_id = str(getattr(target, "name_or_path", "") or args.target)  # a .gguf: its converted folder (vLLM)
 
@@ -125,9 +129,8 @@ def main(argv: list[str] | None = None) -> Path:
             answering = Answering(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
                                   chat_template=args.chat_template, shard_size=args.shard_size)
-            answered = answer_conversations(target, tokenizer, rows, work, answering, target_id=target_id,
+            rows_out = answer_conversations(target, tokenizer, rows, work, answering, target_id=target_id,
                                             progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
-            rows_out = answered
             written = write_jsonl(rows_out, args.out / RESPONSES_FILE)
     print(f"specdistill-data {args.job}: {len(rows_out)} rows in {written} ({time.perf_counter() - started:.0f} s); "
           f"train on them with data.dataset={args.out}")
