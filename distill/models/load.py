@@ -30,7 +30,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 from transformers import PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
 
-from decode.gguf import is_gguf_path
 from decode.loading import DTYPES, LoadError, resolve_model_path
 from decode.vocab import check_tokenizers_compatible
 from distill.models.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
@@ -63,7 +62,7 @@ def with_model_folders(cfg: ModelConfig) -> ModelConfig:
         try:
             for key in MODEL_PATH_KEYS:
                 path = getattr(cfg, key)
-                if path is not None and is_gguf_path(path):
+                if path is not None:  # any other path or hub id comes back unchanged
                     folders[key] = resolve_model_path(path, f"model.{key}")
         except LoadError as err:  # raised after the block, so the processes waiting on the main one are released
             problem = err
