@@ -18,6 +18,7 @@ the eager path with a warning.
 """
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 import weakref
@@ -41,11 +42,29 @@ class StaticCacheUnsupported(RuntimeError):
 
 def compile_options(device: torch.device) -> dict:
     """torch.compile arguments for a decode step on ``device``: CUDA graphs on CUDA, inductor's default elsewhere."""
+    options = {"backend": BACKEND, "dynamic": False, "isolate_recompiles": True}
     if device.type == "cuda" and BACKEND == "inductor":
-        return {"backend": BACKEND, "mode": "reduce-overhead", "dynamic": False, "isolate_recompiles": True}
+        options["mode"] = "reduce-overhead"
     # isolate_recompiles: every (model, role, length) step is its own compiled region, so the many sessions that
     # share the step's code never reach dynamo's per-code recompile limit
-    return {"backend": BACKEND, "dynamic": False, "isolate_recompiles": True}
+    return supported_compile_options(options)
+
+
+RECOMPILE_LIMIT = 256  # per-code limit where torch.compile lacks isolate_recompiles (torch < 2.13)
+
+
+def supported_compile_options(options: dict, compile_fn: Callable = torch.compile) -> dict:
+    """``options`` less what this torch's ``compile_fn`` does not take. Without ``isolate_recompiles`` every step
+    shares its code's recompile budget, so dynamo's per-code limit is raised to RECOMPILE_LIMIT instead."""
+    accepted = inspect.signature(compile_fn).parameters
+    kept = {key: value for key, value in options.items() if key in accepted}
+    if options.get("isolate_recompiles") and "isolate_recompiles" not in kept:
+        import torch._dynamo.config as dynamo_config
+
+        for name in ("recompile_limit", "cache_size_limit"):  # the name changed in torch 2.6
+            if hasattr(dynamo_config, name):
+                setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
+    return kept
 
 
 def bucket(length: int) -> int:

@@ -153,6 +153,28 @@ def test_compiler_failure_falls_back_to_eager_with_a_warning(monkeypatch):
     assert out.sequences.tolist() == eager.sequences.tolist()
 
 
+def test_compile_options_fit_a_torch_without_isolate_recompiles():
+    """torch < 2.13 has no isolate_recompiles (seen on a GPU machine with torch 2.11: every compile raised TypeError
+    and the decoder silently ran eagerly): the option is dropped and dynamo's per-code limit raised instead."""
+    import torch._dynamo.config as dynamo_config
+
+    def old_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, options=None,
+                    disable=False):
+        pass
+
+    limit = dynamo_config.recompile_limit  # a config module: monkeypatch would delete the name on undo
+    options = {"backend": "inductor", "mode": "reduce-overhead", "dynamic": False, "isolate_recompiles": True}
+    try:
+        dynamo_config.recompile_limit = 8
+        kept = static.supported_compile_options(options, old_compile)
+        assert kept == {"backend": "inductor", "mode": "reduce-overhead", "dynamic": False}
+        assert dynamo_config.recompile_limit == static.RECOMPILE_LIMIT
+    finally:
+        dynamo_config.recompile_limit = limit
+    assert static.supported_compile_options(options) == options  # this torch takes all of them
+    old_compile(**kept)  # every kept option is one the old signature takes
+
+
 # ---- sampling on the compiled path is lossless (chi-square), and the negative control fails ----------------------
 def sample_compiled(target, draft, cfg, runs, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -6,7 +6,8 @@ from decode import autoregressive_generate, speculative_generate
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from tiny import perturbed_copy, tiny_model
 
-pytestmark = pytest.mark.gpu
+# a compiled test that silently fell back to eager decoding would measure nothing: the fallback warning fails it
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("error:torch.compile failed:RuntimeWarning")]
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 5, 7]])
 
 
