@@ -46,6 +46,7 @@ class Result:
     mean_gamma: float | None = None         # only for gamma "auto"
     hf_assisted_tokens_per_s: float | None = None  # only with compare_hf
     by_category: dict[str, Result] | None = None   # only with categories: a Result per category
+    concurrency: int | None = None          # only with --concurrency (vLLM): max_num_seqs, every prompt at once
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: every required key, the optional ones only when set."""
@@ -76,7 +77,7 @@ class Result:
 
 
 ALL_KEYS = tuple(f.name for f in fields(Result))
-OPTIONAL_KEYS = ("compile_seconds", "mean_gamma", "hf_assisted_tokens_per_s", "by_category")
+OPTIONAL_KEYS = ("compile_seconds", "mean_gamma", "hf_assisted_tokens_per_s", "by_category", "concurrency")
 REQUIRED_KEYS = tuple(k for k in ALL_KEYS if k not in OPTIONAL_KEYS)
 
 

@@ -30,8 +30,9 @@ class Column:
 # specdistill-eval's terminal table: short headers; a column no row has is left out
 DECODE_COLUMNS = (
     Column("drafter", "drafter"), Column("category", "category"), Column("num_prompts", "prompts"),
-    Column("gamma", "gamma"), Column("temperature", "temp", ".2f"), Column("acceptance_rate", "accept", ".3f"),
-    Column("draft_acceptance_rate", "draft_acc", ".3f"), Column("mean_accepted_tokens", "tau", ".2f"),
+    Column("concurrency", "concurrency"), Column("gamma", "gamma"), Column("temperature", "temp", ".2f"),
+    Column("acceptance_rate", "accept", ".3f"), Column("draft_acceptance_rate", "draft_acc", ".3f"),
+    Column("mean_accepted_tokens", "tau", ".2f"),
     Column("speedup", "speedup", ".2f", "x"), Column("predicted_speedup", "predicted", ".2f", "x"),
     Column("target_tokens_per_s", "plain tok/s", ".1f"), Column("speculative_tokens_per_s", "spec tok/s", ".1f"),
     Column("hf_assisted_tokens_per_s", "hf tok/s", ".1f"),

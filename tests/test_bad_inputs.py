@@ -213,6 +213,11 @@ EVAL_CASES = {
     "target-missing": ({"--target": "{w}/no_target"}, ["no_target", "--target"]),
     "draft-truncated": ({"--draft": "{w}/truncated"}, ["--draft", "model.safetensors is truncated"]),
     "target-required": ({"--target": None}, ["--target"]),
+    "concurrency-zero": ({"--engine": "vllm", "--concurrency": "0"}, ["--concurrency must be >= 1, got 0"]),
+    "concurrency-negative": ({"--engine": "both", "--concurrency": "-2"}, ["--concurrency must be >= 1, got -2"]),
+    "concurrency-not-int": ({"--engine": "vllm", "--concurrency": "four"}, ["--concurrency", "'four'"]),
+    "concurrency-our-engine": ({"--engine": "specdistill", "--concurrency": "4"},
+                               ["--concurrency needs --engine vllm or --engine both"]),
 }
 
 

@@ -16,7 +16,7 @@ from decode.tally import Tally
 DOCUMENTED = {"gamma", "temperature", "num_prompts", "new_tokens", "acceptance_rate", "draft_acceptance_rate",
               "mean_accepted_tokens", "per_position_acceptance", "target_tokens_per_s", "speculative_tokens_per_s",
               "speedup", "predicted_speedup", "draft_cost_ratio", "verify_cost_ratio", "greedy_match", "compiled",
-              "compile_seconds", "stats", "mean_gamma", "hf_assisted_tokens_per_s", "by_category"}
+              "compile_seconds", "stats", "mean_gamma", "hf_assisted_tokens_per_s", "by_category", "concurrency"}
 
 
 def tally(gamma: int = 2) -> Tally:
@@ -30,7 +30,8 @@ def tally(gamma: int = 2) -> Tally:
 
 def test_record_fields_are_the_documented_result_keys():
     assert set(REQUIRED_KEYS) | set(OPTIONAL_KEYS) == DOCUMENTED
-    assert set(OPTIONAL_KEYS) == {"compile_seconds", "mean_gamma", "hf_assisted_tokens_per_s", "by_category"}
+    assert set(OPTIONAL_KEYS) == {"compile_seconds", "mean_gamma", "hf_assisted_tokens_per_s", "by_category",
+                                  "concurrency"}
 
 
 def test_summarize_builds_the_record_and_its_dict_round_trips():

@@ -14,13 +14,14 @@ from decode.evaluate import EvalSettings
 from decode.results import Result
 from decode.serving import vllm_engine
 from decode.serving.counters import SpecCounters
-from decode.serving.parity import aligned_inputs, out_of_tolerance, parity_rows
-from decode.serving.vllm_engine import (ServingError, build_request, find_vllm_python, vllm_method, vllm_outputs,
-                                        vllm_results)
+from decode.serving.parity import PARITY_COLUMNS, aligned_inputs, out_of_tolerance, parity_columns, parity_rows
+from decode.serving.vllm_engine import (ServingError, build_request, find_vllm_python, plain_outputs, vllm_method,
+                                        vllm_outputs, vllm_results)
+from decode.table import format_table
 from decode.speculative import speculative_generate
 from decode.stats import SpecStats
 from decode.cli import eval as eval_acceptance
-from tiny import perturbed_copy, tiny_model
+from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 
 def load_worker():
@@ -189,6 +190,96 @@ def test_parity_rows_and_tolerance():
     assert not row["within_tolerance"] and "1.045" in out_of_tolerance([row])[0]
     with pytest.raises(ValueError, match="no result for gamma 4"):
         parity_rows([{**ours[0], "gamma": 4}], theirs)
+
+
+# ---- concurrency (--concurrency): a result per (level, gamma) -----------------------------------------------------
+def level(max_num_seqs: int, plain_s: float, spec_s: float, accepted_per_pos: list[int]) -> dict:
+    """RESPONSE's runs at one max_num_seqs, with other seconds and accepted counts (4 drafts of 2 tokens)."""
+    spec = RESPONSE["speculative"][0]
+    counters = {**spec["counters"], "num_accepted_tokens": sum(accepted_per_pos),
+                "num_accepted_tokens_per_pos": accepted_per_pos}
+    return {"max_num_seqs": max_num_seqs, "plain": {**RESPONSE["plain"], "seconds": plain_s},
+            "speculative": [{**spec, "seconds": spec_s, "counters": counters}]}
+
+
+LEVELS = {"vllm_version": "0.32.0", "levels": [level(1, 2.0, 1.0, [3, 1]), level(4, 0.5, 0.4, [4, 2])]}
+
+
+def test_concurrency_levels_are_asked_for_and_checked(tmp_path):
+    prompts, settings = [torch.tensor([1, 40])], EvalSettings(gammas=[2], max_new_tokens=4)
+    assert build_request(str(tmp_path), str(tmp_path), prompts, settings, concurrency=[1, 4])["concurrency"] == [1, 4]
+    assert "concurrency" not in build_request(str(tmp_path), str(tmp_path), prompts, settings)  # as before
+    for bad in ([0], [4, -1], []):
+        with pytest.raises(ServingError, match="concurrency levels must be >= 1"):
+            build_request(str(tmp_path), str(tmp_path), prompts, settings, concurrency=bad)
+
+
+def test_each_level_gives_throughputs_and_their_ratio():
+    """8 tokens per run: level 1 plain 8 / 2 s, speculative 8 / 1 s; level 4 plain 8 / 0.5 s, speculative 8 / 0.4 s."""
+    settings = EvalSettings(gammas=[2], max_new_tokens=4)
+    rows = vllm_results(LEVELS, settings, categories=["code", "chat"])
+    assert [(r["concurrency"], r["gamma"]) for r in rows] == [(1, 2), (4, 2)]
+    assert [(r["target_tokens_per_s"], r["speculative_tokens_per_s"]) for r in rows] == [(4.0, 8.0), (16.0, 20.0)]
+    for r in rows:
+        assert r["speedup"] == pytest.approx(r["speculative_tokens_per_s"] / r["target_tokens_per_s"])
+        assert r["predicted_speedup"] is None  # no batch form of the cost model
+        assert Result.from_dict(r).to_dict() == r
+        assert {c["concurrency"] for c in r["by_category"].values()} == {r["concurrency"]}
+    assert [r["mean_accepted_tokens"] for r in rows] == [pytest.approx(2.0), pytest.approx(2.5)]  # each level's own
+    assert "concurrency" not in vllm_results(RESPONSE, settings)[0]  # without levels: today's keys
+    outputs = vllm_outputs(LEVELS, [torch.tensor([1, 2]), torch.tensor([1, 3])], settings)
+    assert [(o["concurrency"], o["prompt_index"]) for o in outputs] == [(1, 0), (1, 1), (4, 0), (4, 1)]
+    assert "concurrency" not in vllm_outputs(RESPONSE, [torch.tensor([1, 2]), torch.tensor([1, 3])], settings)[0]
+    assert plain_outputs(LEVELS) == plain_outputs(RESPONSE) == RESPONSE["plain"]["outputs"]
+    table = format_table(rows).splitlines()
+    assert "concurrency" in table[0].split() and table[2].split()[1] == "1" and table[3].split()[1] == "4"
+    assert "concurrency" not in format_table(vllm_results(RESPONSE, settings))
+
+
+def test_parity_compares_every_level_with_our_batch_1_result():
+    stats = SpecStats(2)
+    for accepted in (2, 1, 0, 1):
+        stats.record_step(2, accepted, [1.0], accepted + 1)
+    ours = [{"gamma": 2, "temperature": 0.0, "stats": stats.to_dict()}]  # tau 2.0 on vLLM's basis
+    theirs = [{"gamma": 2, "temperature": 0.0, "mean_accepted_tokens": tau, "greedy_match": 1.0, "concurrency": n}
+              for n, tau in ((1, 2.0), (4, 2.5))]
+    rows = parity_rows(ours, theirs)
+    assert [(r["concurrency"], r["ratio"]) for r in rows] == [(1, 1.0), (4, 1.25)]
+    assert out_of_tolerance(rows) == ["concurrency 4 gamma 2 temperature 0.0: tau(vLLM) / tau(ours) = 1.250"]
+    assert parity_columns(rows) == PARITY_COLUMNS
+    without = parity_rows(ours, [{k: v for k, v in theirs[0].items() if k != "concurrency"}])
+    assert "concurrency" not in without[0] and "concurrency" not in [c.key for c in parity_columns(without)]
+
+
+def test_engine_both_with_levels_compares_each_level_with_ours(tmp_path, monkeypatch, capsys):
+    """--engine both --concurrency 1 2, with the worker replaced by our own target's greedy decoding (one drafted
+    token per prompt, never accepted): levels apply to the vLLM side only, parity has a row per level."""
+    from decode import autoregressive_generate
+
+    tok = tiny_tokenizer()
+    target = save_and_load(tiny_model("llama", seed=0, vocab_size=len(tok)), tmp_path / "target", tok)
+    (tmp_path / "prompts.txt").write_text("\n".join(TINY_TEXT.splitlines()[:2]) + "\n")
+
+    def fake_worker(python, request, timeout=None):
+        outputs = [autoregressive_generate(target, torch.tensor([ids]), max_new_tokens=request["max_new_tokens"])
+                   .new_tokens for ids in request["prompts"]]
+        counters = {"num_drafts": 2, "num_draft_tokens": 4, "num_accepted_tokens": 0,
+                    "num_accepted_tokens_per_pos": [0, 0]}
+        runs = [{**run, "outputs": outputs, "seconds": 2.0, "counters": counters} for run in request["runs"]]
+        return {"vllm_version": "fake", "levels": [{"max_num_seqs": n, "plain": {"outputs": outputs, "seconds": 1.0},
+                                                    "speculative": runs} for n in request["concurrency"]]}
+
+    monkeypatch.setattr(vllm_engine, "run_worker", fake_worker)
+    report = eval_acceptance.main(["--target", str(tmp_path / "target"), "--draft", "prompt-lookup", "--prompts",
+                                   str(tmp_path / "prompts.txt"), "--gamma", "2", "--max-new-tokens", "6",
+                                   "--engine", "both", "--concurrency", "1", "2", "--vllm-python", sys.executable,
+                                   "--quiet"])
+    assert [r["concurrency"] for r in report["vllm_results"]] == [1, 2]
+    assert [r["speedup"] for r in report["vllm_results"]] == [0.5, 0.5]  # 1 s plain, 2 s speculative
+    assert "concurrency" not in report["results"][0]  # ours: batch 1
+    assert [r["concurrency"] for r in report["parity"]] == [1, 2] and report["target_match_vllm"] == 1.0
+    printed = capsys.readouterr().out
+    assert printed.count("concurrency") == 2  # the vLLM table's column and the parity table's
 
 
 # ---- no interpreter ---------------------------------------------------------------------------------------------

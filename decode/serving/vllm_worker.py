@@ -8,6 +8,7 @@ transformers, so it must not import our package). The request (decode.serving.vl
     {"target": DIR, "prompts": [[token ids], ...], "max_new_tokens": N, "temperature": 0.0, "top_k": null,
      "top_p": null, "seed": 0, "stop_token_ids": [ids] | null (null = ignore_eos), "dtype": "float32",
      "max_model_len": 512, "max_num_seqs": 1 (optional; 1 = batch-1 as our decoder),
+     "concurrency": [1, 4] (optional: every run at each of these max_num_seqs levels, instead of max_num_seqs),
      "runs": [{"method": "draft_model" | "ngram" | "eagle3", "draft": DIR | null, "gamma": 4,
                "prompt_lookup_min": 1, "prompt_lookup_max": 3,
                "draft_sample_method": "greedy" | "probabilistic" (optional; vLLM's default: greedy)}, ...]}
@@ -21,8 +22,18 @@ accepted-length histogram (vLLM's per-request metrics, for categories):
                       "num_accepted_tokens": .., "num_accepted_tokens_per_pos": [..]},
                       "per_prompt": [{"histogram": [..], "num_draft_tokens": ..}, ...]}]}
 
+With "concurrency", the plain and speculative runs are measured at every level and the response holds them per
+level instead (what one level holds is what the response above holds):
+
+    {"vllm_version": ..., "cpu_expand_patched": ..., "levels": [{"max_num_seqs": 1, "plain": ..., "speculative": [..]},
+                                                                {"max_num_seqs": 4, ...}]}
+
 Prompts go in as token ids (vLLM adds no BOS to them), one sequence at a time (max_num_seqs=1, as our batch-1
-decoder), with the per-prompt seed ``seed + i`` as in decode.evaluate.
+decoder) unless asked for more, with the per-prompt seed ``seed + i`` as in decode.evaluate. Every prompt goes to
+one ``generate`` call, so at max_num_seqs = N the scheduler runs up to N of them together: seconds are the wall
+clock of that call, and generated tokens / seconds is the throughput at that level. vLLM fixes max_num_seqs and
+the speculative config when an engine starts, so each (level, run) starts one engine: 1 + len(runs) per level, in
+this one process (vLLM is imported once).
 """
 from __future__ import annotations
 
@@ -156,6 +167,14 @@ def run_engine(request: dict, spec: dict | None, in_process: bool = False) -> di
     return result
 
 
+def run_level(request: dict, max_num_seqs: int, in_process: bool = False) -> dict:
+    """The plain run and every speculative run of ``request`` at ``max_num_seqs``, one engine each."""
+    level = {**request, "max_num_seqs": max_num_seqs}
+    return {"max_num_seqs": max_num_seqs, "plain": run_engine(level, None, in_process),
+            "speculative": [{**run, **run_engine(level, speculative_config(run), in_process)}
+                            for run in request["runs"]]}
+
+
 def main(argv: list[str]) -> None:
     if len(argv) != 3:
         sys.exit("usage: vllm_worker.py REQUEST.json RESPONSE.json")
@@ -165,10 +184,10 @@ def main(argv: list[str]) -> None:
     import vllm
 
     patched = request.get("temperature", 0.0) > 0 and request["runs"] and patch_cpu_expand()
+    levels = request.get("concurrency")
+    measured = [run_level(request, n, patched) for n in levels or [request.get("max_num_seqs", 1)]]
     response = {"vllm_version": vllm.__version__, "cpu_expand_patched": bool(patched),
-                "plain": run_engine(request, None, patched), "speculative": []}
-    for run in request["runs"]:
-        response["speculative"].append({**run, **run_engine(request, speculative_config(run), patched)})
+                **({"levels": measured} if levels else measured[0])}
     with open(argv[2], "w") as f:
         json.dump(response, f)
 
