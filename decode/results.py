@@ -18,7 +18,7 @@ from typing import Any
 from decode.checks import read_text
 
 EVAL_JSON_KEYS = ("engine", "device", "dtype", "torch_version", "target", "draft", "draft_kind", "prompts", "chat_template",
-                  "compiled", "compile_seconds", "results")  # + "environment" (evaluate.save's record)
+                  "compiled", "cpu_linear", "compile_seconds", "results")  # + "environment" (evaluate.save's record)
 
 
 @dataclass

@@ -169,3 +169,40 @@ def test_a_real_process_exits_nonzero_without_traceback(pair, tmp_path):
                           capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "error: could not load model" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["packed", "plain"])
+def test_cpu_linear_packs_or_keeps_the_models(mode, pair, tmp_path, capsys, monkeypatch):
+    """--cpu-linear packed (the default) packs the target's and the draft's linear layers; plain leaves them; both
+    decode greedily exactly as the target alone."""
+    import torch
+
+    from decode.packed_linear import PackedLinear
+
+    if mode == "packed" and not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not built into torch: nothing to pack")
+    evaluated, real = [], eval_acceptance.evaluate_acceptance
+
+    def evaluate(target, draft, *args, **kwargs):  # the models the CLI evaluates, as it hands them over
+        evaluated.append((target, draft))
+        return real(target, draft, *args, **kwargs)
+
+    monkeypatch.setattr(eval_acceptance, "evaluate_acceptance", evaluate)
+    out = tmp_path / "eval.json"
+    flag = ["--cpu-linear", mode] if mode == "plain" else []
+    code, _, _ = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                          str(pair / "prompts.txt"), "--gamma", "2", "--max-new-tokens", "8", "--output", str(out),
+                          "--quiet", *flag], capsys)
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["cpu_linear"] == mode and report["results"][0]["greedy_match"] == 1.0
+    ((target, draft),) = evaluated
+    for model in (target, draft):
+        assert any(isinstance(m, PackedLinear) for m in model.modules()) == (mode == "packed")
+
+
+def test_bad_cpu_linear_is_one_line(pair, capsys):
+    code, _, err = run_cli(["--target", str(pair / "target"), "--draft", "prompt-lookup", "--prompts",
+                            str(pair / "prompts.txt"), "--cpu-linear", "fast"], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "--cpu-linear" in err and "invalid choice: 'fast'" in err and "Traceback" not in err

@@ -7,6 +7,7 @@
     specdistill-eval --target TARGET --draft DRAFT --prompts question.jsonl --messages-field turns \
         --category-field category --chat-template auto        # Spec-Bench's 480 prompts, by category
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
+    specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --cpu-linear plain   # A/B packing
     specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 6   # an EAGLE-3 head
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm   # inside vLLM
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both   # tau parity
@@ -31,6 +32,7 @@ from decode.drafters import PROMPT_LOOKUP
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype,
                             resolve_model_path)
+from decode.packed_linear import CPU_LINEAR_MODES, pack_linears
 from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
 from decode.results import write_eval_json
@@ -86,6 +88,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="static KV caches and torch.compiled steps (CUDA graphs on GPU); compile time is reported "
                         "as compile_seconds, apart from tokens/s")
+    p.add_argument("--cpu-linear", default="packed", choices=CPU_LINEAR_MODES,
+                   help="eager decoding on CPU: packed = the target's and draft's linear layers multiply by "
+                        "oneDNN-packed weights (decode.packed_linear: cheaper verify passes), plain = as loaded; "
+                        "no effect on GPU or with --compile")
     p.add_argument("--engine", default="specdistill", choices=ENGINES,
                    help="where to measure: our decoder, vLLM's offline LLM (the serving venv), or both side by side "
                         "(tau(ours), tau(vLLM) and their ratio per gamma)")
@@ -234,6 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
         target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
         # vLLM's ngram takes the earliest occurrence: so does our prompt lookup when comparing (--engine both)
         draft = kind.load(args.draft, target, device, dtype, args.trust_remote_code, earliest=args.engine == "both")
+        report.update(cpu_linear=pack_for_eager_cpu(args, target, draft))
         results = evaluate_acceptance(target, draft, prompt_ids, settings,
                                       progress=not args.quiet, outputs=outputs, categories=categories)
         report.update(compile_seconds=results[0]["compile_seconds"], results=results)
@@ -252,6 +259,16 @@ def main(argv: list[str] | None = None) -> dict:
         args.save_outputs.write_text("".join(json.dumps(o) + "\n" for o in outputs))
         print(f"wrote {args.save_outputs}")
     return report
+
+
+def pack_for_eager_cpu(args: argparse.Namespace, target: torch.nn.Module, draft: object) -> str:
+    """With --cpu-linear packed and no --compile: the target's and the draft's (when it is a module) linear layers
+    on oneDNN-packed weights, in place (decode.packed_linear; nothing on GPU). What the run uses: "packed" when any
+    layer was packed, else "plain"."""
+    if args.cpu_linear != "packed" or args.compile:
+        return "plain"
+    packed = sum(pack_linears(model) for model in (target, draft) if isinstance(model, torch.nn.Module))
+    return "packed" if packed else "plain"
 
 
 def plain_match(response: dict, outputs: list[dict], settings: EvalSettings) -> float | None:

@@ -1,0 +1,105 @@
+"""decode.packed_linear: oneDNN-packed linear layers compute nn.Linear's product, and leave decoding exact."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decode.drafters import PromptLookupDrafter
+from decode.packed_linear import PackedLinear, pack_linears
+from decode.speculative import autoregressive_generate, speculative_generate
+from decode.vocab import lm_head_rows
+from tiny import perturbed_copy, tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built into torch")
+BF16 = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="no oneDNN bfloat16 on this CPU"))
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # relative to the output's scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5, 48), (1, 7, 48), (2, 1, 48)])
+def test_packed_equals_f_linear(dtype, bias, shape):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80, bias=bias).to(dtype)
+    x = torch.randn(shape, dtype=dtype)
+    expected = F.linear(x, linear.weight, linear.bias)
+    packed = PackedLinear(linear)
+    with torch.inference_mode():
+        got = packed(x)
+        strided = packed(x.transpose(-1, -2).contiguous().transpose(-1, -2))  # a non-contiguous input
+    assert got.shape == expected.shape == (*shape[:-1], 80) and got.dtype == dtype
+    scale = expected.abs().max().item()
+    assert (got - expected).abs().max().item() <= TOLERANCE[dtype] * scale
+    assert torch.equal(strided, got)
+    assert packed.packed is not None  # the oneDNN path ran, not the fallback
+
+
+def test_pack_linears_keeps_parameters_and_is_idempotent():
+    model = tiny_model("llama", seed=0)
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    head = model.lm_head.weight
+    keys = list(model.state_dict())
+    assert pack_linears(model) == linears > 0
+    assert model.lm_head.weight is head and list(model.state_dict()) == keys  # same parameters, same names
+    assert lm_head_rows(model) == head.shape[0] and model.lm_head.in_features == head.shape[1]
+    assert all(type(m) is not nn.Linear for m in model.modules())
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert pack_linears(model) == 0  # already packed: nothing swapped, the same modules
+    assert [m for m in model.modules() if isinstance(m, PackedLinear)] == layers
+
+
+def test_no_op_off_cpu_or_without_onednn(monkeypatch):
+    assert pack_linears(nn.Sequential(nn.Linear(4, 4, device="meta"))) == 0  # not a CPU tensor (as on CUDA)
+    assert pack_linears(nn.Sequential(nn.Linear(4, 4).half())) == 0  # a dtype oneDNN does not pack here
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert pack_linears(nn.Sequential(nn.Linear(4, 4))) == 0
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "prompt_lookup"])
+def test_greedy_speculative_equals_plain_after_packing(draft_kind):
+    target = tiny_model("llama", seed=0, vocab_size=96)
+    draft = perturbed_copy(target, 0.1) if draft_kind == "model" else PromptLookupDrafter()
+    prompt = torch.tensor([[5, 17, 33, 5, 17, 40, 9, 5, 17]])
+    unpacked = autoregressive_generate(target, prompt, max_new_tokens=24).new_tokens
+    assert pack_linears(target) > 0
+    if draft_kind == "model":
+        assert pack_linears(draft) > 0
+    plain = autoregressive_generate(target, prompt, max_new_tokens=24).new_tokens
+    for gamma in (1, 3, 4):
+        spec = speculative_generate(target, draft, prompt, max_new_tokens=24, gamma=gamma)
+        assert spec.new_tokens == plain, gamma
+        assert spec.stats.target_calls < 24 or draft_kind == "prompt_lookup"
+    assert plain == unpacked  # the tiny model's argmaxes are well separated: packing changes no greedy token
+
+
+def test_training_copies_and_in_place_changes_fall_back_or_repack():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    pack_linears(model)
+    x = torch.randn(3, 16)
+    # autograd on: a plain F.linear, so gradients reach the original parameters
+    model(x).sum().backward()
+    assert model[0].weight.grad is not None and model[2].bias.grad is not None
+    # a modified weight is repacked at the next call
+    with torch.no_grad():
+        model[0].weight.mul_(-2.0)
+    reference = F.linear(torch.relu(F.linear(x, model[0].weight, model[0].bias)), model[2].weight, model[2].bias)
+    with torch.inference_mode():
+        assert torch.allclose(model(x), reference, atol=1e-5)
+        # a copy (deepcopy cannot copy oneDNN tensors) repacks its own weights on first use
+        twin = copy.deepcopy(model)
+        assert twin[0].packed is None and torch.allclose(twin(x), reference, atol=1e-5)
+
+
+def test_compiled_packed_module_traces_f_linear():
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 8)
+    packed = PackedLinear(linear)
+    x = torch.randn(2, 16)
+    compiled = torch.compile(packed, backend="eager", fullgraph=True)  # no oneDNN op in the traced graph
+    with torch.inference_mode():
+        assert torch.allclose(compiled(x), linear(x), atol=1e-6)
