@@ -124,7 +124,7 @@ def seed_target(out: Path, pair: Pair, tokenizer) -> Path:
     """The pair's randomly initialised target: the quickstart's seed target with the pair's shape overrides."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from scripts.quickstart import seed_target as quickstart_seed
+    from scripts.quickstart_tiny import seed_target as quickstart_seed
 
     base = quickstart_seed(out, tokenizer)
     if not pair.target_shape:

@@ -45,8 +45,7 @@ decode)
 head)
     TARGET=${3:?head needs TARGET (folder or .gguf)}; HEAD=${4:?head needs the head folder}
     machine | tee "$OUT/head.log"
-    PROMPT_FILE=${PROMPT_FILE:-/tmp/chat_eval_one_per_category.jsonl}  # 8 of the 96 held-out prompts, one each
-    awk 'NR % 12 == 1' recipes/prompts/chat_eval.jsonl > "$PROMPT_FILE"
+    PROMPT_FILE=${PROMPT_FILE:-recipes/prompts/chat_eval.jsonl}  # its categories take turns: the first 8, one each
     run_eval() {  # NAME ARGS...: one specdistill-eval run on the held-out chat prompts
         local name=$1; shift
         echo "== $name: $*" | tee -a "$OUT/head.log"

@@ -1,8 +1,9 @@
-"""The offline quickstart: the whole product on a laptop CPU, no network (82 minutes for two seeds on one core).
+"""The tiny pair's quickstart: a target pre-trained here and its drafters, no network (82 minutes for two seeds on one
+core). The README's quickstart is the real model's (scripts/quickstart.py); this one is its smoke run and the tests'.
 
-    make quickstart                   # = .venv/bin/python scripts/quickstart.py
-    python scripts/quickstart.py --out quickstart_out --fast   # a much shorter run (smoke test), one seed
-    python scripts/quickstart.py --seeds 42 43 44              # a third seed for every drafter
+    python scripts/quickstart.py --tiny                             # = this script with --fast (~4 min smoke run)
+    python scripts/quickstart_tiny.py --out quickstart_tiny_out     # the full comparison, two seeds
+    python scripts/quickstart_tiny.py --seeds 42 43 44              # a third seed for every drafter
 
 1. corpus: the Python standard library's source on this machine, split by file into train / held-out, and a
    byte-level BPE tokenizer (4096 tokens) trained on the train split;
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=ROOT / "quickstart_out")
+    p.add_argument("--out", type=Path, default=ROOT / "quickstart_tiny_out")
     p.add_argument("--fast", action="store_true", help="a few steps of everything (a smoke test, ~2 minutes)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
                    help=f"train.seed of each drafter run (draft init and data order; default "

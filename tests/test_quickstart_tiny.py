@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from distill.publish.seed_spread import seed_rows, tau_margin
-from scripts import quickstart
+from scripts import quickstart_tiny as quickstart
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_help_names_the_options_and_seeds_default_to_two(capsys):
     args = quickstart.parse_args(["--fast", "--out", "x"])
     assert args.fast and str(args.out) == "x" and args.seeds == [42]  # --fast: one seed unless given
     default = quickstart.parse_args([])
-    assert default.out == quickstart.ROOT / "quickstart_out" and not default.fast and default.seeds == [42, 43]
+    assert default.out == quickstart.ROOT / "quickstart_tiny_out" and not default.fast and default.seeds == [42, 43]
     assert quickstart.parse_args(["--fast", "--seeds", "42", "7", "9"]).seeds == [42, 7, 9]
     with pytest.raises(SystemExit):
         quickstart.parse_args(["--seeds", "43", "43"])
