@@ -5,6 +5,7 @@
 #   scripts/gpu_check.sh OUT_DIR decode           # scripts/bench_decode.py in bf16, eager and compiled (CUDA graphs)
 #   scripts/gpu_check.sh OUT_DIR head TARGET HEAD # specdistill-eval of an EAGLE-3 head on its real target, bf16:
 #                                                 # greedy gamma 2 4 6, prompt lookup, T=1, compiled
+#                                                 # (RUNS="compiled greedy" picks and orders them)
 #
 # Durations on an H200 (torch 2.11): tests ~30 s, decode ~140 s. head runs transformers' eager forward at ~50
 # tokens/s for SmolLM2-135M (launch-bound), so each eval of PROMPTS=8 (one per category) x NEW=64 tokens takes
@@ -54,10 +55,15 @@ head)
             --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --repeats 1 --output "$OUT/$name.json" "$@" 2>&1 \
             | tee -a "$OUT/head.log"
     }
-    run_eval head_greedy --draft "$HEAD" --gamma 2 4 6
-    run_eval lookup_greedy --draft prompt-lookup --gamma 4
-    run_eval head_t1 --draft "$HEAD" --gamma 4 --temperature 1.0
-    run_eval head_compiled --draft "$HEAD" --gamma 4 --compile
+    for run in ${RUNS:-greedy lookup t1 compiled}; do  # RUNS picks and orders them
+        case "$run" in
+        greedy) run_eval head_greedy --draft "$HEAD" --gamma ${GAMMAS:-2 4 6} ;;
+        lookup) run_eval lookup_greedy --draft prompt-lookup --gamma 4 ;;
+        t1) run_eval head_t1 --draft "$HEAD" --gamma 4 --temperature 1.0 ;;
+        compiled) run_eval head_compiled --draft "$HEAD" --gamma 4 --compile ;;
+        *) echo "gpu_check.sh: unknown head run '$run' (greedy, lookup, t1 or compiled)" >&2 ;;
+        esac
+    done
     ;;
 *)
     echo "gpu_check.sh: unknown step '$STEP' (tests, decode or head)" >&2; exit 2 ;;
