@@ -12,7 +12,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install serving test test-fast quickstart bench clean
+.PHONY: install serving test test-fast quickstart bench docs docs-build clean
 
 install: $(STAMP)
 
@@ -54,5 +54,14 @@ quickstart: install
 bench: install
 	$(BIN)/python scripts/bench_decode.py
 
+# The docs site (mkdocs.yml): `make docs` serves it on http://127.0.0.1:8000 and rebuilds on every edit;
+# `make docs-build` builds it into site/ and fails on any warning (a broken link, a page missing from the nav).
+# NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner, which is not a warning about these docs.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
+docs-build: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(SERVING_VENV) .pytest_cache
+	rm -rf $(VENV) $(SERVING_VENV) .pytest_cache site

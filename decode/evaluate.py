@@ -131,7 +131,7 @@ def evaluate_acceptance(
     categories: Sequence[str | None] | None = None,
     cost_ratios: Mapping[int, CostRatios] | None = None,
 ) -> list[dict]:
-    """One result dict per gamma (keys in docs/INTERFACES.md). ``prompts``: 1-D token id tensors.
+    """One result dict per gamma (keys in docs/reference/interfaces.md). ``prompts``: 1-D token id tensors.
 
     ``categories`` (one per prompt, or None): each result then holds ``by_category``, a result dict per category
     over that category's prompts (prompts without one are 'uncategorized'; cost ratios are the run's).

@@ -1,5 +1,7 @@
 """The results of an evaluation, defined once: the typed record of one result (its fields are exactly the keys of
-one result in the eval JSON and in acceptance.jsonl, docs/INTERFACES.md) and the eval JSON's writer and reader.
+one result in the eval JSON and in acceptance.jsonl, docs/reference/interfaces.md), the eval JSON's writer and
+reader, and what every key of the eval JSON means (docs/reference/eval-json.md is generated from it:
+``python -m decode.results``).
 
     result = Result.from_dict(payload["results"][0])     # ValueError naming the missing / unknown keys
     write_eval_json(Path("eval.json"), report)           # report + the environment record of evaluate.save
@@ -17,36 +19,34 @@ from typing import Any
 
 from decode.checks import read_text
 
-EVAL_JSON_KEYS = ("engine", "device", "dtype", "torch_version", "target", "draft", "draft_kind", "prompts", "chat_template",
-                  "compiled", "cpu_linear", "compile_seconds", "results")  # + "environment" (evaluate.save's record)
-
 
 @dataclass
 class Result:
-    """One gamma (and temperature) measured over a set of prompts (decode.evaluate.summarize)."""
+    """One gamma (and temperature) measured over a set of prompts (decode.evaluate.summarize). What each field
+    holds, and in which unit: RESULT_KEYS."""
 
-    gamma: int | str                        # draft tokens per step, or "auto"
+    gamma: int | str
     temperature: float
     num_prompts: int
     new_tokens: int
-    acceptance_rate: float                  # mean over verified positions of sum_x min(p(x), q(x))
-    draft_acceptance_rate: float            # accepted draft tokens / drafted tokens
-    mean_accepted_tokens: float             # tau: new tokens per target verify pass
-    per_position_acceptance: list[float]    # P(draft token i accepted | tokens before it accepted)
+    acceptance_rate: float
+    draft_acceptance_rate: float
+    mean_accepted_tokens: float
+    per_position_acceptance: list[float]
     target_tokens_per_s: float
     speculative_tokens_per_s: float
-    speedup: float                          # wall clock: plain seconds / speculative seconds
-    predicted_speedup: float | None         # tau / (gamma * c + v); None from vLLM (no cost model there)
-    draft_cost_ratio: float | None          # c = draft step / target step (None from vLLM)
-    verify_cost_ratio: float | None         # v = target pass over gamma + 1 tokens / target step (None from vLLM)
-    greedy_match: float | None              # share of prompts decoded identically; None when temperature > 0
+    speedup: float
+    predicted_speedup: float | None
+    draft_cost_ratio: float | None
+    verify_cost_ratio: float | None
+    greedy_match: float | None
     compiled: bool
-    stats: dict                             # raw counts (SpecStats.to_dict; vLLM: serving.counters.SpecCounters)
-    compile_seconds: float | None = None    # the evaluation's compilation (not in a by_category entry)
-    mean_gamma: float | None = None         # only for gamma "auto"
-    hf_assisted_tokens_per_s: float | None = None  # only with compare_hf
-    by_category: dict[str, Result] | None = None   # only with categories: a Result per category
-    concurrency: int | None = None          # only with --concurrency (vLLM): max_num_seqs, every prompt at once
+    stats: dict
+    compile_seconds: float | None = None
+    mean_gamma: float | None = None
+    hf_assisted_tokens_per_s: float | None = None
+    by_category: dict[str, Result] | None = None
+    concurrency: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: every required key, the optional ones only when set."""
@@ -118,3 +118,183 @@ def read_eval_json(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
         raise ValueError(f"eval JSON {path} has no 'results' list (expected the output of specdistill-eval --output)")
     return payload
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What every key means: docs/reference/eval-json.md is generated from these (python -m decode.results), and
+# tests/test_eval_json_keys.py checks them against the keys a real evaluation writes
+# ---------------------------------------------------------------------------------------------------------------
+
+ENGINES = ("specdistill", "vllm", "both")  # specdistill-eval --engine
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of the eval JSON: its unit (or type), what it holds, and the --engine values whose JSON has it."""
+
+    unit: str
+    meaning: str
+    engines: tuple[str, ...] = ENGINES
+
+
+EVAL_JSON_KEYS: dict[str, Key] = {
+    "engine": Key("text", "Who measured `results`: `specdistill` (our decoder), `vllm` (vLLM's offline `LLM`) or "
+                          "`both` (ours, next to vLLM's: `vllm_results`, `parity`)."),
+    "device": Key("text", "The GPU's name, or `cpu (<processor>, <N> threads)`; with `--engine vllm` followed by "
+                          "`, vLLM <version>`."),
+    "dtype": Key("text", "The dtype the models ran in (`float32`, `bfloat16`, `float16`); `float32` with "
+                         "`--engine vllm`."),
+    "torch_version": Key("text", "`torch.__version__` of the evaluating process."),
+    "target": Key("text", "`--target` as given: a folder, a hub id or a `.gguf` file."),
+    "draft": Key("text", "`--draft` as given: a folder, a hub id, a `.gguf` file or `prompt-lookup`."),
+    "draft_kind": Key("text", "The draft's kind (decode.draft_kinds): `model`, `prompt_lookup` or `eagle3`."),
+    "prompts": Key("text", "`--prompts` as given: a `.jsonl` or `.txt` file, a dataset folder or a hub dataset id."),
+    "chat_template": Key("text", "`--chat-template`: `auto`, `on` or `off` (decode.prompts)."),
+    "compiled": Key("bool", "Static KV caches and torch.compiled steps (`--compile`); false for vLLM."),
+    "cpu_linear": Key("text", "`packed` when the linear layers ran on oneDNN-packed weights (decode.packed_linear: "
+                              "eager decoding on CPU), else `plain`.", ("specdistill", "both")),
+    "compile_seconds": Key("seconds or null", "The evaluation's compilation (its warm-up), excluded from every "
+                                              "tokens/s; null with `--engine vllm`."),
+    "results": Key("list of results", "One result per gamma (and per `concurrency` level): ours, or vLLM's with "
+                                      "`--engine vllm`. Keys: [Each result](#each-result)."),
+    "environment": Key("object", "Where the numbers were made, evaluate.save's record: "
+                                 "[`environment`](#environment)."),
+    "vllm_version": Key("text", "The vLLM version that ran.", ("vllm", "both")),
+    "vllm_draft_sampling": Key("text", "How vLLM sampled draft tokens at temperature > 0: `greedy` (argmax drafts, "
+                                       "accepted with p(d)) or `probabilistic` (d ~ q, accepted with min(1, p/q), "
+                                       "as ours); `--vllm-draft-sampling`.", ("vllm", "both")),
+    "vllm_cpu_expand_patched": Key("bool", "True when vLLM's CPU `expand` kernel, which breaks sampling at "
+                                           "temperature > 0 on vLLM 0.32, was replaced in the run "
+                                           "(decode/serving/vllm_worker.py).", ("vllm", "both")),
+    "vllm_results": Key("list of results", "vLLM's results, one per gamma (and `concurrency` level).", ("both",)),
+    "parity": Key("list of parity rows", "tau of ours against vLLM's, one row per vLLM result: "
+                                         "[Each parity row](#each-parity-row).", ("both",)),
+    "parity_tolerance": Key("ratio", "`--parity-tolerance`: the largest abs(tau(vLLM) / tau(ours) - 1) that "
+                                     "passes (the command exits 1 beyond it).", ("both",)),
+    "target_match_vllm": Key("fraction or null", "Share of prompts whose plain (target-only) output from vLLM is "
+                                                 "our target's, token for token; null when temperature > 0.",
+                             ("both",)),
+}
+
+RESULT_KEYS: dict[str, Key] = {
+    "gamma": Key("tokens or `\"auto\"`", "Draft tokens proposed per target verify pass; `\"auto\"`: chosen at "
+                                         "every step from the running acceptance and the measured costs "
+                                         "(decode.auto_gamma)."),
+    "temperature": Key("number", "Sampling temperature; 0 is greedy."),
+    "num_prompts": Key("prompts", "Prompts measured."),
+    "new_tokens": Key("tokens", "Tokens generated over all prompts (plain decoding generates as many)."),
+    "acceptance_rate": Key("probability", "Mean over verified positions of sum_x min(p(x), q(x)) = 1 - TV(p, q), "
+                                          "p the target's and q the draft's distribution (Leviathan et al.'s "
+                                          "per-token acceptance). vLLM reports no p and q: there it is "
+                                          "`draft_acceptance_rate`."),
+    "draft_acceptance_rate": Key("fraction", "Accepted draft tokens / drafted tokens."),
+    "mean_accepted_tokens": Key("tokens per target pass", "tau: new tokens / target verify passes, the bonus or "
+                                                          "resampled token included (1 to gamma + 1)."),
+    "per_position_acceptance": Key("list of gamma fractions", "Entry i: P(draft token i accepted given the draft "
+                                                              "tokens before it were)."),
+    "target_tokens_per_s": Key("tokens/s", "Plain decoding with the target alone, timed side by side with the "
+                                           "speculative runs; with `concurrency`, a throughput (generated tokens / "
+                                           "wall seconds of one call with every prompt)."),
+    "speculative_tokens_per_s": Key("tokens/s", "Speculative decoding, timed as `target_tokens_per_s`."),
+    "speedup": Key("ratio", "Measured: plain seconds / speculative seconds (above 1: speculative is faster)."),
+    "predicted_speedup": Key("ratio or null", "The cost model: tau / (gamma * c + v); null from vLLM."),
+    "draft_cost_ratio": Key("ratio or null", "c: one draft step / one target step, measured on the decoder's own "
+                                             "loops (decode.cost_model); null from vLLM."),
+    "verify_cost_ratio": Key("ratio or null", "v: one target pass over gamma + 1 tokens / one target step; null "
+                                              "from vLLM."),
+    "greedy_match": Key("fraction or null", "Share of prompts whose speculative output is the plain one, token for "
+                                            "token; null when temperature > 0."),
+    "compiled": Key("bool", "Measured on the static-cache, torch.compiled path."),
+    "stats": Key("object", "Raw counts the summaries are derived from: [`stats`](#stats) (ours) or "
+                           "[`stats` from vLLM](#stats-from-vllm)."),
+    "compile_seconds": Key("seconds", "The evaluation's compilation, excluded from tokens/s; absent from vLLM "
+                                      "results and from `by_category` entries."),
+    "mean_gamma": Key("tokens", "Only for gamma `\"auto\"`: the mean gamma chosen."),
+    "hf_assisted_tokens_per_s": Key("tokens/s", "Only with `--compare-hf`: transformers' assisted generation at "
+                                                "the same gamma."),
+    "by_category": Key("object", "Only when prompts have categories: a result (these keys) per category, over its "
+                                 "prompts; prompts without one are `uncategorized`. Cost ratios are the whole run's "
+                                 "(and for vLLM, so are tokens/s and speedup: one call times every prompt)."),
+    "concurrency": Key("sequences", "Only with `--concurrency` (vLLM): the row's max_num_seqs, every prompt "
+                                    "submitted at once."),
+}
+
+STATS_KEYS: dict[str, Key] = {  # decode.stats.SpecStats
+    "gamma": Key("tokens", "Draft length the counts are kept for (for gamma `\"auto\"`, the largest it may "
+                           "choose)."),
+    "target_calls": Key("passes", "Target verify passes (the prefill is not counted)."),
+    "new_tokens": Key("tokens", "Tokens those passes produced."),
+    "drafted_tokens": Key("tokens", "Draft tokens proposed."),
+    "accepted_tokens": Key("tokens", "Draft tokens accepted."),
+    "accepted_length_histogram": Key("list of gamma + 1 counts", "Entry n: verify passes that kept n draft "
+                                                                 "tokens."),
+    "per_position_drafted": Key("list of gamma counts", "Entry i: passes with a draft token at position i."),
+    "per_position_verified": Key("list of gamma counts", "Entry i: passes that compared position i with the "
+                                                         "target (the accepted ones and the first rejected)."),
+    "per_position_accepted": Key("list of gamma counts", "Entry i: passes that accepted the draft token at "
+                                                         "position i."),
+    "per_position_min_pq_sum": Key("list of gamma sums of probabilities", "Entry i: sum over the passes that "
+                                                                          "verified position i of sum_x min(p, q)."),
+}
+
+VLLM_STATS_KEYS: dict[str, Key] = {  # decode.serving.counters.SpecCounters, vLLM's vllm:spec_decode_* counters
+    "num_drafts": Key("steps", "Verify steps that had at least one draft token."),
+    "num_draft_tokens": Key("tokens", "Draft tokens proposed."),
+    "num_accepted_tokens": Key("tokens", "Draft tokens accepted (including accepted tokens past max_tokens that "
+                                         "were then cut off)."),
+    "num_accepted_tokens_per_pos": Key("list of gamma counts", "Entry i: steps that accepted at least i + 1 draft "
+                                                               "tokens."),
+}
+
+PARITY_KEYS: dict[str, Key] = {  # decode.serving.parity.parity_rows
+    "concurrency": Key("sequences", "Only with `--concurrency`: the vLLM row's max_num_seqs."),
+    "gamma": Key("tokens", "Draft length."),
+    "temperature": Key("number", "Sampling temperature."),
+    "tau_specdistill": Key("tokens per target pass", "Our tau counted on vLLM's basis (a step counts only if it "
+                                                     "drafted; decode.serving.counters)."),
+    "tau_vllm": Key("tokens per target pass", "vLLM's tau: 1 + accepted / drafts."),
+    "ratio": Key("ratio", "`tau_vllm` / `tau_specdistill`."),
+    "greedy_match_vllm": Key("fraction or null", "vLLM's `greedy_match`."),
+    "within_tolerance": Key("bool", "abs(`ratio` - 1) <= `parity_tolerance`."),
+}
+
+ENVIRONMENT_KEYS: dict[str, Key] = {  # evaluate.save (evaluate/saving.py)
+    "_timestamp": Key("ISO 8601 time", "When the file was written (local time)."),
+    "_git_commit_hash": Key("text or null", "The git commit of the folder the command ran in; null outside a "
+                                            "repository."),
+    "_evaluate_version": Key("text", "The `evaluate` package's version."),
+    "_python_version": Key("text", "`sys.version`."),
+    "_interpreter_path": Key("path", "`sys.executable`."),
+}
+
+# The tables of docs/reference/eval-json.md, in order: (heading, what the keys belong to, keys).
+REFERENCE_TABLES = (
+    ("Top level", "The JSON object `specdistill-eval --output` writes.", EVAL_JSON_KEYS),
+    ("Each result", "An entry of `results` and `vllm_results`, and each value of a result's `by_category` "
+                    "(decode.results.Result). acceptance.jsonl rows hold the same keys, "
+                    "plus `step` and `checkpoint`.", RESULT_KEYS),
+    ("`stats`", "A result's raw counts from our decoder (decode.stats.SpecStats).", STATS_KEYS),
+    ("`stats` from vLLM", "A vLLM result's raw counts: vLLM's `vllm:spec_decode_*` counters "
+                        "(decode.serving.counters.SpecCounters).", VLLM_STATS_KEYS),
+    ("Each parity row", "An entry of `parity` (decode.serving.parity).", PARITY_KEYS),
+    ("`environment`", "Where the numbers were made: the record `evaluate.save` writes.", ENVIRONMENT_KEYS),
+)
+
+
+def reference_markdown() -> str:
+    """The key tables of docs/reference/eval-json.md: every key of the eval JSON with its unit and meaning."""
+    lines = []
+    for heading, about, keys in REFERENCE_TABLES:
+        with_engines = any(key.engines != ENGINES for key in keys.values())
+        lines += [f"## {heading}", "", about, "",
+                  "| key | unit | meaning |" + (" written with `--engine` |" if with_engines else ""),
+                  "|---|---|---|" + ("---|" if with_engines else "")]
+        for name, key in keys.items():
+            engines = "any" if key.engines == ENGINES else ", ".join(f"`{e}`" for e in key.engines)
+            lines.append(f"| `{name}` | {key.unit} | {key.meaning} |" + (f" {engines} |" if with_engines else ""))
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")

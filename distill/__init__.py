@@ -1,7 +1,7 @@
 """specdistill's training side: distil a small draft model from a frozen target LLM for speculative decoding.
 
 The layout follows a run's six steps (distill.pipeline.run_recipe) and the concerns around them; each subpackage
-uses only those listed above it (README, "Where things are"; tests/test_structure.py):
+uses only those listed above it (docs/developer/index.md, "Where things are"; tests/test_structure.py):
 
     distill.utils, distill.fingerprints   small shared things; hashes of models, vocabularies and token lists
     distill.losses     the objectives: divergences (the DIVERGENCES table), loss_mix (distill.loss as a weighted

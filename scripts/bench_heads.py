@@ -6,13 +6,15 @@
 Rows (each trained by scripts/train.py for --steps optimizer steps of the same batch and block length):
   ce                    standalone 2-layer draft, plain cross-entropy             (recipes/quickstart/draft_ce.yaml)
   distilled             the same draft distilled from the target, the recipe's loss (lk_hybrid; draft_kd.yaml)
-  distilled_forward_kl  the same with distill.loss=forward_kl (draft_kd.yaml's loss before issue 19)
+  distilled_forward_kl  the same with distill.loss=forward_kl
   head                  EAGLE-3 head without training-time test (ttt_steps 1)     (recipes/quickstart/head.yaml)
   head_ttt              EAGLE-3 head with the recipe's training-time test          (recipes/quickstart/head.yaml)
 Each is measured by specdistill-eval (the same code path as the trainer) at gamma 2..6, greedy and T=1: tau,
 acceptance, the draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run
 (eager, and compiled with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head rows.
 Every step reuses what an earlier run left in --out (a row trained there with other settings stops it).
+--doc writes the tables into the file between the BEGIN / END markers it holds (the page's hand-written text
+around them is kept), or the whole file when it has no markers.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ ROWS = {  # row -> (recipe, extra overrides)
     "head_ttt": ("head.yaml", []),  # the recipe's training-time test (distill.ttt_steps)
 }
 GAMMAS = ["2", "3", "4", "5", "6"]
+BEGIN, END = "<!-- BEGIN bench_heads (scripts/bench_heads.py --doc) -->", "<!-- END bench_heads -->"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -56,13 +59,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="recipe overrides for every row (e.g. train.warmup_steps=0.05, the recipes' warm-up when "
-                        "docs/benchmarks/heads.md was measured)")
+                   help="recipe overrides for every row (e.g. train.warmup_steps=0.05)")
     p.add_argument("--head-overrides", nargs="*", default=[], metavar="KEY=VALUE",
                    help="recipe overrides for the head rows only (e.g. model.aux_layers=[1,3,5] distill.ttt_steps=4)")
     p.add_argument("--compile", action="store_true", help="also measure the compiled decoder")
     p.add_argument("--vllm", action="store_true", help="also measure the head rows inside vLLM (make serving)")
-    p.add_argument("--doc", type=Path, default=None, help="write the markdown here")
+    p.add_argument("--doc", type=Path, default=None,
+                   help="write the markdown here (between its BEGIN / END markers when it has them)")
     return p.parse_args(argv)
 
 
@@ -140,6 +143,16 @@ def rows_of(result: dict, row: str, mode: str, tps: float | None) -> list[list]:
              f"{tps:.0f}" if tps else "-"] for r in result["results"]]
 
 
+def write_doc(path: Path, text: str) -> None:
+    """`text` into `path` between its BEGIN and END markers (the rest of the page kept), or as the whole file when
+    `path` does not exist or lacks the markers."""
+    page = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if BEGIN in page and END in page.split(BEGIN, 1)[1]:
+        before, rest = page.split(BEGIN, 1)
+        text = before + BEGIN + "\n" + text + END + rest.split(END, 1)[1]
+    path.write_text(text, encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.doc:
-        args.doc.write_text(text, encoding="utf-8")
+        write_doc(args.doc, text)
 
 
 if __name__ == "__main__":

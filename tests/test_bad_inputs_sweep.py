@@ -5,7 +5,8 @@ TrainingArguments field a recipe may set), given as a key=value
 override and in a recipe file, and every number flag of specdistill-eval, -push and -check (introspected from the
 parsers the commands build), gets NaN, infinities and a number beyond float range. Each case: exit 1, exactly one
 error line naming the key or flag, no traceback, no model weights loaded (the tripwire of tests/test_bad_inputs.py).
-A numeric key or flag added later is swept with no change here.
+A numeric key or flag added later is swept with no change here. The umbrella `specdistill JOB` (distill.cli.main)
+answers every number flag, and a recipe number, with the alias's line, named `specdistill JOB`.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from decode import checks
 from distill.recipe.sections import SECTION_TYPES
 from decode.cli import check as check_deploy
 from decode.cli import eval as eval_acceptance
+from distill.cli import main as umbrella
 from distill.cli import push as push_to_hub
 from distill.cli import train as train_script
 from test_bad_inputs import RECIPE, no_weights, one_error_line, w  # noqa: F401 - fixtures used by name
@@ -36,6 +38,15 @@ def run_command(prog: str, argv: list[str], monkeypatch, capsys) -> str:
     line = one_error_line(COMMANDS[prog].cli, prog, argv, monkeypatch, capsys)
     logging.getLogger().handlers.clear()  # train's basicConfig: the next case's capsys gets a fresh handler
     return line
+
+
+def run_through_umbrella(prog: str, argv: list[str], monkeypatch, capsys) -> str:
+    """The one error line of `specdistill JOB argv` (JOB: prog's), written with prog's name as the alias writes it."""
+    job = prog.removeprefix("specdistill-")
+    line = one_error_line(umbrella.cli, "specdistill", [job, *argv], monkeypatch, capsys)
+    logging.getLogger().handlers.clear()
+    assert prog not in line, line  # the job names itself `specdistill JOB`
+    return line.replace(f"specdistill {job}", prog)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -106,6 +117,12 @@ def test_recipe_file_number_not_finite(key, number, w, no_weights, tmp_path, mon
     line = run_command("specdistill-train", [str(path)], monkeypatch, capsys)
     for text in [str(path), *expected_texts(key, NUMERIC_KEYS[key])]:
         assert text in line, (text, line)
+
+
+def test_override_number_not_finite_through_the_umbrella(w, no_weights, monkeypatch, capsys):
+    argv = [RECIPE, *(a.format(w=w) for a in TRAIN_BASE), "train.learning_rate=.nan"]
+    line = run_through_umbrella("specdistill-train", argv, monkeypatch, capsys)
+    assert line == run_command("specdistill-train", argv, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("override, named", [
@@ -200,6 +217,13 @@ def test_flag_number_not_finite(prog, flag, kind, value, w, no_weights, monkeypa
     assert line.startswith(f"{prog}: error: argument {flag}"), line
     if kind is float:
         assert f"expected a finite number, got {value!r}" in line, line
+
+
+@pytest.mark.parametrize("prog, flag, kind", NUMERIC_FLAGS, ids=lambda x: getattr(x, "__name__", str(x)))
+def test_flag_number_not_finite_through_the_umbrella(prog, flag, kind, w, no_weights, monkeypatch, capsys):
+    argv = [a.format(w=w) for a in VALID_ARGV[prog]] + [f"{flag}=nan"]
+    line = run_through_umbrella(prog, argv, monkeypatch, capsys)
+    assert line == run_command(prog, argv, monkeypatch, capsys)
 
 
 def test_finite_float_is_the_float_of_every_parser():

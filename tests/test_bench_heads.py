@@ -107,3 +107,18 @@ def test_tables_are_built_from_earlier_results(tmp_path, monkeypatch, capsys):
     assert ["head_ttt", "4", "3.750", "3.700", "0.987", "1.0"] in cells  # inside vLLM
     assert len([row for row in cells if row[0] == "head_ttt"]) == 4 + 1  # T=0, T=1 at two gammas; the vLLM row
     assert "`target6`" in text and text in capsys.readouterr().out
+
+
+def test_doc_replaces_only_the_marked_tables(tmp_path):
+    """--doc on a page with the markers rewrites the tables between them and keeps the hand-written text around."""
+    doc = tmp_path / "heads.md"
+    doc.write_text(f"# Title\n\nsetup\n\n{bench_heads.BEGIN}\nold table\n{bench_heads.END}\n\nnotes\n")
+    bench_heads.write_doc(doc, "new table\n")
+    assert doc.read_text() == f"# Title\n\nsetup\n\n{bench_heads.BEGIN}\nnew table\n{bench_heads.END}\n\nnotes\n"
+    bench_heads.write_doc(doc, "newer table\n")  # twice: the markers stay, one block between them
+    assert doc.read_text().count(bench_heads.BEGIN) == 1 and "newer table\n" in doc.read_text()
+    assert "new table\n" not in doc.read_text()
+    plain = tmp_path / "plain.md"
+    plain.write_text("anything\n")
+    bench_heads.write_doc(plain, "whole\n")  # no markers: the whole file
+    assert plain.read_text() == "whole\n"

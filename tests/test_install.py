@@ -1,5 +1,6 @@
-"""What `pip install .` installs: the packages decode and distill and the four console commands inside them, never a
-top-level `scripts` (issue 20, part 2); and the entry files in scripts/ run the same commands by path from any folder.
+"""What `pip install .` installs: the packages decode and distill and the console commands inside them (each job's
+`specdistill-JOB` and the umbrella `specdistill`), never a top-level `scripts` (issue 20, part 2); and the entry files
+in scripts/ run the same commands by path from any folder.
 
 The fast tests read pyproject.toml. The integration tests build a wheel from a copy of the sources, install it with
 --no-deps into a fresh venv of this interpreter (torch and the other dependencies come from this interpreter's
@@ -33,6 +34,7 @@ COMMANDS = {  # console command -> (the module pyproject.toml names, the entry f
     "specdistill-push": ("distill.cli.push", "push_to_hub.py"),
     "specdistill-data": ("distill.cli.data", "build_data.py"),
 }
+UMBRELLA = ("specdistill", "distill.cli.main")  # `specdistill JOB ...` runs the commands above (no entry file: python -m)
 
 
 def pyproject() -> dict:
@@ -59,7 +61,10 @@ def run(command: list[str], cwd: Path, timeout: float = 300) -> subprocess.Compl
 
 def test_console_commands_are_modules_inside_the_packages():
     scripts = pyproject()["project"]["scripts"]
-    assert scripts == {prog: f"{module}:cli" for prog, (module, _) in COMMANDS.items()}
+    umbrella, umbrella_module = UMBRELLA
+    assert scripts == {**{prog: f"{module}:cli" for prog, (module, _) in COMMANDS.items()},
+                       umbrella: f"{umbrella_module}:cli"}
+    assert callable(importlib.import_module(umbrella_module).cli), umbrella
     for prog, (module, entry_file) in COMMANDS.items():
         assert callable(importlib.import_module(module).cli), prog
         # the entry file in scripts/ runs the same function
@@ -132,10 +137,19 @@ def test_the_wheel_holds_only_decode_and_distill(installed):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("prog", sorted(COMMANDS))
+@pytest.mark.parametrize("prog", sorted(COMMANDS) + [UMBRELLA[0]])
 def test_each_installed_command_answers_help_outside_the_repository(installed, prog):
     done = run([str(installed / "bin" / prog), "--help"], cwd=installed.parent / "elsewhere")
     assert prog in done.stdout and "Traceback" not in done.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("prog", sorted(COMMANDS))
+def test_the_installed_umbrella_answers_each_job_help(installed, prog):
+    """`specdistill JOB --help` from the venv: the job's help, named `specdistill JOB`."""
+    job = prog.removeprefix("specdistill-")
+    done = run([str(installed / "bin" / UMBRELLA[0]), job, "--help"], cwd=installed.parent / "elsewhere")
+    assert done.stdout.startswith(f"usage: specdistill {job} ") and "Traceback" not in done.stderr, done.stdout
 
 
 @pytest.mark.integration

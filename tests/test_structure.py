@@ -137,7 +137,7 @@ def test_no_library_module_imports_scripts():
 
 
 def test_a_run_is_the_six_named_steps_in_order():
-    """distill.pipeline.run_recipe calls check, load, tokenise, distil, measure, export in the README's order,
+    """distill.pipeline.run_recipe calls check, load, tokenise, distil, measure, export in the order the developer guide and the train guide give,
     each once, each in the module that owns it."""
     tree = ast.parse((ROOT / "distill" / "pipeline.py").read_text())
     run = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "run_recipe")
@@ -151,16 +151,20 @@ def test_a_run_is_the_six_named_steps_in_order():
                       "distill.publish.export"}
 
 
-def readme_module_map() -> list[str]:
-    """The modules listed in the README's "Where things are" table, in order ('decode/cache.py' -> 'decode.cache')."""
-    text = (ROOT / "README.md").read_text()
+MODULE_MAP = ROOT / "docs" / "developer" / "index.md"  # the developer guide's "Where things are"
+
+
+def module_map() -> list[str]:
+    """The modules listed in the developer guide's "Where things are" table, in order ('decode/cache.py' ->
+    'decode.cache')."""
+    text = MODULE_MAP.read_text()
     section = text.split("\n## Where things are\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return [row.split("`")[1].removesuffix(".py").replace("/", ".") for row in rows]
 
 
-def test_the_readme_module_map_matches_the_tree_in_dependency_order():
-    listed = readme_module_map()
+def test_the_module_map_matches_the_tree_in_dependency_order():
+    listed = module_map()
     graph = import_graph()
     files = {name for name in graph if "." in name and not name.startswith("decode.metrics")}
     assert sorted(listed) == sorted(files), (sorted(set(files) - set(listed)), sorted(set(listed) - set(files)))
@@ -192,8 +196,8 @@ def test_distill_subpackages_say_what_they_hold_and_import_nothing():
         assert not graph[package], f"{package}/__init__.py imports {sorted(graph[package])}"
 
 
-def test_the_readme_map_lists_each_package_as_one_block_headed_by_its_own_line():
-    listed = readme_module_map()
+def test_the_module_map_lists_each_package_as_one_block_headed_by_its_own_line():
+    listed = module_map()
     for package in sorted(project_packages() - set(PACKAGES)):
         inside = [i for i, name in enumerate(listed) if name == package or name.startswith(package + ".")]
         assert listed[inside[0]] == package, f"{package}'s line does not head its modules"

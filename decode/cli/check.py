@@ -24,12 +24,16 @@ from decode.loading import LoadError, resolve_model_path
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 
 
+PROG = "specdistill-check"  # the command's name; `specdistill check` runs the same code (distill.cli.main)
+
+
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 1)."""
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = ArgumentParser(prog="specdistill-check", description=__doc__.split("\n")[0])
+def build_parser(prog: str = PROG) -> ArgumentParser:
+    """The command's flags (also what distill.cli.reference documents)."""
+    p = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True,
                    help="target model: local folder, .gguf file (checked as its converted folder) or hub id "
                         "(config + tokenizer read)")
@@ -39,11 +43,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-python", default=None,
                    help="interpreter with vLLM (default: $SPECDISTILL_VLLM_PYTHON, else .venv-vllm/bin/python)")
     p.add_argument("--trust-remote-code", action="store_true")
-    return p.parse_args(argv)
+    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
+    return build_parser(prog).parse_args(argv)
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     python = find_vllm_python(args.vllm_python) if args.serve else None
     # a .gguf: its converted folder (decode.gguf), which is also what vLLM serves
     target, draft = resolve_model_path(args.target, "--target"), resolve_model_path(args.draft, "--draft")
@@ -67,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.passed else 1
 
 
-def cli() -> None:
+def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
+    """Console entry point `specdistill-check` (argv: sys.argv[1:] when None): user errors exit 1 with one line."""
     try:
-        code = main()
+        code = main(argv, prog)
     except (LoadError, FileProblem, ServingError) as err:
-        print(f"specdistill-check: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         code = 1
     sys.exit(code)
 

@@ -45,14 +45,16 @@ from decode.tally import category_rows
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
 
 ENGINES = ("specdistill", "vllm", "both")
+PROG = "specdistill-eval"  # the command's name; `specdistill eval` runs the same code (distill.cli.main)
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 1)."""
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = ArgumentParser(prog="specdistill-eval", description=__doc__.split("\n")[0])
+def build_parser(prog: str = PROG) -> ArgumentParser:
+    """The command's flags (also what distill.cli.reference documents)."""
+    p = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="target model: local folder, .gguf file or hub id")
     p.add_argument("--draft", required=True,
                    help=f"draft model (local folder, .gguf file or hub id), an EAGLE-3 head folder (recognised by its "
@@ -110,7 +112,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="--engine both exits 1 when |tau(vLLM) / tau(ours) - 1| exceeds this")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
+    return build_parser(prog).parse_args(argv)
 
 
 def gamma_value(text: str) -> int | str:
@@ -189,8 +195,8 @@ def check_draft_fits(args: argparse.Namespace, kind: DraftKind) -> None:
         raise LoadError(f"--draft {args.draft} ({kind.name}) does not fit --target {args.target}: {problem}")
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
+    args = parse_args(argv, prog)
     check_args(args)
     torch.manual_seed(args.seed)
     vllm_python = find_vllm_python(args.vllm_python) if args.engine != "specdistill" else None
@@ -304,9 +310,10 @@ def describe_device(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def cli() -> None:
+def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
+    """Console entry point `specdistill-eval` (argv: sys.argv[1:] when None): user errors exit 1 with one line."""
     try:
-        report = main()
+        report = main(argv, prog)
     except (LoadError, TokenizerMismatchError, ServingError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -35,14 +35,16 @@ from distill.utils import eval_mode
 WORK_DIR = ".specdistill"  # inside OUT: shards and their settings (hidden: data.dataset reads OUT's .jsonl only)
 PROMPTS_FILE, RESPONSES_FILE = "prompts.jsonl", "train.jsonl"
 ENGINES = ("specdistill", "vllm")
+PROG = "specdistill-data"  # the command's name; `specdistill data` runs the same code (distill.cli.main)
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 1)."""
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = ArgumentParser(prog="specdistill-data", description=__doc__.split("\n")[0])
+def build_parser(prog: str = PROG) -> ArgumentParser:
+    """The command's jobs and their flags (also what distill.cli.reference documents)."""
+    p = ArgumentParser(prog=prog, description=" ".join(__doc__.split(".")[0].split()) + ".")  # the first sentence
     jobs = p.add_subparsers(dest="job", required=True, metavar="{prompts,responses,hidden-states}")
     for name, text in (("prompts", "prompts written by the target (Magpie)"),
                        ("responses", "the target's answers to a prompt set, turn by turn")):
@@ -81,6 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                          "at its start)")
     hidden.add_argument("recipe", help="recipe .yaml with model.draft_kind eagle3 and distill.hidden_state_cache")
     hidden.add_argument("overrides", nargs="*", help="key=value recipe overrides")
+    return p
+
+
+def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
+    """The parsed command line, numbers checked (a bad one: one-line usage error, exit 1)."""
+    p = build_parser(prog)
     args = p.parse_args(argv)
     for flag in ("num", "batch_size", "max_tokens", "max_new_tokens", "limit", "shard_size"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
@@ -91,9 +99,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> Path:
+def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
     """Run one job; returns the file written."""
-    args = parse_args(argv)
+    args = parse_args(argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.job == "hidden-states":
         return recipe_hidden_states(args.recipe, args.overrides)
@@ -154,13 +162,14 @@ def recipe_hidden_states(recipe_file: str, overrides: list[str]) -> Path:
 USER_ERRORS = (*RUN_ERRORS, LoadError, ServingError, SynthesisError)  # a run's, and the loaders' and engines'
 
 
-def cli() -> None:
-    """Console entry point `specdistill-data`: user errors exit 1 with one line, no traceback."""
+def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
+    """Console entry point `specdistill-data` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
+    traceback."""
     try:
-        main()
+        main(argv, prog)
     except USER_ERRORS as err:
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        print(f"specdistill-data: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -17,13 +17,16 @@ from decode.checks import OneLineArgumentParser
 from distill.publish.hub import HubError, push_to_hub
 
 
+PROG = "specdistill-push"  # the command's name; `specdistill push` runs the same code (distill.cli.main)
+
+
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 1)."""
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = ArgumentParser(prog="specdistill-push",
-                            description="Upload a draft model folder with a generated model card.")
+def build_parser(prog: str = PROG) -> ArgumentParser:
+    """The command's flags (also what distill.cli.reference documents)."""
+    parser = ArgumentParser(prog=prog, description="Upload a draft model folder with a generated model card.")
     parser.add_argument("output_dir", type=Path, help="training OUTPUT_DIR holding the exported draft")
     parser.add_argument("--repo-id", required=True, help="model repository, e.g. you/qwen2.5-0.5b-draft")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
@@ -36,11 +39,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", help="target model id (default: from the eval JSON or recipe.yaml)")
     parser.add_argument("--step", type=int,
                         help="acceptance.jsonl step to report (default: the exported checkpoint's, else the last)")
-    return parser.parse_args(argv)
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
+    return build_parser(prog).parse_args(argv)
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     if args.staging_dir is not None:
         print(f"note: --staging-dir is no longer used: {args.output_dir} is uploaded in place, nothing is staged")
     # ---- write the card (and upload) ----
@@ -60,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def cli() -> None:
-    raise SystemExit(main())
+def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
+    """Console entry point `specdistill-push` (argv: sys.argv[1:] when None): exit 1 with one line on an error."""
+    raise SystemExit(main(argv, prog))
 
 
 if __name__ == "__main__":

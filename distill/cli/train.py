@@ -22,10 +22,11 @@ recipe.yaml (the resolved recipe), acceptance.jsonl, train_results.json, checkpo
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
-from decode.checks import FileProblem
+from decode.checks import FileProblem, OneLineArgumentParser
 from decode.vocab import TokenizerMismatchError
 from distill.data.rows import DataError
 from distill.data.shard_store import CacheMismatchError
@@ -41,13 +42,30 @@ from distill.utils import ModelSetupError
 # Errors in what the user gave us: reported as one line, exit status 1, no traceback.
 USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
                FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError)
+PROG = "specdistill-train"  # the command's name; `specdistill train` runs the same code (distill.cli.main)
 
 
-def main(argv: list[str] | None = None) -> dict:
+class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 1)."""
+
+
+def build_parser(prog: str = PROG) -> ArgumentParser:
+    """The command's help: its arguments (also what distill.cli.reference documents) and this module's docstring.
+    Only --help is read with it: the recipe loader reads the arguments themselves (every key=value checked)."""
+    summary, _, details = __doc__.partition("\n\n")
+    p = ArgumentParser(prog=prog, description=summary, epilog=details,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", metavar="RECIPE.yaml", help="the recipe (recipes/README.md lists every key)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="recipe overrides, e.g. train.max_steps=100 (checked as the recipe's own keys)")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     """Run the recipe given as argv = [RECIPE.yaml, key=value, ...]; returns the exported draft's summary."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+        build_parser(prog).print_help()
         return {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -64,14 +82,15 @@ def main(argv: list[str] | None = None) -> dict:
     return outcome.summary
 
 
-def cli() -> None:
-    """Console entry point `specdistill-train`: user errors exit 1 with one line, no traceback."""
+def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
+    """Console entry point `specdistill-train` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
+    traceback."""
     try:
-        main()
+        main(argv, prog)
     except USER_ERRORS as err:
         first, *details = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
         message = " ".join([first, "; ".join(details)]).strip()  # one line, details (if any) separated by ;
-        print(f"specdistill-train: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

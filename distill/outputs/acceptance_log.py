@@ -3,7 +3,7 @@ rule that picks the best (checkpoint, gamma) from its rows (used by the export, 
 checkpoint from rotation, the model card and the report).
 
 One JSON object per line, `{"step", "checkpoint", <decode.evaluate result keys>}`, one line per (gamma,
-temperature) of a measurement (docs/INTERFACES.md). A process killed at any moment leaves a usable file:
+temperature) of a measurement (docs/reference/interfaces.md). A process killed at any moment leaves a usable file:
 - append_records writes all the lines of one measurement with a single write() on a file opened O_APPEND, so a
   kill leaves either all of them or none (or, on a crash of the machine, a torn last line);
 - read_records drops a torn last line (no newline, not JSON) with a warning; what it dropped is measured again;

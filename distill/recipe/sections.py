@@ -215,7 +215,7 @@ class DistillConfig(Section):
 
 
 class EvalConfig(Section):
-    """Acceptance measured with decode.evaluate at every checkpoint (see docs/INTERFACES.md)."""
+    """Acceptance measured with decode.evaluate at every checkpoint (see docs/reference/interfaces.md)."""
 
     section = "eval"
 

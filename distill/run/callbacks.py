@@ -2,7 +2,7 @@
 
 AcceptanceCallback runs decode.evaluate.evaluate_acceptance on rank 0 at every save; the other ranks wait at a
 barrier that every rank reaches, so no collective is ever called from one rank alone. Each result becomes one line
-of OUTPUT_DIR/acceptance.jsonl (`{"step", "checkpoint", <result keys>}`, docs/INTERFACES.md) and TensorBoard
+of OUTPUT_DIR/acceptance.jsonl (`{"step", "checkpoint", <result keys>}`, docs/reference/interfaces.md) and TensorBoard
 scalars such as `acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance). The lines of one
 measurement are appended in one write (distill.outputs.acceptance_log); a checkpoint whose lines are missing or
 incomplete (the run was killed while measuring it) is measured from its folder at the start of training

@@ -1,0 +1,129 @@
+"""Every runnable example in README.md and docs/ runs, on a tiny pair (docs/developer/testing.md).
+
+A ```bash or ```python fence is runnable unless the line before it is `<!-- not run: REASON -->`; `<!-- exit: N -->`
+says it must exit with N. A page's fences run in order in one scratch folder that holds `recipes/` and `scripts/`,
+so an example may use what an earlier one on the same page wrote. The variables the examples use (TARGET, DRAFT,
+PROMPTS, CORPUS) point to a tiny pair built here; `specdistill` is the venv's command.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from helpers import CHILD_ENV
+from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNABLE = {"bash", "python"}
+MARKER = re.compile(r"<!--\s*(not run|exit):\s*(.*?)\s*-->")
+FENCE = re.compile(r"^(\s*)```(\S*)")
+TIMEOUT = 300  # seconds per example
+
+
+@dataclass
+class Example:
+    page: str
+    line: int            # 1-based line of the opening fence
+    language: str
+    code: str
+    skip_reason: str | None = None
+    exit_code: int = 0
+
+
+def doc_pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def examples_of(page: Path) -> list[Example]:
+    """The fenced code blocks of a Markdown page, with the marker of the line before each."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        indent, language = opening.groups()
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
+        code = "\n".join(line[len(indent):] for line in lines[i + 1:end]) + "\n"
+        before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        marker = MARKER.search(before)
+        example = Example(str(page.relative_to(ROOT)), i + 1, language, code)
+        if marker and marker.group(1) == "not run":
+            example.skip_reason = marker.group(2)
+        elif marker:
+            example.exit_code = int(marker.group(2))
+        found.append(example)
+        i = end + 1
+    return found
+
+
+def runnable_pages() -> list[Path]:
+    return [page for page in doc_pages()
+            if any(e.language in RUNNABLE and e.skip_reason is None for e in examples_of(page))]
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory) -> dict[str, str]:
+    """The variables the examples use: a tiny target (4 layers: a head reads 3) and draft, prompts, a corpus."""
+    root = tmp_path_factory.mktemp("docs_world")
+    tok = tiny_tokenizer()
+    target = tiny_model("llama", seed=0, vocab_size=len(tok), layers=4)
+    save_and_load(target, root / "target", tok)
+    save_and_load(perturbed_copy(target, 0.1), root / "draft", tok)
+    prompts = [("def add(a, b):", "code"), ("class Point:", "code"), ("for i in range(10):", "loops"),
+               ("import os", "imports")]
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in prompts))
+    (root / "corpus.txt").write_text(TINY_TEXT * 8)
+    return {"TARGET": str(root / "target"), "DRAFT": str(root / "draft"), "PROMPTS": str(root / "prompts.jsonl"),
+            "CORPUS": str(root / "corpus.txt")}
+
+
+def run_example(example: Example, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    if example.language == "bash":
+        command = ["bash", "-euo", "pipefail", "-c", example.code]
+    else:
+        command = [sys.executable, "-c", example.code]
+    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_every_fence_is_closed_and_every_marker_names_a_reason():
+    for page in doc_pages():
+        text = page.read_text(encoding="utf-8")
+        assert len(re.findall(r"^\s*```", text, flags=re.M)) % 2 == 0, f"{page}: an unclosed code fence"
+        for example in examples_of(page):
+            assert example.skip_reason != "", f"{example.page}:{example.line}: `not run` without a reason"
+
+
+def test_the_readme_has_runnable_examples_and_the_collector_finds_markers():
+    """The collector itself: it finds the README's runnable fences and honours both markers."""
+    readme = examples_of(ROOT / "README.md")
+    assert any(e.language == "bash" and e.skip_reason is None for e in readme)
+    assert any(e.skip_reason for e in readme)
+    reliability = examples_of(ROOT / "docs" / "guides" / "reliability.md")
+    assert any(e.exit_code == 1 for e in reliability)
+
+
+@pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_examples_of_a_page_run(page, tiny_world, tmp_path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    for name in ("recipes", "scripts"):
+        (workdir / name).symlink_to(ROOT / name)
+    env = {**os.environ, **CHILD_ENV, **tiny_world,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT), "SPECDISTILL_CACHE": str(tmp_path / "cache")}
+    for example in examples_of(page):
+        if example.language not in RUNNABLE or example.skip_reason is not None:
+            continue
+        done = run_example(example, workdir, env)
+        assert done.returncode == example.exit_code, (
+            f"{example.page}:{example.line} exited {done.returncode}, expected {example.exit_code}\n"
+            f"--- code\n{example.code}--- stdout (end)\n{done.stdout[-3000:]}--- stderr (end)\n{done.stderr[-3000:]}")
