@@ -198,10 +198,12 @@ RESULT_KEYS: dict[str, Key] = {
     "speculative_tokens_per_s": Key("tokens/s", "Speculative decoding, timed as `target_tokens_per_s`."),
     "speedup": Key("ratio", "Measured: plain seconds / speculative seconds (above 1: speculative is faster)."),
     "predicted_speedup": Key("ratio or null", "The cost model: tau / (gamma * c + v); null from vLLM."),
-    "draft_cost_ratio": Key("ratio or null", "c: one draft step / one target step, measured on the decoder's own "
-                                             "loops (decode.cost_model); null from vLLM."),
-    "verify_cost_ratio": Key("ratio or null", "v: one target pass over gamma + 1 tokens / one target step; null "
-                                              "from vLLM."),
+    "draft_cost_ratio": Key("ratio or null", "c: drafting seconds per drafted token / seconds per plain-decoding "
+                                             "token, timed on the decoder's own loops (decode.cost_model); null "
+                                             "from vLLM."),
+    "verify_cost_ratio": Key("ratio or null", "v: the rest of a speculative step (the pass over gamma + 1 tokens, "
+                                              "acceptance, cache rollbacks, the drafter's commit, host syncs) / "
+                                              "seconds per plain-decoding token; null from vLLM."),
     "greedy_match": Key("fraction or null", "Share of prompts whose speculative output is the plain one, token for "
                                             "token; null when temperature > 0."),
     "compiled": Key("bool", "Measured on the static-cache, torch.compiled path."),
