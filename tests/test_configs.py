@@ -273,3 +273,16 @@ def test_sections_built_in_code_raise_recipe_errors():
         DistillConfig(beta=2)
     with pytest.raises(RecipeError, match=r"train\.learning_rat: unknown key; did you mean 'train\.learning_rate'"):
         TrainConfig(learning_rat=1)
+
+
+def test_eval_settings_reach_the_decoder_through_one_translation():
+    """EvalConfig.decoder_settings is what the checkpoint measurements and the export's vLLM run use: every setting
+    arrives, and vLLM gets the integer gammas only."""
+    from distill.recipe.sections import EvalConfig
+
+    cfg = EvalConfig(gammas=[2, "auto", 5], temperatures=[0.0, 1.0], max_new_tokens=17, top_k=9, top_p=0.5, seed=3,
+                     repeats=2, compile=True)
+    settings = cfg.decoder_settings(1.0)
+    assert (settings.gammas, settings.temperature, settings.max_new_tokens, settings.top_k, settings.top_p,
+            settings.seed, settings.repeats, settings.compile) == ([2, "auto", 5], 1.0, 17, 9, 0.5, 3, 2, True)
+    assert cfg.decoder_settings(0.0, fixed_gammas_only=True).gammas == cfg.fixed_gammas == [2, 5]

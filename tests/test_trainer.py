@@ -440,3 +440,25 @@ def test_resume_continues_the_same_run(workdir, monkeypatch):
     assert losses(resumed / "checkpoint-6") == pytest.approx(losses(whole / "checkpoint-6"), rel=1e-5)
     assert_same_weights(whole / "model.safetensors", resumed / "model.safetensors")
     assert not (resumed / ACCEPTANCE_LOG).read_text()  # no prompts: nothing measured, the file is still there
+
+
+def test_log_sums_add_by_name_reduce_once_and_start_again():
+    """The trainers' named log accumulators: sums by name, one all-reduce over processes, zero after a log."""
+    from distill.run.trainer import LogSums
+
+    class TwoProcesses:  # accelerate's reduce over 2 processes holding the same sums
+        num_processes, reduced = 2, 0
+
+        def reduce(self, tensor, reduction):
+            assert reduction == "sum"
+            self.reduced += 1
+            return tensor * 2
+
+    sums = LogSums(["kd", "tokens", "rows"], "cpu")
+    sums.add(kd=torch.tensor(1.5), tokens=3)
+    sums.add(tokens=torch.tensor(4), kd=0.25)
+    accelerator = TwoProcesses()
+    assert sums.take(accelerator) == {"kd": 3.5, "tokens": 14.0, "rows": 0.0} and accelerator.reduced == 1
+    assert sums.values.tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(KeyError):
+        sums.add(typo=1.0)

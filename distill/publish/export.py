@@ -121,8 +121,8 @@ def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedToke
     if state.is_main_process:
         output_dir = recipe.train.output_dir
         best = best_record(read_records(output_dir), recipe.eval.temperatures[0])
-        fixed_gammas = [g for g in recipe.eval.gammas if g != "auto"]
-        summary = export_draft(output_dir, best, final_draft, tokenizer, default_gamma=max(fixed_gammas, default=4))
+        summary = export_draft(output_dir, best, final_draft, tokenizer,
+                               default_gamma=max(recipe.eval.fixed_gammas, default=4))
         crash_point("export")  # test hook: killed with the draft exported but the run not marked done
         results = {**metrics, "best": summary, "deploy_check": deploy_check(recipe)}
         if recipe.eval.serving_engine == "vllm":
@@ -161,12 +161,10 @@ def serving_check(recipe: Recipe, prompts: Sequence[torch.Tensor],
     """The exported folder measured inside vLLM (decode.serving.vllm_engine) at the integer eval gammas and the
     first eval temperature: {"engine", "vllm_version", "results"}; {"engine", "error"} when vLLM cannot run (a
     warning: the draft is exported either way)."""
-    from decode.evaluate import EvalSettings
     from decode.serving.vllm_engine import ServingError, evaluate_in_vllm, find_vllm_python
 
     cfg = recipe.eval
-    settings = EvalSettings(gammas=[g for g in cfg.gammas if g != "auto"], temperature=cfg.temperatures[0],
-                            max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
+    settings = cfg.decoder_settings(cfg.temperatures[0], fixed_gammas_only=True)
     try:
         if not prompts:
             raise ServingError("no eval prompts to measure")

@@ -247,10 +247,25 @@ class EvalConfig(Section):
         None, description="Interpreter with vLLM for serving_engine: vllm; null = $SPECDISTILL_VLLM_PYTHON, else "
                           ".venv-vllm/bin/python.")
 
+    @property
+    def fixed_gammas(self) -> list[int]:
+        """The integer gammas (without "auto"): what vLLM and a served generation_config can draft."""
+        return [g for g in self.gammas if g != "auto"]
+
+    def decoder_settings(self, temperature: float, fixed_gammas_only: bool = False):
+        """These settings as the decoder's decode.evaluate.EvalSettings at one temperature: the one translation,
+        used by the checkpoint measurements and the export's vLLM measurement alike (``fixed_gammas_only``: vLLM
+        drafts a fixed number of tokens)."""
+        from decode.evaluate import EvalSettings  # torch: only when a measurement is made
+
+        return EvalSettings(gammas=self.fixed_gammas if fixed_gammas_only else list(self.gammas),
+                            temperature=temperature, max_new_tokens=self.max_new_tokens, top_k=self.top_k,
+                            top_p=self.top_p, seed=self.seed, repeats=self.repeats, compile=self.compile)
+
     @model_validator(mode="after")
     def _rules(self) -> EvalConfig:
         """vLLM drafts a fixed number of tokens: it needs an integer gamma."""
-        require(self.serving_engine == "none" or any(g != "auto" for g in self.gammas), "eval.serving_engine",
+        require(self.serving_engine == "none" or bool(self.fixed_gammas), "eval.serving_engine",
                 self.serving_engine, "none, unless eval.gammas holds an integer gamma (vLLM drafts a fixed number)",
                 ["eval.gammas"])
         return self

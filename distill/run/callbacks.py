@@ -195,8 +195,6 @@ class AcceptanceCallback(TrainerCallback):
         `device`: where copies of the models (LoRA merged, ZeRO-3 / FSDP2 gathered) are measured; the draft itself is
         measured where it is. A partitioned target is replaced by its gathered copy, moved there and back.
         """
-        from decode.evaluate import EvalSettings
-
         target = self.target
         if is_partitioned(target):
             if self._whole_target is None:
@@ -212,10 +210,7 @@ class AcceptanceCallback(TrainerCallback):
                                     for g in cost_gammas(self.cfg.gammas)}
             results = []
             for temperature in self.cfg.temperatures:
-                settings = EvalSettings(gammas=list(self.cfg.gammas), temperature=temperature,
-                                        max_new_tokens=self.cfg.max_new_tokens, top_k=self.cfg.top_k,
-                                        top_p=self.cfg.top_p, seed=self.cfg.seed, repeats=self.cfg.repeats,
-                                        compile=self.cfg.compile)
+                settings = self.cfg.decoder_settings(temperature)
                 by_category = {"categories": self.categories} if self.categories else {}
                 with eval_mode(draft):
                     results += self.evaluate(target, draft, self.prompts, settings, progress=False,

@@ -29,7 +29,7 @@ from distill.data.hidden_cache import cached_features
 from distill.losses.head_loss import (UnrolledHead, restricted_head, step_token_counts, target_features, ttt_step_sums,
                                       weighted_loss)
 from distill.models.heads import teacher_lm_head
-from distill.run.trainer import DistillTrainer
+from distill.run.trainer import DistillTrainer, LogSums
 
 
 class HeadTrainer(DistillTrainer):
@@ -43,7 +43,9 @@ class HeadTrainer(DistillTrainer):
             model.bound_embeddings.to(self.args.device)
         self._teacher_head: nn.Module | None = None  # the target's lm_head on the draft vocabulary (first step)
         # per step j: [kd, tv, kept positions] summed on this process since the last log
-        self._ttt_sums = torch.zeros(distill.ttt_steps, 3, dtype=torch.float64, device=self.args.device)
+        # each unrolled step's kd and tv (summed over its loss tokens) and its tokens, since the last log
+        names = [f"step{j}_{name}" for j in range(distill.ttt_steps) for name in ("kd", "tv", "tokens")]
+        self._ttt_sums = LogSums(names, self.args.device)
 
     def trained_draft(self) -> nn.Module:
         """The head (acceptance measures it, export writes it)."""
@@ -80,21 +82,18 @@ class HeadTrainer(DistillTrainer):
         # loss = sum_j decay^j S_pg,j * P / N_j: DDP's gradient average then yields the per-token means' sum
         loss = weighted_loss(sums, counts, self.distill.ttt_decay) * processes
         first = sums[0]
-        logged = (first.kd, first.tv, first.ce, torch.tensor(first.num_tokens, device=final.device),
-                  inputs["attention_mask"].sum())
-        self._log_sums[:5] += torch.stack([value.double() for value in logged]).to(self._log_sums.device)
-        self._ttt_sums += torch.stack([torch.stack([s.kd.double(), s.tv.double(),
-                                                    torch.tensor(float(s.num_tokens), device=final.device)])
-                                       for s in sums]).to(self._ttt_sums.device)
+        self._log_sums.add(kd=first.kd, tv=first.tv, ce=first.ce, loss_tokens=first.num_tokens,
+                           input_tokens=inputs["attention_mask"].sum())
+        self._ttt_sums.add(**{f"step{j}_{name}": value for j, s in enumerate(sums)
+                              for name, value in (("kd", s.kd), ("tv", s.tv), ("tokens", s.num_tokens))})
         return (loss, sums) if return_outputs else loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Adds ttt/step{j}_kd and ttt/step{j}_tv (per-token means of each step) to the periodic training log."""
         if "loss" in logs:
-            totals = self.accelerator.reduce(self._ttt_sums, reduction="sum") \
-                if self.accelerator.num_processes > 1 else self._ttt_sums
-            for step, (kd, tv, tokens) in enumerate(totals.tolist()):
-                logs[f"ttt/step{step}_kd"] = kd / max(tokens, 1)
-                logs[f"ttt/step{step}_tv"] = tv / max(tokens, 1)
-            self._ttt_sums.zero_()
+            totals = self._ttt_sums.take(self.accelerator)
+            for step in range(self.distill.ttt_steps):
+                tokens = max(totals[f"step{step}_tokens"], 1)
+                logs[f"ttt/step{step}_kd"] = totals[f"step{step}_kd"] / tokens
+                logs[f"ttt/step{step}_tv"] = totals[f"step{step}_tv"] / tokens
         super().log(logs, start_time)

@@ -56,6 +56,29 @@ from distill.utils import IGNORE_INDEX
 logger = logging.getLogger(__name__)
 
 
+class LogSums:
+    """Named sums a trainer logs, accumulated on this process since the last log: one float64 tensor, so summing
+    over processes is one all-reduce. ``add(kd=..., tokens=...)`` adds by name; ``take(accelerator)`` returns the
+    sums over every process (a collective: every rank calls it at the same log step) and starts again from zero."""
+
+    def __init__(self, names: list[str], device: torch.device | str):
+        self.names = list(names)
+        self.slot = {name: i for i, name in enumerate(self.names)}
+        self.values = torch.zeros(len(self.names), dtype=torch.float64, device=device)
+
+    def add(self, **values: torch.Tensor | float) -> None:
+        slots = torch.tensor([self.slot[name] for name in values], device=self.values.device)
+        added = torch.stack([torch.as_tensor(v).detach().to(self.values.device, torch.float64)
+                             for v in values.values()])
+        self.values.index_add_(0, slots, added)
+
+    def take(self, accelerator) -> dict[str, float]:
+        values = accelerator.reduce(self.values, reduction="sum") if accelerator.num_processes > 1 else self.values
+        totals = dict(zip(self.names, values.tolist()))
+        self.values.zero_()
+        return totals
+
+
 class TrainStepTimer(TrainerCallback):
     """Seconds spent inside optimizer steps (forward, backward, update); logging, saving and acceptance
     measurements at checkpoints are left out, so tokens_per_s is the training throughput."""
@@ -95,12 +118,12 @@ class DistillTrainer(Trainer):
         # frozen by distill.models.load.load_target; never prepared (a sharded target is already where its shards live)
         self.target = target if is_partitioned(target) else target.to(self.args.device)
         self._draft_takes_logits_to_keep = accepts_logits_to_keep(model)
-        # [kd, tv, ce, loss tokens, input tokens, rows, on-policy rows] summed on this process since the last log
-        self._log_sums = torch.zeros(7, dtype=torch.float64, device=self.args.device)
+        # kd, tv, ce (summed over loss tokens), the tokens and the (on-policy) rows, since the last log
+        self._log_sums = LogSums(["kd", "tv", "ce", "loss_tokens", "input_tokens", "rows", "on_policy_rows"],
+                                 self.args.device)
         # a combination of losses: each term's sum since the last log (loss/<name>) and its weight (weight/<name>)
-        self._term_names = [] if isinstance(distill.loss, str) else list(distill.loss)
-        self._term_sums = torch.zeros(len(self._term_names), dtype=torch.float64, device=self.args.device) \
-            if self._term_names else None
+        terms = [] if isinstance(distill.loss, str) else list(distill.loss)
+        self._term_sums = LogSums(terms, self.args.device) if terms else None
         self._step_timer = TrainStepTimer()
         self.add_callback(self._step_timer)
         self._saving_into: str | None = None  # while a checkpoint is written: OUTPUT_DIR/.partial
@@ -170,8 +193,7 @@ class DistillTrainer(Trainer):
         generator = micro_batch_generator(self.on_policy.seed, self.args.process_index, self.state.global_step,
                                           micro_batch)
         batch, rows = on_policy_batch(batch, draft, self.on_policy, generator)
-        self._log_sums[5] += batch["input_ids"].shape[0]
-        self._log_sums[6] += len(rows.selected)
+        self._log_sums.add(rows=batch["input_ids"].shape[0], on_policy_rows=len(rows.selected))
         return batch
 
     # ---- the loss ---------------------------------------------------------------------------------------------
@@ -225,11 +247,10 @@ class DistillTrainer(Trainer):
         else:
             # loss = S_pg * P / N: DDP's gradient average over P processes then yields grad(sum S) / N
             loss = sums.loss * self.accelerator.num_processes / torch.as_tensor(num_items_in_batch).clamp(min=1)
-        num_tokens = torch.tensor(sums.num_tokens, device=self._log_sums.device)
-        logged = (sums.kd, sums.tv, sums.ce, num_tokens, inputs["attention_mask"].sum())
-        self._log_sums[:5] += torch.stack([value.double() for value in logged])
+        self._log_sums.add(kd=sums.kd, tv=sums.tv, ce=sums.ce, loss_tokens=sums.num_tokens,
+                           input_tokens=inputs["attention_mask"].sum())
         if self._term_sums is not None:  # a combination: each term's own sum, logged as loss/<name>
-            self._term_sums += torch.stack([sums.terms[name].double() for name in self._term_names])
+            self._term_sums.add(**{name: sums.terms[name] for name in self._term_sums.names})
         return (loss, sums) if return_outputs else loss
 
     # ---- logging ----------------------------------------------------------------------------------------------
@@ -237,29 +258,24 @@ class DistillTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Adds kd, tv, ce and tokens_per_s to the periodic training log (the one with 'loss', on every rank)."""
         if "loss" in logs:
-            totals = self.accelerator.reduce(self._log_sums, reduction="sum") if self.accelerator.num_processes > 1 \
-                else self._log_sums
-            kd, tv, ce, loss_tokens, input_tokens, rows, on_policy_rows = totals.tolist()
-            logs.update(kd=kd / max(loss_tokens, 1), tv=tv / max(loss_tokens, 1), ce=ce / max(loss_tokens, 1),
-                        tokens_per_s=input_tokens / max(self._step_timer.seconds, 1e-9))
+            sums = self._log_sums.take(self.accelerator)
+            loss_tokens = max(sums["loss_tokens"], 1)
+            logs.update(kd=sums["kd"] / loss_tokens, tv=sums["tv"] / loss_tokens, ce=sums["ce"] / loss_tokens,
+                        tokens_per_s=sums["input_tokens"] / max(self._step_timer.seconds, 1e-9))
             if self.on_policy is not None:
-                logs["on_policy"] = on_policy_rows / max(rows, 1)
+                logs["on_policy"] = sums["on_policy_rows"] / max(sums["rows"], 1)
             if self._term_sums is not None:
                 self._log_terms(logs, loss_tokens)
-            self._log_sums.zero_()
             self._step_timer.seconds = 0.0
         super().log(logs, start_time)
 
 
     def _log_terms(self, logs: dict[str, float], loss_tokens: float) -> None:
         """loss/<name>: each term's per-token mean since the last log; weight/<name>: its weight in the last step."""
-        sums = self.accelerator.reduce(self._term_sums, reduction="sum") if self.accelerator.num_processes > 1 \
-            else self._term_sums
         weights = self.distill.loss_at(max(self.state.global_step - 1, 0), self.state.max_steps)
-        for name, total in zip(self._term_names, sums.tolist()):
-            logs[f"loss/{name}"] = total / max(loss_tokens, 1)
+        for name, total in self._term_sums.take(self.accelerator).items():
+            logs[f"loss/{name}"] = total / loss_tokens
             logs[f"weight/{name}"] = weights[name]
-        self._term_sums.zero_()
 
 
 # ---------------------------------------------------------------------------------------------------------------
