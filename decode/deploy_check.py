@@ -33,6 +33,7 @@ from decode.checks import FileProblem, check_json_files_text, read_text, safeten
 from decode.draft_kinds import kind_of_source
 from decode.head_deploy_check import HEAD_CHECKS, check_head, head_serving_commands
 from decode.loading import LoadError, first_line
+from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
 
 CHECKS = ("safetensors", "tokenizer", "vocab", "max_position_embeddings", "rope", "dtype", "generation_config")
@@ -289,14 +290,11 @@ def model_commands(report: DeployReport) -> str:
 
     target, draft = report.target, report.draft
     if report.gamma is not None:
-        gamma, source = str(report.gamma), f"# gamma = {report.gamma}, from the draft's generation_config"
-    else:
+        gamma, source = report.gamma, f"# gamma = {report.gamma}, from the draft's generation_config"
+    else:  # a shell variable, set first
         gamma, source = "$GAMMA", (f"GAMMA={DEFAULT_GAMMA}  # the draft names no gamma: a placeholder; measure "
                                    "yours with specdistill-eval --gamma 2 4 6")
-    spec = f'{{"method": "{vllm_method(draft)}", "model": "{draft}", "num_speculative_tokens": {gamma}}}'
-    # $GAMMA expands inside double quotes only
-    vllm = f"'{spec}'" if report.gamma is not None else '"' + spec.replace('"', '\\"') + '"'
-    draft_tokens = str(report.gamma + 1) if report.gamma is not None else "$((GAMMA + 1))"
+    spec = vllm_speculative_config(vllm_method(draft), draft, gamma)
     return f"""{source}
 
 # transformers (assisted generation, drafting exactly gamma tokens per step)
@@ -312,12 +310,10 @@ inputs = tok.apply_chat_template([{{'role': 'user', 'content': 'Hello'}}], add_g
 print(tok.decode(target.generate(**inputs, assistant_model=draft, max_new_tokens=64)[0]))"
 
 # vLLM
-vllm serve {target} --speculative-config {vllm}
+{vllm_serve(target, spec, expand=report.gamma is None)}
 
 # SGLang (a small draft model: the STANDALONE algorithm)
-python -m sglang.launch_server --model-path {target} --speculative-algorithm STANDALONE \\
-    --speculative-draft-model-path {draft} --speculative-num-steps {gamma} --speculative-eagle-topk 1 \\
-    --speculative-num-draft-tokens {draft_tokens}"""
+{sglang_launch(target, draft, "STANDALONE", gamma)}"""
 
 
 # draft kind (decode.draft_kinds) -> its checks, and the commands that serve it (prompt lookup has no folder)

@@ -15,12 +15,12 @@ Checks (each failure is one line naming what was found and what to do):
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
+from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
 from decode.eagle3 import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
 
 HEAD_CHECKS = ("safetensors", "aux_layers", "hidden_size", "vocab", "lm_head", "d2t", "dtype", "generation_config")
@@ -84,14 +84,12 @@ def check_head(folder: Path, target_config, tensors: dict) -> dict[str, str | No
 
 def head_serving_commands(target: str, draft: str, gamma: int) -> str:
     """vLLM and SGLang commands serving ``draft`` (an EAGLE-3 head folder) next to ``target`` with ``gamma``."""
-    vllm = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": gamma})
+    spec = vllm_speculative_config("eagle3", draft, gamma)
     return f"""# specdistill's own decoder (the same measurement as the trainer's)
 specdistill-eval --target {target} --draft {draft} --prompts PROMPTS --gamma {gamma}
 
 # vLLM
-vllm serve {target} --speculative-config '{vllm}'
+{vllm_serve(target, spec)}
 
 # SGLang
-python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\
-    --speculative-draft-model-path {draft} --speculative-num-steps {gamma} --speculative-eagle-topk 1 \\
-    --speculative-num-draft-tokens {gamma + 1}"""
+{sglang_launch(target, draft, "EAGLE3", gamma)}"""

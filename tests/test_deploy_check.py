@@ -156,3 +156,24 @@ def test_unreadable_inputs_are_one_line_errors(pair, tmp_path, capsys):
     code, _, err = run_cli(["--target", str(tmp_path / "no-target"), "--draft", str(pair / "good")], capsys)
     assert code == 1 and err.startswith("specdistill-check: error: could not read the target") and len(
         err.strip().splitlines()) == 1
+
+
+def test_serving_commands_with_a_gamma_variable_expand_to_the_commands_with_that_gamma():
+    """decode.serving_commands: the $GAMMA form (a draft that names no gamma), expanded by the shell with GAMMA=3,
+    is exactly the command written for gamma 3."""
+    import shlex
+    import subprocess
+
+    from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
+
+    for method, algorithm in (("draft_model", "STANDALONE"), ("eagle3", "EAGLE3")):
+        fixed = [vllm_serve("org/target", vllm_speculative_config(method, "out/d", 3)),
+                 sglang_launch("org/target", "out/d", algorithm, 3)]
+        variable = [vllm_serve("org/target", vllm_speculative_config(method, "out/d", "$GAMMA"), expand=True),
+                    sglang_launch("org/target", "out/d", algorithm, "$GAMMA")]
+        for want, command in zip(fixed, variable):
+            # the words the shell passes to the program, with GAMMA=3 and without a variable
+            words = subprocess.run(["bash", "-c", f"GAMMA=3; for w in {command.replace(chr(92) + chr(10), ' ')}; "
+                                                  "do printf '%s\\n' \"$w\"; done"],
+                                   capture_output=True, text=True, check=True).stdout.splitlines()
+            assert words == shlex.split(want.replace("\\\n", " "))

@@ -8,7 +8,7 @@ an untuned default).
 """
 from __future__ import annotations
 
-import json
+from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
 
 
 def vllm_usage(target: str, spec: str) -> str:
@@ -24,7 +24,7 @@ print(outputs[0].outputs[0].text)
 ```
 
 ```bash
-vllm serve {target} --speculative-config '{spec}'
+{vllm_serve(target, spec)}
 ```
 """
 
@@ -35,7 +35,7 @@ def usage_section(target: str, repo_id: str, gamma: int | None) -> str:
     why = ("the gamma with the best cost-model speedup above (mean_accepted_tokens / (gamma * draft_cost_ratio + "
            "verify_cost_ratio))" if gamma is not None
            else "an untuned default: measure and pick your own")
-    spec = json.dumps({"method": "draft_model", "model": repo_id, "num_speculative_tokens": g})
+    spec = vllm_speculative_config("draft_model", repo_id, g)
     return f"""## Usage
 
 The draft must share the target's tokenizer; the target's output distribution is unchanged. `gamma = {g}`
@@ -67,7 +67,7 @@ def head_usage_section(target: str, repo_id: str, gamma: int | None) -> str:
     g = gamma if gamma is not None else 4
     why = ("the gamma with the best cost-model speedup above" if gamma is not None
            else "an untuned default: measure and pick your own")
-    spec = json.dumps({"method": "eagle3", "model": repo_id, "num_speculative_tokens": g})
+    spec = vllm_speculative_config("eagle3", repo_id, g)
     return f"""## Usage
 
 An EAGLE-3 head reads the target's own hidden states: it runs only next to `{target}` (same tokenizer; the
@@ -78,9 +78,7 @@ target's input embedding is shared, not stored here). The target's output distri
 ### SGLang
 
 ```bash
-python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\
-    --speculative-draft-model-path {repo_id} --speculative-num-steps {g} --speculative-eagle-topk 1 \\
-    --speculative-num-draft-tokens {g + 1}
+{sglang_launch(target, repo_id, "EAGLE3", g)}
 ```
 
 ### specdistill (the decoder that measured it)

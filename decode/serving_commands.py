@@ -1,0 +1,35 @@
+"""The commands that serve a draft next to its target, written in one place: vLLM's speculative config and its
+`vllm serve` line, SGLang's launch command. The deployment check (decode.deploy_check, decode.head_deploy_check)
+prints them and the model card (distill.publish.card_usage) shows them; gamma may be a shell expression such as
+"$GAMMA" when the folder names none.
+
+    spec = vllm_speculative_config("eagle3", "out/head", 4)   # '{"method": "eagle3", "model": "out/head", ...}'
+    vllm_serve("meta-llama/Llama-3.1-8B-Instruct", spec)
+    sglang_launch(target, "out/head", "EAGLE3", 4)
+"""
+from __future__ import annotations
+
+import json
+
+
+def vllm_speculative_config(method: str, draft: str, gamma: int | str) -> str:
+    """vLLM's --speculative-config JSON; a non-integer gamma (a shell expression) is written bare."""
+    if isinstance(gamma, int):
+        return json.dumps({"method": method, "model": draft, "num_speculative_tokens": gamma})
+    return f'{{"method": "{method}", "model": "{draft}", "num_speculative_tokens": {gamma}}}'
+
+
+def vllm_serve(target: str, spec: str, expand: bool = False) -> str:
+    """`vllm serve` with a speculative config: single-quoted, or double-quoted with its quotes escaped when the shell
+    must ``expand`` a variable inside it ($GAMMA)."""
+    quoted = '"' + spec.replace('"', '\\"') + '"' if expand else f"'{spec}'"
+    return f"vllm serve {target} --speculative-config {quoted}"
+
+
+def sglang_launch(target: str, draft: str, algorithm: str, gamma: int | str) -> str:
+    """SGLang's server with ``draft`` drafting ``gamma`` tokens per step in a chain (top-k 1): ``algorithm`` is
+    STANDALONE for a draft model, EAGLE3 for a head."""
+    draft_tokens = gamma + 1 if isinstance(gamma, int) else f"$(({gamma.lstrip('$')} + 1))"
+    return (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {algorithm} \\\n"
+            f"    --speculative-draft-model-path {draft} --speculative-num-steps {gamma} --speculative-eagle-topk 1 \\\n"
+            f"    --speculative-num-draft-tokens {draft_tokens}")
