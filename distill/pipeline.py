@@ -17,6 +17,7 @@ Every process runs every step; what only rank 0 writes is decided inside each st
 """
 from __future__ import annotations
 
+import logging
 import tempfile
 from dataclasses import dataclass
 from typing import Sequence
@@ -31,6 +32,8 @@ from distill.run.callbacks import AcceptanceCallback
 from distill.run.head_trainer import HeadTrainer
 from distill.run.preflight import check_run
 from distill.run.trainer import DistillTrainer, distil
+
+logger = logging.getLogger(__name__)
 
 # model.draft_kind -> the trainer of that kind of draft
 TRAINERS: dict[str, type[DistillTrainer]] = {"standalone": DistillTrainer, "eagle3": HeadTrainer}
@@ -52,6 +55,9 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     checked = check_run(recipe, source, overrides)
     if checked.done:
         return RunOutcome(checked.plan.results.get("best", {}), finished_before=checked.plan.finished_at)
+    if recipe.kind_defaults:  # keys the recipe left unset, filled with what works for its kind of draft
+        logger.info("model.draft_kind %s supplied %s (set a key in the recipe to override it)",
+                    recipe.model.draft_kind, ", ".join(f"{k}={v}" for k, v in recipe.kind_defaults.items()))
     recipe, args, tokenizer, data = checked.recipe, checked.args, checked.tokenizer, checked.data  # .gguf: folders
     # 2. load
     target, draft = load_models(recipe.model, recipe.lora, args.device)

@@ -286,3 +286,23 @@ def test_eval_settings_reach_the_decoder_through_one_translation():
     assert (settings.gammas, settings.temperature, settings.max_new_tokens, settings.top_k, settings.top_p,
             settings.seed, settings.repeats, settings.compile) == ([2, "auto", 5], 1.0, 17, 9, 0.5, 3, 2, True)
     assert cfg.decoder_settings(0.0, fixed_gammas_only=True).gammas == cfg.fixed_gammas == [2, 5]
+
+
+def test_a_draft_kind_supplies_its_defaults_where_the_recipe_sets_nothing(tmp_path):
+    """model.draft_kind eagle3: unset keys take KIND_DEFAULTS (and are reported), set keys keep the recipe's value,
+    and a standalone recipe gets nothing from the head's defaults."""
+    from distill.recipe.sections import KIND_DEFAULTS
+
+    bare = tmp_path / "head.yaml"
+    bare.write_text("model:\n  target: t\n  draft_kind: eagle3\ndata:\n  dataset: d\n")
+    assert load_recipe(str(bare), []).kind_defaults == KIND_DEFAULTS["eagle3"]
+    recipe = load_recipe(str(bare), ["distill.ttt_steps=2", "train.warmup_steps=0.1"])
+    assert recipe.kind_defaults == {"distill.ttt_decay": 0.8}
+    assert (recipe.distill.ttt_steps, recipe.train.warmup_steps) == (2, 0.1)  # the recipe's own values win
+    assert recipe.distill.ttt_decay == 0.8
+    saved = tmp_path / "recipe.yaml"  # what a run folder keeps: the supplied values, which load back as set
+    save_recipe(recipe, saved)
+    again = load_recipe(str(saved), [])
+    assert again.kind_defaults == {} and (again.distill.ttt_decay, again.train.warmup_steps) == (0.8, 0.1)
+    standalone = load_recipe(str(ROOT / "recipes" / "tiny_distill.yaml"), ["model.target=t", "data.dataset=d"])
+    assert standalone.kind_defaults == {} and standalone.distill.ttt_steps == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, MinLen
-from pydantic import Field, JsonValue, field_validator, model_validator
+from pydantic import Field, JsonValue, PrivateAttr, field_validator, model_validator
 
 from distill.losses.divergences import LOSSES
 from distill.losses.loss_mix import LossMix, LossSpecError, teacher_divergences
@@ -169,9 +169,10 @@ class DistillConfig(Section):
     ttt_steps: int = Field(
         1, ge=1, description="eagle3: K, steps the head is unrolled on its own outputs in training (training-time "
                              "test; EAGLE-3 uses 7); step j is scored against the target at its position. >= 1; 1 = "
-                             "no unrolling.")
+                             "no unrolling. Unset with model.draft_kind eagle3: 4 (the kind's default).")
     ttt_decay: float = Field(
-        1.0, gt=0, le=1, description="eagle3: step j's loss is weighted by ttt_decay ** j, in (0, 1].")
+        1.0, gt=0, le=1, description="eagle3: step j's loss is weighted by ttt_decay ** j, in (0, 1]. Unset with "
+                                     "model.draft_kind eagle3: 0.8.")
 
     @field_validator("loss")
     @classmethod
@@ -313,6 +314,16 @@ HEAD_REFUSALS = (  # (key, whether the recipe sets it, what an EAGLE-3 head need
 )
 
 
+# What works for a kind of draft, applied where a recipe leaves the key unset (an explicit value always wins; the run
+# log names what the kind supplied). EAGLE-3 heads: training-time test over 4 steps (without the unrolling a head's
+# second draft token is rarely accepted) and the warm-up that beat the others on both small pairs
+# (docs/benchmarks/heads.md, "A longer warmup"). The learning rate is left to the recipe: what works moves with the
+# target's size (6e-3 on the small pairs, 3e-3 on SmolLM2-135M, 1e-4 in the Llama-3.1-8B recipe).
+KIND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "eagle3": {"distill.ttt_steps": 4, "distill.ttt_decay": 0.8, "train.warmup_steps": 0.2},
+}
+
+
 class Recipe(Section):
     """A whole training run; each attribute is one section of the YAML file."""
 
@@ -323,6 +334,24 @@ class Recipe(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
+    _kind_defaults: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @property
+    def kind_defaults(self) -> dict[str, Any]:
+        """The keys (section.key -> value) this recipe took from its draft kind's KIND_DEFAULTS."""
+        return dict(self._kind_defaults)
+
+    @model_validator(mode="after")
+    def _kind_supplies_its_defaults(self) -> Recipe:
+        """Each KIND_DEFAULTS key the recipe does not set takes the kind's value (then counts as set, so a saved
+        recipe.yaml holds it)."""
+        for key, value in KIND_DEFAULTS.get(self.model.draft_kind, {}).items():
+            section_name, name = key.split(".")
+            section = getattr(self, section_name)
+            if name not in section.model_fields_set:
+                setattr(section, name, value)
+                self._kind_defaults[key] = value
+        return self
 
     @model_validator(mode="after")
     def _across_sections(self) -> Recipe:
