@@ -223,7 +223,11 @@ def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False
         raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
     check_json_files_text(draft_dir, "draft")
     check_json_files_text(target, "target")
-    return DEPLOY_CHECKS[kind_of_source(draft_dir).name](target, draft, trust_remote_code)
+    kind = kind_of_source(draft_dir).name
+    if kind not in DEPLOY_CHECKS:
+        raise LoadError(f"draft {str(draft)!r} is a {kind} draft, which specdistill-check cannot check yet (it checks "
+                        f"{' and '.join(DEPLOY_CHECKS)} drafts); measure it with specdistill-eval")
+    return DEPLOY_CHECKS[kind](target, draft, trust_remote_code)
 
 
 def check_model_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:

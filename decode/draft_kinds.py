@@ -1,11 +1,11 @@
-"""Kinds of draft, behind one interface: a standalone draft model, prompt lookup, an EAGLE-3 head.
+"""Kinds of draft, behind one interface: a standalone draft model, prompt lookup, an EAGLE-3 head, a DFlash draft.
 
 Every place that treats kinds differently asks the kind (never `isinstance` on a draft class, a folder's
 architectures or the literal "prompt-lookup"): evaluation builds its drafter, warms its static caches and runs
 transformers' assisted generation through it, `specdistill-eval` loads it and names it in the results JSON,
 vLLM gets its speculative method, the export writes its served folder, the deployment check and the model card look
-it up by name. Each kind is implemented next to its drafter (decode/drafters.py, decode/head_drafter.py); adding a
-kind is one class there and one line in KINDS.
+it up by name. Each kind is implemented next to its drafter (decode/drafters.py, decode/head_drafter.py,
+decode/dflash_drafter.py); adding a kind is one class there and one line in KINDS.
 
     kind = kind_of_source(args.draft)        # from a --draft value: a folder, a hub id or "prompt-lookup"
     draft = kind.load(args.draft, target, device, dtype, trust_remote_code=False)
@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from decode.dflash_drafter import DFLASH_KIND
 from decode.drafters import MODEL_KIND, PROMPT_LOOKUP_KIND, Drafter
 from decode.head_drafter import EAGLE3_KIND
 
@@ -58,7 +59,7 @@ class DraftKind(Protocol):
 
 
 # Recognised in this order: the standalone model last (it takes any other folder or hub id, and any other module).
-KINDS: tuple[DraftKind, ...] = (PROMPT_LOOKUP_KIND, EAGLE3_KIND, MODEL_KIND)
+KINDS: tuple[DraftKind, ...] = (PROMPT_LOOKUP_KIND, EAGLE3_KIND, DFLASH_KIND, MODEL_KIND)
 
 
 def kind_of(draft: object) -> DraftKind:
@@ -66,9 +67,11 @@ def kind_of(draft: object) -> DraftKind:
     for kind in KINDS:
         if kind.holds(draft):
             return kind
-    raise TypeError(f"draft must be a causal LM, an Eagle3Head or a PromptLookupDrafter, got {type(draft).__name__}")
+    raise TypeError(f"draft must be a causal LM, an Eagle3Head, a DFlashDraft or a PromptLookupDrafter, got "
+                    f"{type(draft).__name__}")
 
 
 def kind_of_source(draft: str | Path) -> DraftKind:
-    """The kind a --draft value names: "prompt-lookup", an EAGLE-3 head folder (its config.json), else a model."""
+    """The kind a --draft value names: "prompt-lookup", an EAGLE-3 head or a DFlash folder (its config.json's
+    architectures), else a model."""
     return next(kind for kind in KINDS if kind.recognises(str(draft)))

@@ -4,9 +4,9 @@ A drafter keeps whatever state it needs (a KV cache for a model) consistent with
 after ``commit(n)`` its state covers the committed tokens except the newest one, which arrives as ``cur`` in the
 next ``propose``.
 
-A drafter that reads the target's hidden states (decode/head_drafter.py) names their layers in ``aux_layers``; the
-target's prefill and verify passes then return them (no second target pass), and the loop hands over those of the
-committed tokens with ``target_features`` (after ``start`` and after each ``commit``).
+A drafter that reads the target's hidden states (decode/head_drafter.py, decode/dflash_drafter.py) names their
+layers in ``aux_layers``; the target's prefill and verify passes then return them (no second target pass), and the
+loop hands over those of the committed tokens with ``target_features`` (after ``start`` and after each ``commit``).
 """
 from __future__ import annotations
 

@@ -208,12 +208,14 @@ def test_dead_name_is_gone(file, name):
 # Kinds of draft: one interface (decode.draft_kinds), no branches on the kind elsewhere
 # ---------------------------------------------------------------------------------------------------------------
 
-# Where the kinds are implemented: the registry, each kind next to its drafter, the head's own module (is_eagle3_*),
-# and the training side's wrapper of a head (distill.models.heads.served_head / served_draft).
+# Where the kinds are implemented: the registry, each kind next to its drafter, the head's and the DFlash draft's own
+# modules (is_eagle3_*, is_dflash_*), and the training side's wrapper of a head (distill.models.heads.served_head /
+# served_draft).
 KIND_HOMES = {"decode/draft_kinds.py", "decode/drafters.py", "decode/head_drafter.py", "decode/eagle3.py",
-              "distill/models/heads.py"}
-DRAFT_CLASSES = {"Eagle3Head", "PromptLookupDrafter", "ModelDrafter", "HeadDrafter", "UnrolledHead"}
-KIND_RECOGNISERS = {"is_eagle3_folder", "is_eagle3_config"}
+              "decode/dflash_drafter.py", "decode/dflash.py", "distill/models/heads.py"}
+DRAFT_CLASSES = {"Eagle3Head", "PromptLookupDrafter", "ModelDrafter", "HeadDrafter", "UnrolledHead", "DFlashDraft",
+                 "DFlashDrafter"}
+KIND_RECOGNISERS = {"is_eagle3_folder", "is_eagle3_config", "is_dflash_folder", "is_dflash_config"}
 KIND_LITERALS = {"prompt-lookup", "prompt_lookup", "ngram", "PROMPT_LOOKUP"}
 
 
@@ -247,7 +249,8 @@ def test_the_kind_branch_detector_finds_each_pattern():
     """Each pattern a module could use to branch on the kind is caught (a detector that finds nothing passes
     nothing)."""
     snippets = ["if isinstance(draft, Eagle3Head): pass", "ok = isinstance(d, (torch.nn.Module, PromptLookupDrafter))",
-                "head = is_eagle3_folder(path)", "if args.draft == PROMPT_LOOKUP: pass",
+                "head = is_eagle3_folder(path)", "if isinstance(draft, DFlashDraft): pass",
+                "block = is_dflash_folder(path)", "if args.draft == PROMPT_LOOKUP: pass",
                 "lookup = draft != 'prompt-lookup'", "skip = method == 'ngram'"]
     for snippet in snippets:
         assert kind_branches({"decode/other.py": ast.parse(snippet)}), snippet
