@@ -116,3 +116,20 @@ def test_concurrency_levels_measure_throughput_with_the_same_greedy_output(pair,
     assert len(by_level[1]) == 4 and by_level[4] == by_level[1]
     table = capsys.readouterr().out.splitlines()
     assert "concurrency" in table[0].split()
+
+
+def test_seeded_sampling_on_vllms_cpu_build_prefills_each_prompt_whole():
+    """vLLM's CPU generators cannot rewind (`set_offset`), which chunked prefill does to the token it discards:
+    seeded sampling there gets a token budget holding every sequence whole; greedy runs and GPUs keep vLLM's own."""
+    import subprocess
+    from pathlib import Path
+
+    worker = Path(__file__).resolve().parents[1] / "decode" / "serving"
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from vllm_worker import unchunked_prefill; "
+            "from vllm.platforms import current_platform; shape = {'max_num_seqs': 4, 'max_model_len': 100}; "
+            "print(json.dumps([current_platform.is_cpu(), unchunked_prefill({'temperature': 1.0, **shape}), "
+            "unchunked_prefill({'temperature': 0.0, **shape})]))")
+    out = subprocess.run([str(PYTHON), "-c", code, str(worker)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    cpu, sampled, greedy = json.loads(out.stdout.strip().splitlines()[-1])
+    assert greedy == {} and sampled == ({"max_num_batched_tokens": 400} if cpu else {})

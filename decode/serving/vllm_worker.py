@@ -136,13 +136,25 @@ def patch_cpu_expand() -> bool:
     return True
 
 
+def unchunked_prefill(request: dict) -> dict:
+    """On vLLM's CPU build, seeded sampling (temperature > 0) must not meet chunked prefill: the token sampled for a
+    partly prefilled prompt is discarded by rewinding its generator (`set_offset`), which a CPU generator refuses
+    ("CPU Generator does not use offset"). A token budget that holds every sequence whole prefills each prompt in one
+    piece."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or not request.get("temperature"):
+        return {}
+    return {"max_num_batched_tokens": request.get("max_num_seqs", 1) * request["max_model_len"]}
+
+
 def run_engine(request: dict, spec: dict | None, in_process: bool = False) -> dict:
     """Start vLLM's offline LLM (plain when ``spec`` is None), generate every prompt, read the counters, shut down."""
     from vllm import LLM, TokensPrompt
 
     in_process_kwargs = {"distributed_executor_backend": "uni"} if in_process else {}
     llm = LLM(model=request["target"], tokenizer=request["target"], dtype=request["dtype"], enforce_eager=True,
-              **in_process_kwargs,
+              **in_process_kwargs, **unchunked_prefill(request),
               max_num_seqs=request.get("max_num_seqs", 1), max_model_len=request["max_model_len"], seed=request["seed"],
               speculative_config=spec, disable_log_stats=False,
               per_request_spec_decode_metrics="summary" if spec else "none")
