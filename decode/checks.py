@@ -178,6 +178,24 @@ def check_json_files_text(folder: str | Path, what: str) -> None:
 # Command-line flags
 # ---------------------------------------------------------------------------------------------------------------
 
+def architectures(config) -> list[str]:
+    """The `architectures` a model config names: a config.json dict or a loaded config ([] when it names none)."""
+    named = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
+    return list(named or [])
+
+
+def folder_architectures(path: str | Path) -> list[str]:
+    """The `architectures` of a local model folder's config.json; [] for anything else (no folder, no config, a
+    config that is not JSON text: loading it as a model names that problem)."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return []
+    try:
+        return architectures(json.loads(read_text(config_file)))
+    except ValueError:  # not JSON, or not text (FileProblem)
+        return []
+
+
 def finite_float(text: str) -> float:
     """argparse type of every number flag (OneLineArgumentParser uses it for type=float): NaN and infinities are
     refused, since no flag of ours means anything with them."""

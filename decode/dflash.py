@@ -40,7 +40,7 @@ from torch import nn
 from transformers import GenerationConfig, PretrainedConfig, Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from decode.checks import read_text
+from decode.checks import architectures, folder_architectures, read_text
 from decode.eagle3 import SharedEmbedding
 
 ARCHITECTURE = "DFlashDraftModel"  # vLLM's registry: -> qwen3_dflash.DFlashQwen3ForCausalLM (method "dflash")
@@ -127,19 +127,12 @@ def dflash_config_for(target_config: PretrainedConfig, *, mask_token_id: int, nu
 
 def is_dflash_config(config: dict | PretrainedConfig) -> bool:
     """Whether a config (a config.json dict or a loaded config) describes a DFlash draft."""
-    architectures = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
-    return ARCHITECTURE in (architectures or [])
+    return ARCHITECTURE in architectures(config)
 
 
 def is_dflash_folder(path: str | Path) -> bool:
     """Whether `path` is a local folder holding a DFlash draft (by its config.json's architectures)."""
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        return False
-    try:
-        return is_dflash_config(json.loads(read_text(config_file)))
-    except ValueError:  # not JSON, or not text (FileProblem): loading it as a model names the problem
-        return False
+    return ARCHITECTURE in folder_architectures(path)
 
 
 def read_config(folder: str | Path) -> dict:

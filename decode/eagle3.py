@@ -28,7 +28,7 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from decode.checks import read_text
+from decode.checks import architectures, folder_architectures, read_text
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # what vLLM and SGLang dispatch on
 WEIGHTS_FILE = "model.safetensors"
@@ -48,19 +48,12 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 def is_eagle3_config(config: dict | PretrainedConfig) -> bool:
     """Whether a config (a config.json dict or a loaded config) describes an EAGLE-3 head."""
-    architectures = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
-    return ARCHITECTURE in (architectures or [])
+    return ARCHITECTURE in architectures(config)
 
 
 def is_eagle3_folder(path: str | Path) -> bool:
     """Whether `path` is a local folder holding an EAGLE-3 head (by its config.json's architectures)."""
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        return False
-    try:
-        return is_eagle3_config(json.loads(read_text(config_file)))
-    except ValueError:  # not JSON, or not text (FileProblem): not a head; loading it as a model names the problem
-        return False
+    return ARCHITECTURE in folder_architectures(path)
 
 
 def read_config(folder: str | Path) -> dict:
