@@ -41,7 +41,7 @@ from transformers import GenerationConfig, PretrainedConfig, Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from decode.checks import architectures, folder_architectures, read_text
-from decode.eagle3 import SharedEmbedding
+from decode.eagle3 import SharedEmbedding, size_problems, target_layer_shape
 
 ARCHITECTURE = "DFlashDraftModel"  # vLLM's registry: -> qwen3_dflash.DFlashQwen3ForCausalLM (method "dflash")
 WEIGHTS_FILE = "model.safetensors"
@@ -97,23 +97,10 @@ def dflash_config_for(target_config: PretrainedConfig, *, mask_token_id: int, nu
     text = target_config.get_text_config()
     layers = list(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(
         text.num_hidden_layers, num_layers)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     config = Qwen3Config(
         architectures=[ARCHITECTURE],
-        hidden_size=text.hidden_size,
-        intermediate_size=intermediate_size or text.intermediate_size,
+        **target_layer_shape(text, intermediate_size),
         num_hidden_layers=num_layers,
-        num_attention_heads=text.num_attention_heads,
-        num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-        head_dim=head_dim,
-        hidden_act=getattr(text, "hidden_act", "silu"),
-        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
-        max_position_embeddings=text.max_position_embeddings,
-        rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default",
-                                                                           "rope_theta": 10000.0}),
-        vocab_size=text.vocab_size,
-        tie_word_embeddings=False,
-        bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id,
         block_size=block_size,
         num_target_layers=text.num_hidden_layers,
         target_hidden_size=text.hidden_size,
@@ -149,16 +136,8 @@ def fit_problems(config: dict, target_config: PretrainedConfig) -> dict[str, str
     does not implement: causal or sliding-window layers, sink bias, value scale)."""
     text = target_config.get_text_config()
     options = config.get("dflash_config") or {}
-    problems = {}
-    sizes = {"hidden_size": config.get("hidden_size"), "target_hidden_size": config.get("target_hidden_size")}
-    wrong = {name: size for name, size in sizes.items() if size is not None and size != text.hidden_size}
-    if wrong:
-        problems["hidden_size"] = (f"the DFlash draft's {', '.join(f'{k}={v}' for k, v in wrong.items())} but the "
-                                   f"target's hidden_size is {text.hidden_size}: it was built for another target")
-    if config.get("vocab_size") != text.vocab_size:
-        problems["vocab"] = (f"the DFlash draft's vocab_size={config.get('vocab_size')} but the target's is "
-                             f"{text.vocab_size}: it was built for another target")
-    elif config.get("draft_vocab_size") not in (None, text.vocab_size):
+    problems = size_problems(config, text, "the DFlash draft's", "it was built for another target")
+    if "vocab" not in problems and config.get("draft_vocab_size") not in (None, text.vocab_size):
         problems["vocab"] = (f"the DFlash draft has a draft vocabulary (draft_vocab_size="
                              f"{config['draft_vocab_size']}), which specdistill's decoder does not implement")
     layers, deepest = list(options.get("target_layer_ids") or []), text.num_hidden_layers - 2

@@ -72,19 +72,47 @@ def fit_problems(config: dict, target_config: PretrainedConfig) -> dict[str, str
     embedding and reads its hidden states), vocab (vocab_size = the target's), aux_layers (ids among the target's
     layers)."""
     text = target_config.get_text_config()
-    problems = {}
-    sizes = {"hidden_size": config.get("hidden_size"), "target_hidden_size": config.get("target_hidden_size")}
-    wrong = {name: size for name, size in sizes.items() if size is not None and size != text.hidden_size}
-    if wrong:
-        problems["hidden_size"] = (f"the head's {', '.join(f'{k}={v}' for k, v in wrong.items())} but the target's "
-                                   f"hidden_size is {text.hidden_size}: this head was trained for another target")
-    if config.get("vocab_size") != text.vocab_size:
-        problems["vocab"] = (f"the head's vocab_size={config.get('vocab_size')} but the target's is "
-                             f"{text.vocab_size}: this head was trained for another target")
+    problems = size_problems(config, text, "the head's", "this head was trained for another target")
     layers = aux_layer_ids(config)
     if not layers or min(layers) < 0 or max(layers) >= text.num_hidden_layers:
         problems["aux_layers"] = (f"the head reads the target's layers {layers} but the target has "
                                   f"{text.num_hidden_layers} (ids 0..{text.num_hidden_layers - 1})")
+    return problems
+
+
+def target_layer_shape(text: PretrainedConfig, intermediate_size: int | None = None) -> dict:
+    """The config keys of a draft layer shaped like the target's (its text config): widths, heads, activation, norm
+    epsilon, rope, context and vocabulary, untied (a drafter that reads the target's embedding and hidden states:
+    an EAGLE-3 head, a DFlash draft)."""
+    return dict(
+        hidden_size=text.hidden_size,
+        intermediate_size=intermediate_size or text.intermediate_size,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+        hidden_act=getattr(text, "hidden_act", "silu"),
+        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+        max_position_embeddings=text.max_position_embeddings,
+        rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default",
+                                                                           "rope_theta": 10000.0}),
+        vocab_size=text.vocab_size,
+        tie_word_embeddings=False,
+        bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id,
+    )
+
+
+def size_problems(config: dict, text: PretrainedConfig, draft: str, why: str) -> dict[str, str]:
+    """hidden_size and vocab: a drafter on the target's embedding and hidden states (``draft``: "the head's", ...)
+    must have the target's hidden size and vocabulary; ``why`` ends each line."""
+    problems = {}
+    sizes = {"hidden_size": config.get("hidden_size"), "target_hidden_size": config.get("target_hidden_size")}
+    wrong = {name: size for name, size in sizes.items() if size is not None and size != text.hidden_size}
+    if wrong:
+        problems["hidden_size"] = (f"{draft} {', '.join(f'{k}={v}' for k, v in wrong.items())} but the target's "
+                                   f"hidden_size is {text.hidden_size}: {why}")
+    if config.get("vocab_size") != text.vocab_size:
+        problems["vocab"] = (f"{draft} vocab_size={config.get('vocab_size')} but the target's is {text.vocab_size}: "
+                             f"{why}")
     return problems
 
 
@@ -101,23 +129,10 @@ def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None
     if layers != sorted(set(layers)):  # vLLM concatenates one hidden state per distinct id, in layer order
         raise ValueError(f"aux layer ids {layers} must be distinct and ascending (vLLM concatenates the hidden "
                          f"states in layer order, one per id): e.g. {sorted(set(layers))}")
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     return LlamaConfig(
         architectures=[ARCHITECTURE],
-        hidden_size=text.hidden_size,
-        intermediate_size=intermediate_size or text.intermediate_size,
+        **target_layer_shape(text, intermediate_size),
         num_hidden_layers=1,
-        num_attention_heads=text.num_attention_heads,
-        num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-        head_dim=head_dim,
-        hidden_act=getattr(text, "hidden_act", "silu"),
-        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
-        max_position_embeddings=text.max_position_embeddings,
-        rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default",
-                                                                           "rope_theta": 10000.0}),
-        vocab_size=text.vocab_size,
-        tie_word_embeddings=False,
-        bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id,
         draft_vocab_size=draft_vocab_size or text.vocab_size,
         target_hidden_size=text.hidden_size,
         eagle_config={"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True},
