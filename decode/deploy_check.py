@@ -19,8 +19,9 @@ Checks (each failure is one line naming the check, what was found and what to do
 - serve (only with ``serve=``, `specdistill-check --serve`): vLLM loads the pair and its speculative greedy output
   equals its plain output (decode.serving.vllm_engine).
 The target can be a local folder or a hub id (its config and tokenizer are read); the draft is a local folder.
-The checks and commands are those of the draft's kind (decode.draft_kinds.kind_of_source): an EAGLE-3 head folder
-(its config's architectures) gets the head's checks instead (decode/head_deploy_check.py) and its serving commands.
+The checks and commands are those of the draft's kind (kinds.kind_of_source; each kind's deploy.py): an EAGLE-3
+head or a DFlash folder (its config's architectures) gets its own checks and serving commands; this module holds the
+checks they share, the report and the --serve check.
 """
 from __future__ import annotations
 
@@ -30,13 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from decode.checks import FileProblem, check_json_files_text, read_text, safetensors_header
-from decode.draft_kinds import kind_of_source
-from decode.head_deploy_check import HEAD_CHECKS, check_head, head_serving_commands
+from kinds import kind_named, kind_of_source
 from decode.loading import LoadError, first_line
-from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
 from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
 
-CHECKS = ("safetensors", "tokenizer", "vocab", "max_position_embeddings", "rope", "dtype", "generation_config")
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 DEFAULT_GAMMA = 4  # shown in the commands when the draft's generation_config names none
 
@@ -44,15 +42,15 @@ DEFAULT_GAMMA = 4  # shown in the commands when the draft's generation_config na
 @dataclass
 class DeployReport:
     """What check_deploy found: ``problems`` maps a check to its one-line failure; ``gamma`` is the draft's
-    generation_config.num_assistant_tokens (None when unset); ``kind`` is "model" or "eagle3" (a head), whose
-    ``checks`` were run."""
+    generation_config.num_assistant_tokens (None when unset); ``kind`` is the draft's kind (kinds: "standalone",
+    "eagle3", ...), whose ``checks`` were run (kinds/<kind>/deploy.py)."""
 
     target: str
     draft: str
     gamma: int | None = None
     problems: dict[str, str] = field(default_factory=dict)
-    kind: str = "model"
-    checks: tuple[str, ...] = CHECKS
+    kind: str = "standalone"
+    checks: tuple[str, ...] = ()
     warnings: dict[str, str] = field(default_factory=dict)   # a check that passes with advice (no gamma named)
     serve: dict | None = None                                # vLLM's result with --serve (decode.serving)
 
@@ -216,113 +214,21 @@ def check_generation_config(draft_dir: Path) -> tuple[str | None, str | None, in
 def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
     """Run every check of the module docstring. Raises LoadError (one line) when the draft folder or its config,
     or the target's config or tokenizer, cannot be read, FileProblem when a JSON file of either folder is not text;
-    every other finding is a problem in the report. The checks are those of the draft's kind (decode.draft_kinds):
+    every other finding is a problem in the report. The checks are those of the draft's kind (kinds):
     a standalone model's (check_model_deploy) or an EAGLE-3 head's (check_head_deploy)."""
     draft_dir = Path(draft)
     if not (draft_dir / "config.json").is_file():
         raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
     check_json_files_text(draft_dir, "draft")
     check_json_files_text(target, "target")
-    kind = kind_of_source(draft_dir).name
-    if kind not in DEPLOY_CHECKS:
-        raise LoadError(f"draft {str(draft)!r} is a {kind} draft, which specdistill-check cannot check yet (it checks "
-                        f"{' and '.join(DEPLOY_CHECKS)} drafts); measure it with specdistill-eval")
-    return DEPLOY_CHECKS[kind](target, draft, trust_remote_code)
-
-
-def check_model_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
-    """CHECKS of a standalone draft model folder next to ``target``. Raises LoadError when either config or the
-    target's tokenizer cannot be read."""
-    from transformers import AutoConfig
-
-    draft_dir = Path(draft)
-    try:
-        draft_config = AutoConfig.from_pretrained(draft_dir, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise LoadError(f"could not read the draft's config.json: {first_line(err)}") from None
-    target_config, target_tokenizer = load_target_parts(target, trust_remote_code)
-    tensors = draft_tensors(draft_dir)
-    generation_problem, generation_warning, gamma = check_generation_config(draft_dir)
-    found = {
-        "safetensors": check_safetensors(draft_dir, tensors),
-        "tokenizer": check_tokenizer(target_tokenizer, draft_dir),
-        "vocab": check_vocab(target_config, draft_config, tensors),
-        "max_position_embeddings": check_positions(target_config, draft_config),
-        "rope": check_rope(target_config, draft_config),
-        "dtype": check_dtype(target_config, tensors),
-        "generation_config": generation_problem,
-    }
-    return DeployReport(target=str(target), draft=str(draft), gamma=gamma,
-                        problems={name: line for name, line in found.items() if line},
-                        warnings={"generation_config": generation_warning} if generation_warning else {})
-
-
-def check_head_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
-    """HEAD_CHECKS of an EAGLE-3 head folder (decode/head_deploy_check.py) next to ``target``. Raises LoadError
-    when the target's config cannot be read."""
-    from transformers import AutoConfig
-
-    draft_dir = Path(draft)
-    try:
-        target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
-    tensors = draft_tensors(draft_dir)
-    generation_problem, generation_warning, gamma = check_generation_config(draft_dir)
-    found = {"safetensors": check_safetensors(draft_dir, tensors), **check_head(draft_dir, target_config, tensors),
-             "dtype": check_dtype(target_config, tensors), "generation_config": generation_problem}
-    return DeployReport(target=str(target), draft=str(draft_dir), gamma=gamma, kind="eagle3", checks=HEAD_CHECKS,
-                        problems={name: line for name, line in found.items() if line},
-                        warnings={"generation_config": generation_warning} if generation_warning else {})
+    return kind_of_source(draft_dir).deploy_check(target, draft, trust_remote_code)
 
 
 def serving_commands(report: DeployReport) -> str:
-    """Copy-paste commands serving the pair: transformers (assistant_model), vLLM (its method for the draft: decode.
-    serving.vllm_engine.vllm_method), SGLang (STANDALONE); for a head: specdistill-eval, vLLM (eagle3) and SGLang
-    (EAGLE3). With no gamma in the folder they use $GAMMA, set first."""
-    return SERVING_COMMANDS[report.kind](report)
-
-
-def head_commands(report: DeployReport) -> str:
-    """An EAGLE-3 head's commands (decode.head_deploy_check.head_serving_commands) at the folder's gamma."""
-    return head_serving_commands(report.target, report.draft, report.gamma or DEFAULT_GAMMA)
-
-
-def model_commands(report: DeployReport) -> str:
-    """A standalone draft's commands: transformers, vLLM, SGLang."""
-    from decode.serving.vllm_engine import vllm_method
-
-    target, draft = report.target, report.draft
-    if report.gamma is not None:
-        gamma, source = report.gamma, f"# gamma = {report.gamma}, from the draft's generation_config"
-    else:  # a shell variable, set first
-        gamma, source = "$GAMMA", (f"GAMMA={DEFAULT_GAMMA}  # the draft names no gamma: a placeholder; measure "
-                                   "yours with specdistill-eval --gamma 2 4 6")
-    spec = vllm_speculative_config(vllm_method(draft), draft, gamma)
-    return f"""{source}
-
-# transformers (assisted generation, drafting exactly gamma tokens per step)
-python -c "
-from transformers import AutoModelForCausalLM, AutoTokenizer
-tok = AutoTokenizer.from_pretrained('{target}')
-target = AutoModelForCausalLM.from_pretrained('{target}', dtype='auto', device_map='auto')
-draft = AutoModelForCausalLM.from_pretrained('{draft}', dtype='auto', device_map='auto')
-draft.generation_config.update(num_assistant_tokens={gamma}, num_assistant_tokens_schedule='constant',
-                               assistant_confidence_threshold=0.0)
-inputs = tok.apply_chat_template([{{'role': 'user', 'content': 'Hello'}}], add_generation_prompt=True,
-                                 return_tensors='pt', return_dict=True).to(target.device)
-print(tok.decode(target.generate(**inputs, assistant_model=draft, max_new_tokens=64)[0]))"
-
-# vLLM
-{vllm_serve(target, spec, expand=report.gamma is None)}
-
-# SGLang (a small draft model: the STANDALONE algorithm)
-{sglang_launch(target, draft, "STANDALONE", gamma)}"""
-
-
-# draft kind (decode.draft_kinds) -> its checks, and the commands that serve it (prompt lookup has no folder)
-DEPLOY_CHECKS = {"model": check_model_deploy, "eagle3": check_head_deploy}
-SERVING_COMMANDS = {"model": model_commands, "eagle3": head_commands}
+    """Copy-paste commands serving the pair, those of the draft's kind (kinds): for a standalone draft
+    transformers (assistant_model), vLLM (draft_model) and SGLang (STANDALONE); for a head specdistill-eval, vLLM
+    (eagle3) and SGLang (EAGLE3). With no gamma in the folder they use $GAMMA, set first."""
+    return kind_named(report.kind).serving_commands(report)
 
 
 # ---------------------------------------------------------------------------------------------------------------

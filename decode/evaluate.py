@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from decode import static
 from decode.auto_gamma import is_auto, resolve_gamma
 from decode.cost_model import measure_cost_ratios
-from decode.draft_kinds import kind_of
+from kinds import kind_of
 from decode.results import Result
 from decode.speculative import GenerateOutput, autoregressive_generate, check_gamma, speculative_generate
 from decode.speedup import CostRatios
@@ -69,7 +69,7 @@ class EvalSettings:
 # ----------------------------------------------------------------------------------------------------------------
 def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, settings: EvalSettings):
     """transformers' assisted generation with a fixed gamma (confidence threshold off), exactly ``n_new`` tokens,
-    run by the draft's kind (decode.draft_kinds).
+    run by the draft's kind (kinds).
     (transformers 5.23 refuses it with its static cache: "assisted generate is not supported with Static cache".)"""
     kwargs = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=settings.temperature > 0,
                   pad_token_id=target.config.eos_token_id if target.config.pad_token_id is None

@@ -147,7 +147,8 @@ EVAL_JSON_KEYS: dict[str, Key] = {
     "torch_version": Key("text", "`torch.__version__` of the evaluating process."),
     "target": Key("text", "`--target` as given: a folder, a hub id or a `.gguf` file."),
     "draft": Key("text", "`--draft` as given: a folder, a hub id, a `.gguf` file or `prompt-lookup`."),
-    "draft_kind": Key("text", "The draft's kind (decode.draft_kinds): `model`, `prompt_lookup` or `eagle3`."),
+    "draft_kind": Key("text", "The draft's kind (kinds/, the recipes' vocabulary): `standalone`, `prompt_lookup`, "
+                                "`eagle3` or `dflash`."),
     "prompts": Key("text", "`--prompts` as given: a `.jsonl` or `.txt` file, a dataset folder or a hub dataset id."),
     "chat_template": Key("text", "`--chat-template`: `auto`, `on` or `off` (decode.prompts)."),
     "compiled": Key("bool", "Static KV caches and torch.compiled steps (`--compile`); false for vLLM."),

@@ -15,7 +15,7 @@ import torch
 
 from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
 from decode.cache import CachedLM
-from decode.draft_kinds import kind_of
+from kinds import kind_of
 from decode.drafters import Drafter
 from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
 from decode.static import StaticLM, cached_lm
@@ -62,7 +62,7 @@ def cut_at_eos(tokens: list[int], stop: set[int]) -> list[int]:
 
 def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compile: bool = False,
                capacity: int = 0, max_gamma: int = 8) -> Drafter:
-    """The drafter of ``draft``, built by its kind (decode.draft_kinds): a causal LM (ModelDrafter), an Eagle3Head
+    """The drafter of ``draft``, built by its kind (kinds): a causal LM (ModelDrafter), an Eagle3Head
     (HeadDrafter; bound to the target's input embedding if it has none), or a drafter as is. TypeError for any
     other object; ValueError when a draft model is on another device than the target."""
     kind = kind_of(draft)

@@ -5,8 +5,7 @@
   2. load      distill.models.load       the frozen target and the trainable draft (under FSDP2 the target is sharded
                                          by distill.models.fsdp after step 3, which may run it on the main process)
   3. tokenise  distill.data.sources      the training rows: the dataset's, the target's responses, the teacher cache
-                                         (an EAGLE-3 head's draft vocabulary is then counted on them:
-                                         distill.models.heads)
+                                         (then the draft's kind prepares on them, e.g. a head's draft vocabulary)
   4. distil    distill.run.trainer       DistillTrainer, with AcceptanceCallback measuring every checkpoint it saves
   5. measure   distill.run.callbacks     acceptance of every checkpoint that still lacks it, and of the final step
   6. export    distill.publish.export    the best checkpoint as a model folder, its deployment check,
@@ -24,20 +23,15 @@ from typing import Sequence
 
 from distill.data.sources import training_rows, with_synthesized_prompts
 from distill.models.fsdp import fsdp_enabled, shard_for_inference
-from distill.models.heads import init_from_target, served_head, set_draft_vocabulary
 from distill.models.load import load_models
 from distill.publish.export import export_run
 from distill.recipe.sections import Recipe
 from distill.run.callbacks import AcceptanceCallback
-from distill.run.head_trainer import HeadTrainer
 from distill.run.preflight import check_run
-from distill.run.trainer import DistillTrainer, distil
+from distill.run.trainer import distil
+from kinds import kind_named
 
 logger = logging.getLogger(__name__)
-
-# model.draft_kind -> the trainer of that kind of draft
-TRAINERS: dict[str, type[DistillTrainer]] = {"standalone": DistillTrainer, "eagle3": HeadTrainer}
-
 
 @dataclass
 class RunOutcome:
@@ -59,22 +53,20 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
         logger.info("model.draft_kind %s supplied %s (set a key in the recipe to override it)",
                     recipe.model.draft_kind, ", ".join(f"{k}={v}" for k, v in recipe.kind_defaults.items()))
     recipe, args, tokenizer, data = checked.recipe, checked.args, checked.tokenizer, checked.data  # .gguf: folders
+    kind = kind_named(recipe.model.draft_kind)  # kinds/<kind>/: what differs between kinds of draft
     # 2. load
     target, draft = load_models(recipe.model, recipe.lora, args.device)
     # 3. tokenise (prompts the target writes first, when the recipe asks for them)
     data = with_synthesized_prompts(recipe, data, target, tokenizer, args)
     rows = training_rows(recipe, data, target, draft, tokenizer, args)
-    if recipe.model.draft_kind == "eagle3":  # the head's vocabulary: the rows' most frequent label tokens
-        set_draft_vocabulary(draft, rows.rows)
-        if recipe.model.head_init == "target":  # lm_head rows, final norm, MLP: read out like the target from step 0
-            init_from_target(served_head(draft), target)
+    kind.prepare(recipe, draft, target, rows)  # e.g. a head's vocabulary: the rows' most frequent label tokens
     if fsdp_enabled():  # FSDP2: nothing runs the target on one process alone any more: shard it over all of them
         shard_for_inference(target, args.device)
     # 4. distil
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to)
     distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance], resume=checked.plan.resume,
-                       finished_at=checked.plan.finished_at, trainer_class=TRAINERS[recipe.model.draft_kind])
+                       finished_at=checked.plan.finished_at, trainer_class=kind.trainer())
     # 5. measure
     acceptance.measure_remaining(args, distilled.state, distilled.draft)
     # 6. export

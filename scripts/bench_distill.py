@@ -227,15 +227,14 @@ def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eo
     """Teacher-forced numbers and decode.evaluate's gamma-4 results, greedy and at temperature 1 (sampling seed)."""
     from transformers import AutoModelForCausalLM
 
-    from decode.draft_kinds import kind_of_source
-    from decode.drafters import MODEL_KIND
+    from kinds import kind_of_source
     from decode.evaluate import EvalSettings, evaluate_acceptance
 
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     kind = kind_of_source(draft_dir)
     draft = kind.load(str(draft_dir), target, target.device, target.dtype).eval()
     row = {"tf_acceptance": None, "greedy_agreement": None}  # a head drafts from the target's hidden states
-    if kind is MODEL_KIND:  # a language model of its own: teacher-forced against the target
+    if kind.language_model:  # a language model of its own: teacher-forced against the target
         row = teacher_forced(target, draft, blocks)
     for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
         settings = EvalSettings(gammas=[4], temperature=temperature, max_new_tokens=sizes.max_new_tokens,

@@ -47,11 +47,11 @@ GAMMAS = ["2", "4"]
 TRAINER_EVAL = ["data.num_eval_prompts=4", "eval.max_new_tokens=32"]  # the trainer's own check; step 6 measures
 SMOKE = {"prompts": 16, "train": ["train.max_steps=4", "train.logging_steps=1", "data.num_eval_prompts=2",
                                   "eval.max_new_tokens=8"], "eval_prompts": 2, "eval_new_tokens": 16}
-DRAFTERS = {  # name -> (what specdistill-eval's --draft is given: a folder under --out, or a built-in; what it is)
-    "head": ("head", "EAGLE-3 head"),
-    "draft": ("draft", "standalone draft (2 target layers, lk_hybrid)"),
-    "prompt_lookup": ("prompt-lookup", "prompt lookup (no training)"),
-}
+# what is measured: (its name in the table and in out/eval/NAME.json; what specdistill-eval's --draft is given, a folder
+# under --out or a built-in; what it is)
+MEASURED = (("head", "head", "EAGLE-3 head"), ("draft", "draft", "standalone draft (2 target layers, lk_hybrid)"),
+            ("prompt_lookup", "prompt-lookup", "prompt lookup (no training)"))
+DRAFTERS = {name: (source, what) for name, source, what in MEASURED}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -289,9 +289,11 @@ def test_eval_settings_reach_the_decoder_through_one_translation():
 
 
 def test_a_draft_kind_supplies_its_defaults_where_the_recipe_sets_nothing(tmp_path):
-    """model.draft_kind eagle3: unset keys take KIND_DEFAULTS (and are reported), set keys keep the recipe's value,
-    and a standalone recipe gets nothing from the head's defaults."""
-    from distill.recipe.sections import KIND_DEFAULTS
+    """model.draft_kind eagle3: unset keys take the kind's defaults (kinds/eagle3, and are reported), set keys keep
+    the recipe's value, and a standalone recipe gets nothing from the head's defaults."""
+    from kinds import kind_named
+
+    KIND_DEFAULTS = {"eagle3": kind_named("eagle3").defaults}
 
     bare = tmp_path / "head.yaml"
     bare.write_text("model:\n  target: t\n  draft_kind: eagle3\ndata:\n  dataset: d\n")

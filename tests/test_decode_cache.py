@@ -7,7 +7,8 @@ from peft import LoraConfig, get_peft_model
 
 from decode.batched import batched_generate
 from decode.cache import CachedLM, cache_keyword
-from decode.drafters import ModelDrafter, PromptLookupDrafter
+from kinds.prompt_lookup.drafter import PromptLookupDrafter
+from kinds.standalone.drafter import ModelDrafter
 from decode.sampling import SamplingConfig
 from decode.static import StaticLM
 from tiny import tiny_model

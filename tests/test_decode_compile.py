@@ -17,7 +17,8 @@ import decode.evaluate as evaluate
 import decode.speculative as spec
 import decode.static as static
 import test_decode_sampling as sampling
-from decode import PromptLookupDrafter, autoregressive_generate, speculative_generate
+from decode import autoregressive_generate, speculative_generate
+from kinds.prompt_lookup.drafter import PromptLookupDrafter
 from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, best_gamma, expected_tokens
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.static import StaticLM

@@ -6,7 +6,7 @@ import torch
 
 from decode import timing
 from decode.cost_model import measure_cost_ratios
-from decode.drafters import ModelDrafter
+from kinds.standalone.drafter import ModelDrafter
 from decode.evaluate import EvalSettings, evaluate_acceptance, time_side_by_side
 from decode.speculative import GenerateOutput
 from tiny import perturbed_copy, tiny_model

@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from decode.deploy_check import CHECKS, check_deploy
+from decode.deploy_check import check_deploy
+from kinds.standalone.deploy import CHECKS
 from decode.cli import check as check_script
 from tiny import tiny_model, tiny_tokenizer
 

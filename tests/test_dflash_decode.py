@@ -1,4 +1,4 @@
-"""Decoding with a DFlash draft (decode/dflash.py, decode/dflash_drafter.py): lossless, the drafter's cached context
+"""Decoding with a DFlash draft (kinds/dflash/model.py, kinds/dflash/drafter.py): lossless, the drafter's cached context
 is what a fresh pass gives, the served folder round-trips, and `specdistill eval` runs it.
 
 Targets are tiny Llama models with 4 layers; drafts are random, or trained here for a hundred steps on the target's
@@ -14,10 +14,11 @@ import torch.nn.functional as F
 import decode.speculative as spec
 import test_decode_sampling as sampling
 from decode import autoregressive_generate, speculative_generate
-from decode.dflash import (DFlashDraft, default_target_layer_ids, dflash_config_for, fit_problems,
+from kinds.dflash.model import (DFlashDraft, default_target_layer_ids, dflash_config_for, fit_problems,
                            mask_token_id_for)
-from decode.dflash_drafter import DFLASH_KIND, DFlashDrafter
-from decode.draft_kinds import kind_of, kind_of_source
+from kinds.dflash import KIND as DFLASH_KIND
+from kinds.dflash.drafter import DFlashDrafter
+from kinds import kind_of, kind_of_source
 from decode.sampling import SamplingConfig
 from tiny import save_and_load, tiny_model, tiny_tokenizer
 
@@ -284,7 +285,7 @@ def run_specdistill(argv: list[str], capsys) -> tuple[int, str]:
 
 
 def test_specdistill_eval_runs_a_dflash_folder(served, tmp_path, capsys):
-    assert kind_of_source(served / "dflash") is DFLASH_KIND and kind_of_source(served / "target").name == "model"
+    assert kind_of_source(served / "dflash") is DFLASH_KIND and kind_of_source(served / "target").name == "standalone"
     out = tmp_path / "eval.json"
     code, err = run_specdistill(["eval", "--target", str(served / "target"), "--draft", str(served / "dflash"),
                                  "--prompts", str(served / "prompts.jsonl"), "--gamma", "2", "4",
@@ -335,9 +336,17 @@ def test_a_gamma_past_the_block_is_one_line(trained):
         new_draft(target, target_layer_ids=[3])
 
 
-def test_specdistill_check_on_a_dflash_folder_is_one_line(served, capsys):
-    """The deployment check has no DFlash checks yet: it says so in one line, no traceback."""
-    code, err = run_specdistill(["check", "--target", str(served / "target"), "--draft", str(served / "dflash")],
-                                capsys)
-    assert code == 1 and "dflash draft" in err and "cannot check yet" in err and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1, err
+def test_specdistill_check_passes_a_dflash_folder_and_prints_its_vllm_command(served, capsys):
+    """The DFlash deployment checks (kinds/dflash/deploy.py) pass on the saved folder, and the commands serve it with
+    vLLM's dflash method at the folder's gamma."""
+    from distill.cli.main import cli
+
+    try:
+        cli(["check", "--target", str(served / "target"), "--draft", str(served / "dflash")])
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code
+    captured = capsys.readouterr()
+    assert code in (0, None), captured.err
+    assert "mask_token" in captured.out and '"method": "dflash"' in captured.out, captured.out
+    assert '"num_speculative_tokens": 2' in captured.out

@@ -1,4 +1,4 @@
-"""Decoding with an EAGLE-3 head (decode/head_drafter.py): lossless, and the head's cache is what a fresh pass gives.
+"""Decoding with an EAGLE-3 head (kinds/eagle3/drafter.py): lossless, and the head's cache is what a fresh pass gives.
 
 Targets are tiny Llama and Qwen2 models; heads are random or trained here for a few dozen teacher-forced steps
 (cross-entropy on the target's argmax), which gives partial acceptance, so rollbacks of both caches happen.
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import decode.speculative as spec
 import test_decode_sampling as sampling
 from decode import autoregressive_generate, speculative_generate
-from decode.eagle3 import Eagle3Head, head_config, target_aux_hidden
-from decode.head_drafter import HeadDrafter
+from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
+from kinds.eagle3.drafter import HeadDrafter
 from decode.sampling import SamplingConfig
 from tiny import tiny_model
 
@@ -198,7 +198,7 @@ def test_export_layout_vllm_loads(tmp_path):
     distinct aux layer id, in layer order: the export and the default ids follow that."""
     from safetensors.torch import load_file
 
-    from decode.eagle3 import default_aux_layers
+    from kinds.eagle3.model import default_aux_layers
 
     assert default_aux_layers(6) == [2, 3, 4] and default_aux_layers(32) == [2, 16, 29]
     assert all(len(set(default_aux_layers(n))) == min(n, 3) for n in range(1, 40))

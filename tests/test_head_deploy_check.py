@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from decode.deploy_check import check_deploy
-from decode.eagle3 import Eagle3Head, head_config
-from decode.head_deploy_check import HEAD_CHECKS
+from kinds.eagle3.model import Eagle3Head, head_config
+from kinds.eagle3.deploy import HEAD_CHECKS
 from test_deploy_check import edit_json, run_cli
 from tiny import tiny_model, tiny_tokenizer
 

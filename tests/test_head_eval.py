@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from decode.eagle3 import Eagle3Head, head_config
+from kinds.eagle3.model import Eagle3Head, head_config
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
 from test_head_decode import new_head, train_head
@@ -50,7 +50,7 @@ def test_cli_recognises_a_head_folder(pair, head_dir, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["draft_kind"] == "eagle3"
     assert [r["greedy_match"] for r in report["results"]] == [1.0, 1.0]
-    for draft, kind in ((str(pair / "draft"), "model"), ("prompt-lookup", "prompt_lookup")):
+    for draft, kind in ((str(pair / "draft"), "standalone"), ("prompt-lookup", "prompt_lookup")):
         run_cli(["--target", str(pair / "target"), "--draft", draft, "--prompts", str(pair / "prompts.txt"),
                  "--max-new-tokens", "4", "--output", str(out), "--quiet"], capsys)
         assert json.loads(out.read_text())["draft_kind"] == kind

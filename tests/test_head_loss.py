@@ -1,4 +1,4 @@
-"""Training-time test of EAGLE-3 heads: the batched, masked unrolled loss (distill/losses/head_loss.py) against a plain
+"""Training-time test of EAGLE-3 heads: the batched, masked unrolled loss (kinds/eagle3/loss.py) against a plain
 step-by-step reference that runs the head as the decoder does (one position at a time, an explicit list of keys
 and values, its own features fed back), in float64, value and gradient; and the draft vocabulary."""
 from __future__ import annotations
@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from decode.eagle3 import Eagle3Head, head_config, target_aux_hidden
+from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
 from distill.losses.divergences import DIVERGENCES
-from distill.losses.head_loss import (UnrolledHead, restricted_head, step_token_counts, target_features, ttt_mask,
+from distill.data.hidden_cache import target_features
+from kinds.eagle3.loss import (UnrolledHead, restricted_head, step_token_counts, ttt_mask,
                                ttt_step_sums, weighted_loss)
-from distill.models.heads import label_token_counts, most_frequent
+from kinds.eagle3.build import label_token_counts, most_frequent
 from distill.recipe.sections import DistillConfig
 from distill.utils import IGNORE_INDEX
 from tiny import tiny_model

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from decode.eagle3 import Eagle3Head, is_eagle3_folder, target_aux_hidden
+from kinds.eagle3.model import Eagle3Head, is_eagle3_folder, target_aux_hidden
 from distill.data.dataset import build_data
 from distill.models import load
-from distill.models.heads import (build_head, head_at_checkpoint, init_from_target, label_token_counts, most_frequent,
+from kinds.eagle3.build import (build_head, head_at_checkpoint, init_from_target, label_token_counts, most_frequent,
                                   plan_head)
 from distill.outputs.acceptance_log import read_records
 from distill.outputs.checkpoints import KILL_ENV

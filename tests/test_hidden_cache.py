@@ -14,14 +14,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from distill.data.hidden_cache import (METADATA_FILE, HiddenStateCollator, build_hidden_cache, cached_features,
-                                       load_hidden_cache, with_hidden_columns)
+                                       load_hidden_cache, target_features, with_hidden_columns)
 from distill.data.rows import IGNORE_INDEX, DistillCollator
 from distill.data.shard_store import CacheMismatchError
 from distill.fingerprints import full_weights_hash, weights_hash
-from distill.losses.head_loss import target_features
 from distill.models import load
 from distill.recipe.sections import ModelConfig
-from distill.run import head_trainer
+from kinds.eagle3 import trainer as head_trainer
 from distill.utils import ModelSetupError
 from helpers import (ROOT, ForwardCounter, TINY_RECIPE, accelerate_command, assert_same_weights, cli_error,
                      run_process, torchrun, train_script)
@@ -205,8 +204,11 @@ def test_recipes_refuse_the_wrong_cache_for_the_draft_kind(monkeypatch, capsys, 
 
 @pytest.mark.parametrize("mode", ["zero3_enabled", "fsdp_enabled"])
 def test_heads_under_zero3_or_fsdp_need_the_hidden_state_cache(monkeypatch, target, tmp_path, mode):
+    import distill.models.distributed as distributed
+    import distill.models.fsdp as fsdp
+
     target.save_pretrained(tmp_path)
-    monkeypatch.setattr(load, mode, lambda: True)
+    monkeypatch.setattr(distributed if mode == "zero3_enabled" else fsdp, mode, lambda: True)
     cfg = ModelConfig(target=str(tmp_path), draft_kind="eagle3")
     with pytest.raises(ModelSetupError, match="only from distill.hidden_state_cache"):
         load.check_model_plan(cfg, tiny_tokenizer())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("decode", "distill", "scripts")
+PACKAGES = ("decode", "distill", "kinds", "scripts")
 
 
 def sources() -> dict[str, ast.Module]:
@@ -205,23 +205,37 @@ def test_dead_name_is_gone(file, name):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Kinds of draft: one interface (decode.draft_kinds), no branches on the kind elsewhere
+# Kinds of draft: one interface (kinds), no branches on the kind elsewhere
 # ---------------------------------------------------------------------------------------------------------------
 
-# Where the kinds are implemented: the registry, each kind next to its drafter, the head's and the DFlash draft's own
-# modules (is_eagle3_*, is_dflash_*), and the training side's wrapper of a head (distill.models.heads.served_head /
-# served_draft).
-KIND_HOMES = {"decode/draft_kinds.py", "decode/drafters.py", "decode/head_drafter.py", "decode/eagle3.py",
-              "decode/dflash_drafter.py", "decode/dflash.py", "distill/models/heads.py"}
-DRAFT_CLASSES = {"Eagle3Head", "PromptLookupDrafter", "ModelDrafter", "HeadDrafter", "UnrolledHead", "DFlashDraft",
-                 "DFlashDrafter"}
-KIND_RECOGNISERS = {"is_eagle3_folder", "is_eagle3_config", "is_dflash_folder", "is_dflash_config"}
-KIND_LITERALS = {"prompt-lookup", "prompt_lookup", "ngram", "PROMPT_LOOKUP"}
+# Where the kinds are implemented: kinds/, one folder per kind, and the registry (kinds/__init__.py). Everything a
+# module outside could use to decide the kind itself is derived from the registry, so a new kind is covered at once.
+def registry_vocabulary() -> tuple[set[str], set[str], set[str]]:
+    """(names a kind goes by: its name, vLLM's method for it, prompt lookup's --draft value; the classes of its
+    drafts in memory and in training; the recogniser functions of its folders)."""
+    from kinds import KINDS
+
+    names = {kind.name for kind in KINDS} | {kind.vllm_method for kind in KINDS} - {"draft_model"}
+    names |= {"prompt-lookup", "PROMPT_LOOKUP"}
+    classes, recognisers = set(), set()
+    for file, module in SOURCES.items():
+        if not file.startswith("kinds/"):
+            continue
+        for node in ast.walk(module):
+            if isinstance(node, ast.ClassDef) and node.name.endswith(("Drafter", "Head", "Draft", "Training", "Kind")):
+                classes.add(node.name)
+            if isinstance(node, ast.FunctionDef) and node.name.startswith(tuple(f"is_{k.name}" for k in KINDS)):
+                recognisers.add(node.name)
+    return names, classes, recognisers
+
+
+KIND_NAMES, DRAFT_CLASSES, KIND_RECOGNISERS = registry_vocabulary()
 
 
 def branches_on_draft_kind(node: ast.AST) -> bool:
-    """`isinstance(x, <a draft class>)`, a call recognising a head folder, or a comparison with prompt lookup's
-    name or vLLM's method for it: the kind decided outside decode.draft_kinds."""
+    """The kind decided outside kinds/: `isinstance(x, <a kind's draft class>)`; a call to a kind's folder
+    recogniser (is_eagle3_folder, ...); a comparison with a kind's name or vLLM method (`draft_kind == "eagle3"`,
+    `kind in ("dflash", ...)`); a table keyed by kind names (`{"standalone": A, "eagle3": B}`)."""
     if call_name(node) == "isinstance" and len(node.args) == 2:
         classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
         return any(getattr(c, "id", getattr(c, "attr", None)) in DRAFT_CLASSES for c in classes)
@@ -229,29 +243,47 @@ def branches_on_draft_kind(node: ast.AST) -> bool:
         return True
     if isinstance(node, ast.Compare):
         sides = [node.left, *node.comparators]
-        return any((isinstance(s, ast.Constant) and s.value in KIND_LITERALS)
-                   or (isinstance(s, ast.Name) and s.id in KIND_LITERALS) for s in sides)
+        sides += [e for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set)) for e in s.elts]
+        return any((isinstance(s, ast.Constant) and s.value in KIND_NAMES)
+                   or (isinstance(s, ast.Name) and s.id in KIND_NAMES) for s in sides)
+    if isinstance(node, ast.Dict):
+        return any(isinstance(k, ast.Constant) and k.value in KIND_NAMES for k in node.keys)
     return False
 
 
 def kind_branches(sources: dict[str, ast.Module]) -> list[str]:
-    """'file:line' of every branch on the draft kind outside KIND_HOMES."""
-    return sorted(f"{file}:{node.lineno}" for file, module in sources.items() if file not in KIND_HOMES
+    """'file:line' of every branch on the draft kind outside kinds/."""
+    return sorted(f"{file}:{node.lineno}" for file, module in sources.items() if not file.startswith("kinds/")
                   for node in ast.walk(module) if branches_on_draft_kind(node))
 
 
 def test_no_module_outside_the_kinds_branches_on_the_draft_kind():
     found = kind_branches(SOURCES)
-    assert not found, f"branches on the draft kind outside decode.draft_kinds: {found}"
+    assert not found, f"branches on the draft kind outside kinds/: {found}"
 
 
 def test_the_kind_branch_detector_finds_each_pattern():
     """Each pattern a module could use to branch on the kind is caught (a detector that finds nothing passes
-    nothing)."""
+    nothing): by class, by name comparison, by a table keyed by kind names, by a kind-specific recogniser."""
     snippets = ["if isinstance(draft, Eagle3Head): pass", "ok = isinstance(d, (torch.nn.Module, PromptLookupDrafter))",
-                "head = is_eagle3_folder(path)", "if isinstance(draft, DFlashDraft): pass",
-                "block = is_dflash_folder(path)", "if args.draft == PROMPT_LOOKUP: pass",
-                "lookup = draft != 'prompt-lookup'", "skip = method == 'ngram'"]
+                "if isinstance(model, UnrolledHead): pass", "if isinstance(draft, DFlashDraft): pass",
+                "wrapped = isinstance(model, BlockTraining)",
+                "head = is_eagle3_folder(path)", "block = is_dflash_folder(path)", "if args.draft == PROMPT_LOOKUP: pass",
+                "lookup = draft != 'prompt-lookup'", "skip = method == 'ngram'",
+                "if recipe.model.draft_kind == 'eagle3': pass", "if kind in ('dflash', 'standalone'): pass",
+                "TRAINERS = {'standalone': DistillTrainer, 'eagle3': HeadTrainer}",
+                "CARD_TEXTS = {'dflash': CardText('...')}"]
     for snippet in snippets:
         assert kind_branches({"decode/other.py": ast.parse(snippet)}), snippet
-    assert not kind_branches({"decode/drafters.py": ast.parse(snippets[0])})  # a kind's own module may
+    assert not kind_branches({"kinds/eagle3/drafter.py": ast.parse(snippets[0])})  # a kind's own folder may
+    assert not kind_branches({"decode/other.py": ast.parse("spec = {'method': 'eagle3', 'model': path}")})
+
+
+def test_the_registry_names_every_kind_folder_once():
+    """One registry line per kind folder: each kinds/<name>/ holds the Kind that KINDS lists under that name."""
+    from kinds import KINDS
+
+    folders = sorted(p.name for p in (ROOT / "kinds").iterdir() if (p / "__init__.py").is_file())
+    assert sorted(kind.name for kind in KINDS) == folders
+    for kind in KINDS:
+        assert type(kind).__module__ == f"kinds.{kind.name}", kind.name

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decode.drafters import PromptLookupDrafter
+from kinds.prompt_lookup.drafter import PromptLookupDrafter
 from decode.packed_linear import PackedLinear, pack_linears
 from decode.speculative import autoregressive_generate, speculative_generate
 from decode.vocab import lm_head_rows

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from decode.drafters import PromptLookupDrafter
+from kinds.prompt_lookup.drafter import PromptLookupDrafter
 from decode.evaluate import EvalSettings
 from decode.results import Result
 from decode.serving import vllm_engine

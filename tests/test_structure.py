@@ -1,5 +1,9 @@
-"""The project's module structure: no import cycle among decode/, distill/ and scripts/, and every module imports
-on its own (in a fresh interpreter, with no other project module imported first)."""
+"""The project's module structure: no import cycle among decode/, distill/, kinds/ and scripts/, and every module
+imports on its own (in a fresh interpreter, with no other project module imported first).
+
+kinds/ holds the draft kinds as plug-ins: a kind's `Kind` (kinds/<kind>/__init__.py) imports the parts of its folder
+inside its methods, when a caller needs them (its trainer, its deploy checks, ...). Those lazy imports are how the
+registry reaches its plug-ins, not a dependency of the module: the graph leaves them out (`plugin_loading`)."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +13,7 @@ from pathlib import Path
 
 from helpers import ROOT, run_process
 
-PACKAGES = ("decode", "distill", "scripts")
+PACKAGES = ("decode", "distill", "kinds", "scripts")
 
 
 def project_modules() -> dict[str, Path]:
@@ -30,7 +34,7 @@ def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
     nothing is imported when the module runs)."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     found = set()
-    for node in walk_runtime(ast.parse(path.read_text(), filename=str(path))):
+    for node in walk_runtime(ast.parse(path.read_text(), filename=str(path)), plugin_loading(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -45,14 +49,22 @@ def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-def walk_runtime(tree: ast.AST) -> Iterator[ast.AST]:
-    """ast.walk without the bodies of `if TYPE_CHECKING:` blocks."""
+def plugin_loading(path: Path) -> bool:
+    """Whether `path` is a kind's plug-in entry (kinds/<kind>/__init__.py), whose functions load its parts lazily."""
+    parts = path.relative_to(ROOT).parts
+    return len(parts) == 3 and parts[0] == "kinds" and parts[2] == "__init__.py"
+
+
+def walk_runtime(tree: ast.AST, skip_functions: bool = False) -> Iterator[ast.AST]:
+    """ast.walk without the bodies of `if TYPE_CHECKING:` blocks (and of functions, with ``skip_functions``)."""
     todo = [tree]
     while todo:
         node = todo.pop()
         yield node
         if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
             todo.extend(node.orelse)
+            continue
+        if skip_functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         todo.extend(ast.iter_child_nodes(node))
 
@@ -93,7 +105,9 @@ def test_the_graph_sees_module_level_function_level_and_package_imports():
     assert "decode" in graph["distill.data.target_data"]  # from decode import speculative_generate
     assert "distill.publish.hub" in graph["distill.publish.export"]  # imported inside a function
     assert "decode.stats" in graph["decode"]  # a package's __init__
-    assert "distill.recipe.sections" not in graph["distill.losses.head_loss"]  # under `if TYPE_CHECKING:`
+    assert "distill.recipe.sections" not in graph["kinds.eagle3.loss"]  # under `if TYPE_CHECKING:`
+    assert "kinds.eagle3.trainer" not in graph["kinds.eagle3"]  # a kind's plug-in entry loads its parts lazily
+    assert "kinds.eagle3.options" in graph["kinds.eagle3"]  # ... but its module-level imports count
 
 
 def test_imports_for_annotations_only_are_not_walked():
@@ -129,10 +143,10 @@ def test_every_module_imports_alone():
 
 
 def test_no_library_module_imports_scripts():
-    """decode/ and distill/ are the library: the entry points in scripts/ import them, never the other way."""
+    """decode/, distill/ and kinds/ are the library: the entry points in scripts/ import them, never the other way."""
     graph = import_graph()
     climbs = {name: sorted(m for m in imported if m.split(".")[0] == "scripts")
-              for name, imported in graph.items() if name.split(".")[0] in ("decode", "distill")}
+              for name, imported in graph.items() if name.split(".")[0] in ("decode", "distill", "kinds")}
     assert not {name: found for name, found in climbs.items() if found}
 
 
@@ -163,14 +177,33 @@ def module_map() -> list[str]:
     return [row.split("`")[1].removesuffix(".py").replace("/", ".") for row in rows]
 
 
+def plugin_interface() -> set[str]:
+    """What the library may import of kinds/ from anywhere: the registry, the interface and each kind's entry."""
+    return {name for name, path in project_modules().items()
+            if name in ("kinds", "kinds.base") or plugin_loading(path)}
+
+
 def test_the_module_map_matches_the_tree_in_dependency_order():
+    """Every module listed, each after what it imports; the kinds' folders come last (each kind's parts use the
+    library), so the library's imports of the plug-in interface (the registry, kinds.base, a kind's entry) are the
+    one exception, besides a package's line, which heads the modules it imports."""
     listed = module_map()
     graph = import_graph()
-    files = {name for name in graph if "." in name and not name.startswith("decode.metrics")}
+    files = {name for name in graph if "." in name and not name.startswith("decode.metrics")} | {"kinds"}
     assert sorted(listed) == sorted(files), (sorted(set(files) - set(listed)), sorted(set(listed) - set(files)))
-    position = {name: i for i, name in enumerate(listed)}
-    late = [(name, dep) for name in listed for dep in graph[name] if dep in position and position[dep] > position[name]]
+    position, interface = {name: i for i, name in enumerate(listed)}, plugin_interface()
+    late = [(name, dep) for name in listed for dep in graph[name] if dep in position and position[dep] > position[name]
+            and not (dep in interface and not name.startswith("kinds")) and not dep.startswith(name + ".")]
     assert not late, f"listed before a module it imports: {late}"
+
+
+def test_the_library_reaches_the_kinds_only_through_their_interface():
+    """Outside kinds/, no module imports a kind's parts (its model, drafter, trainer, ...): only the registry, the
+    interface and the kinds' entries, so a kind's folder is replaceable as a whole."""
+    graph, interface = import_graph(), plugin_interface()
+    reached = {name: sorted(dep for dep in deps if dep.startswith("kinds.") and dep not in interface)
+               for name, deps in graph.items() if not name.startswith("kinds") and not name.startswith("scripts")}
+    assert not {name: deps for name, deps in reached.items() if deps}
 
 
 # distill/ grouped by the six steps and the concerns: every module inside a subpackage but these

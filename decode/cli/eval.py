@@ -27,8 +27,8 @@ import torch
 
 from decode.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
                            check_writable_file)
-from decode.draft_kinds import DraftKind, kind_of_source
-from decode.drafters import PROMPT_LOOKUP
+from kinds import DraftKind, kind_of_source
+from kinds.prompt_lookup import PROMPT_LOOKUP
 from decode.evaluate import EvalSettings, evaluate_acceptance
 from decode.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype,
                             resolve_model_path)

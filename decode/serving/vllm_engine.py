@@ -36,8 +36,7 @@ from typing import Sequence
 import torch
 
 from decode.checks import read_text
-from decode.draft_kinds import kind_of_source
-from decode.drafters import PromptLookupDrafter
+from kinds import kind_of_source
 from decode.evaluate import EvalSettings
 from decode.results import Result
 from decode.serving.counters import SpecCounters
@@ -69,7 +68,7 @@ def find_vllm_python(path: str | Path | None = None) -> Path:
 
 
 def vllm_method(draft: str) -> str:
-    """vLLM's speculative method for a --draft value: its kind's (decode.draft_kinds): 'ngram' for prompt lookup,
+    """vLLM's speculative method for a --draft value: its kind's (kinds): 'ngram' for prompt lookup,
     'eagle3' for an EAGLE-3 head folder, 'draft_model' otherwise."""
     return kind_of_source(draft).vllm_method
 
@@ -89,10 +88,10 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
     if len(gammas) != len(settings.gammas):
         raise ServingError("--engine vllm needs integer gammas: vLLM drafts a fixed num_speculative_tokens ('auto' "
                            "is our decoder's)")
-    kind, lookup = kind_of_source(draft), PromptLookupDrafter()
+    kind = kind_of_source(draft)
     local = lambda name: str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name  # noqa
     runs = [{"method": kind.vllm_method, "draft": local(draft) if kind.has_weights else None, "gamma": g,
-             "prompt_lookup_min": lookup.min_ngram_size, "prompt_lookup_max": lookup.max_ngram_size,
+             "speculative_options": kind.vllm_options(),
              "draft_sample_method": draft_sample_method if kind.has_weights else None} for g in gammas]
     longest = max(p.numel() for p in prompts)
     levels = {"concurrency": list(concurrency)} if concurrency is not None else {}

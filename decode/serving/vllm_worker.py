@@ -10,7 +10,7 @@ transformers, so it must not import our package). The request (decode.serving.vl
      "max_model_len": 512, "max_num_seqs": 1 (optional; 1 = batch-1 as our decoder),
      "concurrency": [1, 4] (optional: every run at each of these max_num_seqs levels, instead of max_num_seqs),
      "runs": [{"method": "draft_model" | "ngram" | "eagle3", "draft": DIR | null, "gamma": 4,
-               "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+               "speculative_options": {"prompt_lookup_min": 1, "prompt_lookup_max": 3} | {},
                "draft_sample_method": "greedy" | "probabilistic" (optional; vLLM's default: greedy)}, ...]}
 
 The response: the plain run and one entry per speculative run, each with every prompt's new token ids, the seconds
@@ -87,11 +87,9 @@ def sampling_params(request: dict, index: int):
 
 def speculative_config(run: dict) -> dict:
     """vLLM's speculative_config for one run (the method and the draft were chosen by the draft's kind on our side,
-    decode.draft_kinds)."""
-    config = {"method": run["method"], "num_speculative_tokens": run["gamma"]}
-    if run["draft"] is None:  # no draft model (prompt lookup, vLLM's ngram): the n-gram sizes instead
-        config.update(prompt_lookup_min=run["prompt_lookup_min"], prompt_lookup_max=run["prompt_lookup_max"])
-    else:
+    kinds)."""
+    config = {"method": run["method"], "num_speculative_tokens": run["gamma"], **run.get("speculative_options", {})}
+    if run["draft"] is not None:  # a draft model (prompt lookup, vLLM's ngram, has none: its n-gram sizes instead)
         config["model"] = run["draft"]
     if run.get("draft_sample_method"):  # greedy: argmax drafts, q one-hot in the rejection test (vLLM's default)
         config["draft_sample_method"] = run["draft_sample_method"]

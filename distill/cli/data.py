@@ -81,7 +81,8 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
     hidden = jobs.add_parser("hidden-states", help="the hidden-state cache of an EAGLE-3 head recipe",
                              description="build distill.hidden_state_cache of RECIPE (the same cache a run builds "
                                          "at its start)")
-    hidden.add_argument("recipe", help="recipe .yaml with model.draft_kind eagle3 and distill.hidden_state_cache")
+    hidden.add_argument("recipe", help="recipe .yaml with model.draft_kind eagle3 or dflash and "
+                                       "distill.hidden_state_cache")
     hidden.add_argument("overrides", nargs="*", help="key=value recipe overrides")
     return p
 
@@ -151,7 +152,7 @@ def recipe_hidden_states(recipe_file: str, overrides: list[str]) -> Path:
     recipe = load_recipe(recipe_file, overrides)
     if recipe.distill.hidden_state_cache is None:
         raise RecipeError("distill.hidden_state_cache", "is null; set it to the folder the cache goes to "
-                          "(model.draft_kind eagle3)", recipe_file)
+                          "(model.draft_kind eagle3 or dflash)", recipe_file)
     checked = prepare_data(recipe, recipe_file, overrides)
     folder = Path(checked.distill.hidden_state_cache)
     print(f"specdistill-data hidden-states: the cache of {recipe_file} is complete in {folder}; train with "

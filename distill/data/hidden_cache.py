@@ -14,7 +14,7 @@ Layout on disk (out_dir):
                           (the last layer's normed output), in the storage dtype (bfloat16 as its uint16 bit patterns:
                           arrow has no bfloat16)
 The teacher's logits are not stored: they are the target's lm_head applied to `final` (restricted to the head's draft
-vocabulary, distill.losses.head_loss.restricted_head), so training from the cache gives the online loss up to the
+vocabulary, kinds.eagle3.loss.restricted_head), so training from the cache gives the online loss up to the
 storage dtype's rounding of the hidden states, and a training step needs only a copy of the target's lm_head.
 Bytes per token: (k + 1) H' values, 8 H' bytes in bfloat16 for k = 3 (32 KiB for H' = 4096, 4.5 KiB for 576).
 
@@ -50,7 +50,6 @@ from distill.data.row_cache import (attach_columns, build_row_shards, check_row_
                                     padded_batches, row_lengths)
 from distill.data.shard_store import ShardStore
 from distill.fingerprints import config_hash, dataset_hash, full_weights_hash
-from distill.losses.head_loss import target_features
 from distill.models.distributed import is_partitioned, whole_parameter
 from distill.models.fsdp import generating_on
 from distill.utils import eval_mode
@@ -318,6 +317,17 @@ class HiddenStateCollator:
         batch = self.base([{k: v for k, v in row.items() if k not in HIDDEN_COLUMNS} for row in rows])
         width = batch["input_ids"].shape[1]
         return {**batch, **{name: pad_hidden([r[name] for r in rows], width, self.dtype) for name in HIDDEN_COLUMNS}}
+
+
+@torch.no_grad()
+def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    aux_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of the frozen target: (its aux hidden states [B, T, k * H'], its final normed hidden states
+    [B, T, H'], from which its lm_head gives its logits)."""
+    outputs = target.base_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                                use_cache=False)
+    aux = torch.cat([outputs.hidden_states[i] for i in aux_layers], dim=-1)  # index i: the stream entering layer i
+    return aux, outputs.last_hidden_state
 
 
 def cached_features(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -31,13 +31,12 @@ from transformers import PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
 
 from decode.loading import DTYPES, LoadError, resolve_model_path
-from decode.vocab import check_tokenizers_compatible
 from distill.models.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
 from distill.models.fsdp import fsdp_enabled, remember_layout
-from distill.models.heads import build_head, plan_head
-from distill.models.lora import apply_lora, is_lora
+from distill.models.lora import is_lora
 from distill.recipe.sections import LoraConfig, ModelConfig
 from distill.utils import ModelSetupError, parameter_count
+from kinds import kind_named
 
 logger = logging.getLogger(__name__)
 
@@ -168,31 +167,12 @@ def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *,
     """Everything that can be checked before loading weights (`hidden_state_cache`: the recipe sets
     distill.hidden_state_cache).
 
-    Raises ModelSetupError (bad draft_layers / draft_config, draft vocabulary smaller than the tokenizer, an EAGLE-3
-    head under ZeRO-3 or FSDP2 without the hidden-state cache) and
-    decode.vocab.TokenizerMismatchError (the draft's tokenizer differs from the target's). Logs a warning when
-    the draft has more parameters than the target.
+    The checks are the draft kind's (kinds/<kind>/__init__.py, check_plan): for a standalone draft its tokenizer and
+    vocabulary, for a head its layer ids and draft vocabulary, ... Raises ModelSetupError and
+    decode.vocab.TokenizerMismatchError (the draft's tokenizer differs from the target's).
     """
     target_config = _load("model.target", cfg.target, AutoConfig, trust_remote_code=cfg.trust_remote_code)
-    if cfg.draft_kind == "eagle3":  # aux layer ids and draft vocabulary against the target's config
-        if (zero3_enabled() or fsdp_enabled()) and not hidden_state_cache:  # the cache: steps never run the target
-            raise ModelSetupError("model.draft_kind: EAGLE-3 heads train under DeepSpeed ZeRO-3 or FSDP only from "
-                                  "distill.hidden_state_cache (the target is then not run in training steps); "
-                                  "without it use DDP or ZeRO-2 (recipes/accelerate/deepspeed_zero2.yaml)")
-        plan_head(cfg, target_config)
-        return
-    planned = draft_config(cfg, target_config)
-    draft_tokenizer = load_draft_tokenizer(cfg)
-    if draft_tokenizer is not None:
-        check_tokenizers_compatible(tokenizer, draft_tokenizer)
-    if planned.get_text_config().vocab_size < len(tokenizer):
-        raise ModelSetupError(f"the draft's vocabulary ({planned.get_text_config().vocab_size} rows) is smaller "
-                              f"than the tokenizer ({len(tokenizer)} tokens)")
-    draft_params = planned_parameter_count(planned, cfg.trust_remote_code)
-    target_params = planned_parameter_count(target_config, cfg.trust_remote_code)
-    if draft_params > target_params:
-        logger.warning("the draft has more parameters (%s) than the target (%s): it will not speed decoding up",
-                       f"{draft_params:,}", f"{target_params:,}")
+    kind_named(cfg.draft_kind).check_plan(cfg, target_config, tokenizer, hidden_state_cache)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -270,8 +250,8 @@ def draft_from_layers(target: PreTrainedModel, layers: list[int], dtype: torch.d
 
 def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | None = None) -> nn.Module:
     """The trainable draft in `model.draft_dtype`, in train mode: every weight trains, or with `lora.enabled` only
-    the LoRA adapters (a peft PeftModel, see apply_lora); for model.draft_kind eagle3 an Eagle3Head on the target
-    (distill.models.heads).
+    the LoRA adapters (a peft PeftModel, see apply_lora); built by the draft's kind (kinds/<kind>/__init__.py,
+    build): for model.draft_kind eagle3 an Eagle3Head on the target (kinds.eagle3.build).
 
     Raises ModelSetupError for LoRA under DeepSpeed ZeRO-3 (not supported: LoRA drafts fit ZeRO-2 or DDP) and for
     lora.target_modules / lora.modules_to_save naming no module of the draft.
@@ -279,20 +259,7 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | Non
     if lora is not None and lora.enabled and zero3_enabled():
         raise ModelSetupError("lora.enabled: LoRA drafts are not supported under DeepSpeed ZeRO-3 (the adapters "
                               "are small: use DDP or ZeRO-2, recipes/accelerate/deepspeed_zero2.yaml)")
-    dtype = DTYPES[cfg.draft_dtype]
-    if cfg.draft_kind == "eagle3":
-        return build_head(cfg, target, dtype)
-    if cfg.draft is not None:
-        draft = AutoModelForCausalLM.from_pretrained(cfg.draft, dtype=dtype, **_load_kwargs(cfg))
-    elif cfg.draft_layers is not None:
-        draft = draft_from_layers(target, cfg.draft_layers, dtype, **_load_kwargs(cfg))
-    else:
-        config = _config_overrides(target.config, cfg.draft_config or {})
-        draft = AutoModelForCausalLM.from_config(config, dtype=dtype, **_load_kwargs(cfg))
-    draft.requires_grad_(True)
-    if lora is not None and lora.enabled:
-        draft = apply_lora(draft, lora)
-    return draft.train()
+    return kind_named(cfg.draft_kind).build(cfg, target, DTYPES[cfg.draft_dtype], lora)
 
 
 def load_models(cfg: ModelConfig, lora: LoraConfig, device: torch.device | str) -> tuple[PreTrainedModel, nn.Module]:

@@ -6,7 +6,7 @@ export_run is the last step of a run (distill.pipeline), on rank 0 while the oth
   export    that checkpoint's draft written to OUTPUT_DIR as a plain model folder (safetensors, config, tokenizer;
             a LoRA draft merged, a ZeRO-3 / FSDP2 draft read back from its checkpoint), with
             generation_config.num_assistant_tokens = its gamma (export_draft; the served folder of its kind,
-            decode.draft_kinds)
+            kinds)
   check     decode.deploy_check on the folder against the target; problems are warnings, never fatal
   serving   eval.serving_engine: vllm: the folder measured inside vLLM (decode.serving) on the eval prompts;
             best.vllm_mean_accepted_tokens beside best.mean_accepted_tokens; a failure is a warning, never fatal
@@ -26,10 +26,9 @@ from accelerate import PartialState
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from decode.draft_kinds import kind_of
+from kinds import kind_of, served_draft
 from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.models.fsdp import unsharded_original
-from distill.models.heads import head_at_checkpoint, served_draft, served_head
 from distill.models.lora import is_lora
 from distill.outputs.acceptance_log import best_checkpoint, read_records, row_gamma
 from distill.outputs.checkpoints import crash_point, find_checkpoints
@@ -56,9 +55,11 @@ def best_record(records: Sequence[dict], temperature: float) -> dict | None:
 def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
     """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
     that are put on a copy of `final_draft` (its frozen base is the same at every step; under FSDP2 the unsharded
-    copy kept before sharding) and merged; an EAGLE-3 head's weights (distill.models.heads)."""
-    if served_head(final_draft) is not None:
-        return head_at_checkpoint(folder, final_draft)
+    copy kept before sharding) and merged; or what the draft's kind stores its own way (an EAGLE-3 head's weights:
+    kinds/<kind>/__init__.py, from_checkpoint)."""
+    own = kind_of(served_draft(final_draft)).from_checkpoint(folder, final_draft)
+    if own is not None:
+        return own
     if (folder / "adapter_config.json").is_file():
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
@@ -98,7 +99,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
         draft = final_draft
     gamma = row_gamma(best).deployed if best else default_gamma
     draft = served_draft(draft)  # a head in training is wrapped (UnrolledHead): its head is what is served
-    kind_of(draft).save(draft, output_dir, gamma)  # its kind's served folder (decode.draft_kinds)
+    kind_of(draft).save(draft, output_dir, gamma)  # its kind's served folder (kinds)
     tokenizer.save_pretrained(output_dir)
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}

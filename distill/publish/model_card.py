@@ -14,9 +14,7 @@ relative to the model folder (the run's folder).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -24,12 +22,11 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from decode.checks import read_text
-from decode.draft_kinds import kind_of_source
-from decode.eagle3 import ARCHITECTURE
+from kinds import kind_of_source
+from kinds.base import CardText
 from decode.results import read_eval_json
 from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
 from distill.outputs.acceptance_log import best_checkpoint, log_path, read_records
-from distill.publish.card_usage import head_usage_section, usage_section
 from distill.publish.report import shown_path
 from distill.utils import saved_parameter_count
 
@@ -139,32 +136,12 @@ def describe_draft(model_dir: Path) -> str:
     """One line on the draft's architecture from config.json (its kind's CardText.describe) and its parameter count
     from the safetensors headers."""
     config_path = Path(model_dir) / "config.json"
-    parts = CARD_TEXTS[card_kind(model_dir)].describe(json.loads(read_text(config_path))) \
+    parts = card_text(model_dir).describe(json.loads(read_text(config_path))) \
         if config_path.is_file() else []
     n_params = saved_parameter_count(model_dir)
     if n_params:
         parts.append(f"{human_count(n_params)} parameters")
     return ", ".join(parts)
-
-
-def describe_model(config: dict) -> list[str]:
-    """A standalone draft: its model type, layers and hidden size."""
-    parts = [str(config.get("model_type", "unknown architecture"))]
-    layers = config.get("num_hidden_layers", config.get("n_layer"))
-    hidden = config.get("hidden_size", config.get("n_embd"))
-    if layers is not None:
-        parts.append(f"{layers} layers")
-    if hidden is not None:
-        parts.append(f"hidden size {hidden}")
-    return parts
-
-
-def describe_head(config: dict) -> list[str]:
-    """An EAGLE-3 head: the target layers it reads, its hidden size and draft vocabulary."""
-    layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return [f"EAGLE-3 head ({ARCHITECTURE}): one decoder layer on the target's hidden states at layers {layers}",
-            f"hidden size {config.get('hidden_size')}",
-            f"draft vocabulary {config.get('draft_vocab_size')} of {config.get('vocab_size')} tokens"]
 
 
 def human_count(n: int) -> str:
@@ -271,31 +248,9 @@ def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# What the card says of each kind of draft (decode.draft_kinds)
-# ---------------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CardText:
-    intro: str                                      # the opening sentence; {target} is the target's reference
-    describe: Callable[[dict], list[str]]           # config.json -> the parts of the "Draft:" line
-    usage: Callable[[str, str, int | None], str]    # (target, repo_id, gamma) -> '## Usage'
-    tags: tuple[str, ...] = ()                      # added to CARD_TAGS
-
-
-CARD_TEXTS = {
-    "model": CardText("A draft model for speculative decoding with target {target}, trained with specdistill. ",
-                      describe_model, usage_section),
-    "eagle3": CardText("An EAGLE-3 draft head for speculative decoding with target {target}, trained with specdistill "
-                       "(training-time test). It is one decoder layer that reads the target's own hidden states; vLLM "
-                       "(`method: eagle3`) and SGLang (`EAGLE3`) serve this folder as it is. ",
-                       describe_head, head_usage_section, ("eagle3",)),
-}
-
-
-def card_kind(model_dir: Path) -> str:
-    """The name of the exported draft's kind (decode.draft_kinds.kind_of_source)."""
-    return kind_of_source(model_dir).name
+def card_text(model_dir: Path) -> CardText:
+    """What the card says of the exported draft's kind (kinds.kind_of_source(...).card)."""
+    return kind_of_source(model_dir).card
 
 
 def eval_results(results: list[dict], prompts: str | None) -> list[EvalResult]:
@@ -327,7 +282,7 @@ def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, e
         prompts = shown_path(prompts, model_dir)
     target_ref = f"[`{target}`](https://huggingface.co/{target})" if is_hub_id(target) else f"`{target}`"
     draft_line = describe_draft(model_dir)
-    text = CARD_TEXTS[card_kind(model_dir)]
+    text = card_text(model_dir)
     recipe = (f"```yaml\n{recipe_text.rstrip()}\n```\n" if recipe_text
               else "No recipe.yaml was saved with this model.\n")
     sections = [

@@ -18,80 +18,67 @@ from distill.losses.loss_mix import LossMix, LossSpecError, teacher_divergences
 from distill.recipe.data_config import DataConfig
 from distill.recipe.schema import OVERRIDE_SOURCE, RecipeError, Section, require, rule_error
 from distill.recipe.train_config import TrainConfig, check_precision
+from kinds import KINDS, kind_named, trainable
 
 SECTIONS = ("model", "lora", "data", "distill", "train", "eval", "hub")
 
 __all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTION_TYPES", "SECTIONS", "ModelConfig", "LoraConfig",
            "DataConfig", "DistillConfig", "TrainConfig", "EvalConfig", "HubConfig", "check_precision"]
 
-STANDALONE_KEYS = ("draft", "draft_layers", "draft_config")
-LayerIds = Annotated[list[Annotated[int, Ge(0)]], MinLen(1)]
+# Each kind of draft brings its own keys (kinds/<kind>/options.py), mixed into the model and distill sections
+# (the base classes of a pydantic model contribute their fields last first: the shared keys come first, then the kinds'
+# in registry order)
+MODEL_OPTIONS = tuple(kind.model_options for kind in reversed(KINDS) if kind.model_options is not None)
+DISTILL_OPTIONS = tuple(kind.distill_options for kind in reversed(KINDS) if kind.distill_options is not None)
 
 
-class ModelConfig(Section):
-    """Which target to distil from and how the draft is made: a standalone model (exactly one of draft,
-    draft_layers, draft_config) or an EAGLE-3 head on the target's hidden states (draft_kind eagle3)."""
+def other_kinds_keys_unset(section: Section, chosen: str) -> None:
+    """A key that only another kind of draft takes keeps its default (one RecipeError naming it and its kind)."""
+    own = kind_named(chosen)
+    mine = {**getattr(own.model_options, "model_fields", {}), **getattr(own.distill_options, "model_fields", {})}
+    for kind in KINDS:
+        for options in (kind.model_options, kind.distill_options):
+            for key, field in getattr(options, "model_fields", {}).items():
+                if kind is own or key in mine or key not in type(section).model_fields:
+                    continue
+                value = getattr(section, key)
+                require(value == field.default, f"{section.section}.{key}", value,
+                        f"{field.default if field.default is not None else 'null'} with model.draft_kind {chosen} "
+                        f"(it is a key of {kind.title}: model.draft_kind {kind.name})", ["model.draft_kind"])
+
+
+class ModelKeys(Section):
+    """The model section's keys that every kind of draft shares (ModelConfig adds each kind's own)."""
 
     section = "model"
 
     target: str = Field(min_length=1, description="Target LLM: local folder or hub id (required).")
-    draft_kind: Literal["standalone", "eagle3"] = Field(
+    draft_kind: Literal[trainable()] = Field(
         "standalone", description="standalone: a small LM of its own (model.draft / draft_layers / draft_config); "
                                   "eagle3: an EAGLE-3 head (one decoder layer on the target's hidden states, served "
-                                  "by vLLM and SGLang).")
+                                  "by vLLM and SGLang); dflash: a DFlash block drafter (a few layers on the target's "
+                                  "hidden states drafting a whole block in one forward, served by vLLM).")
     target_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype the frozen target is loaded in; auto = the dtype in its config.")
-    draft: str | None = Field(None, description="Draft to fine-tune: local folder or hub id.")
-    draft_layers: LayerIds | None = Field(
-        None, description="Build the draft from the target by keeping these decoder layers (0-based, increasing).")
-    draft_config: dict[str, JsonValue] | None = Field(
-        None, description="Build the draft from scratch: the target's config with these keys overridden.")
     draft_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype of the trainable draft weights (use train.bf16 for mixed precision).")
     tokenizer: str | None = Field(None, description="Tokenizer folder or hub id; null = the target's.")
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (only for repos you trust).")
     attn_implementation: str | None = Field(None, description="eager, sdpa, flash_attention_2, ...; null = "
                                                               "transformers' pick.")
-    # EAGLE-3 heads (draft_kind eagle3; recipes/README.md, "EAGLE-3 heads")
-    aux_layers: LayerIds | None = Field(
-        None, description="eagle3: the target's layer ids whose hidden states the head reads (3 distinct, ascending, "
-                          "as vLLM requires; id i = the residual stream entering decoder layer i); null = vLLM's "
-                          "default (2, L // 2, L - 3), a repeated id moved to the nearest free layer.")
-    draft_vocab_size: int | None = Field(
-        None, gt=0, description="eagle3: rows of the head's lm_head, the most frequent target tokens of the training "
-                                "data; null = the whole vocabulary when it has <= 32768 tokens, else 32768.")
-    head_intermediate_size: int | None = Field(
-        None, gt=0, description="eagle3: the MLP width of the head's decoder layer; null = the target's "
-                                "intermediate_size.")
-    head_init: Literal["target", "random"] = Field(
-        "target", description="eagle3: target = start the head's lm_head from the target's lm_head rows of the "
-                              "draft vocabulary, its final norm from the target's final norm, and its MLP (and the "
-                              "norm before it) from the target's last decoder layer where the widths match; random = "
-                              "all fresh.")
+
+
+class ModelConfig(*MODEL_OPTIONS, ModelKeys):
+    """Which target to distil from and how the draft is made: its kind (model.draft_kind, kinds/) and that kind's
+    keys: a standalone model (exactly one of draft, draft_layers, draft_config), an EAGLE-3 head on the target's
+    hidden states (aux_layers, draft_vocab_size, ...), a DFlash block drafter (dflash_*)."""
 
     @model_validator(mode="after")
     def _rules(self) -> ModelConfig:
-        """A standalone draft comes from exactly one of draft, draft_layers, draft_config; a head from none."""
-        chosen = [k for k in STANDALONE_KEYS if getattr(self, k) is not None]
-        involves = ["model.draft_kind"]
-        if self.draft_kind == "eagle3":
-            require(not chosen, f"model.{chosen[0] if chosen else 'draft'}", getattr(self, chosen[0]) if chosen
-                    else None, "null with model.draft_kind eagle3 (model.draft, draft_layers and draft_config are "
-                    "for standalone drafts; a head is built from the target)", involves)
-            layers = self.aux_layers  # ids are checked against the target's config in distill.run.preflight
-            require(layers is None or (len(layers) == 3 and layers == sorted(set(layers))), "model.aux_layers",
-                    layers, "null or 3 distinct, ascending layer ids >= 0 (vLLM's EAGLE-3 reads exactly 3, in "
-                    "layer order)")
-            return self
-        require(len(chosen) == 1, "model.draft", chosen or None,
-                "exactly one of model.draft, model.draft_layers, model.draft_config", [f"model.{k}" for k in chosen])
-        for key in ("aux_layers", "draft_vocab_size", "head_intermediate_size"):
-            require(getattr(self, key) is None, f"model.{key}", getattr(self, key),
-                    "null with model.draft_kind standalone (it is a key of EAGLE-3 heads: model.draft_kind eagle3)",
-                    involves)
-        layers = self.draft_layers
-        require(layers is None or layers == sorted(set(layers)), "model.draft_layers", layers,
-                "a non-empty, strictly increasing list of layer indices >= 0")
+        """The kind's own rules (e.g. a standalone draft comes from exactly one of draft, draft_layers,
+        draft_config); the other kinds' keys stay unset."""
+        other_kinds_keys_unset(self, self.draft_kind)
+        kind_named(self.draft_kind).check_model(self)
         return self
 
 
@@ -117,8 +104,8 @@ class LoraConfig(Section):
         None, description="Modules trained in full next to the adapters (e.g. [lm_head]); null = none.")
 
 
-class DistillConfig(Section):
-    """The per-token objective: a divergence between target and draft next-token distributions, plus optional CE,
+class DistillKeys(Section):
+    """The distill keys every kind shares. The per-token objective: a divergence between target and draft next-token distributions, plus optional CE,
     or a weighted combination of such losses (distill.losses.loss_mix)."""
 
     section = "distill"
@@ -145,16 +132,17 @@ class DistillConfig(Section):
                                                     "size].")
     teacher_cache_dtype: Literal["float16", "float32"] = Field(
         "float16", description="dtype of the cached log-probabilities (float16: half the bytes, ~5e-4 relative error).")
-    # hidden-state cache of EAGLE-3 heads (recipes/README.md, "Hidden-state cache")
+    # hidden-state cache of EAGLE-3 heads and DFlash drafts (recipes/README.md, "Hidden-state cache")
     hidden_state_cache: str | None = Field(
-        None, description="eagle3: folder of the target's aux and final hidden states at every training position: "
-                          "built on first use (resumable), reused while the target's weights, the aux layers and the "
-                          "rows are unchanged; training steps then never run the target (its lm_head gives the "
-                          "teacher's logits), and heads train under ZeRO-3 and FSDP2. null = run the target at every "
-                          "step.")
+        None, description="eagle3, dflash: folder of the target's hidden states at the draft's layers and its final "
+                          "hidden states at every training position: built on first use (resumable), reused while the "
+                          "target's weights, the layers and the rows are unchanged; training steps then never run the "
+                          "target (its lm_head gives the teacher's logits), and heads train under ZeRO-3 and FSDP2. "
+                          "null = run the target at every step.")
     hidden_state_cache_dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="eagle3: dtype the hidden states are stored in (bfloat16: exact for a bfloat16 target, "
-                                "2 bytes per value; float32: exact for float32 targets too, twice the bytes).")
+        "bfloat16", description="eagle3, dflash: dtype the hidden states are stored in (bfloat16: exact for a "
+                                "bfloat16 target, 2 bytes per value; float32: exact for float32 targets too, twice "
+                                "the bytes).")
     # on-policy source (recipes/README.md, "On-policy")
     on_policy_fraction: float = Field(
         0.0, ge=0, le=1, description="lambda in [0, 1]: each training row is, with this probability, replaced by the "
@@ -165,15 +153,6 @@ class DistillConfig(Section):
                                "data.max_length).")
     on_policy_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the draft's on-policy "
                                                                 "samples; 0 = greedy.")
-    # training-time test of EAGLE-3 heads (recipes/README.md, "EAGLE-3 heads")
-    ttt_steps: int = Field(
-        1, ge=1, description="eagle3: K, steps the head is unrolled on its own outputs in training (training-time "
-                             "test; EAGLE-3 uses 7); step j is scored against the target at its position. >= 1; 1 = "
-                             "no unrolling. Unset with model.draft_kind eagle3: 4 (the kind's default).")
-    ttt_decay: float = Field(
-        1.0, gt=0, le=1, description="eagle3: step j's loss is weighted by ttt_decay ** j, in (0, 1]. Unset with "
-                                     "model.draft_kind eagle3: 0.8.")
-
     @field_validator("loss")
     @classmethod
     def _loss_mix(cls, loss: str | dict[str, Any]) -> str | dict[str, Any]:
@@ -213,6 +192,11 @@ class DistillConfig(Section):
     def loss_at(self, step: int, total_steps: int) -> str | dict[str, float]:
         """distill_loss's `loss` at optimizer step `step` of total_steps: the name, or the combination's weights."""
         return self.loss if isinstance(self.loss, str) else LossMix.parse(self.loss).at(step, total_steps)
+
+
+class DistillConfig(*DISTILL_OPTIONS, DistillKeys):
+    """The distill section: the shared keys (DistillKeys) and each kind's own (ttt_* of EAGLE-3 heads, dflash_* of
+    DFlash drafts)."""
 
 
 class EvalConfig(Section):
@@ -299,31 +283,6 @@ SECTION_TYPES: dict[str, type[Section]] = {
 # The whole recipe, and the rules between its sections
 # ---------------------------------------------------------------------------------------------------------------
 
-HEAD_REFUSALS = (  # (key, whether the recipe sets it, what an EAGLE-3 head needs instead)
-    ("lora.enabled", lambda r: r.lora.enabled, "false with model.draft_kind eagle3 (a head is one small layer "
-     "trained in full; LoRA adapts pre-trained drafts)"),
-    ("distill.teacher_cache", lambda r: r.distill.teacher_cache is not None, "null with model.draft_kind eagle3 (a "
-     "head reads the target's hidden states, which the cache of top-k log-probabilities does not hold: use "
-     "distill.hidden_state_cache)"),
-    ("distill.on_policy_fraction", lambda r: r.distill.on_policy_fraction > 0, "0 with model.draft_kind eagle3 "
-     "(on-policy rows are sampled from standalone drafts only)"),
-    ("train.activation_checkpointing", lambda r: bool(r.train.activation_checkpointing), "false with "
-     "model.draft_kind eagle3 (a head is one layer: there is nothing to recompute)"),
-    ("data.target_gamma", lambda r: r.data.target_gamma is not None, "null with model.draft_kind eagle3 (the "
-     "target's responses are generated by the target alone: an untrained head would only slow them down)"),
-)
-
-
-# What works for a kind of draft, applied where a recipe leaves the key unset (an explicit value always wins; the run
-# log names what the kind supplied). EAGLE-3 heads: training-time test over 4 steps (without the unrolling a head's
-# second draft token is rarely accepted) and the warm-up that beat the others on both small pairs
-# (docs/benchmarks/heads.md, "A longer warmup"). The learning rate is left to the recipe: what works moves with the
-# target's size (6e-3 on the small pairs, 3e-3 on SmolLM2-135M, 1e-4 in the Llama-3.1-8B recipe).
-KIND_DEFAULTS: dict[str, dict[str, Any]] = {
-    "eagle3": {"distill.ttt_steps": 4, "distill.ttt_decay": 0.8, "train.warmup_steps": 0.2},
-}
-
-
 class Recipe(Section):
     """A whole training run; each attribute is one section of the YAML file."""
 
@@ -338,14 +297,15 @@ class Recipe(Section):
 
     @property
     def kind_defaults(self) -> dict[str, Any]:
-        """The keys (section.key -> value) this recipe took from its draft kind's KIND_DEFAULTS."""
+        """The keys (section.key -> value) this recipe took from its draft kind's defaults (kinds/<kind>)."""
         return dict(self._kind_defaults)
 
     @model_validator(mode="after")
     def _kind_supplies_its_defaults(self) -> Recipe:
-        """Each KIND_DEFAULTS key the recipe does not set takes the kind's value (then counts as set, so a saved
-        recipe.yaml holds it)."""
-        for key, value in KIND_DEFAULTS.get(self.model.draft_kind, {}).items():
+        """Each key of the kind's defaults that the recipe does not set takes the kind's value (then counts as set,
+        so a saved recipe.yaml holds it). What works for a kind of draft, where the recipe is silent; an explicit
+        value always wins, and the run log names what the kind supplied."""
+        for key, value in kind_named(self.model.draft_kind).defaults.items():
             section_name, name = key.split(".")
             section = getattr(self, section_name)
             if name not in section.model_fields_set:
@@ -356,22 +316,6 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _across_sections(self) -> Recipe:
         """Rules that involve two sections (each section has already checked its own keys)."""
-        if self.model.draft_kind == "eagle3":
-            for key, refused, allowed in HEAD_REFUSALS:
-                section, name = key.split(".")
-                require(not refused(self), key, getattr(getattr(self, section), name), allowed,
-                        ["model.draft_kind"])
-        else:
-            require(self.distill.hidden_state_cache is None, "distill.hidden_state_cache",
-                    self.distill.hidden_state_cache, "null with model.draft_kind standalone (it holds the target "
-                    "features an EAGLE-3 head reads; a standalone draft caches its teacher with distill.teacher_cache)",
-                    ["model.draft_kind"])
-            for key, default in (("ttt_steps", 1), ("ttt_decay", 1.0)):
-                require(getattr(self.distill, key) == default, f"distill.{key}", getattr(self.distill, key),
-                        f"{default} with model.draft_kind standalone (training-time test unrolls EAGLE-3 heads: "
-                        "model.draft_kind eagle3)", ["model.draft_kind"])
-        if self.lora.enabled and self.model.draft_config is not None:
-            raise rule_error("lora.enabled", "got true with model.draft_config; allowed: false for a draft built from "
-                             "scratch (LoRA adapts pre-trained weights, the random base would stay frozen); use "
-                             "model.draft or model.draft_layers with LoRA", ["model.draft_config"])
+        other_kinds_keys_unset(self.distill, self.model.draft_kind)
+        kind_named(self.model.draft_kind).check_recipe(self)  # what the kind cannot combine with
         return self

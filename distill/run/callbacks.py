@@ -15,7 +15,7 @@ evaluate_acceptance, which writes them and the predicted speedup into every reco
 speedup; distill.publish.export picks the best checkpoint from them.
 
 What is measured is what gets exported: an EAGLE-3 head is measured as the Eagle3Head itself (the trainer holds it
-inside distill.losses.head_loss.UnrolledHead; decode's head drafter runs it), a LoRA draft as a merged copy, and under
+inside kinds.eagle3.loss.UnrolledHead; decode's head drafter runs it), a LoRA draft as a merged copy, and under
 ZeRO-3 or FSDP2 rank 0 measures whole copies of draft and target gathered from every rank's partitions (all ranks
 take part in the gathering; the target's copy is kept on rank 0's CPU between measurements). Under ZeRO-3 / FSDP2
 the last step is always saved as a checkpoint, so the export reads whole weights from disk.
@@ -36,7 +36,7 @@ from decode.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.cost_model import measure_cost_ratios
 from decode.speedup import CostRatios
 from distill.models.distributed import is_partitioned, plain_copy
-from distill.models.heads import served_draft
+from kinds import served_draft
 from distill.models.lora import is_lora
 from distill.outputs.acceptance_log import append_records, complete_steps, read_records, rewrite_records
 from distill.outputs.checkpoints import checkpoint_step, crash_point, find_checkpoints

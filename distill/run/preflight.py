@@ -24,15 +24,16 @@ from accelerate import PartialState
 from transformers import AutoConfig, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
 from decode.checks import (FileProblem, check_json_files_text, check_safetensors_whole, check_tokenizer_files,
-                           check_writable_folder, read_text, safetensors_header)
+                           check_writable_folder, read_text)
 from distill.data.dataset import build_data
 from distill.data.rows import DistillData
 from distill.models.distributed import check_device_mode
-from distill.models.load import ModelSetupError, check_model_plan, draft_config, load_tokenizer, with_model_folders
+from distill.models.load import ModelSetupError, check_model_plan, load_tokenizer, with_model_folders
 from distill.outputs.checkpoints import Checkpoints, find_checkpoints, finished_step, report_incomplete
 from distill.outputs.run_folder import RECIPE_FILE, previous_run_files, read_results
 from distill.recipe.sections import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
 from distill.recipe.train_config import training_arguments
+from kinds import kind_named
 
 logger = logging.getLogger(__name__)
 
@@ -235,9 +236,6 @@ def _resume_folder(recipe: Recipe, found: Checkpoints | None, used: list[str], s
 # Model settings that need configs only
 # ---------------------------------------------------------------------------------------------------------------
 
-SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "vocab_size")
-
 
 def check_attn_implementation(recipe: Recipe) -> None:
     """model.attn_implementation is one transformers can use for the target (built on the meta device)."""
@@ -258,41 +256,7 @@ def check_attn_implementation(recipe: Recipe) -> None:
 
 
 def check_resume_shape(recipe: Recipe, resume: str | None) -> None:
-    """The checkpoint to resume from holds a draft of the recipe's shape (else loading it fails with a trace)."""
-    if resume is not None and recipe.model.draft_kind == "eagle3":
-        check_resume_head_shape(recipe, resume)
-        return
-    if resume is None or not (Path(resume) / "config.json").is_file():
-        return
-    check_json_files_text(resume, "train.resume_from_checkpoint")
-    trust = recipe.model.trust_remote_code
-    planned = draft_config(recipe.model, AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=trust))
-    saved = AutoConfig.from_pretrained(resume, trust_remote_code=trust)
-    for key in SHAPE_KEYS:
-        want, got = getattr(planned.get_text_config(), key, None), getattr(saved.get_text_config(), key, None)
-        if want != got:
-            raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds a draft with {key} {got!r}, the "
-                                  f"recipe's draft has {want!r}; resume with the recipe that made it, or start a "
-                                  "new run (train.overwrite_output_dir=true)")
-
-
-def check_resume_head_shape(recipe: Recipe, resume: str) -> None:
-    """An EAGLE-3 head's checkpoint (weights only, `head.*`) has the shapes of the recipe's head (read from the
-    safetensors header: no weights load)."""
-    from distill.models.heads import CHECKPOINT_PREFIX, plan_head
-
-    weights = Path(resume) / "model.safetensors"
-    if not weights.is_file():
-        return
-    trust = recipe.model.trust_remote_code
-    planned = plan_head(recipe.model, AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=trust))
-    want = {"fc.weight": [planned.hidden_size, 3 * planned.target_hidden_size],
-            "lm_head.weight": [planned.draft_vocab_size, planned.hidden_size],
-            "midlayer.mlp.up_proj.weight": [planned.intermediate_size, planned.hidden_size]}
-    saved = safetensors_header(weights, "train.resume_from_checkpoint").tensors
-    for name, shape in want.items():
-        got = saved.get(CHECKPOINT_PREFIX + name, {}).get("shape")
-        if got != shape:
-            raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds no EAGLE-3 head of the "
-                                  f"recipe's shape ({name}: {got}, the recipe's head has {shape}); resume with "
-                                  "the recipe that made it, or start a new run (train.overwrite_output_dir=true)")
+    """The checkpoint to resume from holds a draft of the recipe's shape (else loading it fails with a trace): its
+    kind's check (kinds/<kind>/__init__.py, check_resume)."""
+    if resume is not None:
+        kind_named(recipe.model.draft_kind).check_resume(recipe, resume)

@@ -6,14 +6,14 @@ What changes from a standalone draft, one optimizer step (the rest of DistillTra
   compute_loss       -> one forward of the frozen target (aux hidden states and final hidden states together), or
                         both read from the batch with distill.hidden_state_cache (distill.data.hidden_cache: the
                         target is not run, only a copy of its lm_head gives the teacher's logits), the head
-                        unrolled K steps inside the wrapped model's forward (distill.losses.head_loss), each
+                        unrolled K steps inside the wrapped model's forward (kinds.eagle3.loss), each
                         step's loss sum S_pg,j; the returned loss is sum_j decay^j S_pg,j * P / N_j, so the
                         update is that of sum_j decay^j (per-token mean of step j over the whole optimizer batch):
                         identical for (P processes x G micro-batches) = (1 x P*G), as for standalone drafts
   log                -> loss, kd / tv / ce of step 0 (comparable with a standalone draft's), tokens_per_s, and per
                         step `ttt/step{j}_kd` (the recipe's divergence) and `ttt/step{j}_tv` (1 - tv is the
                         probability that sampling at temperature 1 accepts the step's token: the acceptance proxy)
-The trained module is distill.losses.head_loss.UnrolledHead; `head` is the Eagle3Head that acceptance measures and
+The trained module is kinds.eagle3.loss.UnrolledHead; `head` is the Eagle3Head that acceptance measures and
 export writes.
 """
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from decode.eagle3 import Eagle3Head
-from distill.data.hidden_cache import cached_features
-from distill.losses.head_loss import (UnrolledHead, restricted_head, step_token_counts, target_features, ttt_step_sums,
+from kinds.eagle3.model import Eagle3Head
+from distill.data.hidden_cache import cached_features, target_features
+from kinds.eagle3.loss import (UnrolledHead, restricted_head, step_token_counts, ttt_step_sums,
                                       weighted_loss)
-from distill.models.heads import teacher_lm_head
+from kinds.eagle3.build import teacher_lm_head
 from distill.run.trainer import DistillTrainer, LogSums
 
 

@@ -1,5 +1,5 @@
-"""The deployment checks of an EAGLE-3 head folder (decode/eagle3.py), next to its target; decode/deploy_check.py
-runs them when the draft folder's config names the head's architecture.
+"""The deployment checks of an EAGLE-3 head folder (kinds/eagle3/model.py), next to its target (decode/deploy_check.py
+runs them when the draft folder's config names the head's architecture), and the commands that serve it.
 
 Checks (each failure is one line naming what was found and what to do):
 - safetensors: the folder holds *.safetensors weights;
@@ -21,7 +21,10 @@ import torch
 from safetensors.torch import load_file
 
 from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
-from decode.eagle3 import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
+from decode.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_safetensors,
+                                 draft_tensors)
+from decode.loading import LoadError, first_line
+from kinds.eagle3.model import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
 
 HEAD_CHECKS = ("safetensors", "aux_layers", "hidden_size", "vocab", "lm_head", "d2t", "dtype", "generation_config")
 VLLM_AUX_LAYERS = 3
@@ -93,3 +96,27 @@ specdistill-eval --target {target} --draft {draft} --prompts PROMPTS --gamma {ga
 
 # SGLang
 {sglang_launch(target, draft, "EAGLE3", gamma)}"""
+
+
+def check_head_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
+    """HEAD_CHECKS of an EAGLE-3 head folder (this module) next to ``target``. Raises LoadError
+    when the target's config cannot be read."""
+    from transformers import AutoConfig
+
+    draft_dir = Path(draft)
+    try:
+        target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
+    tensors = draft_tensors(draft_dir)
+    generation_problem, generation_warning, gamma = check_generation_config(draft_dir)
+    found = {"safetensors": check_safetensors(draft_dir, tensors), **check_head(draft_dir, target_config, tensors),
+             "dtype": check_dtype(target_config, tensors), "generation_config": generation_problem}
+    return DeployReport(target=str(target), draft=str(draft_dir), gamma=gamma, kind="eagle3", checks=HEAD_CHECKS,
+                        problems={name: line for name, line in found.items() if line},
+                        warnings={"generation_config": generation_warning} if generation_warning else {})
+
+
+def head_commands(report: DeployReport) -> str:
+    """An EAGLE-3 head's commands (head_serving_commands) at the folder's gamma."""
+    return head_serving_commands(report.target, report.draft, report.gamma or DEFAULT_GAMMA)

@@ -1,7 +1,7 @@
 """The DFlash draft: a few decoder layers that draft a whole block of tokens in ONE pass, reading the target's own
 hidden states as context (z-lab's "DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036).
 
-Semantics are those of vLLM's `qwen3_dflash.py` (the model) and `v1/spec_decode/dflash.py` (the proposer), the
+Semantics are those of vLLM's `qwen3_dflash.py` (the model) and `v1/spec_kinds/dflash/model.py` (the proposer), the
 files a served DFlash draft runs in. With the committed tokens x_0..x_M, the target's hidden states h_0..h_{M-1}
 (x_M = the newest token, not yet seen by the target) and gamma <= block_size - 1:
 
@@ -41,7 +41,7 @@ from transformers import GenerationConfig, PretrainedConfig, Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from decode.checks import architectures, folder_architectures, read_text
-from decode.eagle3 import SharedEmbedding, size_problems, target_layer_shape
+from kinds.on_target import SharedEmbedding, size_problems, target_layer_shape
 
 ARCHITECTURE = "DFlashDraftModel"  # vLLM's registry: -> qwen3_dflash.DFlashQwen3ForCausalLM (method "dflash")
 WEIGHTS_FILE = "model.safetensors"
@@ -250,6 +250,11 @@ class DFlashDraft(nn.Module):
         index, vLLM's aux layer id)."""
         return tuple(t + 1 for t in self.target_layer_ids)
 
+    @property
+    def aux_layers(self) -> list[int]:
+        """context_layers as the hidden-state cache and the target's verify pass name them."""
+        return list(self.context_layers)
+
     def bind_target(self, target: nn.Module) -> "DFlashDraft":
         """Use the target's input embedding and lm_head (shared and frozen). Returns self."""
         self._target = SharedEmbedding([target.get_input_embeddings(), target.get_output_embeddings()])
@@ -280,17 +285,24 @@ class DFlashDraft(nn.Module):
         cos, sin = self.positions(c, position_ids)
         return [layer.self_attn.keys_values(c, cos, sin) for layer in self.layers]
 
-    def block_logits(self, tokens: torch.Tensor, position_ids: torch.Tensor,
+    def block_hidden(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                      context: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None = None
                      ) -> torch.Tensor:
         """The block tokens [B, S] at position_ids [B, S], attending to each layer's `context` keys and values and
-        to the whole block (or `mask`, see DFlashAttention) -> logits [B, S, V] (the target's lm_head)."""
-        embed, lm_head = self.shared()
+        to the whole block (or `mask`, see DFlashAttention) -> the final normed hidden states [B, S, H], which the
+        target's lm_head reads out."""
+        embed, _ = self.shared()
         z = embed(tokens).to(self.fc.weight.dtype)  # [B, S, H]
         cos, sin = self.positions(z, position_ids)
         for layer, (k, v) in zip(self.layers, context):
             z = layer(z, cos, sin, k, v, mask)
-        return lm_head(self.norm(z))
+        return self.norm(z)
+
+    def block_logits(self, tokens: torch.Tensor, position_ids: torch.Tensor,
+                     context: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+        """block_hidden read out by the target's lm_head -> logits [B, S, V]."""
+        return self.shared()[1](self.block_hidden(tokens, position_ids, context, mask))
 
     def forward(self, aux: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """One block, no cache: the context of positions 0..C-1 (the target's hidden states aux [B, C, k * H]) and

@@ -1,6 +1,6 @@
 """Training-time test (TTT) of an EAGLE-3 head: the head unrolled K steps on its own outputs, each step scored.
 
-Notation (decode/eagle3.py): x_t the tokens, h_t the target's fused aux hidden states, p_t the target's next-token
+Notation (kinds/eagle3/model.py): x_t the tokens, h_t the target's fused aux hidden states, p_t the target's next-token
 distribution computed at position t (it predicts x_{t+1}). With K = distill.ttt_steps, for every index t:
 
     step 0:  (x_{t+1}, fuse(h_t))  -> g^0_t  at rope position t,      predicts x_{t+2},   scored against p_{t+1}
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from decode.eagle3 import Eagle3Head, target_aux_hidden
+from kinds.eagle3.model import Eagle3Head
 from distill.losses.distill_loss import LossSums, chunked_distill_loss
 from distill.utils import IGNORE_INDEX
 
@@ -153,13 +153,3 @@ def weighted_loss(sums: list[LossSums], counts: torch.Tensor, decay: float) -> t
     for step, step_sums in enumerate(sums):
         total = total + decay ** step * step_sums.loss / counts[step].clamp(min=1)
     return total
-
-
-@torch.no_grad()
-def target_features(target: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    aux_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward of the frozen target: (its aux hidden states [B, T, k * H'], its final normed hidden states
-    [B, T, H'], from which its lm_head gives its logits)."""
-    outputs = target.base_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                                use_cache=False)
-    return target_aux_hidden(outputs.hidden_states, aux_layers), outputs.last_hidden_state

@@ -14,7 +14,7 @@ state of layer id i is the residual stream entering decoder layer i (`hidden_sta
 The token embedding is the target's own (frozen, shared, not saved): vLLM shares it when the folder has none.
 
 The attention step is apart from the rest (`project` -> attention -> `finish`) so that decoding (a KV cache,
-decode/head_drafter.py) and training-time test (an unrolled mask, distill/) use the same weights the same way.
+kinds/eagle3/drafter.py) and training-time test (an unrolled mask, distill/) use the same weights the same way.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from decode.checks import architectures, folder_architectures, read_text
+from kinds.on_target import SharedEmbedding, size_problems, target_layer_shape
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # what vLLM and SGLang dispatch on
 WEIGHTS_FILE = "model.safetensors"
@@ -77,42 +78,6 @@ def fit_problems(config: dict, target_config: PretrainedConfig) -> dict[str, str
     if not layers or min(layers) < 0 or max(layers) >= text.num_hidden_layers:
         problems["aux_layers"] = (f"the head reads the target's layers {layers} but the target has "
                                   f"{text.num_hidden_layers} (ids 0..{text.num_hidden_layers - 1})")
-    return problems
-
-
-def target_layer_shape(text: PretrainedConfig, intermediate_size: int | None = None) -> dict:
-    """The config keys of a draft layer shaped like the target's (its text config): widths, heads, activation, norm
-    epsilon, rope, context and vocabulary, untied (a drafter that reads the target's embedding and hidden states:
-    an EAGLE-3 head, a DFlash draft)."""
-    return dict(
-        hidden_size=text.hidden_size,
-        intermediate_size=intermediate_size or text.intermediate_size,
-        num_attention_heads=text.num_attention_heads,
-        num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-        hidden_act=getattr(text, "hidden_act", "silu"),
-        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
-        max_position_embeddings=text.max_position_embeddings,
-        rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default",
-                                                                           "rope_theta": 10000.0}),
-        vocab_size=text.vocab_size,
-        tie_word_embeddings=False,
-        bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id,
-    )
-
-
-def size_problems(config: dict, text: PretrainedConfig, draft: str, why: str) -> dict[str, str]:
-    """hidden_size and vocab: a drafter on the target's embedding and hidden states (``draft``: "the head's", ...)
-    must have the target's hidden size and vocabulary; ``why`` ends each line."""
-    problems = {}
-    sizes = {"hidden_size": config.get("hidden_size"), "target_hidden_size": config.get("target_hidden_size")}
-    wrong = {name: size for name, size in sizes.items() if size is not None and size != text.hidden_size}
-    if wrong:
-        problems["hidden_size"] = (f"{draft} {', '.join(f'{k}={v}' for k, v in wrong.items())} but the target's "
-                                   f"hidden_size is {text.hidden_size}: {why}")
-    if config.get("vocab_size") != text.vocab_size:
-        problems["vocab"] = (f"{draft} vocab_size={config.get('vocab_size')} but the target's is {text.vocab_size}: "
-                             f"{why}")
     return problems
 
 
@@ -173,14 +138,6 @@ class MidLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-
-class SharedEmbedding(list):
-    """Holds the target's input embedding for a head without registering it as a submodule; a deep copy of the head
-    (a checkpoint's copy, a sharded head's whole copy) reads the same embedding instead of copying the target's."""
-
-    def __deepcopy__(self, memo: dict) -> "SharedEmbedding":
-        return self
 
 
 class Eagle3Head(nn.Module):

@@ -1,10 +1,10 @@
 """EAGLE-3 heads in a run (model.draft_kind eagle3): the plan from configs, the head built from the target, the
 draft vocabulary from the training rows, and the head read back from a checkpoint (its served folder:
-decode.head_drafter.HeadKind.save).
+kinds.eagle3.drafter.HeadKind.save).
 
-The head itself (its maths, files and vLLM semantics) is decode/eagle3.py; its training-time test is
-distill/losses/head_loss.py; DistillTrainer trains it through distill.losses.head_loss.UnrolledHead
-(distill/run/head_trainer.py).
+The head itself (its maths, files and vLLM semantics) is kinds/eagle3/model.py; its training-time test is
+kinds/eagle3/loss.py; DistillTrainer trains it through kinds.eagle3.loss.UnrolledHead
+(kinds/eagle3/trainer.py).
 
 Under ZeRO-3 and FSDP2 (where heads train from the hidden-state cache) a head reads a whole copy of the target's
 input embedding (`head_embedding`) and its teacher is a whole copy of the target's lm_head (`teacher_lm_head`): no
@@ -24,13 +24,14 @@ import torch
 from accelerate import PartialState
 from safetensors.torch import load_file
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from decode.eagle3 import Eagle3Head, head_config
-from distill.losses.head_loss import UnrolledHead
+from decode.checks import safetensors_header
 from distill.models.distributed import gathered, is_partitioned, whole_parameter, zero3_enabled
 from distill.models.fsdp import fsdp_enabled
 from distill.recipe.sections import ModelConfig
+from kinds.eagle3.loss import UnrolledHead
+from kinds.eagle3.model import Eagle3Head, head_config
 from distill.utils import IGNORE_INDEX, ModelSetupError
 
 MAX_DEFAULT_DRAFT_VOCAB = 32768  # model.draft_vocab_size null: the whole vocabulary up to this size
@@ -141,12 +142,6 @@ def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
     return copied
 
 
-def served_draft(model: nn.Module | None) -> nn.Module | None:
-    """The draft that is measured and exported: the head of an UnrolledHead (what Trainer holds while training a
-    head); any other model as it is."""
-    return model.head if isinstance(model, UnrolledHead) else model
-
-
 def served_head(model: nn.Module) -> Eagle3Head | None:
     """The Eagle3Head of a trained head (UnrolledHead or Eagle3Head); None for a standalone draft."""
     if isinstance(model, UnrolledHead):
@@ -209,3 +204,25 @@ def head_at_checkpoint(folder: Path, final: nn.Module) -> Eagle3Head:
     head.load_state_dict({k.removeprefix(CHECKPOINT_PREFIX): v for k, v in state.items()}, strict=True)
     head.to(trained.fc.weight.device)
     return head.bind_embeddings(trained.bound_embeddings).eval()
+
+
+def check_resume_head_shape(recipe, resume: str) -> None:
+    """An EAGLE-3 head's checkpoint (weights only, `head.*`) has the shapes of the recipe's head (read from the
+    safetensors header: no weights load)."""
+    from distill.models.heads import CHECKPOINT_PREFIX, plan_head
+
+    weights = Path(resume) / "model.safetensors"
+    if not weights.is_file():
+        return
+    trust = recipe.model.trust_remote_code
+    planned = plan_head(recipe.model, AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=trust))
+    want = {"fc.weight": [planned.hidden_size, 3 * planned.target_hidden_size],
+            "lm_head.weight": [planned.draft_vocab_size, planned.hidden_size],
+            "midlayer.mlp.up_proj.weight": [planned.intermediate_size, planned.hidden_size]}
+    saved = safetensors_header(weights, "train.resume_from_checkpoint").tensors
+    for name, shape in want.items():
+        got = saved.get(CHECKPOINT_PREFIX + name, {}).get("shape")
+        if got != shape:
+            raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds no EAGLE-3 head of the "
+                                  f"recipe's shape ({name}: {got}, the recipe's head has {shape}); resume with "
+                                  "the recipe that made it, or start a new run (train.overwrite_output_dir=true)")

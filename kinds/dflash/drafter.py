@@ -1,5 +1,5 @@
 """The DFlash draft as a drafter: one forward pass per step drafts the whole block, reading the target's own hidden
-states, which the verify pass returns (decode/dflash.py has the draft's maths).
+states, which the verify pass returns (kinds/dflash/model.py has the draft's maths).
 
 State, after the target has processed x_0..x_{M-1} (hidden states h_0..h_{M-1}) and x_M = `cur` is the newest token:
 the context cache holds each layer's context keys and values of positions 0..P-1, all from TARGET hidden states of
@@ -19,14 +19,13 @@ to them and to the block. Drafting is eager (with --compile the target's steps a
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
-from decode.dflash import DFlashDraft, fit_problems, is_dflash_folder, read_config
-from decode.drafters import Drafter, set_assisted_generation
+from kinds.dflash.model import DFlashDraft
+
 from decode.sampling import SamplingConfig, draw, probs_from_logits
-from decode.static import bucket, session
+from decode.static import bucket
 
 
 def check_block(draft: DFlashDraft, gamma: int) -> None:
@@ -83,7 +82,7 @@ class ContextCache:
 
 
 class DFlashDrafter:
-    """Drafts with a DFlash draft bound to the target (decode.dflash.DFlashDraft.bind_target). ``aux_layers``: the
+    """Drafts with a DFlash draft bound to the target (kinds.dflash.model.DFlashDraft.bind_target). ``aux_layers``: the
     target hidden-state ids the loop hands over (``target_features``). ``max_gamma`` (when given) is checked
     against the block size now rather than at the first step."""
 
@@ -137,54 +136,3 @@ def bound_draft(draft: DFlashDraft, target: torch.nn.Module) -> DFlashDraft:
     if not draft.is_bound:
         draft.bind_target(target)
     return draft
-
-
-class DFlashKind:
-    """A DFlash draft (a folder whose config.json names DFlashDraftModel; vLLM's dflash)."""
-
-    name, vllm_method, has_weights = "dflash", "dflash", True
-    assisted_refusal = ("transformers' assisted generation cannot run a DFlash draft (it runs in specdistill's "
-                        "decoder and vLLM)")
-
-    def recognises(self, draft: str) -> bool:
-        return is_dflash_folder(Path(draft).expanduser())
-
-    def holds(self, draft: object) -> bool:
-        return isinstance(draft, (DFlashDraft, DFlashDrafter))
-
-    def fit_problem(self, draft: str, target: str, trust_remote_code: bool = False) -> str | None:
-        """The draft reads this target's hidden states, embedding and lm_head (decode.dflash.fit_problems)."""
-        from transformers import AutoConfig
-
-        target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
-        return next(iter(fit_problems(read_config(draft), target_config).values()), None)
-
-    def load(self, draft: str, target: torch.nn.Module, device: torch.device, dtype: torch.dtype | str,
-             trust_remote_code: bool = False, earliest: bool = False) -> object:
-        """The draft on the target's embedding and lm_head, in the target's dtype."""
-        return DFlashDraft.from_pretrained(draft, target).to(device)
-
-    def drafter(self, draft: object, target: torch.nn.Module, compile: bool = False, capacity: int = 0,
-                max_gamma: int = 8) -> Drafter:
-        """Eager drafting (``compile`` compiles the target's steps only)."""
-        if isinstance(draft, DFlashDrafter):
-            return draft
-        return DFlashDrafter(bound_draft(draft, target), capacity=capacity, max_gamma=max_gamma)
-
-    def reserve(self, draft: object, target: torch.nn.Module, capacity: int, max_gamma: int) -> None:
-        """The target's verify pass with the draft's hidden-state layers (the draft itself runs eagerly)."""
-        session(target, "target", self.drafter(draft, target, max_gamma=max_gamma).aux_layers).reserve(capacity)
-
-    def assisted_generate(self, target: torch.nn.Module, draft: object, prompt: torch.Tensor, gamma: int,
-                          **generate_kwargs) -> torch.Tensor:
-        raise ValueError(self.assisted_refusal)
-
-    def save(self, draft: object, folder: str | Path, gamma: int) -> None:
-        """The served folder: DFlashDraft.save_pretrained (config.json for vLLM's dflash, model.safetensors without
-        the shared embedding and lm_head) with a generation config drafting `gamma` tokens (the same rule as
-        standalone drafts, decode.drafters.set_assisted_generation)."""
-        set_assisted_generation(draft, gamma)
-        draft.save_pretrained(folder)
-
-
-DFLASH_KIND = DFlashKind()

@@ -8,7 +8,7 @@ the head's KV cache holds positions 0..P-1, all computed from TARGET features; `
     commit:  the drafted positions M.. are dropped from the head's cache (recomputed next time from the target's
              features of the accepted tokens, as vLLM does); the loop then hands over h of cur, d_1..d_n.
 
-Position p attends to positions <= p, and its rope position is p (decode/eagle3.py has the head's maths).
+Position p attends to positions <= p, and its rope position is p (kinds/eagle3/model.py has the head's maths).
 q (sampling) is the head's distribution over its draft vocabulary scattered into the target's: zero outside it.
 """
 from __future__ import annotations
@@ -16,15 +16,14 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from decode.eagle3 import Eagle3Head, fit_problems, is_eagle3_folder, read_config
+from kinds.eagle3.model import Eagle3Head
 from decode.sampling import SamplingConfig, draw, probs_from_logits
-from decode.static import bucket, compile_options, register, session
+from decode.static import bucket, compile_options, register
 
 class HeadCache:
     """The head's keys and values [1, nkv, capacity, d], one slot per head position (slot p = position p), and
@@ -162,7 +161,7 @@ def head_cache(head: Eagle3Head, capacity: int, compile: bool, max_gamma: int) -
 
 
 class HeadDrafter:
-    """Drafts with an EAGLE-3 head (decode.eagle3.Eagle3Head bound to the target's input embedding).
+    """Drafts with an EAGLE-3 head (kinds.eagle3.model.Eagle3Head bound to the target's input embedding).
     ``aux_layers``: the target layers whose hidden states the loop hands over (``target_features``)."""
 
     def __init__(self, head: Eagle3Head, compile: bool = False, capacity: int = 0, max_gamma: int = 8) -> None:
@@ -231,60 +230,3 @@ class HeadDrafter:
         assert self.cache is not None
         self.cache.rollback(self.drafted)
         self.drafted = 0
-
-
-class HeadKind:
-    """An EAGLE-3 head (a folder whose config.json names its architecture; vLLM's and SGLang's eagle3)."""
-
-    name, vllm_method, has_weights = "eagle3", "eagle3", True
-    assisted_refusal = ("transformers' assisted generation cannot run an EAGLE-3 head (it runs in specdistill's "
-                        "decoder, vLLM and SGLang)")
-
-    def recognises(self, draft: str) -> bool:
-        return is_eagle3_folder(Path(draft).expanduser())
-
-    def holds(self, draft: object) -> bool:
-        return isinstance(draft, (Eagle3Head, HeadDrafter))
-
-    def fit_problem(self, draft: str, target: str, trust_remote_code: bool = False) -> str | None:
-        """The head reads this target's hidden states and embedding (decode.eagle3.fit_problems, on the configs)."""
-        from transformers import AutoConfig
-
-        target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
-        return next(iter(fit_problems(read_config(draft), target_config).values()), None)
-
-    def load(self, draft: str, target: torch.nn.Module, device: torch.device, dtype: torch.dtype | str,
-             trust_remote_code: bool = False, earliest: bool = False) -> object:
-        """The head on the target's input embedding, in the target's dtype."""
-        return Eagle3Head.from_pretrained(draft, target.get_input_embeddings(), dtype=target.dtype).to(device)
-
-    def drafter(self, draft: object, target: torch.nn.Module, compile: bool = False, capacity: int = 0,
-                max_gamma: int = 8) -> HeadDrafter:
-        if isinstance(draft, HeadDrafter):
-            return draft
-        return HeadDrafter(bound_head(draft, target), compile=compile, capacity=capacity, max_gamma=max_gamma)
-
-    def reserve(self, draft: object, target: torch.nn.Module, capacity: int, max_gamma: int) -> None:
-        """The target's verify pass with the head's aux layers, and the head's own cache."""
-        session(target, "target", tuple(draft.aux_layers)).reserve(capacity)
-        head_cache(bound_head(draft, target), capacity, True, max_gamma)
-
-    def assisted_generate(self, target: torch.nn.Module, draft: object, prompt: torch.Tensor, gamma: int,
-                          **generate_kwargs) -> torch.Tensor:
-        raise ValueError(self.assisted_refusal)
-
-    def save(self, draft: object, folder: str | Path, gamma: int) -> None:
-        """The served folder: Eagle3Head.save_pretrained (config.json for vLLM's and SGLang's eagle3,
-        model.safetensors without the shared embedding) and generation_config.json drafting `gamma` tokens
-        (constant, threshold 0: the same rule as standalone drafts, decode.drafters.set_assisted_generation)."""
-        from transformers import GenerationConfig
-
-        draft.save_pretrained(folder)
-        config = draft.config
-        GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                         pad_token_id=config.pad_token_id, num_assistant_tokens=gamma,
-                         num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-                         ).save_pretrained(folder)
-
-
-EAGLE3_KIND = HeadKind()

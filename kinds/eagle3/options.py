@@ -1,0 +1,37 @@
+"""The recipe keys of an EAGLE-3 head (mixed into the recipe's model and distill sections,
+distill/recipe/sections.py; recipes/README.md, "EAGLE-3 heads")."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from kinds.standalone.options import LayerIds
+
+
+class Eagle3ModelOptions(BaseModel):
+    aux_layers: LayerIds | None = Field(
+        None, description="eagle3: the target's layer ids whose hidden states the head reads (3 distinct, ascending, "
+                          "as vLLM requires; id i = the residual stream entering decoder layer i); null = vLLM's "
+                          "default (2, L // 2, L - 3), a repeated id moved to the nearest free layer.")
+    draft_vocab_size: int | None = Field(
+        None, gt=0, description="eagle3: rows of the head's lm_head, the most frequent target tokens of the training "
+                                "data; null = the whole vocabulary when it has <= 32768 tokens, else 32768.")
+    head_intermediate_size: int | None = Field(
+        None, gt=0, description="eagle3: the MLP width of the head's decoder layer; null = the target's "
+                                "intermediate_size.")
+    head_init: Literal["target", "random"] = Field(
+        "target", description="eagle3: target = start the head's lm_head from the target's lm_head rows of the "
+                              "draft vocabulary, its final norm from the target's final norm, and its MLP (and the "
+                              "norm before it) from the target's last decoder layer where the widths match; random = "
+                              "all fresh.")
+
+
+class Eagle3DistillOptions(BaseModel):
+    ttt_steps: int = Field(
+        1, ge=1, description="eagle3: K, steps the head is unrolled on its own outputs in training (training-time "
+                             "test; EAGLE-3 uses 7); step j is scored against the target at its position. >= 1; 1 = "
+                             "no unrolling. Unset with model.draft_kind eagle3: 4 (the kind's default).")
+    ttt_decay: float = Field(
+        1.0, gt=0, le=1, description="eagle3: step j's loss is weighted by ttt_decay ** j, in (0, 1]. Unset with "
+                                     "model.draft_kind eagle3: 0.8.")

@@ -1,0 +1,21 @@
+"""The recipe keys of a standalone draft (mixed into the recipe's model section, distill/recipe/sections.py, which
+checks them like every recipe key)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from annotated_types import Ge, MinLen
+from pydantic import BaseModel, Field, JsonValue
+
+LayerIds = Annotated[list[Annotated[int, Ge(0)]], MinLen(1)]
+SOURCE_KEYS = ("draft", "draft_layers", "draft_config")  # exactly one says where the draft comes from
+
+
+class StandaloneModelOptions(BaseModel):
+    draft: str | None = Field(None, description="standalone: the draft to fine-tune, a local folder or hub id.")
+    draft_layers: LayerIds | None = Field(
+        None, description="standalone: build the draft from the target by keeping these decoder layers (0-based, "
+                          "increasing).")
+    draft_config: dict[str, JsonValue] | None = Field(
+        None, description="standalone: build the draft from scratch: the target's config with these keys "
+                          "overridden.")
