@@ -29,7 +29,7 @@ from decode.evaluate import EvalSettings, evaluate_acceptance  # noqa: E402
 from decode.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
 from decode.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
 from decode.table import format_table  # noqa: E402
-from decode import benchmark  # noqa: E402
+from scripts import benchmark  # noqa: E402
 from decode.cli.eval import gamma_value  # noqa: E402
 
 CODE = ["decode/speculative.py", "decode/static.py", "decode/cost_model.py", "decode/evaluate.py"]

@@ -253,7 +253,7 @@ def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eo
 def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes: Sizes, command: str,
               targets: dict[str, dict]) -> None:
     """docs/benchmarks/distill.md: one table per pair and the winner per decoding mode."""
-    from decode.benchmark import machine
+    from scripts.benchmark import machine
     from scripts.bench_distill_rows import budget_line, format_pair_table, target_lines, winners
 
     lines = ["# Distillation benchmark: which objective the target accepts most", "",

@@ -6,7 +6,7 @@ specdistill-eval on the held-out chat prompts (recipes/prompts/chat_eval.jsonl),
         --out bench_real_out --doc docs/benchmarks/real_target.md [--vllm]
 
 Sections (each a table; every number comes from one specdistill-eval run, plain and speculative in the same run):
-  gammas     every --drafter at gamma 2..6, greedy, eager, --prompts prompts (tau, acceptance, c, verify cost v,
+  gammas     every --drafter at --gammas (2..6), greedy, eager, --prompts prompts (tau, acceptance, c, verify cost v,
              measured and predicted speedup), and vLLM's tau at gamma 4 with --vllm (`--engine both`)
   sampled    every --drafter at gamma 4, temperature 1, eager
   compiled   every --drafter at gamma 4, greedy, the static-cache compiled decoder
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from decode.benchmark import load_average, machine  # noqa: E402
+from scripts.benchmark import load_average, machine  # noqa: E402
 from decode.table import markdown_table  # noqa: E402
 
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
@@ -38,6 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--curve", nargs="*", default=[], metavar="PROMPTS=FOLDER")
     p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     p.add_argument("--prompts", type=int, default=96, help="held-out prompts of the gammas section (of 96)")
+    p.add_argument("--gammas", nargs="+", default=["2", "3", "4", "5", "6"], help="gammas of the gammas section")
     p.add_argument("--short-prompts", type=int, default=16,
                    help="held-out prompts of the sampled, compiled and curve sections (two per category)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -84,14 +85,15 @@ HEADERS = ["drafter", "prompts", "gamma", "T", "acceptance", "tau", "c", "v", "p
 def gammas_section(args: argparse.Namespace, chosen: dict[str, str]) -> list[str]:
     rows = []
     for name, draft in chosen.items():
-        report = evaluate(args, f"{name}_gammas", draft, "--gamma", "2", "3", "4", "5", "6", prompts=args.prompts)
+        report = evaluate(args, f"{name}_gammas", draft, "--gamma", *args.gammas, prompts=args.prompts)
         vllm = {}
         if args.vllm:
             both = evaluate(args, f"{name}_vllm", draft, "--gamma", "4", "--engine", "both", prompts=args.prompts)
             vllm = {r["gamma"]: r["mean_accepted_tokens"] for r in overall(both, "vllm_results")}
         rows += [row_cells(name, r, vllm.get(r["gamma"]) if args.vllm else False) for r in overall(report)]
     headers = HEADERS + (["tau (vLLM)"] if args.vllm else [])
-    return [f"### Gamma 2..6, greedy, eager ({args.prompts} prompts)", "", *markdown_table(headers, rows), ""]
+    return [f"### Gamma {', '.join(args.gammas)}, greedy, eager ({args.prompts} prompts)", "",
+            *markdown_table(headers, rows), ""]
 
 
 def single_section(args: argparse.Namespace, chosen: dict[str, str], section: str) -> list[str]:

@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # `python scripts/bench_responses.py`: make the r
 import datasets  # noqa: E402
 import torch  # noqa: E402
 
-from decode.benchmark import code_version, command_line, load_average, machine, markdown_table  # noqa: E402
+from scripts.benchmark import code_version, command_line, load_average, machine, markdown_table  # noqa: E402
 from decode.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from decode.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
 from distill.data.target_data import Sampling, generate_target_data  # noqa: E402

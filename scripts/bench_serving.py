@@ -28,7 +28,7 @@ from decode.serving.parity import aligned_inputs, parity_rows  # noqa: E402
 from decode.serving.vllm_engine import evaluate_in_vllm, find_vllm_python, run_worker  # noqa: E402
 from distill.data.target_data import Sampling, generate_target_data  # noqa: E402
 from distill.data.target_vllm import vllm_request  # noqa: E402
-from decode import benchmark  # noqa: E402
+from scripts import benchmark  # noqa: E402
 
 CODE = ["decode/speculative.py", "decode/serving/vllm_worker.py", "decode/serving/parity.py",
         "decode/serving/counters.py", "distill/data/target_vllm.py"]

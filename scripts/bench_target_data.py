@@ -32,7 +32,7 @@ from tokenizers import Tokenizer, models  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from distill.data.target_data import generate_target_data  # noqa: E402
-from decode.benchmark import code_version, load_average, machine, markdown_table, random_llama, sharpen  # noqa: E402
+from scripts.benchmark import code_version, load_average, machine, markdown_table, random_llama, sharpen  # noqa: E402
 
 VOCAB = 4096
 SHARPEN = 16.0

@@ -39,7 +39,7 @@ from distill.data.teacher_cache import (  # noqa: E402
     with_teacher_columns,
 )
 from distill.losses.distill_loss import chunked_distill_loss  # noqa: E402
-from decode.benchmark import (arguments, command_line, current_memory_mib, header, markdown_table,  # noqa: E402
+from scripts.benchmark import (arguments, command_line, current_memory_mib, header, markdown_table,  # noqa: E402
                                peak_memory_mib, random_llama, random_rows, run_worker, sharpen, timed, worker_args)
 
 VOCAB = 4096

@@ -70,7 +70,7 @@ from distill.recipe.sections import DistillConfig, TrainConfig  # noqa: E402
 from distill.recipe.train_config import training_arguments  # noqa: E402
 import distill.run.trainer as distill_trainer  # noqa: E402
 from distill.run.trainer import DistillTrainer  # noqa: E402
-from decode.benchmark import (BOS, EOS, PAD, ProfileSteps, StepTimer, TensorMemoryProbe, arguments,  # noqa: E402
+from scripts.benchmark import (BOS, EOS, PAD, ProfileSteps, StepTimer, TensorMemoryProbe, arguments,  # noqa: E402
                                command_line, header, labelled, load_average, markdown_table, peak_memory_mib,
                                random_llama, random_rows, run_worker, sharpen, sync, worker_args, write_result)
 

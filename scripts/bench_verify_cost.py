@@ -29,7 +29,8 @@ if __package__ in (None, ""):  # `python scripts/bench_verify_cost.py`: make the
 
 import torch  # noqa: E402
 
-from decode import benchmark, static  # noqa: E402
+from decode import static  # noqa: E402
+from scripts import benchmark  # noqa: E402
 from kinds.prompt_lookup.drafter import PromptLookupDrafter  # noqa: E402
 from decode.evaluate import time_side_by_side  # noqa: E402
 from decode.gguf import smollm2_gguf  # noqa: E402

@@ -269,7 +269,7 @@ def test_text_problem_positions_across_chunks(tmp_path, monkeypatch):
 # file passed check_text_file in distill.data.rows.load_rows first).
 # decode/serving/vllm_worker.py runs in vLLM's venv with the stdlib only and reads the request file we wrote.
 TEXT_READERS_ALLOWED = {"decode/checks.py", "distill/data/text_files.py", "decode/serving/vllm_worker.py"}
-NOT_COMMAND_CODE = ("scripts/bench", "scripts/quickstart", "scripts/chaos_resume", "decode/benchmark.py")
+NOT_COMMAND_CODE = ("scripts/bench", "scripts/quickstart", "scripts/chaos_resume", "scripts/benchmark.py")
 
 
 def text_reads(path: Path) -> list[int]:

@@ -179,8 +179,15 @@ def check_model_paths(args: argparse.Namespace) -> None:
         check_json_files_text(name, flag)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:
-    """The draft's tokenizer (when it has one) matches the target's, checked before any weights load."""
+    """The draft's tokenizer (when it has one) matches the target's, checked before any weights load. A local folder
+    without tokenizer files has none (a head or a DFlash draft saved alone: they use the target's vocabulary)."""
+    folder = Path(args.draft).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return
     if kind_of_source(args.draft).has_weights:
         draft_tokenizer = load_tokenizer(args.draft, required=False)
         if draft_tokenizer is not None:
