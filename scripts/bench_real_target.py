@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scripts.benchmark import load_average, machine  # noqa: E402
-from decode.table import markdown_table  # noqa: E402
+from decode.measure.table import markdown_table  # noqa: E402
 
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
 SECTIONS = ("gammas", "sampled", "compiled", "curve")
@@ -119,7 +119,7 @@ def curve_section(args: argparse.Namespace, heads: dict[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.target is None:
-        from decode.gguf import smollm2_gguf
+        from decode.inputs.gguf import smollm2_gguf
 
         args.target = str(smollm2_gguf())
     chosen = drafters(args.drafter)

@@ -1,7 +1,7 @@
 """Target responses on a real model: responses/s of our batched decoder, transformers' `generate` and vLLM at the
 same batch sizes (what `specdistill-data responses` and `data.target_batch_size` run).
 
-    GGUF=$(.venv/bin/python -c "from decode.gguf import smollm2_gguf; print(smollm2_gguf())")
+    GGUF=$(.venv/bin/python -c "from decode.inputs.gguf import smollm2_gguf; print(smollm2_gguf())")
     .venv/bin/python scripts/bench_responses.py --target $GGUF --prompts recipes/prompts/chat_eval.jsonl \
         --batch-sizes 1 16 64 --engines specdistill transformers vllm
 
@@ -28,11 +28,11 @@ import datasets  # noqa: E402
 import torch  # noqa: E402
 
 from scripts.benchmark import code_version, command_line, load_average, machine, markdown_table  # noqa: E402
-from decode.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from decode.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
+from decode.inputs.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
 from distill.data.target_data import Sampling, generate_target_data  # noqa: E402
 
-FILES = ("distill/data/target_data.py", "decode/batched.py")
+FILES = ("distill/data/target_data.py", "decode/loop/batched.py")
 
 
 def ours(target, tokenizer, prompts: list[list[int]], batch_size: int, new_tokens: int) -> tuple[float, list]:

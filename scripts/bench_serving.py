@@ -23,14 +23,14 @@ if __package__ in (None, ""):  # `python scripts/bench_serving.py`: make the rep
 
 import torch  # noqa: E402
 
-from decode.evaluate import EvalSettings, evaluate_acceptance  # noqa: E402
+from decode.measure.evaluate import EvalSettings, evaluate_acceptance  # noqa: E402
 from decode.serving.parity import aligned_inputs, parity_rows  # noqa: E402
 from decode.serving.vllm_engine import evaluate_in_vllm, find_vllm_python, run_worker  # noqa: E402
 from distill.data.target_data import Sampling, generate_target_data  # noqa: E402
 from distill.data.target_vllm import vllm_request  # noqa: E402
 from scripts import benchmark  # noqa: E402
 
-CODE = ["decode/speculative.py", "decode/serving/vllm_worker.py", "decode/serving/parity.py",
+CODE = ["decode/loop/speculative.py", "decode/serving/vllm_worker.py", "decode/serving/parity.py",
         "decode/serving/counters.py", "distill/data/target_vllm.py"]
 PAIRS = {"deeper": (256, 6, 2, 4096), "quickstart-sized": (512, 8, 2, 8192)}  # hidden, layers, draft layers, vocab
 

@@ -36,7 +36,7 @@ from scripts.benchmark import code_version, load_average, machine, markdown_tabl
 
 VOCAB = 4096
 SHARPEN = 16.0
-FILES = ("distill/data/target_data.py", "decode/batched.py", "decode/speculative.py")
+FILES = ("distill/data/target_data.py", "decode/loop/batched.py", "decode/loop/speculative.py")
 
 
 def word_tokenizer(vocab: int) -> PreTrainedTokenizerFast:

@@ -5,8 +5,8 @@ speedup with prompt lookup, per configuration, all measured in one process.
     .venv/bin/python scripts/bench_verify_cost.py --dtypes float32 --linears packed --caches dynamic
 
 A configuration is a dtype (float32, bfloat16), the target's linear layers (`plain`: nn.Linear as loaded; `packed`:
-oneDNN-packed weights, decode.packed_linear) and its KV cache (`dynamic`: the eager path's DynamicCache,
-decode.cache; `static`: the compiled path's preallocated StaticCache, decode.static, run eagerly, without
+oneDNN-packed weights, decode.loop.packed_linear) and its KV cache (`dynamic`: the eager path's DynamicCache,
+decode.loop.cache; `static`: the compiled path's preallocated StaticCache, decode.loop.static, run eagerly, without
 torch.compile). Per configuration: the median time of a 1-token step (plain decoding's) and of a (gamma + 1)-token
 verify step on a cache of --context tokens, their ratio v, and the end-to-end speedup of speculative decoding with
 prompt lookup at --gamma over plain decoding (the first prompt of each category, rendered with the chat template,
@@ -29,19 +29,19 @@ if __package__ in (None, ""):  # `python scripts/bench_verify_cost.py`: make the
 
 import torch  # noqa: E402
 
-from decode import static  # noqa: E402
+from decode.loop import static  # noqa: E402
 from scripts import benchmark  # noqa: E402
 from kinds.prompt_lookup.drafter import PromptLookupDrafter  # noqa: E402
-from decode.evaluate import time_side_by_side  # noqa: E402
-from decode.gguf import smollm2_gguf  # noqa: E402
-from decode.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
-from decode.packed_linear import CPU_LINEAR_MODES, pack_linears  # noqa: E402
-from decode.prompts import PromptRow, encode_prompt_rows, read_prompt_rows  # noqa: E402
-from decode.speculative import autoregressive_generate, speculative_generate  # noqa: E402
-from decode.static import cached_lm  # noqa: E402
-from decode.timing import timed_call  # noqa: E402
+from decode.measure.evaluate import time_side_by_side  # noqa: E402
+from decode.inputs.gguf import smollm2_gguf  # noqa: E402
+from decode.inputs.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
+from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears  # noqa: E402
+from decode.inputs.prompts import PromptRow, encode_prompt_rows, read_prompt_rows  # noqa: E402
+from decode.loop.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+from decode.loop.static import cached_lm  # noqa: E402
+from decode.loop.timing import timed_call  # noqa: E402
 
-CODE = ["decode/packed_linear.py", "decode/cache.py", "decode/static.py", "decode/speculative.py"]
+CODE = ["decode/loop/packed_linear.py", "decode/loop/cache.py", "decode/loop/static.py", "decode/loop/speculative.py"]
 CACHES = ("dynamic", "static")
 CPU = torch.device("cpu")
 

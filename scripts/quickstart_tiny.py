@@ -208,8 +208,8 @@ def evaluate(out: Path, drafter: str, name: str, prompts: Path, fast: bool) -> P
 def compare_and_report(out: Path, evals: dict[str, Path | dict[int, Path]], seeds: list[int]) -> None:
     """The comparison tables (mean and spread over seeds, each seed, by stdlib package at the largest gamma), the
     distilled draft's margin over CE against the seed spread, and out/report/."""
-    from decode.table import format_table
-    from decode.tally import category_rows
+    from decode.measure.table import format_table
+    from decode.measure.tally import category_rows
     from distill.publish.report import seed_label, write_report
     from distill.publish.seed_spread import SEED_COLUMNS, seed_rows, tau_margin
 

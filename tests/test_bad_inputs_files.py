@@ -5,7 +5,7 @@ Every file a command reads gets bytes that are not text (random binary, UTF-16 w
 case: exit 1, exactly one error line naming the file, no traceback, and no model weights loaded (the tripwire of
 tests/test_bad_inputs.py), except the late cases, whose file is only read once the models are loaded. A string key
 or flag added later fails test_every_path_key_and_flag_is_classified until it is sorted into PATH_KEYS / FLAG_KINDS
-(and, when the command reads it, given a FILE_CASES entry). Last, decode.checks.text_problem itself and a scan that
+(and, when the command reads it, given a FILE_CASES entry). Last, decode.inputs.checks.text_problem itself and a scan that
 no other code of the commands opens text files.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from decode import checks
+from decode.inputs import checks
 from helpers import run_train
 from test_bad_inputs import RECIPE, no_weights, w  # noqa: F401 - fixtures (no_weights: getfixturevalue)
 from test_bad_inputs_sweep import (PARSED, STRING_TYPES, VALID_ARGV, action_name, command_parser, holds,
@@ -246,7 +246,7 @@ def test_binary_safetensors_header_is_one_line(sources, tmp_path, monkeypatch, c
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The one place: decode.checks.text_problem, and no other reader of text files in the commands' code
+# The one place: decode.inputs.checks.text_problem, and no other reader of text files in the commands' code
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_text_problem_positions_across_chunks(tmp_path, monkeypatch):
@@ -268,7 +268,7 @@ def test_text_problem_positions_across_chunks(tmp_path, monkeypatch):
 # Files of the commands' code that may open text themselves: the one place, and the streaming .txt reader (its
 # file passed check_text_file in distill.data.rows.load_rows first).
 # decode/serving/vllm_worker.py runs in vLLM's venv with the stdlib only and reads the request file we wrote.
-TEXT_READERS_ALLOWED = {"decode/checks.py", "distill/data/text_files.py", "decode/serving/vllm_worker.py"}
+TEXT_READERS_ALLOWED = {"decode/inputs/checks.py", "distill/data/text_files.py", "decode/serving/vllm_worker.py"}
 NOT_COMMAND_CODE = ("scripts/bench", "scripts/quickstart", "scripts/chaos_resume", "scripts/benchmark.py")
 
 
@@ -298,4 +298,4 @@ def test_text_files_are_read_in_one_place():
         if relative in TEXT_READERS_ALLOWED or relative.startswith(NOT_COMMAND_CODE):
             continue
         offenders += [f"{relative}:{line}" for line in text_reads(path)]
-    assert not offenders, f"read text through decode.checks.read_text (one line naming a non-text file): {offenders}"
+    assert not offenders, f"read text through decode.inputs.checks.read_text (one line naming a non-text file): {offenders}"

@@ -20,7 +20,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from decode import checks
+from decode.inputs import checks
 from distill.recipe.sections import SECTION_TYPES
 from decode.cli import check as check_deploy
 from decode.cli import eval as eval_acceptance
@@ -227,7 +227,7 @@ def test_flag_number_not_finite_through_the_umbrella(prog, flag, kind, w, no_wei
 
 
 def test_finite_float_is_the_float_of_every_parser():
-    """type=float is read by decode.checks.finite_float in every command's parser (one place)."""
+    """type=float is read by decode.inputs.checks.finite_float in every command's parser (one place)."""
     for module in PARSED.values():
         assert command_parser(module)._registry_get("type", float) is checks.finite_float
     assert checks.finite_float("1e-3") == 1e-3 and checks.finite_float("-2") == -2.0

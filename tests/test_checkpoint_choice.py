@@ -61,7 +61,7 @@ def test_two_identical_runs_export_the_same_checkpoint_and_gamma(workdir, monkey
     ratios are a timing of the hardware (on a loaded machine two runs can time two gammas in a different order), so
     here they are the same known numbers in both runs: then nothing else may make the exports differ."""
     import distill.run.callbacks
-    from decode.speedup import CostRatios
+    from decode.loop.speedup import CostRatios
 
     calls = []
 

@@ -177,7 +177,7 @@ def test_an_unknown_job_or_option_is_one_line_too(capsys):
 
 
 def test_the_umbrella_refuses_with_the_exit_status_of_the_jobs(capsys):
-    """A usage error exits as the jobs' own do (decode.checks.OneLineArgumentParser), so that `specdistill trian`
+    """A usage error exits as the jobs' own do (decode.inputs.checks.OneLineArgumentParser), so that `specdistill trian`
     and `specdistill data promts` agree."""
     assert run(umbrella.cli, ["trian"], capsys).code == run(job_module(JOB["data"]).cli, ["promts"], capsys).code
 

@@ -2,7 +2,7 @@
 import torch
 
 from decode import autoregressive_generate, speculative_generate
-from decode.evaluate import EvalSettings, evaluate_acceptance
+from decode.measure.evaluate import EvalSettings, evaluate_acceptance
 from tiny import tiny_model
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 5, 7]])

@@ -93,7 +93,7 @@ def test_prompts_from_a_file_become_user_turns_in_chat_format(tokenizer):
 
 
 def test_eval_prompt_file_with_conversations_and_categories_follows_eval_chat_template(tmp_path, tokenizer):
-    """The trainer's acceptance prompts go through decode.prompts, as specdistill-eval's do."""
+    """The trainer's acceptance prompts go through decode.inputs.prompts, as specdistill-eval's do."""
     prompts = jsonl(tmp_path / "p.jsonl", [
         {"messages": [{"role": "user", "content": "write 1"}, {"role": "assistant", "content": "x = 1"},
                       {"role": "user", "content": "again"}], "category": "chat"},

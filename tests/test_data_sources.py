@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
 import distill.data.target_data as target_data
 from decode import autoregressive_generate
-from decode.sampling import SamplingConfig
+from decode.loop.sampling import SamplingConfig
 from distill.data.onpolicy import (
     OnPolicySettings,
     micro_batch_generator,

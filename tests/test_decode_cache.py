@@ -5,12 +5,12 @@ import warnings
 import torch
 from peft import LoraConfig, get_peft_model
 
-from decode.batched import batched_generate
-from decode.cache import CachedLM, cache_keyword
+from decode.loop.batched import batched_generate
+from decode.loop.cache import CachedLM, cache_keyword
 from kinds.prompt_lookup.drafter import PromptLookupDrafter
 from kinds.standalone.drafter import ModelDrafter
-from decode.sampling import SamplingConfig
-from decode.static import StaticLM
+from decode.loop.sampling import SamplingConfig
+from decode.loop.static import StaticLM
 from tiny import tiny_model
 
 GREEDY = SamplingConfig()

@@ -1,4 +1,4 @@
-"""The compiled, static-cache decode path (decode.static) and gamma="auto" (decode.auto_gamma).
+"""The compiled, static-cache decode path (decode.loop.static) and gamma="auto" (decode.loop.auto_gamma).
 
 The two chi-square sampling tests and the inductor test are marked integration (they still run in `make test`).
 
@@ -13,15 +13,15 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import decode.evaluate as evaluate
-import decode.speculative as spec
-import decode.static as static
+import decode.measure.evaluate as evaluate
+import decode.loop.speculative as spec
+import decode.loop.static as static
 import test_decode_sampling as sampling
 from decode import autoregressive_generate, speculative_generate
 from kinds.prompt_lookup.drafter import PromptLookupDrafter
-from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, best_gamma, expected_tokens
-from decode.evaluate import EvalSettings, evaluate_acceptance
-from decode.static import StaticLM
+from decode.loop.auto_gamma import AUTO_GAMMAS, GammaChooser, best_gamma, expected_tokens
+from decode.measure.evaluate import EvalSettings, evaluate_acceptance
+from decode.loop.static import StaticLM
 from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
 from tiny import ARCHITECTURES, perturbed_copy, tiny_model
 

@@ -4,11 +4,11 @@ included) and predicted_speedup must equal the speedup evaluate_acceptance measu
 import pytest
 import torch
 
-from decode import timing
-from decode.cost_model import measure_cost_ratios
+from decode.loop import timing
+from decode.measure.cost_model import measure_cost_ratios
 from kinds.standalone.drafter import ModelDrafter
-from decode.evaluate import EvalSettings, evaluate_acceptance, time_side_by_side
-from decode.speculative import GenerateOutput
+from decode.measure.evaluate import EvalSettings, evaluate_acceptance, time_side_by_side
+from decode.loop.speculative import GenerateOutput
 from tiny import perturbed_copy, tiny_model
 
 GAMMA = 2

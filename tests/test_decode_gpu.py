@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from decode import autoregressive_generate, speculative_generate
-from decode.evaluate import EvalSettings, evaluate_acceptance
+from decode.measure.evaluate import EvalSettings, evaluate_acceptance
 from tiny import perturbed_copy, tiny_model
 
 # a compiled test that silently fell back to eager decoding would measure nothing: the fallback warning fails it

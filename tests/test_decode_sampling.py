@@ -10,8 +10,8 @@ import torch
 from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-import decode.speculative as spec
-from decode.sampling import SamplingConfig, probs_from_logits, warp_logits
+import decode.loop.speculative as spec
+from decode.loop.sampling import SamplingConfig, probs_from_logits, warp_logits
 from tiny import tiny_model
 
 VOCAB = 8

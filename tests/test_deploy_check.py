@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from decode.deploy_check import check_deploy
+from decode.deploy.deploy_check import check_deploy
 from kinds.standalone.deploy import CHECKS
 from decode.cli import check as check_script
 from tiny import tiny_model, tiny_tokenizer
@@ -160,12 +160,12 @@ def test_unreadable_inputs_are_one_line_errors(pair, tmp_path, capsys):
 
 
 def test_serving_commands_with_a_gamma_variable_expand_to_the_commands_with_that_gamma():
-    """decode.serving_commands: the $GAMMA form (a draft that names no gamma), expanded by the shell with GAMMA=3,
+    """decode.deploy.serving_commands: the $GAMMA form (a draft that names no gamma), expanded by the shell with GAMMA=3,
     is exactly the command written for gamma 3."""
     import shlex
     import subprocess
 
-    from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
+    from decode.deploy.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
 
     for method, algorithm in (("draft_model", "STANDALONE"), ("eagle3", "EAGLE3")):
         fixed = [vllm_serve("org/target", vllm_speculative_config(method, "out/d", 3)),

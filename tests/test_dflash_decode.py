@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import decode.speculative as spec
+import decode.loop.speculative as spec
 import test_decode_sampling as sampling
 from decode import autoregressive_generate, speculative_generate
 from kinds.dflash.model import (DFlashDraft, default_target_layer_ids, dflash_config_for, fit_problems,
@@ -19,7 +19,7 @@ from kinds.dflash.model import (DFlashDraft, default_target_layer_ids, dflash_co
 from kinds.dflash import KIND as DFLASH_KIND
 from kinds.dflash.drafter import DFlashDrafter
 from kinds import kind_of, kind_of_source
-from decode.sampling import SamplingConfig
+from decode.loop.sampling import SamplingConfig
 from tiny import save_and_load, tiny_model, tiny_tokenizer
 
 PROMPTS = [torch.tensor([[1, 5, 7, 9, 11, 5, 7]]), torch.tensor([[1]]),

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from decode.deploy_check import check_deploy
+from decode.deploy.deploy_check import check_deploy
 from distill.models import load
 from distill.recipe.sections import DistillConfig
 from helpers import ROOT, cli_error, train_script

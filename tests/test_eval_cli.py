@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from decode.results import Result, read_eval_json
+from decode.measure.results import Result, read_eval_json
 from decode.cli import eval as eval_acceptance
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
@@ -177,7 +177,7 @@ def test_cpu_linear_packs_or_keeps_the_models(mode, pair, tmp_path, capsys, monk
     decode greedily exactly as the target alone."""
     import torch
 
-    from decode.packed_linear import PackedLinear
+    from decode.loop.packed_linear import PackedLinear
 
     if mode == "packed" and not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN is not built into torch: nothing to pack")

@@ -1,5 +1,5 @@
 """docs/reference/eval-json.md lists exactly the keys the eval JSON has: the page is the generated tables of
-decode/results.py, and those tables hold every key a real tiny `specdistill-eval` run writes, and no other."""
+decode/measure/results.py, and those tables hold every key a real tiny `specdistill-eval` run writes, and no other."""
 from __future__ import annotations
 
 import json
@@ -7,27 +7,27 @@ from dataclasses import fields
 from pathlib import Path
 
 from decode.cli import eval as eval_cli
-from decode.results import (ALL_KEYS, ENVIRONMENT_KEYS, EVAL_JSON_KEYS, PARITY_KEYS, RESULT_KEYS, STATS_KEYS,
+from decode.measure.results import (ALL_KEYS, ENVIRONMENT_KEYS, EVAL_JSON_KEYS, PARITY_KEYS, RESULT_KEYS, STATS_KEYS,
                             VLLM_STATS_KEYS, environment, reference_markdown)
 from decode.serving.counters import SpecCounters
 from decode.serving.parity import parity_rows
-from decode.stats import SpecStats
+from decode.loop.stats import SpecStats
 from tiny import perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference" / "eval-json.md"
-BEGIN, END = "<!-- BEGIN EVAL JSON KEYS (python -m decode.results) -->", "<!-- END EVAL JSON KEYS -->"
+BEGIN, END = "<!-- BEGIN EVAL JSON KEYS (python -m decode.measure.results) -->", "<!-- END EVAL JSON KEYS -->"
 
 
 def test_the_page_holds_the_generated_tables():
     text = PAGE.read_text()
     assert BEGIN in text and END in text, f"{PAGE} lacks the generated key table markers"
     tables = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert tables == reference_markdown().strip(), f"{PAGE} is stale: paste `python -m decode.results`"
+    assert tables == reference_markdown().strip(), f"{PAGE} is stale: paste `python -m decode.measure.results`"
 
 
 def test_the_tables_name_every_field_of_the_records():
-    assert list(RESULT_KEYS) == list(ALL_KEYS)  # decode.results.Result, in its field order
+    assert list(RESULT_KEYS) == list(ALL_KEYS)  # decode.measure.results.Result, in its field order
     assert list(STATS_KEYS) == [f.name for f in fields(SpecStats)]
     assert list(VLLM_STATS_KEYS) == [f.name for f in fields(SpecCounters)]
     assert set(environment()) == set(ENVIRONMENT_KEYS)

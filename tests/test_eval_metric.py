@@ -1,4 +1,4 @@
-"""decode/metrics/acceptance: the local `evaluate` metric loads offline and matches decode.stats on the same counts."""
+"""decode/metrics/acceptance: the local `evaluate` metric loads offline and matches decode.loop.stats on the same counts."""
 from __future__ import annotations
 
 import socket
@@ -7,7 +7,7 @@ from pathlib import Path
 import evaluate
 import pytest
 
-from decode.stats import ACCEPTANCE_METRIC, SpecStats
+from decode.loop.stats import ACCEPTANCE_METRIC, SpecStats
 
 METRIC_DIR = Path(__file__).resolve().parents[1] / "decode" / "metrics" / "acceptance"
 

@@ -1,4 +1,4 @@
-"""GGUF files wherever a model path is taken (decode/gguf.py): converted once into a plain folder that gives the same
+"""GGUF files wherever a model path is taken (decode/inputs/gguf.py): converted once into a plain folder that gives the same
 logits as transformers' own GGUF loading, reused afterwards, and one clear line for a bad file.
 
 The tiny GGUF is written here with the `gguf` package the way llama.cpp's converter writes a Llama (Q/K rows
@@ -16,11 +16,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-from decode import gguf as gguf_cache
+from decode.inputs import gguf as gguf_cache
 from decode.cli import check as check_cli
 from decode.cli import eval as eval_cli
-from decode.gguf import DONE_FILE, SOURCE_FILE, cache_root, smollm2_gguf
-from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_model_path
+from decode.inputs.gguf import DONE_FILE, SOURCE_FILE, cache_root, smollm2_gguf
+from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_model_path
 from distill.cli import train as train_cli
 from distill.models.load import with_model_folders
 from distill.recipe.loader import load_recipe

@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import decode.speculative as spec
+import decode.loop.speculative as spec
 import test_decode_sampling as sampling
 from decode import autoregressive_generate, speculative_generate
 from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
 from kinds.eagle3.drafter import HeadDrafter
-from decode.sampling import SamplingConfig
+from decode.loop.sampling import SamplingConfig
 from tiny import tiny_model
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 5, 7]])
@@ -218,7 +218,7 @@ def test_export_layout_vllm_loads(tmp_path):
 # ---- the compiled path (static head cache, compiled steps; aot_eager as in tests/test_decode_compile.py) -----------
 @pytest.fixture()
 def aot_eager(monkeypatch):
-    import decode.static as static
+    import decode.loop.static as static
 
     torch._dynamo.reset()
     monkeypatch.setattr(static, "BACKEND", "aot_eager")
@@ -253,7 +253,7 @@ def test_compiled_random_head_greedy_equals_plain_decoding(arch, aot_eager):
 
 
 def test_head_compile_failure_falls_back_to_eager_with_a_warning(monkeypatch):
-    import decode.static as static
+    import decode.loop.static as static
 
     def broken_backend(graph, example_inputs):
         raise RuntimeError("this backend cannot compile anything")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from decode.deploy_check import check_deploy
+from decode.deploy.deploy_check import check_deploy
 from kinds.eagle3.model import Eagle3Head, head_config
 from kinds.eagle3.deploy import HEAD_CHECKS
 from test_deploy_check import edit_json, run_cli

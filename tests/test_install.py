@@ -172,9 +172,9 @@ def test_the_installed_eval_measures_a_tiny_pair(installed):
 
 @pytest.mark.integration
 def test_the_installed_acceptance_metric_loads_offline_outside_the_repository(installed):
-    """decode/metrics/acceptance ships in the wheel (package data): evaluate.load(decode.stats.ACCEPTANCE_METRIC)
+    """decode/metrics/acceptance ships in the wheel (package data): evaluate.load(decode.loop.stats.ACCEPTANCE_METRIC)
     from the venv, in a folder without a checkout, gives SpecStats' summaries of the same counts."""
-    program = ("import json, evaluate, decode.stats as s; m = evaluate.load(s.ACCEPTANCE_METRIC); "
+    program = ("import json, evaluate, decode.loop.stats as s; m = evaluate.load(s.ACCEPTANCE_METRIC); "
                "r = m.compute(drafted=[4, 2], accepted=[2, 2], produced=[3, 3], min_pq=[[.9, .7, .2], [.8, .6]]); "
                "print(s.ACCEPTANCE_METRIC); print(json.dumps(r))")
     done = run([str(installed / "bin" / "python"), "-c", program], cwd=installed.parent / "elsewhere")

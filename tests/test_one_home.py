@@ -18,7 +18,7 @@ PACKAGES = ("decode", "distill", "kinds", "scripts")
 
 
 def sources() -> dict[str, ast.Module]:
-    """'decode/prompts.py' -> its parsed module, for every Python file of the packages."""
+    """'decode/inputs/prompts.py' -> its parsed module, for every Python file of the packages."""
     return {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(), filename=str(path))
             for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
 
@@ -140,10 +140,10 @@ def atomic_writers() -> list[str]:
 
 # Concept -> (detector, unified already?). Unified concepts must have exactly one home.
 CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
-    "how a prompt file is read (decode/prompts.py)": (prompt_file_readers, True),
+    "how a prompt file is read (decode/inputs/prompts.py)": (prompt_file_readers, True),
     "functions named read_prompt_file": (lambda: defined(ast.FunctionDef, lambda n: n == "read_prompt_file"), True),
     "classes named StepClock": (lambda: defined(ast.ClassDef, lambda n: n == "StepClock"), True),
-    "reading a file as text (decode.checks.read_text)": (lambda: defined(ast.FunctionDef, lambda n: n == "read_text"),
+    "reading a file as text (decode.inputs.checks.read_text)": (lambda: defined(ast.FunctionDef, lambda n: n == "read_text"),
                                                          True),
     "refusing NaN/inf in recipes (recipe_schema.Section: pydantic's allow_inf_nan=False)": (
         lambda: homes(lambda n: isinstance(n, ast.keyword) and n.arg == "allow_inf_nan"), True),
@@ -154,7 +154,7 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
     "file extension -> datasets builder map": (extension_builder_maps, True),
     "safetensors header parsing": (safetensors_header_readers, True),
     "lm_head row count": (lm_head_row_counts, True),
-    # decode.speculative.cut_at_eos (on-policy sampling moved to decode/batched.py)
+    # decode.loop.speculative.cut_at_eos (on-policy sampling moved to decode/loop/batched.py)
     "cutting a token list at EOS": (eos_cutters, True),
     "atomic write (temporary file + os.replace)": (atomic_writers, True),
 }
@@ -183,9 +183,9 @@ def test_detector_finds_the_concept(concept):
 # ---------------------------------------------------------------------------------------------------------------
 
 DEAD_NAMES = [("distill/recipe/sections.py", "DTYPES"), ("distill/recipe/sections.py", "DATA_FORMATS"),
-              ("decode/prompts.py", "ChatTemplate"), ("decode/stats.py", "block_efficiency"),
-              ("decode/auto_gamma.py", "mean_gamma"), ("decode/loading.py", "read_prompts"),
-              ("decode/loading.py", "encode_prompts")]
+              ("decode/inputs/prompts.py", "ChatTemplate"), ("decode/loop/stats.py", "block_efficiency"),
+              ("decode/loop/auto_gamma.py", "mean_gamma"), ("decode/inputs/loading.py", "read_prompts"),
+              ("decode/inputs/loading.py", "encode_prompts")]
 
 
 @pytest.mark.parametrize("file, name", DEAD_NAMES)

@@ -1,4 +1,4 @@
-"""decode.packed_linear: oneDNN-packed linear layers compute nn.Linear's product, and leave decoding exact."""
+"""decode.loop.packed_linear: oneDNN-packed linear layers compute nn.Linear's product, and leave decoding exact."""
 import copy
 
 import pytest
@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kinds.prompt_lookup.drafter import PromptLookupDrafter
-from decode.packed_linear import PackedLinear, pack_linears
-from decode.speculative import autoregressive_generate, speculative_generate
-from decode.vocab import lm_head_rows
+from decode.loop.packed_linear import PackedLinear, pack_linears
+from decode.loop.speculative import autoregressive_generate, speculative_generate
+from decode.inputs.vocab import lm_head_rows
 from tiny import perturbed_copy, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built into torch")

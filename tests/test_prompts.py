@@ -1,11 +1,11 @@
-"""decode.prompts: chat-template rendering (single and multi-turn), categories, and prompts from dataset folders."""
+"""decode.inputs.prompts: chat-template rendering (single and multi-turn), categories, and prompts from dataset folders."""
 import json
 
 import datasets
 import pytest
 
-from decode.loading import LoadError
-from decode.prompts import PromptFields, PromptRow, encode_prompt_rows, read_prompt_rows, render_prompt
+from decode.inputs.loading import LoadError
+from decode.inputs.prompts import PromptFields, PromptRow, encode_prompt_rows, read_prompt_rows, render_prompt
 from scripts.quickstart_tokenizer import CHAT_TEMPLATE
 from tiny import tiny_tokenizer
 

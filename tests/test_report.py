@@ -1,4 +1,4 @@
-"""distill.publish.report (with decode.table's report columns): table, plots and report.md from synthetic
+"""distill.publish.report (with decode.measure.table's report columns): table, plots and report.md from synthetic
 acceptance.jsonl / eval JSON files."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from decode.table import REPORT_COLUMNS, format_table
+from decode.measure.table import REPORT_COLUMNS, format_table
 from distill.outputs.acceptance_log import read_records
 from distill.publish.report import POSITION_PLOT, SPEEDUP_PLOT, STEP_PLOT, choose_setting, write_report
 

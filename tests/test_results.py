@@ -1,4 +1,4 @@
-"""decode.results (the typed result record, the eval JSON's writer and reader) and decode.table (the one table
+"""decode.measure.results (the typed result record, the eval JSON's writer and reader) and decode.measure.table (the one table
 formatter): fast, no model."""
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from decode.evaluate import EvalSettings, summarize
-from decode.results import OPTIONAL_KEYS, REQUIRED_KEYS, Result, read_eval_json, write_eval_json
-from decode.speedup import CostRatios
-from decode.stats import SpecStats
-from decode.table import CARD_COLUMNS, DECODE_COLUMNS, format_table, markdown_table, render
-from decode.tally import Tally
+from decode.measure.evaluate import EvalSettings, summarize
+from decode.measure.results import OPTIONAL_KEYS, REQUIRED_KEYS, Result, read_eval_json, write_eval_json
+from decode.loop.speedup import CostRatios
+from decode.loop.stats import SpecStats
+from decode.measure.table import CARD_COLUMNS, DECODE_COLUMNS, format_table, markdown_table, render
+from decode.measure.tally import Tally
 
 DOCUMENTED = {"gamma", "temperature", "num_prompts", "new_tokens", "acceptance_rate", "draft_acceptance_rate",
               "mean_accepted_tokens", "per_position_acceptance", "target_tokens_per_s", "speculative_tokens_per_s",

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from kinds.prompt_lookup.drafter import PromptLookupDrafter
-from decode.evaluate import EvalSettings
-from decode.results import Result
+from decode.measure.evaluate import EvalSettings
+from decode.measure.results import Result
 from decode.serving import vllm_engine
 from decode.serving.counters import SpecCounters
 from decode.serving.parity import PARITY_COLUMNS, aligned_inputs, out_of_tolerance, parity_columns, parity_rows
 from decode.serving.vllm_engine import (ServingError, build_request, find_vllm_python, plain_outputs, vllm_method,
                                         vllm_outputs, vllm_results)
-from decode.table import format_table
-from decode.speculative import speculative_generate
-from decode.stats import SpecStats
+from decode.measure.table import format_table
+from decode.loop.speculative import speculative_generate
+from decode.loop.stats import SpecStats
 from decode.cli import eval as eval_acceptance
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 

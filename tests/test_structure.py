@@ -104,7 +104,7 @@ def test_the_graph_sees_module_level_function_level_and_package_imports():
     assert "distill.losses.divergences" in graph["distill.losses.fused"]  # from distill.losses.divergences import ...
     assert "decode" in graph["distill.data.target_data"]  # from decode import speculative_generate
     assert "distill.publish.hub" in graph["distill.publish.export"]  # imported inside a function
-    assert "decode.stats" in graph["decode"]  # a package's __init__
+    assert "decode.loop.stats" in graph["decode"]  # a package's __init__
     assert "distill.recipe.sections" not in graph["kinds.eagle3.loss"]  # under `if TYPE_CHECKING:`
     assert "kinds.eagle3.trainer" not in graph["kinds.eagle3"]  # a kind's plug-in entry loads its parts lazily
     assert "kinds.eagle3.options" in graph["kinds.eagle3"]  # ... but its module-level imports count
@@ -169,8 +169,8 @@ MODULE_MAP = ROOT / "docs" / "developer" / "index.md"  # the developer guide's "
 
 
 def module_map() -> list[str]:
-    """The modules listed in the developer guide's "Where things are" table, in order ('decode/cache.py' ->
-    'decode.cache')."""
+    """The modules listed in the developer guide's "Where things are" table, in order ('decode/loop/cache.py' ->
+    'decode.loop.cache')."""
     text = MODULE_MAP.read_text()
     section = text.split("\n## Where things are\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]

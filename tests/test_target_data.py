@@ -264,7 +264,7 @@ def test_batched_greedy_rows_are_the_batch_1_rows(arch, target, tokenizer, promp
 def test_batched_sampled_rows_draw_from_the_same_per_prompt_seeds(sampled, target, tokenizer, prompts, tmp_path,
                                                                   batch_size):
     # Each row draws from its own generator (seed + index) in the batch-1 order. Equality holds as long as padded
-    # shapes round no draw across a token boundary (decode/batched.py); on these models none does.
+    # shapes round no draw across a token boundary (decode/loop/batched.py); on these models none does.
     batched = run(target, tokenizer, prompts, tmp_path / "batched", batch_size=batch_size)
     assert batched["response_ids"] == sampled["response_ids"]
     early_eos = with_early_eos(target, prompts[0])  # sampled rows that stop early leave the batch

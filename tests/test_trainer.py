@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainerControl, TrainerState, TrainingArguments
 
-from decode.vocab import TokenizerMismatchError
+from decode.inputs.vocab import TokenizerMismatchError
 from distill.models import load
 from distill.models.load import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG, read_records
@@ -171,7 +171,7 @@ def test_incompatible_draft_tokenizer_is_refused(workdir, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 
 class FakeEvaluate:
-    """Stands in for decode.evaluate.evaluate_acceptance: scores rise with each call; records the draft's mode."""
+    """Stands in for decode.measure.evaluate.evaluate_acceptance: scores rise with each call; records the draft's mode."""
 
     def __init__(self):
         self.calls, self.modes = 0, []

@@ -6,7 +6,7 @@
     specdistill-check --target MODEL.gguf --draft DRAFT_DIR           # a .gguf: checked as its converted folder
 
 One line per check (`ok   <check>` or `FAIL <check>: <what is wrong and what to do>`; the checks are listed in
-decode/deploy_check.py), then the transformers, vLLM and SGLang commands. Exit code 1 when a check fails or the
+decode/deploy/deploy_check.py), then the transformers, vLLM and SGLang commands. Exit code 1 when a check fails or the
 inputs cannot be read (one line on stderr), 0 when every check passes. A draft naming no gamma is a warning (WARN).
 --serve runs the pair in vLLM's offline LLM (the serving venv, `make serving`): vLLM must load it and its
 speculative greedy output must equal its plain output; tau from vLLM's counters is printed.
@@ -18,9 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-from decode.checks import FileProblem, OneLineArgumentParser
-from decode.deploy_check import check_deploy, check_serve, serving_commands
-from decode.loading import LoadError, resolve_model_path
+from decode.inputs.checks import FileProblem, OneLineArgumentParser
+from decode.deploy.deploy_check import check_deploy, check_serve, serving_commands
+from decode.inputs.loading import LoadError, resolve_model_path
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 
 
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
     python = find_vllm_python(args.vllm_python) if args.serve else None
-    # a .gguf: its converted folder (decode.gguf), which is also what vLLM serves
+    # a .gguf: its converted folder (decode.inputs.gguf), which is also what vLLM serves
     target, draft = resolve_model_path(args.target, "--target"), resolve_model_path(args.draft, "--draft")
 
     # ---- check ------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm \
         --concurrency 1 4 16    # vLLM throughput, plain vs speculative, at max_num_seqs 1, 4, 16
 
-The same code path (decode.evaluate.evaluate_acceptance) scores every checkpoint during training.
+The same code path (decode.measure.evaluate.evaluate_acceptance) scores every checkpoint during training.
 """
 from __future__ import annotations
 
@@ -25,24 +25,24 @@ from pathlib import Path
 
 import torch
 
-from decode.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
+from decode.inputs.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
                            check_writable_file)
 from kinds import DraftKind, kind_of_source
 from kinds.prompt_lookup import PROMPT_LOOKUP
-from decode.evaluate import EvalSettings, evaluate_acceptance
-from decode.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype,
+from decode.measure.evaluate import EvalSettings, evaluate_acceptance
+from decode.inputs.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype,
                             resolve_model_path)
-from decode.packed_linear import CPU_LINEAR_MODES, pack_linears
-from decode.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
+from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears
+from decode.inputs.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
-from decode.results import write_eval_json
+from decode.measure.results import write_eval_json
 from decode.serving.parity import (DEFAULT_TOLERANCE, aligned_inputs, out_of_tolerance, parity_columns,
                                    parity_rows)
 from decode.serving.vllm_engine import (DRAFT_SAMPLE_METHODS, ServingError, evaluate_in_vllm, find_vllm_python,
                                          plain_outputs, vllm_outputs)
-from decode.table import format_table
-from decode.tally import category_rows
-from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible
+from decode.measure.table import format_table
+from decode.measure.tally import category_rows
+from decode.inputs.vocab import TokenizerMismatchError, check_tokenizers_compatible
 
 ENGINES = ("specdistill", "vllm", "both")
 PROG = "specdistill-eval"  # the command's name; `specdistill eval` runs the same code (distill.cli.main)
@@ -92,7 +92,7 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                         "as compile_seconds, apart from tokens/s")
     p.add_argument("--cpu-linear", default="packed", choices=CPU_LINEAR_MODES,
                    help="eager decoding on CPU: packed = the target's and draft's linear layers multiply by "
-                        "oneDNN-packed weights (decode.packed_linear: cheaper verify passes), plain = as loaded; "
+                        "oneDNN-packed weights (decode.loop.packed_linear: cheaper verify passes), plain = as loaded; "
                         "no effect on GPU or with --compile")
     p.add_argument("--engine", default="specdistill", choices=ENGINES,
                    help="where to measure: our decoder, vLLM's offline LLM (the serving venv), or both side by side "
@@ -161,7 +161,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def with_model_folders(args: argparse.Namespace) -> argparse.Namespace:
-    """A copy of ``args`` whose .gguf --target / --draft name their converted folders (decode.gguf: converted on
+    """A copy of ``args`` whose .gguf --target / --draft name their converted folders (decode.inputs.gguf: converted on
     first use); LoadError for a bad GGUF file."""
     return argparse.Namespace(**{**vars(args), "target": resolve_model_path(args.target, "--target"),
                                  "draft": resolve_model_path(args.draft, "--draft")})
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 
 def pack_for_eager_cpu(args: argparse.Namespace, target: torch.nn.Module, draft: object) -> str:
     """With --cpu-linear packed and no --compile: the target's and the draft's (when it is a module) linear layers
-    on oneDNN-packed weights, in place (decode.packed_linear; nothing on GPU). What the run uses: "packed" when any
+    on oneDNN-packed weights, in place (decode.loop.packed_linear; nothing on GPU). What the run uses: "packed" when any
     layer was packed, else "plain"."""
     if args.cpu_linear != "packed" or args.compile:
         return "plain"

@@ -8,7 +8,7 @@ lookup that found nothing, is not counted) and the draft tokens it accepted, inc
     draft_acceptance_rate      = num_accepted_tokens / num_draft_tokens
     per_position_acceptance[i] = accepted_per_pos[i] / accepted_per_pos[i - 1]   (accepted_per_pos[-1] = num_drafts)
 
-Our decode.stats.SpecStats holds the same raw counts: steps with drafts = per_position_drafted[0], accepted per
+Our decode.loop.stats.SpecStats holds the same raw counts: steps with drafts = per_position_drafted[0], accepted per
 position = per_position_accepted. ``SpecCounters.from_spec_stats`` reads them so, which removes the "steps without
 drafts" difference; decode.serving.parity removes the others (draft length at the end, the prefill token).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from decode.stats import SpecStats
+from decode.loop.stats import SpecStats
 
 
 @dataclass

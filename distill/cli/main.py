@@ -9,7 +9,7 @@
 Each job is the `cli(argv, prog)` of the module its `specdistill-JOB` alias names in pyproject.toml: the same
 parser, flags, exit codes and one-line errors, with `specdistill JOB` as the program name. The job's module is
 imported only when the job runs, so `specdistill --help` loads no torch. An unknown job is a one-line usage error
-naming the closest job (exit 1, as every usage error of these commands: decode.checks.OneLineArgumentParser).
+naming the closest job (exit 1, as every usage error of these commands: decode.inputs.checks.OneLineArgumentParser).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ JOBS = (
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose usage error is one line `specdistill: error: ...` and exit status 1, as the jobs' parsers
-    (decode.checks.OneLineArgumentParser: not imported here, since any decode module loads torch)."""
+    (decode.inputs.checks.OneLineArgumentParser: not imported here, since any decode module loads torch)."""
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)

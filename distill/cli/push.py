@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from decode.checks import OneLineArgumentParser
+from decode.inputs.checks import OneLineArgumentParser
 from distill.publish.hub import HubError, push_to_hub
 
 

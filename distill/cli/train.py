@@ -26,8 +26,8 @@ import argparse
 import logging
 import sys
 
-from decode.checks import FileProblem, OneLineArgumentParser
-from decode.vocab import TokenizerMismatchError
+from decode.inputs.checks import FileProblem, OneLineArgumentParser
+from decode.inputs.vocab import TokenizerMismatchError
 from distill.data.rows import DataError
 from distill.data.shard_store import CacheMismatchError
 from distill.models.distributed import UnsupportedModeError

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from decode.batched import batched_generate
-from decode.sampling import SamplingConfig
+from decode.loop.batched import batched_generate
+from decode.loop.sampling import SamplingConfig
 from distill.data.rows import DistillCollator
 from distill.utils import IGNORE_INDEX, eval_mode
 
@@ -93,7 +93,7 @@ def prompt_length(labels: torch.Tensor, length: int, prompt_tokens: int) -> int:
 def sample_continuations(draft: nn.Module, prompts: list[torch.Tensor], *, max_new_tokens: int,
                          sampling: SamplingConfig, seeds: list[int], eos_token_id: int | None, pad_token_id: int,
                          vocab_size: int | None = None) -> list[list[int]]:
-    """The draft's continuation of each prompt (decode.batched.batched_generate, the draft in eval mode meanwhile):
+    """The draft's continuation of each prompt (decode.loop.batched.batched_generate, the draft in eval mode meanwhile):
     up to max_new_tokens tokens, ending at eos (kept); prompt i samples with seeds[i]. Raises ValueError for an
     empty prompt."""
     with eval_mode(draft):

@@ -22,8 +22,8 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from decode.checks import write_atomic
-from decode.prompts import PromptRow, render_prompt, uses_template
+from decode.inputs.checks import write_atomic
+from decode.inputs.prompts import PromptRow, render_prompt, uses_template
 from distill.data.target_data import ResponseEngine, generate_target_data
 from distill.data.target_vllm import VLLM_SHARD_SIZE
 
@@ -31,7 +31,7 @@ from distill.data.target_vllm import VLLM_SHARD_SIZE
 @dataclass(frozen=True)
 class Answering:
     """How the target answers: decoding settings of generate_target_data, and the chat-template mode of the
-    prompts (decode.prompts: auto, on, off)."""
+    prompts (decode.inputs.prompts: auto, on, off)."""
 
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -88,7 +88,7 @@ def answer_conversations(target: nn.Module, tokenizer: PreTrainedTokenizerBase, 
 
 
 def _prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict], templated: bool) -> str:
-    """The conversation so far as the target is given it (decode.prompts.render_prompt)."""
+    """The conversation so far as the target is given it (decode.inputs.prompts.render_prompt)."""
     return render_prompt(tokenizer, PromptRow(messages=tuple(messages)), "on" if templated else "off")[0]
 
 

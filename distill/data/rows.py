@@ -23,16 +23,16 @@ import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from decode.checks import FileProblem, check_text_file
-from decode.loading import LoadError
-from decode.prompts import (PromptRow, check_chat_template, prompt_messages, prompt_token_ids, read_prompt_rows,
+from decode.inputs.checks import FileProblem, check_text_file
+from decode.inputs.loading import LoadError
+from decode.inputs.prompts import (PromptRow, check_chat_template, prompt_messages, prompt_token_ids, read_prompt_rows,
                             uses_template)
-from decode.data_files import DATA_FILE_BUILDERS, first_bad_json_line, first_empty_file
+from decode.inputs.data_files import DATA_FILE_BUILDERS, first_bad_json_line, first_empty_file
 from distill.data.text_files import PIECE_COLUMNS, TextFileError, load_text_files, tokenize_pieces
 from distill.recipe.sections import DataConfig
 from distill.utils import IGNORE_INDEX
 
-# the local files data.dataset takes (decode.data_files.DATA_FILE_BUILDERS names the builder of each)
+# the local files data.dataset takes (decode.inputs.data_files.DATA_FILE_BUILDERS names the builder of each)
 TRAINING_SUFFIXES = (".txt", ".json", ".jsonl", ".parquet")
 
 
@@ -225,7 +225,7 @@ def chat_rows(rows: datasets.Dataset, cfg: DataConfig, tokenizer: PreTrainedToke
 
 def read_eval_prompts(path: str) -> list[PromptRow]:
     """Prompt rows of a .jsonl ('prompt' or 'messages', optional 'category') or .txt file, read as
-    eval_acceptance reads them (decode.prompts). Raises DataError naming the key and the file."""
+    eval_acceptance reads them (decode.inputs.prompts). Raises DataError naming the key and the file."""
     try:
         return read_prompt_rows(path)
     except LoadError as err:
@@ -249,7 +249,7 @@ def as_prompt_row(item: Any, fmt: str, category: str | None = None) -> PromptRow
 
 def prompt_ids(row: PromptRow, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
                chat_template: str = "auto") -> torch.Tensor:
-    """1-D token ids of one prompt (decode.prompts renders it): raw text keeps its first max_tokens tokens; templated
+    """1-D token ids of one prompt (decode.inputs.prompts renders it): raw text keeps its first max_tokens tokens; templated
     text keeps its last max_tokens so the generation prompt survives."""
     ids = prompt_token_ids(tokenizer, row, chat_template)
     kept = ids[-max_tokens:] if uses_template(tokenizer, row, chat_template) else ids[:max_tokens]
@@ -259,7 +259,7 @@ def prompt_ids(row: PromptRow, tokenizer: PreTrainedTokenizerBase, max_tokens: i
 def eval_prompt_set(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
                     chat_template: str = "auto",
                     categories: list[str | None] | None = None) -> tuple[list[torch.Tensor], list[str | None]]:
-    """Token-id prompts for decode.evaluate.evaluate_acceptance and their categories; empty prompts are dropped."""
+    """Token-id prompts for decode.measure.evaluate.evaluate_acceptance and their categories; empty prompts are dropped."""
     try:
         check_chat_template(tokenizer, chat_template, option="eval.chat_template")
     except LoadError as err:
@@ -272,7 +272,7 @@ def eval_prompt_set(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBa
 
 def eval_prompts(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
                  chat_template: str = "auto") -> list[torch.Tensor]:
-    """Token-id prompts for decode.evaluate.evaluate_acceptance; empty prompts are dropped."""
+    """Token-id prompts for decode.measure.evaluate.evaluate_acceptance; empty prompts are dropped."""
     return eval_prompt_set(items, fmt, tokenizer, max_tokens, chat_template)[0]
 
 

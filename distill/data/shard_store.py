@@ -29,7 +29,7 @@ from typing import Any
 import datasets
 from tqdm.auto import tqdm
 
-from decode.checks import read_text, write_atomic
+from decode.inputs.checks import read_text, write_atomic
 from distill.utils import crash_point
 
 SHARDS_DIR = "shards"

@@ -27,8 +27,8 @@ from accelerate import PartialState
 from torch import nn
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
-from decode.vocab import lm_head_rows
-from decode.prompts import PromptRow
+from decode.inputs.vocab import lm_head_rows
+from decode.inputs.prompts import PromptRow
 from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
 from distill.data.onpolicy import OnPolicySettings
 from distill.data.prompt_rows import held_out, prompt_training_rows

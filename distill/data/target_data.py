@@ -11,11 +11,11 @@ the default, DecoderEngine, is this project's decoder:
   batch_size 1   one prompt at a time: with a draft, decode.speculative_generate (greedy: the same tokens as the
                  target alone; sampled: the same distribution, another random stream), else
                  decode.autoregressive_generate
-  batch_size B   the target alone, B prompts at a time (decode.batched: left padding, attention mask, positions of
+  batch_size B   the target alone, B prompts at a time (decode.loop.batched: left padding, attention mask, positions of
                  real tokens, one generator per prompt); prompts of similar length share a batch. Greedy rows are
                  the batch-1 rows, and sampled rows draw from the same per-prompt seeds in the same order, so they
                  are too; the one exception is float rounding of padded shapes breaking a near-tie (an argmax, or
-                 a draw between two tokens; decode/batched.py), after which only that row differs.
+                 a draw between two tokens; decode/loop/batched.py), after which only that row differs.
 The batch size is therefore not part of what the responses depend on: a folder can be resumed with another one.
 With engine "vllm" (VLLMEngine, distill/data/target_vllm.py) vLLM generates each shard in one run in the serving venv.
 
@@ -41,8 +41,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from decode import autoregressive_generate, speculative_generate
-from decode.batched import batched_generate
-from decode.sampling import SamplingConfig
+from decode.loop.batched import batched_generate
+from decode.loop.sampling import SamplingConfig
 from distill.data.rows import padding_id
 from decode.serving.vllm_engine import find_vllm_python
 from distill.data.shard_store import ShardStore

@@ -41,7 +41,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from decode.vocab import lm_head_rows
+from decode.inputs.vocab import lm_head_rows
 from distill.data.row_cache import (attach_columns, build_row_shards, check_row_lengths, open_complete, open_rows,
                                     padded_batches, row_lengths)
 from distill.data.shard_store import CacheMismatchError, ShardStore

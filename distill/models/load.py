@@ -11,7 +11,7 @@ whole on the CPU and are sharded later (distill/models/fsdp.py: the target after
 Trainer).
 
 `check_model_plan` reads only configs and tokenizers, so its errors come before any weights are loaded. A `.gguf`
-target, draft or tokenizer is converted once into a plain folder (decode.gguf) by `with_model_folders`, which the
+target, draft or tokenizer is converted once into a plain folder (decode.inputs.gguf) by `with_model_folders`, which the
 check step runs first: everything after it sees folders only.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 from transformers import PreTrainedTokenizerBase
 from transformers.initialization import no_init_weights
 
-from decode.loading import DTYPES, LoadError, resolve_model_path
+from decode.inputs.loading import DTYPES, LoadError, resolve_model_path
 from distill.models.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
 from distill.models.fsdp import fsdp_enabled, remember_layout
 from distill.models.lora import is_lora
@@ -52,7 +52,7 @@ MODEL_PATH_KEYS = ("target", "draft", "tokenizer")
 
 
 def with_model_folders(cfg: ModelConfig) -> ModelConfig:
-    """A copy of ``cfg`` whose .gguf target / draft / tokenizer name their converted folders (decode.gguf: converted
+    """A copy of ``cfg`` whose .gguf target / draft / tokenizer name their converted folders (decode.inputs.gguf: converted
     on first use, by the main process while the others wait, then found in the cache by them). Raises
     ModelSetupError naming the key for a file that is not a loadable GGUF."""
     folders: dict[str, str] = {}
@@ -169,7 +169,7 @@ def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *,
 
     The checks are the draft kind's (kinds/<kind>/__init__.py, check_plan): for a standalone draft its tokenizer and
     vocabulary, for a head its layer ids and draft vocabulary, ... Raises ModelSetupError and
-    decode.vocab.TokenizerMismatchError (the draft's tokenizer differs from the target's).
+    decode.inputs.vocab.TokenizerMismatchError (the draft's tokenizer differs from the target's).
     """
     target_config = _load("model.target", cfg.target, AutoConfig, trust_remote_code=cfg.trust_remote_code)
     kind_named(cfg.draft_kind).check_plan(cfg, target_config, tokenizer, hidden_state_cache)

@@ -2,7 +2,7 @@
 rule that picks the best (checkpoint, gamma) from its rows (used by the export, the protection of the best
 checkpoint from rotation, the model card and the report).
 
-One JSON object per line, `{"step", "checkpoint", <decode.evaluate result keys>}`, one line per (gamma,
+One JSON object per line, `{"step", "checkpoint", <decode.measure.evaluate result keys>}`, one line per (gamma,
 temperature) of a measurement (docs/reference/interfaces.md). A process killed at any moment leaves a usable file:
 - append_records writes all the lines of one measurement with a single write() on a file opened O_APPEND, so a
   kill leaves either all of them or none (or, on a crash of the machine, a torn last line);
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from decode.auto_gamma import ResolvedGamma, resolve_gamma
-from decode.checks import read_text, write_atomic
-from decode.speedup import CostRatios
+from decode.loop.auto_gamma import ResolvedGamma, resolve_gamma
+from decode.inputs.checks import read_text, write_atomic
+from decode.loop.speedup import CostRatios
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class CheckpointChoice:
 
 
 def row_gamma(row: dict) -> ResolvedGamma:
-    """What a row's gamma setting stands for (decode.auto_gamma.resolve_gamma; "auto" rows carry mean_gamma)."""
+    """What a row's gamma setting stands for (decode.loop.auto_gamma.resolve_gamma; "auto" rows carry mean_gamma)."""
     return resolve_gamma(row["gamma"], row.get("mean_gamma"))
 
 

@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode.checks import FileProblem, read_text
+from decode.inputs.checks import FileProblem, read_text
 from distill.utils import KILL_ENV, crash_point  # noqa: F401  (KILL_ENV: for the tests that set it)
 
 logger = logging.getLogger(__name__)

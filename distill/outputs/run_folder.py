@@ -17,7 +17,7 @@ from pathlib import Path
 
 from accelerate import PartialState
 
-from decode.checks import FileProblem, read_text, write_atomic
+from decode.inputs.checks import FileProblem, read_text, write_atomic
 
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG
 from distill.outputs.checkpoints import PARTIAL_DIR

@@ -6,7 +6,7 @@ an untuned default).
 """
 from __future__ import annotations
 
-from decode.serving_commands import vllm_serve
+from decode.deploy.serving_commands import vllm_serve
 
 
 def vllm_usage(target: str, spec: str) -> str:

@@ -7,7 +7,7 @@ export_run is the last step of a run (distill.pipeline), on rank 0 while the oth
             a LoRA draft merged, a ZeRO-3 / FSDP2 draft read back from its checkpoint), with
             generation_config.num_assistant_tokens = its gamma (export_draft; the served folder of its kind,
             kinds)
-  check     decode.deploy_check on the folder against the target; problems are warnings, never fatal
+  check     decode.deploy.deploy_check on the folder against the target; problems are warnings, never fatal
   serving   eval.serving_engine: vllm: the folder measured inside vLLM (decode.serving) on the eval prompts;
             best.vllm_mean_accepted_tokens beside best.mean_accepted_tokens; a failure is a warning, never fatal
   results   OUTPUT_DIR/train_results.json = {Trainer metrics..., "best": summary, "deploy_check": report,
@@ -138,10 +138,10 @@ def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedToke
 
 
 def deploy_check(recipe: Recipe) -> dict:
-    """decode.deploy_check on the exported folder against the target (the model card states the result); its
+    """decode.deploy.deploy_check on the exported folder against the target (the model card states the result); its
     problems are logged as warnings, never fatal: the draft is trained and exported either way."""
-    from decode.deploy_check import check_deploy
-    from decode.loading import LoadError
+    from decode.deploy.deploy_check import check_deploy
+    from decode.inputs.loading import LoadError
 
     try:
         report = check_deploy(recipe.model.target, recipe.train.output_dir,

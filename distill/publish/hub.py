@@ -28,7 +28,7 @@ import httpx2  # huggingface_hub's HTTP client: its transport errors are the net
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 
-from decode.checks import check_text_file, read_text
+from decode.inputs.checks import check_text_file, read_text
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG
 from distill.publish.model_card import (CARD_TAGS, build_model_card, check_repo_id, eval_prompts, infer_target,
                                 load_eval_results)

@@ -21,11 +21,11 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from decode.checks import read_text
+from decode.inputs.checks import read_text
 from kinds import kind_of_source
 from kinds.base import CardText
-from decode.results import read_eval_json
-from decode.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
+from decode.measure.results import read_eval_json
+from decode.measure.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
 from distill.outputs.acceptance_log import best_checkpoint, log_path, read_records
 from distill.publish.report import shown_path
 from distill.utils import saved_parameter_count

@@ -1,4 +1,4 @@
-"""Present measured results (eval JSONs via decode.results, acceptance.jsonl via distill.outputs.acceptance_log) as a
+"""Present measured results (eval JSONs via decode.measure.results, acceptance.jsonl via distill.outputs.acceptance_log) as a
 report.
 
     write_report(Path("report"), runs={"kl": Path("out/kl")}, evals={"kl-draft": Path("eval.json")},
@@ -10,7 +10,7 @@ report.
 acceptance_vs_step.png (acceptance_rate against training step, one line per run, at one gamma/temperature),
 per_position_acceptance.png (grouped bars per drafter) and speedup_vs_gamma.png (measured speedup solid,
 predicted dashed, one colour per drafter). A plot with nothing to draw is left out and the report says why.
-Tables come from decode.table; local paths are written relative to the run's folder (``shown_path``).
+Tables come from decode.measure.table; local paths are written relative to the run's folder (``shown_path``).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from decode.results import read_eval_json
-from decode.table import CATEGORY_COLUMNS, REPORT_COLUMNS, format_table
+from decode.measure.results import read_eval_json
+from decode.measure.table import CATEGORY_COLUMNS, REPORT_COLUMNS, format_table
 from distill.outputs.acceptance_log import best_checkpoint, read_records
 from distill.publish.seed_spread import SEED_COLUMNS, seed_rows, tau_margin
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from decode.table import Column, keyed_columns
+from decode.measure.table import Column, keyed_columns
 
 # the result keys averaged over seeds; each also gets KEY_spread (max - min) and KEY_range ((min, max))
 SEED_KEYS = ("acceptance_rate", "mean_accepted_tokens", "speedup", "predicted_speedup")

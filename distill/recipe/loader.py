@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from decode.checks import read_text
+from decode.inputs.checks import read_text
 from distill.recipe.schema import OVERRIDE_SOURCE, RecipeError, key_error, short_type, unknown_key
 from distill.recipe.sections import SECTION_TYPES, SECTIONS, Recipe
 from distill.recipe.strict_yaml import DuplicateKeyError, key_lines, safe_load_strict

@@ -200,7 +200,7 @@ class DistillConfig(*DISTILL_OPTIONS, DistillKeys):
 
 
 class EvalConfig(Section):
-    """Acceptance measured with decode.evaluate at every checkpoint (see docs/reference/interfaces.md)."""
+    """Acceptance measured with decode.measure.evaluate at every checkpoint (see docs/reference/interfaces.md)."""
 
     section = "eval"
 
@@ -220,7 +220,7 @@ class EvalConfig(Section):
     chat_template: Literal["auto", "on", "off"] = Field(
         "auto", description="Render acceptance prompts with the tokenizer's chat template: auto = conversations only "
                             "(in a chat-format run every prompt is a conversation); on = every prompt (error without "
-                            "a template); off = raw text (decode.prompts).")
+                            "a template); off = raw text (decode.inputs.prompts).")
     compile: bool = Field(
         False, description="Measure on the static-cache, torch.compiled decode path (compiled once, reused at every "
                            "checkpoint).")
@@ -238,10 +238,10 @@ class EvalConfig(Section):
         return [g for g in self.gammas if g != "auto"]
 
     def decoder_settings(self, temperature: float, fixed_gammas_only: bool = False):
-        """These settings as the decoder's decode.evaluate.EvalSettings at one temperature: the one translation,
+        """These settings as the decoder's decode.measure.evaluate.EvalSettings at one temperature: the one translation,
         used by the checkpoint measurements and the export's vLLM measurement alike (``fixed_gammas_only``: vLLM
         drafts a fixed number of tokens)."""
-        from decode.evaluate import EvalSettings  # torch: only when a measurement is made
+        from decode.measure.evaluate import EvalSettings  # torch: only when a measurement is made
 
         return EvalSettings(gammas=self.fixed_gammas if fixed_gammas_only else list(self.gammas),
                             temperature=temperature, max_new_tokens=self.max_new_tokens, top_k=self.top_k,

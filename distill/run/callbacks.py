@@ -1,6 +1,6 @@
 """Acceptance measured at every checkpoint: AcceptanceCallback (the measure step of a run, distill.pipeline).
 
-AcceptanceCallback runs decode.evaluate.evaluate_acceptance on rank 0 at every save; the other ranks wait at a
+AcceptanceCallback runs decode.measure.evaluate.evaluate_acceptance on rank 0 at every save; the other ranks wait at a
 barrier that every rank reaches, so no collective is ever called from one rank alone. Each result becomes one line
 of OUTPUT_DIR/acceptance.jsonl (`{"step", "checkpoint", <result keys>}`, docs/reference/interfaces.md) and TensorBoard
 scalars such as `acceptance/gamma4/acceptance_rate` (under OUTPUT_DIR/runs/acceptance). The lines of one
@@ -32,9 +32,9 @@ from accelerate import PartialState
 from torch import nn
 from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from decode.auto_gamma import AUTO_GAMMAS, is_auto
-from decode.cost_model import measure_cost_ratios
-from decode.speedup import CostRatios
+from decode.loop.auto_gamma import AUTO_GAMMAS, is_auto
+from decode.measure.cost_model import measure_cost_ratios
+from decode.loop.speedup import CostRatios
 from distill.models.distributed import is_partitioned, plain_copy
 from kinds import served_draft
 from distill.models.lora import is_lora
@@ -47,7 +47,7 @@ from distill.utils import eval_mode
 logger = logging.getLogger(__name__)
 
 COST_REPEATS = 31  # timings per cost ratio, measured once per run: enough for a stable median
-# (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.evaluate.evaluate_acceptance or a fake
+# (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.measure.evaluate.evaluate_acceptance or a fake
 Evaluate = Callable[..., list[dict]]
 
 
@@ -65,7 +65,7 @@ def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int | str]) -> 
 
 
 def _default_evaluate() -> Evaluate:
-    from decode.evaluate import evaluate_acceptance
+    from decode.measure.evaluate import evaluate_acceptance
     return evaluate_acceptance
 
 

@@ -3,7 +3,7 @@
 check_run goes through, in order: the hub settings and trackers transformers would refuse late (RecipeError), the
 precision for this machine, the output folder and where training starts (plan_run), transformers' own checks of
 the TrainingArguments, the processes and the device mode, a .gguf model path turned into its converted folder (once,
-on the main process first: decode.gguf), the model files (FileProblem for truncated weights, a target without
+on the main process first: decode.inputs.gguf), the model files (FileProblem for truncated weights, a target without
 tokenizer files), the tokenizer and the draft plan from configs (ModelSetupError), and the dataset
 itself: it is read and tokenised here (once, on the main process first; `datasets` caches it), so that a bad file
 or column is named before any weight loads.
@@ -23,7 +23,7 @@ from typing import Sequence
 from accelerate import PartialState
 from transformers import AutoConfig, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
-from decode.checks import (FileProblem, check_json_files_text, check_safetensors_whole, check_tokenizer_files,
+from decode.inputs.checks import (FileProblem, check_json_files_text, check_safetensors_whole, check_tokenizer_files,
                            check_writable_folder, read_text)
 from distill.data.dataset import build_data
 from distill.data.rows import DistillData

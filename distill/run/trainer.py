@@ -40,7 +40,7 @@ from transformers import (PreTrainedModel, PreTrainedTokenizerBase, Trainer, Tra
                           TrainerState, TrainingArguments)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from decode.batched import accepts_logits_to_keep
+from decode.loop.batched import accepts_logits_to_keep
 from distill.data.onpolicy import OnPolicySettings, micro_batch_generator, on_policy_batch
 from distill.data.sources import TrainingRows
 from distill.data.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch

@@ -65,7 +65,7 @@ class DFlashKind(Kind):
 
     def reserve(self, draft, target, capacity, max_gamma):
         """The target's verify pass with the draft's hidden-state layers (the draft itself runs eagerly)."""
-        from decode.static import session
+        from decode.loop.static import session
 
         session(target, "target", self.drafter(draft, target, max_gamma=max_gamma).aux_layers).reserve(capacity)
 

@@ -1,7 +1,7 @@
 """What a DFlash draft's model card says: its architecture line and its '## Usage' (vLLM dflash, specdistill-eval)."""
 from __future__ import annotations
 
-from decode.serving_commands import vllm_speculative_config
+from decode.deploy.serving_commands import vllm_speculative_config
 from distill.publish.card_usage import vllm_usage
 from kinds.base import CardText
 from kinds.dflash.model import ARCHITECTURE

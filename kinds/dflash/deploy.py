@@ -1,4 +1,4 @@
-"""The deployment checks of a DFlash draft folder next to its target (decode/deploy_check.py runs them when the
+"""The deployment checks of a DFlash draft folder next to its target (decode/deploy/deploy_check.py runs them when the
 folder's config names DFlashDraftModel), and the commands that serve it.
 
 Checks (each failure is one line naming what was found and what to do):
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from decode.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_safetensors,
+from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_safetensors,
                                  draft_tensors)
-from decode.loading import LoadError, first_line
-from decode.serving_commands import vllm_serve, vllm_speculative_config
+from decode.inputs.loading import LoadError, first_line
+from decode.deploy.serving_commands import vllm_serve, vllm_speculative_config
 from kinds.dflash.model import DFlashDraft, fit_problems, read_config
 
 FIT_CHECKS = ("hidden_size", "vocab", "target_layers", "mask_token", "block_size", "attention")

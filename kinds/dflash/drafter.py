@@ -24,8 +24,8 @@ import torch
 
 from kinds.dflash.model import DFlashDraft
 
-from decode.sampling import SamplingConfig, draw, probs_from_logits
-from decode.static import bucket
+from decode.loop.sampling import SamplingConfig, draw, probs_from_logits
+from decode.loop.static import bucket
 
 
 def check_block(draft: DFlashDraft, gamma: int) -> None:

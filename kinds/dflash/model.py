@@ -40,7 +40,7 @@ from torch import nn
 from transformers import GenerationConfig, PretrainedConfig, Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from decode.checks import architectures, folder_architectures, read_text
+from decode.inputs.checks import architectures, folder_architectures, read_text
 from kinds.on_target import SharedEmbedding, size_problems, target_layer_shape
 
 ARCHITECTURE = "DFlashDraftModel"  # vLLM's registry: -> qwen3_dflash.DFlashQwen3ForCausalLM (method "dflash")

@@ -68,7 +68,7 @@ class Eagle3Kind(Kind):
 
     def reserve(self, draft, target, capacity, max_gamma):
         """The target's verify pass with the head's aux layers, and the head's own cache."""
-        from decode.static import session
+        from decode.loop.static import session
         from kinds.eagle3.drafter import bound_head, head_cache
 
         session(target, "target", tuple(draft.aux_layers)).reserve(capacity)

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from decode.checks import safetensors_header
+from decode.inputs.checks import safetensors_header
 from distill.models.distributed import gathered, is_partitioned, whole_parameter, zero3_enabled
 from distill.models.fsdp import fsdp_enabled
 from distill.recipe.sections import ModelConfig

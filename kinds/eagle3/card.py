@@ -2,7 +2,7 @@
 specdistill-eval)."""
 from __future__ import annotations
 
-from decode.serving_commands import sglang_launch, vllm_speculative_config
+from decode.deploy.serving_commands import sglang_launch, vllm_speculative_config
 from distill.publish.card_usage import vllm_usage
 from kinds.base import CardText
 from kinds.eagle3.model import ARCHITECTURE

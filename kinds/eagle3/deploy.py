@@ -1,4 +1,4 @@
-"""The deployment checks of an EAGLE-3 head folder (kinds/eagle3/model.py), next to its target (decode/deploy_check.py
+"""The deployment checks of an EAGLE-3 head folder (kinds/eagle3/model.py), next to its target (decode/deploy/deploy_check.py
 runs them when the draft folder's config names the head's architecture), and the commands that serve it.
 
 Checks (each failure is one line naming what was found and what to do):
@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
-from decode.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_safetensors,
+from decode.deploy.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
+from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_safetensors,
                                  draft_tensors)
-from decode.loading import LoadError, first_line
+from decode.inputs.loading import LoadError, first_line
 from kinds.eagle3.model import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
 
 HEAD_CHECKS = ("safetensors", "aux_layers", "hidden_size", "vocab", "lm_head", "d2t", "dtype", "generation_config")
@@ -60,7 +60,7 @@ def check_d2t(config: dict, folder: Path, tensors: dict) -> str | None:
     if "d2t" not in tensors:
         return (f"draft_vocab_size={draft_vocab} < vocab_size={vocab} but the weights have no d2t (draft id -> "
                 "target id offsets): vLLM would read draft ids as target ids")
-    d2t = load_file(folder / WEIGHTS_FILE)["d2t"].long()  # the head's weights (its header: decode.checks)
+    d2t = load_file(folder / WEIGHTS_FILE)["d2t"].long()  # the head's weights (its header: decode.inputs.checks)
     if d2t.shape != (draft_vocab,):
         return f"d2t has shape {list(d2t.shape)} but draft_vocab_size is {draft_vocab}"
     target_ids = torch.arange(draft_vocab) + d2t  # target id of draft id i = i + d2t[i]

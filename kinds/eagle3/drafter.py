@@ -22,15 +22,15 @@ import torch
 import torch.nn.functional as F
 
 from kinds.eagle3.model import Eagle3Head
-from decode.sampling import SamplingConfig, draw, probs_from_logits
-from decode.static import bucket, compile_options, register
+from decode.loop.sampling import SamplingConfig, draw, probs_from_logits
+from decode.loop.static import bucket, compile_options, register
 
 class HeadCache:
     """The head's keys and values [1, nkv, capacity, d], one slot per head position (slot p = position p), and
     its step. ``length`` positions are valid; rollback moves it back (later slots are stale: a query at position p
     attends to slots <= p only, and the next step overwrites them).
 
-    ``compile``: steps of ``lengths`` tokens run torch.compiled (decode.static's backend and options) on fixed
+    ``compile``: steps of ``lengths`` tokens run torch.compiled (decode.loop.static's backend and options) on fixed
     buffers; a step of fewer tokens is padded up to the next compiled length (the padding writes stale slots past
     the valid ones, its outputs are dropped); a longer one (a prefill) runs eagerly on the same buffers. A step that
     fails to compile falls back to eager, with a RuntimeWarning naming why."""
@@ -147,7 +147,7 @@ def bound_head(head: Eagle3Head, target: torch.nn.Module) -> Eagle3Head:
 
 
 def head_cache(head: Eagle3Head, capacity: int, compile: bool, max_gamma: int) -> HeadCache:
-    """An empty head cache for one generation: eager, a new one; compiled, the registry's (decode.static) for this
+    """An empty head cache for one generation: eager, a new one; compiled, the registry's (decode.loop.static) for this
     head, whose compiled 1-token and (max_gamma + 1)-token steps are reused across generations."""
     if not compile:
         return HeadCache(head, capacity)

@@ -28,7 +28,7 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from decode.checks import architectures, folder_architectures, read_text
+from decode.inputs.checks import architectures, folder_architectures, read_text
 from kinds.on_target import SharedEmbedding, size_problems, target_layer_shape
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # what vLLM and SGLang dispatch on

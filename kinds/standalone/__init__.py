@@ -33,7 +33,7 @@ class StandaloneKind(Kind):
         return isinstance(draft, (torch.nn.Module, ModelDrafter))
 
     def load(self, draft, target, device, dtype, trust_remote_code=False, earliest=False):
-        from decode.loading import load_causal_lm
+        from decode.inputs.loading import load_causal_lm
 
         return load_causal_lm(draft, device, dtype, trust_remote_code)
 
@@ -43,7 +43,7 @@ class StandaloneKind(Kind):
         return draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft, compile=compile, capacity=capacity)
 
     def reserve(self, draft, target, capacity, max_gamma):
-        from decode.static import session
+        from decode.loop.static import session
 
         session(draft, "draft").reserve(capacity)
 

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers import PreTrainedTokenizerBase
 
-from decode.checks import check_json_files_text
-from decode.vocab import check_tokenizers_compatible
+from decode.inputs.checks import check_json_files_text
+from decode.inputs.vocab import check_tokenizers_compatible
 from distill.models.load import (_config_overrides, _load_kwargs, draft_config, draft_from_layers,
                                  load_draft_tokenizer, planned_parameter_count)
 from distill.models.lora import apply_lora
@@ -24,7 +24,7 @@ SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_h
 
 def check_standalone_plan(cfg, target_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> None:
     """The draft's tokenizer is the target's, its vocabulary covers the tokenizer; a warning when it has more
-    parameters than the target. Raises ModelSetupError / decode.vocab.TokenizerMismatchError."""
+    parameters than the target. Raises ModelSetupError / decode.inputs.vocab.TokenizerMismatchError."""
     planned = draft_config(cfg, target_config)
     draft_tokenizer = load_draft_tokenizer(cfg)
     if draft_tokenizer is not None:

@@ -2,7 +2,7 @@
 generation and vLLM's draft_model)."""
 from __future__ import annotations
 
-from decode.serving_commands import vllm_speculative_config
+from decode.deploy.serving_commands import vllm_speculative_config
 from distill.publish.card_usage import vllm_usage
 from kinds.base import CardText
 

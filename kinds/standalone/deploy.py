@@ -1,15 +1,15 @@
 """The deployment checks of a standalone draft folder next to its target, and the commands that serve it
 (transformers' assisted generation, vLLM's draft_model, SGLang's STANDALONE). The shared checks (safetensors,
-tokenizer, vocab, context, rope, dtype, generation config) are decode/deploy_check.py's."""
+tokenizer, vocab, context, rope, dtype, generation config) are decode/deploy/deploy_check.py's."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from decode.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_positions,
+from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_positions,
                                  check_rope, check_safetensors, check_tokenizer, check_vocab, draft_tensors,
                                  load_target_parts)
-from decode.loading import LoadError, first_line
-from decode.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
+from decode.inputs.loading import LoadError, first_line
+from decode.deploy.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
 
 CHECKS = ("safetensors", "tokenizer", "vocab", "max_position_embeddings", "rope", "dtype", "generation_config")
 

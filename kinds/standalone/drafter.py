@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from decode.cache import CachedLM
-from decode.sampling import draw, probs_from_logits
-from decode.static import StaticLM, cached_lm
+from decode.loop.cache import CachedLM
+from decode.loop.sampling import draw, probs_from_logits
+from decode.loop.static import StaticLM, cached_lm
 
-# transformers' assisted generation reads these from the draft's generation_config (decode.evaluate, the export)
+# transformers' assisted generation reads these from the draft's generation_config (decode.measure.evaluate, the export)
 ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 

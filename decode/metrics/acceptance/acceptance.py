@@ -1,17 +1,17 @@
 """A local `evaluate` metric: speculative-decoding acceptance summaries from the raw per-verify-pass counts.
 
     metric = evaluate.load("decode/metrics/acceptance")        # from a checkout; or the path of this file; offline
-    metric = evaluate.load(decode.stats.ACCEPTANCE_METRIC)    # wherever specdistill is installed
+    metric = evaluate.load(decode.loop.stats.ACCEPTANCE_METRIC)    # wherever specdistill is installed
     metric.compute(drafted=[4, 4], accepted=[4, 1], produced=[5, 2], min_pq=[[.9, .8, .9, .7], [.6, .3]])
 
-The summaries are those of `decode.stats.SpecStats` (the counts are fed to it, so the two cannot drift apart).
+The summaries are those of `decode.loop.stats.SpecStats` (the counts are fed to it, so the two cannot drift apart).
 """
 from __future__ import annotations
 
 import datasets
 import evaluate
 
-from decode.stats import SpecStats
+from decode.loop.stats import SpecStats
 
 _DESCRIPTION = """\
 Acceptance of a draft model in speculative decoding, computed from raw counts recorded per target verify pass:
@@ -33,7 +33,7 @@ Args (one entry per target verify pass):
 Returns:
     acceptance_rate (`float`), draft_acceptance_rate (`float`), mean_accepted_tokens (`float`),
     per_position_acceptance (`list[float]`, one per draft position), num_verify_passes (`int`).
-    A rate with nothing to count (no verified position, no drafted token) is 0.0, as in decode.stats.
+    A rate with nothing to count (no verified position, no drafted token) is 0.0, as in decode.loop.stats.
 Raises:
     ValueError naming the pass whose counts are inconsistent.
 Example:

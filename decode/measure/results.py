@@ -1,7 +1,7 @@
 """The results of an evaluation, defined once: the typed record of one result (its fields are exactly the keys of
 one result in the eval JSON and in acceptance.jsonl, docs/reference/interfaces.md), the eval JSON's writer and
 reader, and what every key of the eval JSON means (docs/reference/eval-json.md is generated from it:
-``python -m decode.results``).
+``python -m decode.measure.results``).
 
     result = Result.from_dict(payload["results"][0])     # ValueError naming the missing / unknown keys
     write_eval_json(Path("eval.json"), report)           # report + the environment record of evaluate.save
@@ -17,12 +17,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from decode.checks import read_text
+from decode.inputs.checks import read_text
 
 
 @dataclass
 class Result:
-    """One gamma (and temperature) measured over a set of prompts (decode.evaluate.summarize). What each field
+    """One gamma (and temperature) measured over a set of prompts (decode.measure.evaluate.summarize). What each field
     holds, and in which unit: RESULT_KEYS."""
 
     gamma: int | str
@@ -68,7 +68,7 @@ class Result:
         if missing or unknown:
             problems = ([f"missing {', '.join(missing)}"] if missing else []) + \
                        ([f"unknown {', '.join(unknown)}"] if unknown else [])
-            raise ValueError(f"result (gamma={data.get('gamma', '?')}) is not a decode.evaluate result: "
+            raise ValueError(f"result (gamma={data.get('gamma', '?')}) is not a decode.measure.evaluate result: "
                              + "; ".join(problems))
         values = dict(data)
         if values.get("by_category") is not None:
@@ -121,7 +121,7 @@ def read_eval_json(path: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# What every key means: docs/reference/eval-json.md is generated from these (python -m decode.results), and
+# What every key means: docs/reference/eval-json.md is generated from these (python -m decode.measure.results), and
 # tests/test_eval_json_keys.py checks them against the keys a real evaluation writes
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -150,9 +150,9 @@ EVAL_JSON_KEYS: dict[str, Key] = {
     "draft_kind": Key("text", "The draft's kind (kinds/, the recipes' vocabulary): `standalone`, `prompt_lookup`, "
                                 "`eagle3` or `dflash`."),
     "prompts": Key("text", "`--prompts` as given: a `.jsonl` or `.txt` file, a dataset folder or a hub dataset id."),
-    "chat_template": Key("text", "`--chat-template`: `auto`, `on` or `off` (decode.prompts)."),
+    "chat_template": Key("text", "`--chat-template`: `auto`, `on` or `off` (decode.inputs.prompts)."),
     "compiled": Key("bool", "Static KV caches and torch.compiled steps (`--compile`); false for vLLM."),
-    "cpu_linear": Key("text", "`packed` when the linear layers ran on oneDNN-packed weights (decode.packed_linear: "
+    "cpu_linear": Key("text", "`packed` when the linear layers ran on oneDNN-packed weights (decode.loop.packed_linear: "
                               "eager decoding on CPU), else `plain`.", ("specdistill", "both")),
     "compile_seconds": Key("seconds or null", "The evaluation's compilation (its warm-up), excluded from every "
                                               "tokens/s; null with `--engine vllm`."),
@@ -180,7 +180,7 @@ EVAL_JSON_KEYS: dict[str, Key] = {
 RESULT_KEYS: dict[str, Key] = {
     "gamma": Key("tokens or `\"auto\"`", "Draft tokens proposed per target verify pass; `\"auto\"`: chosen at "
                                          "every step from the running acceptance and the measured costs "
-                                         "(decode.auto_gamma)."),
+                                         "(decode.loop.auto_gamma)."),
     "temperature": Key("number", "Sampling temperature; 0 is greedy."),
     "num_prompts": Key("prompts", "Prompts measured."),
     "new_tokens": Key("tokens", "Tokens generated over all prompts (plain decoding generates as many)."),
@@ -200,7 +200,7 @@ RESULT_KEYS: dict[str, Key] = {
     "speedup": Key("ratio", "Measured: plain seconds / speculative seconds (above 1: speculative is faster)."),
     "predicted_speedup": Key("ratio or null", "The cost model: tau / (gamma * c + v); null from vLLM."),
     "draft_cost_ratio": Key("ratio or null", "c: drafting seconds per drafted token / seconds per plain-decoding "
-                                             "token, timed on the decoder's own loops (decode.cost_model); null "
+                                             "token, timed on the decoder's own loops (decode.measure.cost_model); null "
                                              "from vLLM."),
     "verify_cost_ratio": Key("ratio or null", "v: the rest of a speculative step (the pass over gamma + 1 tokens, "
                                               "acceptance, cache rollbacks, the drafter's commit, host syncs) / "
@@ -222,7 +222,7 @@ RESULT_KEYS: dict[str, Key] = {
                                     "submitted at once."),
 }
 
-STATS_KEYS: dict[str, Key] = {  # decode.stats.SpecStats
+STATS_KEYS: dict[str, Key] = {  # decode.loop.stats.SpecStats
     "gamma": Key("tokens", "Draft length the counts are kept for (for gamma `\"auto\"`, the largest it may "
                            "choose)."),
     "target_calls": Key("passes", "Target verify passes (the prefill is not counted)."),
@@ -274,9 +274,9 @@ ENVIRONMENT_KEYS: dict[str, Key] = {  # evaluate.save (evaluate/saving.py)
 REFERENCE_TABLES = (
     ("Top level", "The JSON object `specdistill-eval --output` writes.", EVAL_JSON_KEYS),
     ("Each result", "An entry of `results` and `vllm_results`, and each value of a result's `by_category` "
-                    "(decode.results.Result). acceptance.jsonl rows hold the same keys, "
+                    "(decode.measure.results.Result). acceptance.jsonl rows hold the same keys, "
                     "plus `step` and `checkpoint`.", RESULT_KEYS),
-    ("`stats`", "A result's raw counts from our decoder (decode.stats.SpecStats).", STATS_KEYS),
+    ("`stats`", "A result's raw counts from our decoder (decode.loop.stats.SpecStats).", STATS_KEYS),
     ("`stats` from vLLM", "A vLLM result's raw counts: vLLM's `vllm:spec_decode_*` counters "
                         "(decode.serving.counters.SpecCounters).", VLLM_STATS_KEYS),
     ("Each parity row", "An entry of `parity` (decode.serving.parity).", PARITY_KEYS),

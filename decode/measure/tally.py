@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from decode.auto_gamma import AUTO_GAMMAS, is_auto
-from decode.stats import SpecStats
+from decode.loop.auto_gamma import AUTO_GAMMAS, is_auto
+from decode.loop.stats import SpecStats
 
 UNCATEGORIZED = "uncategorized"  # the category of a prompt without one, when other prompts have one
 
 
 @dataclass
 class Tally:
-    gamma: int | str  # a draft length, or "auto" (decode.auto_gamma)
+    gamma: int | str  # a draft length, or "auto" (decode.loop.auto_gamma)
     stats: SpecStats = field(init=False)
     num_prompts: int = 0
     new_tokens: int = 0

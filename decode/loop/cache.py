@@ -6,7 +6,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-from decode.vocab import lm_head_rows
+from decode.inputs.vocab import lm_head_rows
 
 
 def aux_hidden(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The compiled decode path: a preallocated (static) KV cache per model and role, and ``torch.compile``d steps.
 
-A ``StaticLM`` has the interface of ``decode.cache.CachedLM`` (``forward``, ``rollback``, ``length``) over a
+A ``StaticLM`` has the interface of ``decode.loop.cache.CachedLM`` (``forward``, ``rollback``, ``length``) over a
 ``transformers.StaticCache``:
   * the cache holds ``capacity`` positions, allocated once (power-of-two buckets, so prompts of different lengths
     share it); ``StaticCache`` writes new keys/values at its ``cumulative_length`` counter and masks keys after each
@@ -29,8 +29,8 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
-from decode.cache import CachedLM, aux_hidden, cache_keyword
-from decode.vocab import lm_head_rows
+from decode.loop.cache import CachedLM, aux_hidden, cache_keyword
+from decode.inputs.vocab import lm_head_rows
 
 MIN_CAPACITY = 64
 BACKEND = "inductor"  # torch.compile backend (tests of the decode logic swap in "aot_eager": no code generation)
@@ -83,7 +83,7 @@ class Session:
     compile_seconds: float = 0.0   # first calls of each compiled step (compilation and one run)
     eager: bool = False            # compilation failed once: every step runs eagerly on the static cache
     aux_layers: tuple[int, ...] = ()  # hidden-state layers every step also returns (a head drafter's features)
-    cache_keyword: str = "past_key_values"  # model.forward's name for its cache (decode.cache.cache_keyword)
+    cache_keyword: str = "past_key_values"  # model.forward's name for its cache (decode.loop.cache.cache_keyword)
 
     @property
     def model(self) -> torch.nn.Module:

@@ -30,10 +30,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from decode.checks import FileProblem, check_json_files_text, read_text, safetensors_header
+from decode.inputs.checks import FileProblem, check_json_files_text, read_text, safetensors_header
 from kinds import kind_named, kind_of_source
-from decode.loading import LoadError, first_line
-from decode.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
+from decode.inputs.loading import LoadError, first_line
+from decode.inputs.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
 
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 DEFAULT_GAMMA = 4  # shown in the commands when the draft's generation_config names none
@@ -73,7 +73,7 @@ class DeployReport:
 # ---------------------------------------------------------------------------------------------------------------
 
 def draft_tensors(draft_dir: Path) -> dict:
-    """{tensor name: {"dtype", "shape", ...}} of the folder's *.safetensors files (decode.checks.safetensors_header);
+    """{tensor name: {"dtype", "shape", ...}} of the folder's *.safetensors files (decode.inputs.checks.safetensors_header);
     LoadError naming a file whose header cannot be read."""
     tensors: dict = {}
     try:
@@ -243,9 +243,9 @@ def check_serve(report: DeployReport, python: Path, max_new_tokens: int = 64,
     """Load the pair in vLLM (decode.serving.vllm_engine) at the report's gamma (DEFAULT_GAMMA when the folder
     names none), greedy: a 'serve' problem when vLLM fails or its speculative output differs from its plain one.
     ``report.serve`` gets vLLM's result. Raises ServingError when there is no vLLM interpreter."""
-    from decode.evaluate import EvalSettings
-    from decode.loading import load_tokenizer
-    from decode.prompts import PromptRow, encode_prompt_rows
+    from decode.measure.evaluate import EvalSettings
+    from decode.inputs.loading import load_tokenizer
+    from decode.inputs.prompts import PromptRow, encode_prompt_rows
     from decode.serving.vllm_engine import ServingError, evaluate_in_vllm
 
     tokenizer = load_tokenizer(report.target)

@@ -26,9 +26,9 @@ from typing import Any, Sequence
 
 import torch
 
-from decode.checks import FileProblem, check_text_file, read_text
-from decode.data_files import DATA_FILE_BUILDERS, TEXT_DATA_SUFFIXES, first_bad_json_line, first_empty_file
-from decode.loading import LoadError, first_line
+from decode.inputs.checks import FileProblem, check_text_file, read_text
+from decode.inputs.data_files import DATA_FILE_BUILDERS, TEXT_DATA_SUFFIXES, first_bad_json_line, first_empty_file
+from decode.inputs.loading import LoadError, first_line
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")  # read by read_prompt_file; other data files go through datasets
@@ -133,7 +133,7 @@ def read_prompt_file(path: Path, fields: PromptFields) -> list[PromptRow]:
 
 
 def _prompt_text(path: Path) -> str:
-    """The text of a prompt file (decode.checks.read_text), its problems raised as LoadError."""
+    """The text of a prompt file (decode.inputs.checks.read_text), its problems raised as LoadError."""
     try:
         return read_text(path, "prompts file")
     except FileProblem as err:

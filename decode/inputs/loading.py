@@ -1,6 +1,6 @@
 """Loading targets, drafts and tokenizers, with one-line errors for what users get wrong (prompt files:
-decode/prompts.py). A model path is a local folder, a hub id or a .gguf file; `resolve_model_path` turns the last
-into its converted folder (decode/gguf.py), which every loader and vLLM then read."""
+decode/inputs/prompts.py). A model path is a local folder, a hub id or a .gguf file; `resolve_model_path` turns the last
+into its converted folder (decode/inputs/gguf.py), which every loader and vLLM then read."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from decode.gguf import GGUFProblem, gguf_folder, is_gguf_path
+from decode.inputs.gguf import GGUFProblem, gguf_folder, is_gguf_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
@@ -53,7 +53,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype | str:
 
 def load_causal_lm(name: str, device: torch.device, dtype: torch.dtype | str, trust_remote_code: bool = False):
     """``AutoModelForCausalLM.from_pretrained`` in eval mode on ``device`` (a .gguf file: its converted folder,
-    decode.gguf); LoadError if it cannot be found."""
+    decode.inputs.gguf); LoadError if it cannot be found."""
     from transformers import AutoModelForCausalLM
 
     name = resolve_model_path(name)

@@ -1,4 +1,4 @@
-"""The one table formatter of the project: result rows (decode.evaluate results, acceptance.jsonl rows) or ready
+"""The one table formatter of the project: result rows (decode.measure.evaluate results, acceptance.jsonl rows) or ready
 cells, as a terminal table or a markdown table, built on ``tabulate``.
 
     print(format_table(rows))                                    # specdistill-eval's terminal table

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decode.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
-from decode.cache import CachedLM
+from decode.loop.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
+from decode.loop.cache import CachedLM
 from kinds import kind_of
-from decode.drafters import Drafter
-from decode.sampling import SamplingConfig, draw, next_token, probs_from_logits
-from decode.static import StaticLM, cached_lm
-from decode.stats import SpecStats
-import decode.timing as timing
-from decode.timing import StepClock, synchronize
+from decode.loop.drafters import Drafter
+from decode.loop.sampling import SamplingConfig, draw, next_token, probs_from_logits
+from decode.loop.static import StaticLM, cached_lm
+from decode.loop.stats import SpecStats
+import decode.loop.timing as timing
+from decode.loop.timing import StepClock, synchronize
 
 
 @dataclass
@@ -178,10 +178,10 @@ def speculative_generate(
     draft_past_end: bool = False,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, L] with ``draft`` proposing ``gamma`` tokens
-    per target pass (``"auto"``: chosen at every step, decode.auto_gamma). Greedy (temperature 0) output equals the
+    per target pass (``"auto"``: chosen at every step, decode.loop.auto_gamma). Greedy (temperature 0) output equals the
     target's own greedy decoding; sampled output is distributed exactly as the target's warped distribution.
-    ``compile``: static KV caches and torch.compiled steps (decode.static), else eager with dynamic caches.
-    ``clock``: records each step's drafting and remaining time (the cost model's measurement, decode.cost_model).
+    ``compile``: static KV caches and torch.compiled steps (decode.loop.static), else eager with dynamic caches.
+    ``clock``: records each step's drafting and remaining time (the cost model's measurement, decode.measure.cost_model).
     ``draft_past_end``: draft ``gamma`` tokens at every step, as vLLM does, instead of at most what is left; tokens
     past ``max_new_tokens`` are then dropped but counted as accepted (vLLM's counting; same output).
 

@@ -1,5 +1,5 @@
 """The commands that serve a draft next to its target, written in one place: vLLM's speculative config and its
-`vllm serve` line, SGLang's launch command. The deployment check (decode.deploy_check, kinds.eagle3.deploy)
+`vllm serve` line, SGLang's launch command. The deployment check (decode.deploy.deploy_check, kinds.eagle3.deploy)
 prints them and the model card (distill.publish.card_usage) shows them; gamma may be a shell expression such as
 "$GAMMA" when the folder names none.
 

@@ -4,7 +4,7 @@ training and vLLM load.
 
     folder = gguf_folder(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))   # converted once (~20 s per 100 MB), then reused
 
-Model paths reach this module through decode.loading.resolve_model_path, which sends a .gguf here, passes any other
+Model paths reach this module through decode.inputs.loading.resolve_model_path, which sends a .gguf here, passes any other
 path or hub id on unchanged, and turns a GGUFProblem into its one-line LoadError.
 
 The cache: $SPECDISTILL_CACHE/gguf/<sha256 of the file's content>/ (default ~/.cache/specdistill/gguf/...), so a
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from decode.checks import read_text
+from decode.inputs.checks import read_text
 
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"          # the first four bytes of every GGUF file

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from decode.checks import read_text
+from decode.inputs.checks import read_text
 
 # file suffix -> the datasets builder that reads it (load_dataset(builder, data_files=...))
 DATA_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}

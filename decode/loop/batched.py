@@ -18,8 +18,8 @@ import inspect
 import torch
 from torch import nn
 
-from decode.cache import cache_keyword, returned_cache
-from decode.sampling import SamplingConfig, next_token
+from decode.loop.cache import cache_keyword, returned_cache
+from decode.loop.sampling import SamplingConfig, next_token
 
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:

@@ -10,13 +10,13 @@ every row's speedup is a ratio of timings taken side by side: a plain timing is 
 whose speedup would otherwise carry whatever load the machine had when the first gamma ran.
 
 Cost model (Leviathan et al.): predicted speedup = tau / (gamma * c + v), c and v measured on the decoder's own
-loops by decode.cost_model.measure_cost_ratios (its docstring has the definitions and protocol), on the run's
+loops by decode.measure.cost_model.measure_cost_ratios (its docstring has the definitions and protocol), on the run's
 hardware and path (compiled when ``compile``), over ``max_new_tokens`` from the first prompt.
 
 ``compile``: plain, speculative and cost-ratio timings all run on the static-cache, torch.compiled path
-(decode.static). The caches are sized once for the longest prompt, every step is compiled in the warm-up (its time
+(decode.loop.static). The caches are sized once for the longest prompt, every step is compiled in the warm-up (its time
 is ``compile_seconds``, never part of tokens/s), and the compiled steps are reused by later evaluations of the same
-models (the trainer's checkpoints). ``gamma "auto"`` (decode.auto_gamma) gives a row with ``mean_gamma``.
+models (the trainer's checkpoints). ``gamma "auto"`` (decode.loop.auto_gamma) gives a row with ``mean_gamma``.
 """
 from __future__ import annotations
 
@@ -27,15 +27,15 @@ from typing import Callable, Mapping, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from decode import static
-from decode.auto_gamma import is_auto, resolve_gamma
-from decode.cost_model import measure_cost_ratios
+from decode.loop import static
+from decode.loop.auto_gamma import is_auto, resolve_gamma
+from decode.measure.cost_model import measure_cost_ratios
 from kinds import kind_of
-from decode.results import Result
-from decode.speculative import GenerateOutput, autoregressive_generate, check_gamma, speculative_generate
-from decode.speedup import CostRatios
-from decode.tally import Tally, category_names, category_tallies
-from decode.timing import median_time, timed_call
+from decode.measure.results import Result
+from decode.loop.speculative import GenerateOutput, autoregressive_generate, check_gamma, speculative_generate
+from decode.loop.speedup import CostRatios
+from decode.measure.tally import Tally, category_names, category_tallies
+from decode.loop.timing import median_time, timed_call
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from decode.sampling import SamplingConfig
+from decode.loop.sampling import SamplingConfig
 
 
 class Drafter(Protocol):

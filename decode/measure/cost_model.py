@@ -1,4 +1,4 @@
-"""The cost ratios of speculative decoding, measured on the decoder's own loops (decode.speedup has the formula).
+"""The cost ratios of speculative decoding, measured on the decoder's own loops (decode.loop.speedup has the formula).
 
 Model (Leviathan et al. 2023): one speculative step drafts gamma tokens and verifies them; it commits tau tokens on
 average (mean_accepted_tokens), and plain decoding commits one token per target step, so
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from decode.speculative import autoregressive_generate, speculative_generate
-from decode.speedup import CostRatios
-from decode.timing import StepClock, timed_call
+from decode.loop.speculative import autoregressive_generate, speculative_generate
+from decode.loop.speedup import CostRatios
+from decode.loop.timing import StepClock, timed_call
 
 MIN_ROUNDS = 3
 
@@ -69,7 +69,7 @@ def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats
     """c and v of ``draft`` (a causal LM or a PromptLookupDrafter) with ``target`` at ``gamma``, measured on the
     decoder's loops from ``prompt`` [1, L] over ``new_tokens`` generated tokens (the module docstring has the
     protocol); medians over rounds that time at least ``repeats`` steps, after a warm-up round. ``compile``: the
-    static-cache compiled path (decode.static), its steps compiled in the warm-up. Raises ValueError for
+    static-cache compiled path (decode.loop.static), its steps compiled in the warm-up. Raises ValueError for
     ``repeats`` < 1."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from decode.speedup import predicted_speedup
+from decode.loop.speedup import predicted_speedup
 
 AUTO = "auto"
 AUTO_GAMMAS = (1, 2, 3, 4, 6)  # candidate draft lengths (each is one compiled verify shape on the static path)
