@@ -46,6 +46,8 @@ class Kind:
 
     name: str = ""                     # the one vocabulary: recipes' model.draft_kind, the eval JSON, the export
     aliases: tuple[str, ...] = ()      # older names still read (kind_named)
+    title: str = ""                    # what it is, plural, in messages ("EAGLE-3 heads")
+    summary: str = ""                  # one line for model.draft_kind's description in the recipe reference
     vllm_method: str = ""              # vLLM's speculative_config method
     has_weights: bool = True           # a model folder or hub id (weights, config, tokenizer): checked before loading
     assisted_refusal: str | None = None  # why transformers' assisted generation cannot run it; None when it can

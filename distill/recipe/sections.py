@@ -54,10 +54,7 @@ class ModelKeys(Section):
 
     target: str = Field(min_length=1, description="Target LLM: local folder or hub id (required).")
     draft_kind: Literal[trainable()] = Field(
-        "standalone", description="standalone: a small LM of its own (model.draft / draft_layers / draft_config); "
-                                  "eagle3: an EAGLE-3 head (one decoder layer on the target's hidden states, served "
-                                  "by vLLM and SGLang); dflash: a DFlash block drafter (a few layers on the target's "
-                                  "hidden states drafting a whole block in one forward, served by vLLM).")
+        "standalone", description="; ".join(f"{kind.name}: {kind.summary}" for kind in KINDS if kind.trains) + ".")
     target_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype the frozen target is loaded in; auto = the dtype in its config.")
     draft_dtype: Literal["float32", "bfloat16", "float16"] = Field(

@@ -23,6 +23,8 @@ from kinds.dflash.options import DFlashDistillOptions, DFlashModelOptions
 
 class DFlashKind(Kind):
     name, title = "dflash", "DFlash drafts"
+    summary = ("a DFlash block drafter (a few layers on the target's hidden states drafting a whole block in one "
+               "forward, served by vLLM)")
     vllm_method, has_weights, trains = "dflash", True, True
     assisted_refusal = ("transformers' assisted generation cannot run a DFlash draft (it runs in specdistill's "
                         "decoder and vLLM)")

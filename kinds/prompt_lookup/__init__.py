@@ -13,6 +13,7 @@ PROMPT_LOOKUP = "prompt-lookup"  # the --draft value that names prompt lookup
 
 class PromptLookupKind(Kind):
     name, title = "prompt_lookup", "prompt lookup"
+    summary = "n-grams of the context, no model (vLLM's ngram)"
     vllm_method, has_weights, trains = "ngram", False, False
 
     def recognises(self, draft: str) -> bool:

@@ -18,6 +18,7 @@ from kinds.standalone.options import SOURCE_KEYS, StandaloneModelOptions
 
 class StandaloneKind(Kind):
     name, aliases, title = "standalone", ("model",), "standalone drafts"
+    summary = "a small LM of its own (model.draft / draft_layers / draft_config)"
     vllm_method, has_weights, trains, language_model = "draft_model", True, True, True
     model_options = StandaloneModelOptions
 
