@@ -106,7 +106,7 @@ def load_draft_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase | None:
 # Pre-flight: configs and tokenizers only
 # ---------------------------------------------------------------------------------------------------------------
 
-def _config_overrides(target_config: PretrainedConfig, overrides: dict[str, Any]) -> PretrainedConfig:
+def config_overrides(target_config: PretrainedConfig, overrides: dict[str, Any]) -> PretrainedConfig:
     """The target's config with `overrides` applied; head_dim and per-layer lists follow the new shape."""
     base = target_config.to_dict()
     unknown = [k for k in overrides if k not in base]
@@ -152,7 +152,7 @@ def draft_config(cfg: ModelConfig, target_config: PretrainedConfig) -> Pretraine
         return _load("model.draft", cfg.draft, AutoConfig, trust_remote_code=cfg.trust_remote_code)
     if cfg.draft_layers is not None:
         return _layer_config(target_config, cfg.draft_layers)
-    return _config_overrides(target_config, cfg.draft_config or {})
+    return config_overrides(target_config, cfg.draft_config or {})
 
 
 def planned_parameter_count(config: PretrainedConfig, trust_remote_code: bool = False) -> int:
@@ -179,7 +179,8 @@ def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *,
 # Loading weights
 # ---------------------------------------------------------------------------------------------------------------
 
-def _load_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+def load_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """from_pretrained / from_config keyword arguments of the recipe's model section (remote code, attention)."""
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation is not None:
         kwargs["attn_implementation"] = cfg.attn_implementation
@@ -199,7 +200,7 @@ def load_target(cfg: ModelConfig) -> PreTrainedModel:
     holds 1/P of it, and every process must run each of its forward passes (they gather weights together).
     """
     dtype = DTYPES[cfg.target_dtype]  # "auto": the checkpoint's own dtype
-    target = freeze(AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, **_load_kwargs(cfg)))
+    target = freeze(AutoModelForCausalLM.from_pretrained(cfg.target, dtype=dtype, **load_kwargs(cfg)))
     if zero3_enabled():
         shard_for_inference(target)
     return target

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from decode.inputs.checks import check_json_files_text
 from decode.inputs.vocab import check_tokenizers_compatible
-from distill.models.load import (_config_overrides, _load_kwargs, draft_config, draft_from_layers,
+from distill.models.load import (config_overrides, load_kwargs, draft_config, draft_from_layers,
                                  load_draft_tokenizer, planned_parameter_count)
 from distill.models.lora import apply_lora
 from distill.utils import ModelSetupError
@@ -43,12 +43,12 @@ def build_standalone(cfg, target: PreTrainedModel, dtype: torch.dtype, lora) -> 
     """The trainable draft: model.draft loaded, model.draft_layers copied from the target, or model.draft_config
     built fresh; every weight trains, or with lora.enabled only the adapters (a peft PeftModel)."""
     if cfg.draft is not None:
-        draft = AutoModelForCausalLM.from_pretrained(cfg.draft, dtype=dtype, **_load_kwargs(cfg))
+        draft = AutoModelForCausalLM.from_pretrained(cfg.draft, dtype=dtype, **load_kwargs(cfg))
     elif cfg.draft_layers is not None:
-        draft = draft_from_layers(target, cfg.draft_layers, dtype, **_load_kwargs(cfg))
+        draft = draft_from_layers(target, cfg.draft_layers, dtype, **load_kwargs(cfg))
     else:
-        config = _config_overrides(target.config, cfg.draft_config or {})
-        draft = AutoModelForCausalLM.from_config(config, dtype=dtype, **_load_kwargs(cfg))
+        config = config_overrides(target.config, cfg.draft_config or {})
+        draft = AutoModelForCausalLM.from_config(config, dtype=dtype, **load_kwargs(cfg))
     draft.requires_grad_(True)
     if lora is not None and lora.enabled:
         draft = apply_lora(draft, lora)
