@@ -32,6 +32,7 @@ from kinds.prompt_lookup import PROMPT_LOOKUP
 from decode.measure.evaluate import EvalSettings, evaluate_acceptance
 from decode.inputs.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype,
                             resolve_model_path)
+from decode.loop.auto_gamma import fixed_gammas
 from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears
 from decode.inputs.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
@@ -132,8 +133,7 @@ def gamma_value(text: str) -> int | str:
 def check_args(args: argparse.Namespace) -> None:
     """Every number and output path, before anything is read or loaded (an unwritable --output would otherwise
     fail after the whole measurement)."""
-    fixed_gammas = [g for g in args.gamma if g != "auto"]
-    positive = {"--gamma": min(fixed_gammas, default=None), "--max-new-tokens": args.max_new_tokens,
+    positive = {"--gamma": min(fixed_gammas(args.gamma), default=None), "--max-new-tokens": args.max_new_tokens,
                 "--repeats": args.repeats, "--num-prompts": args.num_prompts,
                 "--max-prompt-tokens": args.max_prompt_tokens, "--top-k": args.top_k,
                 "--concurrency": min(args.concurrency or [], default=None)}

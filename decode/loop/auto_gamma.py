@@ -34,6 +34,11 @@ def best_gamma(alpha: float, draft_cost: float, verify_cost: dict[int, float], g
     return max(gammas, key=lambda g: (predicted_speedup(expected_tokens(g, alpha), g, draft_cost, verify_cost[g]), -g))
 
 
+def fixed_gammas(gammas) -> list[int]:
+    """The integer gammas of a setting, without "auto" (what vLLM and a served generation_config can draft)."""
+    return [g for g in gammas if not is_auto(g)]
+
+
 def is_auto(gamma: int | str) -> bool:
     return isinstance(gamma, str) and gamma == AUTO
 

@@ -36,6 +36,7 @@ from typing import Sequence
 import torch
 
 from decode.inputs.checks import read_text
+from decode.loop.auto_gamma import fixed_gammas
 from kinds import kind_of_source
 from decode.measure.evaluate import EvalSettings
 from decode.measure.results import Result
@@ -84,7 +85,7 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
     if draft_sample_method not in (None, *DRAFT_SAMPLE_METHODS):
         raise ServingError(f"draft sample method must be one of {', '.join(DRAFT_SAMPLE_METHODS)}, got "
                            f"{draft_sample_method!r}")
-    gammas = [g for g in settings.gammas if g != "auto"]
+    gammas = fixed_gammas(settings.gammas)
     if len(gammas) != len(settings.gammas):
         raise ServingError("--engine vllm needs integer gammas: vLLM drafts a fixed num_speculative_tokens ('auto' "
                            "is our decoder's)")

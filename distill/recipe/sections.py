@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from annotated_types import Ge, Gt, MinLen
 from pydantic import Field, JsonValue, PrivateAttr, field_validator, model_validator
 
+from decode.loop.auto_gamma import fixed_gammas
 from distill.losses.divergences import LOSSES
 from distill.losses.loss_mix import LossMix, LossSpecError, teacher_divergences
 from distill.recipe.data_config import DataConfig
@@ -232,7 +233,7 @@ class EvalConfig(Section):
     @property
     def fixed_gammas(self) -> list[int]:
         """The integer gammas (without "auto"): what vLLM and a served generation_config can draft."""
-        return [g for g in self.gammas if g != "auto"]
+        return fixed_gammas(self.gammas)
 
     def decoder_settings(self, temperature: float, fixed_gammas_only: bool = False):
         """These settings as the decoder's decode.measure.evaluate.EvalSettings at one temperature: the one translation,
