@@ -27,8 +27,8 @@ def pytest_collection_modifyitems(config, items):
 def rows_seen(monkeypatch) -> list:
     """The training rows (a datasets.Dataset) of every run made in the test, as distill.cli.train hands them to
     DistillTrainer."""
-    import distill.pipeline
     from distill.run.trainer import DistillTrainer
+    from kinds import kind_named
 
     seen = []
 
@@ -37,5 +37,5 @@ def rows_seen(monkeypatch) -> list:
             seen.append(kwargs["train_dataset"])
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setitem(distill.pipeline.TRAINERS, "standalone", Recording)  # the class a standalone run trains with
+    monkeypatch.setattr(kind_named("standalone"), "trainer", lambda: Recording)  # what a standalone run trains with
     return seen

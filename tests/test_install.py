@@ -1,4 +1,4 @@
-"""What `pip install .` installs: the packages decode and distill and the console commands inside them (each job's
+"""What `pip install .` installs: the packages decode, distill and kinds and the console commands inside them (each job's
 `specdistill-JOB` and the umbrella `specdistill`), never a top-level `scripts` (issue 20, part 2); and the entry files
 in scripts/ run the same commands by path from any folder.
 
@@ -26,7 +26,7 @@ from tiny import save_and_load, tiny_model, tiny_tokenizer
 tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"decode", "distill"}
+PACKAGES = {"decode", "distill", "kinds"}
 COMMANDS = {  # console command -> (the module pyproject.toml names, the entry file in scripts/ that runs it by path)
     "specdistill-eval": ("decode.cli.eval", "eval_acceptance.py"),
     "specdistill-check": ("decode.cli.check", "check_deploy.py"),
@@ -71,13 +71,13 @@ def test_console_commands_are_modules_inside_the_packages():
         assert f"from {module} import cli" in (ROOT / "scripts" / entry_file).read_text(), entry_file
 
 
-def test_only_decode_and_distill_are_found():
+def test_only_decode_distill_and_kinds_are_found():
     from setuptools import find_packages
 
     include = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
     found = find_packages(where=str(ROOT), include=include)
     assert {name.split(".")[0] for name in found} == PACKAGES, found
-    assert {"decode.cli", "distill.cli", "decode.serving"} <= set(found)
+    assert {"decode.cli", "distill.cli", "decode.serving", "decode.loop", "kinds.eagle3", "kinds.dflash"} <= set(found)
     subpackages = {path.parent.relative_to(ROOT).as_posix().replace("/", ".")
                    for path in (ROOT / "distill").glob("*/__init__.py")}
     assert subpackages >= {"distill.losses", "distill.recipe", "distill.models", "distill.data", "distill.run"}
@@ -97,7 +97,7 @@ def installed(tmp_path_factory) -> Path:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("decode", "distill", "scripts"):
+    for folder in ("decode", "distill", "kinds", "scripts"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     # built by this interpreter: --no-build-isolation builds with the setuptools and wheel of the interpreter that
     # builds, and the fresh venv has neither (nothing is fetched)
@@ -121,7 +121,7 @@ def venv_site_packages(venv: Path) -> Path:
 
 
 @pytest.mark.integration
-def test_the_wheel_holds_only_decode_and_distill(installed):
+def test_the_wheel_holds_only_the_library_packages(installed):
     wheel = next((installed.parent / "dist").glob("specdistill-*.whl"))
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {top for top in tops if not top.endswith(".dist-info")} == PACKAGES, tops

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ACCEPTANCE_METRIC = str(Path(__file__).resolve().parent / "metrics" / "acceptance")  # evaluate.load's path
+ACCEPTANCE_METRIC = str(Path(__file__).resolve().parents[1] / "metrics" / "acceptance")  # evaluate.load's path
 
 
 @dataclass

@@ -209,8 +209,6 @@ def head_at_checkpoint(folder: Path, final: nn.Module) -> Eagle3Head:
 def check_resume_head_shape(recipe, resume: str) -> None:
     """An EAGLE-3 head's checkpoint (weights only, `head.*`) has the shapes of the recipe's head (read from the
     safetensors header: no weights load)."""
-    from distill.models.heads import CHECKPOINT_PREFIX, plan_head
-
     weights = Path(resume) / "model.safetensors"
     if not weights.is_file():
         return
