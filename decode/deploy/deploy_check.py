@@ -84,6 +84,17 @@ def draft_tensors(draft_dir: Path) -> dict:
     return tensors
 
 
+def load_target_config(target: str, trust_remote_code: bool = False):
+    """The target's config; LoadError with one line when it cannot be read (the checks of a draft that lives on the
+    target, which need no tokenizer of its own)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
+
+
 def load_target_parts(target: str, trust_remote_code: bool = False):
     """(config, tokenizer) of the target; LoadError with one line when either cannot be loaded."""
     from transformers import AutoConfig, AutoTokenizer

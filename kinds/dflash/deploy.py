@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_safetensors,
-                                 draft_tensors)
-from decode.inputs.loading import LoadError, first_line
+from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config,
+                                        check_safetensors, draft_tensors, load_target_config)
 from decode.deploy.serving_commands import vllm_serve, vllm_speculative_config
 from kinds.dflash.model import DFlashDraft, fit_problems, read_config
 
@@ -49,13 +48,8 @@ def check_weights(config: dict, tensors: dict) -> str | None:
 def check_dflash_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
     """DFLASH_CHECKS of a DFlash folder next to ``target``. Raises LoadError when the target's config cannot be
     read."""
-    from transformers import AutoConfig
-
     folder = Path(draft)
-    try:
-        target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
+    target_config = load_target_config(target, trust_remote_code)
     config = read_config(folder)
     fit = fit_problems(config, target_config)
     tensors = draft_tensors(folder)

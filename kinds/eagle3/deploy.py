@@ -21,9 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from decode.deploy.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
-from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_safetensors,
-                                 draft_tensors)
-from decode.inputs.loading import LoadError, first_line
+from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config,
+                                        check_safetensors, draft_tensors, load_target_config)
 from kinds.eagle3.model import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
 
 HEAD_CHECKS = ("safetensors", "aux_layers", "hidden_size", "vocab", "lm_head", "d2t", "dtype", "generation_config")
@@ -101,13 +100,8 @@ specdistill-eval --target {target} --draft {draft} --prompts PROMPTS --gamma {ga
 def check_head_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
     """HEAD_CHECKS of an EAGLE-3 head folder (this module) next to ``target``. Raises LoadError
     when the target's config cannot be read."""
-    from transformers import AutoConfig
-
     draft_dir = Path(draft)
-    try:
-        target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
+    target_config = load_target_config(target, trust_remote_code)
     tensors = draft_tensors(draft_dir)
     generation_problem, generation_warning, gamma = check_generation_config(draft_dir)
     found = {"safetensors": check_safetensors(draft_dir, tensors), **check_head(draft_dir, target_config, tensors),
