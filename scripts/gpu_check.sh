@@ -7,7 +7,7 @@
 #                                                 # greedy gamma 2 4 6, prompt lookup, T=1, compiled
 #                                                 # (RUNS="compiled greedy" picks and orders them)
 #
-# Durations on an H200 (torch 2.11): tests ~30 s, decode ~140 s. head runs transformers' eager forward at ~50
+# Durations on an H100/H200 (torch 2.11): tests 70-85 s, decode ~140 s (compile included). head runs transformers' eager forward at ~50
 # tokens/s for SmolLM2-135M (launch-bound), so each eval of PROMPTS=8 (one per category) x NEW=64 tokens takes
 # ~40 s per gamma; the default limit of a step is LIMIT=240 s.
 # Each step writes its log and results into OUT_DIR and has its own time limit, so one slow step loses only itself.
