@@ -1,5 +1,5 @@
 """The kinds of draft, one folder each, named in one registry: a standalone draft model, prompt lookup, an EAGLE-3
-head, a DFlash block drafter.
+head, a DFlash block drafter, a PARD parallel draft.
 
 Each kind's folder (kinds/<name>/) holds its model, its drafter for our decoder, its recipe keys and defaults, how it
 is built and trained, its export, its deployment checks, its serving commands and its model-card text; its
@@ -18,12 +18,13 @@ from __future__ import annotations
 from kinds.base import Kind
 from kinds.dflash import KIND as DFLASH
 from kinds.eagle3 import KIND as EAGLE3
+from kinds.pard import KIND as PARD
 from kinds.prompt_lookup import KIND as PROMPT_LOOKUP
 from kinds.standalone import KIND as STANDALONE
 
 # The registry. Recognised in this order: the standalone model last (it takes any other folder or hub id, and any
 # other module).
-KINDS: tuple[Kind, ...] = (PROMPT_LOOKUP, EAGLE3, DFLASH, STANDALONE)
+KINDS: tuple[Kind, ...] = (PROMPT_LOOKUP, EAGLE3, DFLASH, PARD, STANDALONE)
 
 DraftKind = Kind  # the interface's name where decoding code annotates with it
 
@@ -52,7 +53,7 @@ def kind_of(draft: object) -> Kind:
 
 def kind_of_source(draft: object) -> Kind:
     """The kind a --draft value names: "prompt-lookup", an EAGLE-3 head or a DFlash folder (its config.json's
-    architectures), else a model."""
+    architectures), a PARD folder (its pard_token), else a model."""
     return next(kind for kind in KINDS if kind.recognises(str(draft)))
 
 

@@ -136,6 +136,32 @@ def test_seeded_sampling_on_vllms_cpu_build_prefills_each_prompt_whole():
     assert greedy == {} and sampled == ({"max_num_batched_tokens": 400} if cpu else {})
 
 
+def test_vllm_runs_our_pard_export_in_parallel_with_our_tau(pair):
+    """A PARD draft saved as our export writes it runs in vLLM's CPU build as `"method": "draft_model",
+    "parallel_drafting": true` (the mask id from config.json's pard_token): vLLM's speculative greedy output equals its
+    plain output and tau is within the tolerance. The draft is a copy of the target with pard_token set: its first
+    draft (the ordinary prediction) is always right and its untrained mask slots now and then, so the steps accept 1 to
+    3 drafts and a wrong slot handling in either engine would move tau."""
+    import copy
+
+    from test_pard import as_pard
+
+    from kinds import kind_named
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval()
+    kind_named("pard").save(as_pard(copy.deepcopy(target), 3, 4), pair / "pard", gamma=3)
+    AutoTokenizer.from_pretrained(pair / "target").save_pretrained(pair / "pard")
+    report = run_both(pair, str(pair / "pard"))
+    [ours], [vllm], [row] = report["results"], report["vllm_results"], report["parity"]
+    assert vllm["greedy_match"] == 1.0 and ours["greedy_match"] == 1.0
+    assert report["target_match_vllm"] == 1.0 and vllm["stats"]["num_drafts"] > 0
+    assert ours["mean_accepted_tokens"] > 1.9 and ours["per_position_acceptance"][0] == 1.0
+    assert abs(row["ratio"] - 1) <= DEFAULT_TOLERANCE, row
+    assert SpecCounters.from_spec_stats(ours["stats"]) == SpecCounters.from_dict(vllm["stats"])  # step by step
+
+
 def test_vllm_runs_our_dflash_export_with_our_tau(pair):
     """A DFlash draft trained here (test_dflash_decode.train_draft: every block slot learns the target's greedy
     token), saved as our export writes it, runs in vLLM's CPU build (`"method": "dflash"`: its CPU attention backend

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 
 
-def vllm_speculative_config(method: str, draft: str, gamma: int | str) -> str:
-    """vLLM's --speculative-config JSON; a non-integer gamma (a shell expression) is written bare."""
+def vllm_speculative_config(method: str, draft: str, gamma: int | str, options: dict | None = None) -> str:
+    """vLLM's --speculative-config JSON, with a kind's ``options`` after the gamma (e.g. parallel_drafting); a
+    non-integer gamma (a shell expression) is written bare."""
+    extra = "".join(f", {json.dumps(key)}: {json.dumps(value)}" for key, value in (options or {}).items())
     if isinstance(gamma, int):
-        return json.dumps({"method": method, "model": draft, "num_speculative_tokens": gamma})
-    return f'{{"method": "{method}", "model": "{draft}", "num_speculative_tokens": {gamma}}}'
+        return json.dumps({"method": method, "model": draft, "num_speculative_tokens": gamma, **(options or {})})
+    return f'{{"method": "{method}", "model": "{draft}", "num_speculative_tokens": {gamma}{extra}}}'
 
 
 def vllm_serve(target: str, spec: str, expand: bool = False) -> str:

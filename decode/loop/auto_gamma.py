@@ -3,7 +3,9 @@
 Cost model (Leviathan et al.): with per-token acceptance alpha, a step that drafts gamma tokens produces
     tau(gamma, alpha) = (1 - alpha^(gamma + 1)) / (1 - alpha)        tokens (gamma + 1 when alpha = 1)
 and costs gamma * t_draft + t_verify(gamma) seconds, so the chooser picks
-    argmax_gamma  tau(gamma, alpha) / (gamma * t_draft + t_verify(gamma))      over AUTO_GAMMAS.
+    argmax_gamma  tau(gamma, alpha) / (gamma * t_draft + t_verify(gamma))      over AUTO_GAMMAS;
+a drafter that drafts every gamma in one forward (``one_pass``: DFlash, PARD) costs t_draft per step instead:
+    argmax_gamma  tau(gamma, alpha) / (t_draft + t_verify(gamma)).
 alpha is a running (exponentially decayed) mean of sum_x min(p, q) over verified positions; t_draft and t_verify
 are running means of the times measured in this very generation (seconds; ratios to a target step are the same
 maximiser). A verify length not measured yet is estimated from those measured (a straight line through them; the
@@ -29,9 +31,15 @@ def expected_tokens(gamma: int, alpha: float) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def best_gamma(alpha: float, draft_cost: float, verify_cost: dict[int, float], gammas=AUTO_GAMMAS) -> int:
-    """argmax_g tau(g, alpha) / (g * draft_cost + verify_cost[g]); costs in any one unit (ties: smaller g)."""
-    return max(gammas, key=lambda g: (predicted_speedup(expected_tokens(g, alpha), g, draft_cost, verify_cost[g]), -g))
+def best_gamma(alpha: float, draft_cost: float, verify_cost: dict[int, float], gammas=AUTO_GAMMAS,
+               one_pass: bool = False) -> int:
+    """argmax_g tau(g, alpha) / (g * draft_cost + verify_cost[g]); costs in any one unit (ties: smaller g). A
+    ``one_pass`` drafter (one draft forward per step whatever gamma is: DFlash, PARD) costs ``draft_cost`` per step:
+    tau(g, alpha) / (draft_cost + verify_cost[g])."""
+    def speedup(g: int) -> float:
+        return predicted_speedup(expected_tokens(g, alpha), 1 if one_pass else g, draft_cost, verify_cost[g])
+
+    return max(gammas, key=lambda g: (speedup(g), -g))
 
 
 def fixed_gammas(gammas) -> list[int]:
@@ -66,10 +74,11 @@ class GammaChooser:
     """Running acceptance and step-time estimates of one generation, and the gamma they recommend."""
 
     gammas: tuple[int, ...] = AUTO_GAMMAS
+    one_pass: bool = False        # the drafter runs one forward per step whatever gamma is (its cost is per step)
     alpha_sum: float = PRIOR_ALPHA * PRIOR_WEIGHT
     alpha_weight: float = PRIOR_WEIGHT
-    draft_seconds: float = 0.0    # summed over drafted tokens
-    drafted: int = 0
+    draft_seconds: float = 0.0    # summed over drafted tokens (one_pass: over drafting steps)
+    drafted: int = 0              # drafted tokens (one_pass: drafting steps)
     verify_seconds: dict[int, list[float]] = field(default_factory=dict)  # gamma -> [seconds summed, passes]
     chosen: list[int] = field(default_factory=list)
 
@@ -82,7 +91,8 @@ class GammaChooser:
         if not self.verify_seconds or not self.drafted:
             gamma = self.gammas[len(self.gammas) // 2]
         else:
-            gamma = best_gamma(self.alpha, self.draft_seconds / self.drafted, self.verify_estimates(), self.gammas)
+            gamma = best_gamma(self.alpha, self.draft_seconds / self.drafted, self.verify_estimates(), self.gammas,
+                               self.one_pass)
         self.chosen.append(gamma)
         return gamma
 
@@ -94,7 +104,7 @@ class GammaChooser:
             self.alpha_weight = DECAY * self.alpha_weight + 1.0
         if drafted:
             self.draft_seconds += draft_s
-            self.drafted += drafted
+            self.drafted += 1 if self.one_pass else drafted
         total = self.verify_seconds.setdefault(gamma, [0.0, 0])
         total[0] += verify_s
         total[1] += 1

@@ -20,6 +20,7 @@ from decode.loop.sampling import SamplingConfig
 
 class Drafter(Protocol):
     aux_layers: tuple[int, ...]  # target layer ids whose hidden states the drafter reads; () for none
+    # (optional) one_pass = True: one draft forward per step whatever gamma is (gamma "auto" costs it per step)
 
     def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
         """Begin a sequence whose committed tokens, all but the newest, are ``prefix`` [1, L]."""

@@ -195,7 +195,7 @@ def speculative_generate(
     stop = eos_set(eos_token_id)
     stats = SpecStats(max(gammas))
     target_lm = cached_lm(target, compile, "target", capacity, tuple(g + 1 for g in gammas), drafter.aux_layers)
-    chooser = GammaChooser(gammas) if is_auto(gamma) else None
+    chooser = GammaChooser(gammas, one_pass=getattr(drafter, "one_pass", False)) if is_auto(gamma) else None
     device = input_ids.device
     timed = chooser is not None or clock is not None
 

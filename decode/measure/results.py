@@ -148,7 +148,7 @@ EVAL_JSON_KEYS: dict[str, Key] = {
     "target": Key("text", "`--target` as given: a folder, a hub id or a `.gguf` file."),
     "draft": Key("text", "`--draft` as given: a folder, a hub id, a `.gguf` file or `prompt-lookup`."),
     "draft_kind": Key("text", "The draft's kind (kinds/, the recipes' vocabulary): `standalone`, `prompt_lookup`, "
-                                "`eagle3` or `dflash`."),
+                                "`eagle3`, `dflash` or `pard`."),
     "prompts": Key("text", "`--prompts` as given: a `.jsonl` or `.txt` file, a dataset folder or a hub dataset id."),
     "chat_template": Key("text", "`--chat-template`: `auto`, `on` or `off` (decode.inputs.prompts)."),
     "compiled": Key("bool", "Static KV caches and torch.compiled steps (`--compile`); false for vLLM."),

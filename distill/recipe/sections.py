@@ -28,9 +28,18 @@ __all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTION_TYPES", "SECTION
 
 # Each kind of draft brings its own keys (kinds/<kind>/options.py), mixed into the model and distill sections
 # (the base classes of a pydantic model contribute their fields last first: the shared keys come first, then the kinds'
-# in registry order)
-MODEL_OPTIONS = tuple(kind.model_options for kind in reversed(KINDS) if kind.model_options is not None)
-DISTILL_OPTIONS = tuple(kind.distill_options for kind in reversed(KINDS) if kind.distill_options is not None)
+# in registry order). A kind whose options extend another kind's (a PARD draft takes the standalone draft's keys)
+# brings them through its own class.
+
+
+def mixins(options: list[type | None]) -> tuple[type, ...]:
+    """The distinct option classes, without one that another of them extends (one base class at most once)."""
+    present = [o for i, o in enumerate(options) if o is not None and o not in options[:i]]
+    return tuple(o for o in present if not any(other is not o and issubclass(other, o) for other in present))
+
+
+MODEL_OPTIONS = mixins([kind.model_options for kind in reversed(KINDS)])
+DISTILL_OPTIONS = mixins([kind.distill_options for kind in reversed(KINDS)])
 
 
 def other_kinds_keys_unset(section: Section, chosen: str) -> None:
@@ -69,7 +78,8 @@ class ModelKeys(Section):
 class ModelConfig(*MODEL_OPTIONS, ModelKeys):
     """Which target to distil from and how the draft is made: its kind (model.draft_kind, kinds/) and that kind's
     keys: a standalone model (exactly one of draft, draft_layers, draft_config), an EAGLE-3 head on the target's
-    hidden states (aux_layers, draft_vocab_size, ...), a DFlash block drafter (dflash_*)."""
+    hidden states (aux_layers, draft_vocab_size, ...), a DFlash block drafter (dflash_*), a PARD draft (a standalone
+    draft's keys and pard_*)."""
 
     @model_validator(mode="after")
     def _rules(self) -> ModelConfig:
@@ -194,7 +204,7 @@ class DistillKeys(Section):
 
 class DistillConfig(*DISTILL_OPTIONS, DistillKeys):
     """The distill section: the shared keys (DistillKeys) and each kind's own (ttt_* of EAGLE-3 heads, dflash_* of
-    DFlash drafts)."""
+    DFlash drafts, pard_* of PARD drafts)."""
 
 
 class EvalConfig(Section):

@@ -86,6 +86,8 @@ class DFlashDrafter:
     target hidden-state ids the loop hands over (``target_features``). ``max_gamma`` (when given) is checked
     against the block size now rather than at the first step."""
 
+    one_pass = True  # the whole block in one forward (decode.loop.auto_gamma costs it per step)
+
     def __init__(self, draft: DFlashDraft, capacity: int = 0, max_gamma: int | None = None) -> None:
         if max_gamma is not None:
             check_block(draft, max_gamma)

@@ -81,7 +81,7 @@ def mask_token_id_for(tokenizer, vocab_size: int) -> int:
         return int(tokenizer.mask_token_id)
     if len(tokenizer) < vocab_size:
         return len(tokenizer)
-    raise ValueError(f"the target's embedding has no spare row for DFlash's mask token (the tokenizer has "
+    raise ValueError(f"the embedding has no spare row for a mask token (the tokenizer has "
                      f"{len(tokenizer)} tokens, vocab_size is {vocab_size}) and no mask token: pass mask_token_id, "
                      "an id the text never holds (e.g. a reserved special token)")
 

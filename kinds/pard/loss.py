@@ -1,0 +1,117 @@
+"""Training a PARD draft: every row position is slot 0 (the ordinary next-token prediction), and blocks of mask slots
+at random anchors teach the draft to predict further ahead, all in one forward of the draft.
+
+Notation: x_t the row's tokens, p_t the target's next-token distribution at position t (it predicts x_{t+1}),
+K = model.pard_gamma, m = model.pard_token. What the decoder runs when x_a is the newest token (kinds/pard/drafter.py):
+
+    query   x_0 .. x_a (the cache and cur), then m at positions a+1 .. a+K-1, causal
+    slot 0  the output at x_a drafts x_{a+1}                  scored against p_a
+    slot k  the output at the k-th m drafts x_{a+k+1}         scored against p_{a+k}   (k = 1 .. K-1)
+
+Training runs the row once, causally, which gives slot 0 at every position, and appends n blocks of K - 1 mask slots
+(anchors a among the positions whose x_{a+2} is a loss token: kinds.dflash.loss.sample_anchors on labels shifted by
+one). Block i's slot k sits at position a_i + k and sees the row's x_0 .. x_{a_i} and its own slots 1 .. k, nothing
+else (`block_attention`: an additive 4D mask; transformers passes a 4D mask through unchanged). The row's queries
+never see a slot, so slot 0 is the standalone draft's own forward.
+
+Loss: each slot's per-token mean over the optimizer step, weighted (distill.pard_position_decay = w; null: all 1),
+
+    L = (S_0 / N_0 + sum_k w_k S_k / N_k) / (1 + sum_k w_k)        w_k = exp(-k / w)
+
+S_k = the sum over slot k's positions of the recipe's per-token loss (distill.losses.distill_loss.chunked_distill_loss:
+any divergence against p, a mix with CE, or CE on the data alone), N_k their count over the step and every process.
+Equal weights are PARD's own objective (each mask offset's copy of the data counts the same).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from distill.utils import IGNORE_INDEX
+from kinds.dflash.loss import sample_anchors
+
+
+def pard_anchors(labels: torch.Tensor, attention_mask: torch.Tensor, count: int,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to `count` anchors a per row whose x_{a+2} is a loss token (slot 1 has something to learn): (anchors
+    [B, count], kept [B, count])."""
+    shifted = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    return sample_anchors(shifted, F.pad(attention_mask[:, 1:], (0, 1), value=0), count, generator)
+
+
+def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, gamma: int,
+                 pard_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row and its blocks' slots as one query: tokens and position ids [B, T + n * (gamma - 1)]."""
+    batch, length = input_ids.shape
+    offsets = torch.arange(1, gamma, device=anchors.device)
+    slots = torch.full((batch, anchors.shape[1] * (gamma - 1)), pard_token, dtype=input_ids.dtype,
+                       device=input_ids.device)
+    positions = torch.cat([torch.arange(length, device=input_ids.device).expand(batch, length),
+                           (anchors[..., None] + offsets).flatten(1)], dim=1)
+    return torch.cat([input_ids, slots], dim=1), positions
+
+
+def block_attention(anchors: torch.Tensor, attention_mask: torch.Tensor, gamma: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [B, 1, Q, Q] (0 where a query may attend, the dtype's minimum elsewhere), Q = T + n * s,
+    s = gamma - 1: a row query t sees row keys j <= t that are not padding (and itself); slot k of block i sees row
+    keys j <= a_i that are not padding and slots 1..k of block i."""
+    batch, count = anchors.shape
+    length, s = attention_mask.shape[1], gamma - 1
+    real = attention_mask.bool()
+    columns = torch.arange(length, device=anchors.device)
+    causal = columns[None, :] <= columns[:, None]
+    row_row = (causal[None] & real[:, None, :]) | torch.eye(length, dtype=torch.bool, device=anchors.device)[None]
+    row_slot = torch.zeros(batch, length, count * s, dtype=torch.bool, device=anchors.device)
+    slot_row = (columns[None, None, :] <= anchors[..., None]) & real[:, None, :]  # [B, n, T]
+    slot_row = slot_row[:, :, None, :].expand(batch, count, s, length).reshape(batch, count * s, length)
+    block_of = torch.arange(count * s, device=anchors.device) // s
+    slot_of = torch.arange(count * s, device=anchors.device) % s
+    slot_slot = (block_of[:, None] == block_of[None, :]) & (slot_of[None, :] <= slot_of[:, None])
+    allowed = torch.cat([torch.cat([row_row, row_slot], dim=2),
+                         torch.cat([slot_row, slot_slot.expand(batch, -1, -1)], dim=2)], dim=1)
+    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
+
+
+def slot_labels(labels: torch.Tensor, attention_mask: torch.Tensor, anchors: torch.Tensor, kept: torch.Tensor,
+                gamma: int) -> torch.Tensor:
+    """x_{a+k+1} for mask slot k = 1..gamma-1 of every block, IGNORE_INDEX where it is past the row, not a loss token,
+    padding or in a block not kept: [B, n, gamma - 1]."""
+    length = labels.shape[1]
+    index = anchors[..., None] + torch.arange(2, gamma + 1, device=anchors.device)  # [B, n, gamma - 1]
+    inside = index < length
+    flat = index.clamp(max=length - 1).flatten(1)
+    wanted = labels.gather(1, flat).view_as(index)
+    real = attention_mask.bool().gather(1, flat).view_as(index)
+    keep = inside & real & (wanted != IGNORE_INDEX) & kept[..., None]
+    return torch.where(keep, wanted, IGNORE_INDEX)
+
+
+def teacher_rows(final: torch.Tensor, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
+    """The target's final hidden states at a + k for mask slot k = 1..gamma-1 (p_{a+k} predicts x_{a+k+1}):
+    [B, n, gamma - 1, H']."""
+    length = final.shape[1]
+    index = (anchors[..., None] + torch.arange(1, gamma, device=anchors.device)).clamp(max=length - 1)
+    return final.gather(1, index.flatten(1)[..., None].expand(-1, -1, final.shape[-1])).view(
+        *index.shape, final.shape[-1])
+
+
+def slot_weights(gamma: int, decay: float | None) -> list[float]:
+    """w_k = exp(-k / decay) for mask slots k = 1..gamma-1 (all 1 without a decay); slot 0 weighs 1."""
+    return [1.0 if decay is None else math.exp(-k / decay) for k in range(1, gamma)]
+
+
+def slot_counts(labels: torch.Tensor) -> torch.Tensor:
+    """N_k of each mask slot, [gamma - 1] long, from slot_labels [B, n, gamma - 1]."""
+    return (labels != IGNORE_INDEX).sum(dim=(0, 1))
+
+
+def weighted_slot_loss(sums: list[torch.Tensor], counts: torch.Tensor, weights: list[float]) -> torch.Tensor:
+    """(sum_k w_k S_k / N_k) / sum_k w_k over slots 0..gamma-1 (w_0 = 1); `counts` [gamma] the step's N_k."""
+    weights = [1.0, *weights]
+    total = sums[0] * 0.0
+    for weight, s, n in zip(weights, sums, counts):
+        total = total + weight * s / n.clamp(min=1)
+    return total / sum(weights)
