@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from decode.inputs.checks import FileProblem, OneLineArgumentParser
+from decode.inputs.checks import FileProblem, OneLineArgumentParser, write_atomic
 from decode.deploy.deploy_check import check_deploy, check_serve, serving_commands
 from decode.inputs.loading import LoadError, resolve_model_path
 from decode.serving.vllm_engine import ServingError, find_vllm_python
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     print(f"\ndeployment check {verdict}\n\n{serving_commands(report)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        write_atomic(args.json, json.dumps(report.to_dict(), indent=2) + "\n")
     return 0 if report.passed else 1
 
 

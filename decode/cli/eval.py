@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from decode.inputs.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
-                           check_writable_file)
+                           check_writable_file, write_atomic)
 from kinds import DraftKind, kind_of_source
 from kinds.prompt_lookup import PROMPT_LOOKUP
 from decode.measure.evaluate import EvalSettings, evaluate_acceptance
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         print(f"wrote {args.output}")
     if args.save_outputs:
         args.save_outputs.parent.mkdir(parents=True, exist_ok=True)
-        args.save_outputs.write_text("".join(json.dumps(o) + "\n" for o in outputs))
+        write_atomic(args.save_outputs, "".join(json.dumps(o) + "\n" for o in outputs))
         print(f"wrote {args.save_outputs}")
     return report
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from decode.inputs.checks import read_text
+from decode.inputs.checks import read_text, write_atomic
 
 
 @dataclass
@@ -100,7 +100,7 @@ def write_eval_json(path: Path, report: dict[str, Any]) -> None:
     """The eval JSON at ``path``: ``report`` (EVAL_JSON_KEYS) plus ``environment`` (see ``environment``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**report, "environment": environment()}, indent=2) + "\n")
+    write_atomic(path, json.dumps({**report, "environment": environment()}, indent=2) + "\n")
 
 
 def read_eval_json(path: Path) -> dict[str, Any]:

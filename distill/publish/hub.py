@@ -28,7 +28,7 @@ import httpx2  # huggingface_hub's HTTP client: its transport errors are the net
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 
-from decode.inputs.checks import check_text_file, read_text
+from decode.inputs.checks import check_text_file, read_text, write_atomic
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG
 from distill.publish.model_card import (CARD_TAGS, build_model_card, check_repo_id, eval_prompts, infer_target,
                                 load_eval_results)
@@ -187,7 +187,7 @@ def write_card(model_dir: Path, *, repo_id: str, eval_json: Path | None = None, 
         copy = model_dir / eval_file_name(model_dir, eval_json)
         if not copy.exists() or not copy.samefile(eval_json):
             shutil.copyfile(eval_json, copy)
-    (model_dir / CARD_FILE).write_text(card)
+    write_atomic(model_dir / CARD_FILE, card)
     return model_dir / CARD_FILE
 
 

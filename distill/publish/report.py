@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
+from decode.inputs.checks import write_atomic
 from decode.measure.results import read_eval_json
 from decode.measure.table import CATEGORY_COLUMNS, REPORT_COLUMNS, format_table
 from distill.outputs.acceptance_log import best_checkpoint, read_records
@@ -306,5 +307,5 @@ def write_report(out_dir: Path, *, runs: Mapping[str, Path | Mapping[int, Path]]
     lines += _eval_section(out_dir, eval_payloads, out_dir.parent if root is None else Path(root), margin)
     lines += _run_section(out_dir, run_rows, gamma, temperature)
     report = out_dir / "report.md"
-    report.write_text("\n".join(lines).rstrip() + "\n")
+    write_atomic(report, "\n".join(lines).rstrip() + "\n")
     return report

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from decode.inputs.checks import read_text
+from decode.inputs.checks import read_text, write_atomic
 from distill.recipe.schema import OVERRIDE_SOURCE, RecipeError, key_error, short_type, unknown_key
 from distill.recipe.sections import SECTION_TYPES, SECTIONS, Recipe
 from distill.recipe.strict_yaml import DuplicateKeyError, key_lines, safe_load_strict
@@ -140,7 +140,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, dict[str, Any]]:
 
 def save_recipe(recipe: Recipe, path: str | Path) -> None:
     """Write the resolved recipe as YAML (loads back with load_recipe)."""
-    Path(path).write_text(yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False))
+    write_atomic(path, yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False))
 
 # ---------------------------------------------------------------------------------------------------------------
 # Reference table for recipes/README.md
