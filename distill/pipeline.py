@@ -21,12 +21,15 @@ import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
+from accelerate import PartialState
+
 from distill.data.sources import training_rows, with_synthesized_prompts
 from distill.models.fsdp import fsdp_enabled, shard_for_inference
 from distill.models.load import load_models
 from distill.publish.export import export_run
 from distill.recipe.sections import Recipe
 from distill.run.callbacks import AcceptanceCallback
+from distill.run.preemption import Preempted, PreemptionCallback
 from distill.run.preflight import check_run
 from distill.run.trainer import distil
 from kinds import kind_named
@@ -65,8 +68,14 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     # 4. distil
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to)
-    distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance], resume=checked.plan.resume,
-                       finished_at=checked.plan.finished_at, trainer_class=kind.trainer())
+    preemption = PreemptionCallback(recipe.train.preemption_grace_s)  # SIGTERM & co: save this step, stop
+    distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance, preemption],
+                       resume=checked.plan.resume, finished_at=checked.plan.finished_at, trainer_class=kind.trainer())
+    try:
+        preemption.finish(args.output_dir, PartialState().is_main_process)  # Preempted: steps 5 and 6 on resume
+    except Preempted:
+        distilled.end()
+        raise
     # 5. measure
     acceptance.measure_remaining(args, distilled.state, distilled.draft)
     # 6. export

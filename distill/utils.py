@@ -52,13 +52,16 @@ def plain_class(module: nn.Module) -> type:
     return cls.__mro__[2] if issubclass(cls, FSDPModule) and cls.__mro__[1] is FSDPModule else cls
 
 
-# test hook: SPECDISTILL_KILL_AT=name[:K] SIGKILLs the process the K-th time it reaches crash_point(name)
+# test hook: SPECDISTILL_KILL_AT=name[:K] SIGKILLs the process the K-th time it reaches crash_point(name);
+# SPECDISTILL_KILL_SIGNAL=TERM (INT, USR1, ...) sends that signal instead (a preemption at an exact moment)
 KILL_ENV = "SPECDISTILL_KILL_AT"
+SIGNAL_ENV = "SPECDISTILL_KILL_SIGNAL"
 _crash_counts: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process here when SPECDISTILL_KILL_AT names this point (test hook; a no-op otherwise)."""
+    """SIGKILL this process here when SPECDISTILL_KILL_AT names this point (test hook; a no-op otherwise); another
+    signal with SPECDISTILL_KILL_SIGNAL."""
     wanted = os.environ.get(KILL_ENV)
     if not wanted:
         return
@@ -67,4 +70,4 @@ def crash_point(name: str) -> None:
         return
     _crash_counts[name] = _crash_counts.get(name, 0) + 1
     if _crash_counts[name] == int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.Signals["SIG" + os.environ.get(SIGNAL_ENV, "KILL")])

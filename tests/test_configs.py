@@ -205,7 +205,7 @@ def test_no_training_arguments_field_is_declared_twice():
 
     theirs = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
     ours = set(RunFolderKeys.__annotations__) - {"section", "refused", "former_names"}
-    assert ours == {"overwrite_output_dir"} and not ours & theirs
+    assert ours == {"overwrite_output_dir", "preemption_grace_s"} and not ours & theirs
     assert set(TRAINING_ARGUMENTS_CHANGES) <= theirs and set(SET_BY_THE_RUN) <= theirs and set(LEFT_TO_OTHERS) <= theirs
     assert set(TrainConfig.model_fields) | set(SET_BY_THE_RUN) | set(LEFT_TO_OTHERS) == theirs | ours
     # other sections share two names with other meanings: eval.seed (sampling), hub.push_to_hub (the export, which

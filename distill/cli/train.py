@@ -19,6 +19,9 @@ does"); this script parses the command line, loads the recipe, calls it and repo
 OUTPUT_DIR (train.output_dir) ends up holding the best draft (distill.outputs.acceptance_log.best_checkpoint: cost-model
 speedup from measured acceptance, cost ratios measured once per run) as a model folder,
 recipe.yaml (the resolved recipe), acceptance.jsonl, train_results.json, checkpoint-*/ and runs/ (TensorBoard).
+
+Exit status: 0 done; 1 a mistake in what was given (one line); 75 stopped by SIGTERM, SIGINT or SIGUSR1 after saving
+a checkpoint of the step in progress (preempted.json says which; train.resume_from_checkpoint=true continues).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from distill.pipeline import run_recipe
 from distill.publish.export import PushError
 from distill.recipe.loader import load_recipe
 from distill.recipe.sections import RecipeError
+from distill.run.preemption import PREEMPTED_EXIT, Preempted
 from distill.utils import ModelSetupError
 
 # Errors in what the user gave us: reported as one line, exit status 1, no traceback.
@@ -87,6 +91,9 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     traceback."""
     try:
         main(argv, prog)
+    except Preempted as stopped:  # a scheduler's signal: a checkpoint of the last step is saved (distill.run.preemption)
+        print(f"{prog}: {stopped}", file=sys.stderr)
+        raise SystemExit(PREEMPTED_EXIT) from None
     except USER_ERRORS as err:
         first, *details = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
         message = " ".join([first, "; ".join(details)]).strip()  # one line, details (if any) separated by ;

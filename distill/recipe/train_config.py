@@ -61,7 +61,7 @@ TRAINING_ARGUMENTS_CHANGES: dict[str, FieldInfo] = {
 }
 ALSO_ALLOWED = {"resume_from_checkpoint": Literal[True],  # read by distill.run.preflight.plan_run, not by the Trainer
                 "dataloader_pin_memory": types.NoneType}  # null: decided by training_arguments on this machine
-NOT_PASSED = ("resume_from_checkpoint", "overwrite_output_dir")  # the run folder's keys: Trainer.train gets resume
+NOT_PASSED = ("resume_from_checkpoint", "overwrite_output_dir", "preemption_grace_s")  # the run folder's keys: Trainer.train gets resume
 SET_BY_THE_RUN: dict[str, tuple[Any, str]] = {  # name -> (value, why)
     "eval_strategy": ("no", "acceptance is measured at every checkpoint (the eval: section); the Trainer has no "
                             "evaluation set"),
@@ -83,7 +83,7 @@ LEFT_TO_OTHERS: dict[str, str] = {
 
 class RunFolderKeys(Section):
     """The optimisation loop: transformers.TrainingArguments' own fields (these rows: where our default or meaning
-    differs), and one key of ours about the output folder."""
+    differs), and two keys of ours: the output folder's, and the grace period after a preemption signal."""
 
     section = "train"
     refused = {**{name: f"set by the run to {value!r} ({why}); leave it out"
@@ -94,6 +94,11 @@ class RunFolderKeys(Section):
     overwrite_output_dir: bool = Field(
         False, description="Start a new run in an output_dir that holds one (its checkpoints, logs and export are "
                            "deleted); without it such a run is refused.")
+    preemption_grace_s: float = Field(
+        30.0, gt=0, description="After SIGTERM, SIGINT or SIGUSR1 (a scheduler's notice before it kills): the step in "
+                                "progress ends, a checkpoint of it is saved and the run exits with code 75 "
+                                "(resume_from_checkpoint=true continues bit for bit); past this many seconds it exits "
+                                "at once, the last complete checkpoint kept. 30 = SLURM's default KillWait.")
 
     @model_validator(mode="after")
     def _rules(self) -> RunFolderKeys:

@@ -113,6 +113,10 @@ class AcceptanceCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 model: PreTrainedModel | None = None, **kwargs):
+        """Measure the checkpoint just saved; not one saved on a stop before the last step (a preemption: its grace
+        period is for the save; the resumed run measures what lacks its lines)."""
+        if control.should_training_stop and state.global_step < state.max_steps:
+            return
         if self.cfg.at_checkpoints:
             self._measure_on_rank_zero(args, state, served_draft(model), f"checkpoint-{state.global_step}")
 

@@ -1,0 +1,116 @@
+"""Preemption (distill/run/preemption.py): SIGTERM, SIGINT or SIGUSR1 during a step ends that step, saves a complete
+checkpoint of it without measuring it, writes preempted.json and exits with 75; the resumed run measures what lacks its
+lines and ends equal, bit for bit, to a run that was never stopped. A signal outside the grace period's reach (a step
+that never ends) exits within the grace period. The signal arrives at an exact moment: SPECDISTILL_KILL_AT=train-step:K
+with SPECDISTILL_KILL_SIGNAL sends it to the run itself as step K begins."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from distill.outputs.acceptance_log import read_records
+from distill.run.preemption import PREEMPTED_EXIT, STOP_FILE
+from distill.utils import KILL_ENV, SIGNAL_ENV
+from test_kill_resume import RUN, STEPS  # the tiny run of those tests
+from test_kill_resume import reference, workdir  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
+from helpers import TINY_RECIPE
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def command(workdir: Path, out: str, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "train.py"), TINY_RECIPE, f"model.target={workdir / 'target'}",
+            f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={workdir / out}", *RUN, *extra]
+
+
+def signalled_run(workdir: Path, out: str, step: int, name: str) -> subprocess.CompletedProcess:
+    env = {**ENV, KILL_ENV: f"train-step:{step}", SIGNAL_ENV: name}
+    return subprocess.run(command(workdir, out), env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name, step", [("TERM", 6), ("INT", 3), ("USR1", 9)])
+def test_a_signal_saves_the_step_in_progress_and_resume_ends_bit_for_bit(workdir, reference, name, step):
+    done = signalled_run(workdir, f"signal_{name}", step, name)
+    assert done.returncode == PREEMPTED_EXIT, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line == (f"specdistill-train: stopped by SIG{name} at step {step}: checkpoint-{step} is saved in "
+                    f"{workdir / f'signal_{name}'}; continue with train.resume_from_checkpoint=true"), line
+    folder = workdir / f"signal_{name}"
+    note = json.loads((folder / STOP_FILE).read_text())
+    assert note["signal"] == f"SIG{name}" and note["step"] == step and note["exit_code"] == PREEMPTED_EXIT
+    assert (folder / f"checkpoint-{step}" / "model.safetensors").is_file()  # no finished optimizer step lost
+    assert not (folder / "train_results.json").exists() and not (folder / "model.safetensors").exists()
+    assert step not in {r["step"] for r in read_records(folder)}  # the grace period went to the save, not a measurement
+    resumed = subprocess.run(command(workdir, f"signal_{name}", "train.resume_from_checkpoint=true"), env=ENV,
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for saved in STEPS:
+        ours, theirs = (load_file(f / f"checkpoint-{saved}" / "model.safetensors") for f in (folder, reference))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), saved
+    assert {r["step"] for r in read_records(folder)} >= set(STEPS)
+    assert not (folder / STOP_FILE).exists()  # the run finished: the note of its preemption is gone
+
+
+@pytest.mark.integration
+def test_a_signal_from_outside_stops_a_long_run_within_seconds(workdir):
+    """As a scheduler sends it: SIGTERM at some moment of a long run; the run saves the step it was in and exits 75."""
+    process = subprocess.Popen(command(workdir, "outside", "train.max_steps=100000", "train.save_steps=100000"),
+                               env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((workdir / "outside" / "runs").glob("*")):
+        time.sleep(0.2)  # TensorBoard's folder appears when training begins
+    time.sleep(2)
+    process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == PREEMPTED_EXIT, stderr[-3000:]
+    assert time.monotonic() - sent < 20
+    step = json.loads((workdir / "outside" / STOP_FILE).read_text())["step"]
+    assert step > 0 and (workdir / "outside" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+
+def test_the_grace_period_bounds_the_exit_when_a_step_never_ends(tmp_path):
+    """A step that hangs past train.preemption_grace_s: the watchdog exits with 75 after the grace period."""
+    script = (
+        "import os, signal, time\n"
+        "from distill.run.preemption import PreemptionCallback\n"
+        "callback = PreemptionCallback(grace_s=1.0)\n"
+        "callback.install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(60)\n"  # a step that never ends
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == PREEMPTED_EXIT, done.stderr[-2000:]
+    assert 0.9 < time.monotonic() - started < 20
+    assert "grace period after SIGTERM ran out" in done.stderr
+
+
+def test_ctrl_c_twice_exits_at_once(tmp_path):
+    script = (
+        "import os, signal, time\n"
+        "from distill.run.preemption import PreemptionCallback\n"
+        "callback = PreemptionCallback(grace_s=60.0)\n"
+        "callback.install()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(0.2)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(60)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 130 and time.monotonic() - started < 20
