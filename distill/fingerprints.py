@@ -1,8 +1,10 @@
-"""Fingerprints of what stored data depend on: a model's config and weights (sampled, or every byte), a tokenizer's
+"""Fingerprints of what stored data depend on: a model's config and every byte of its weights, a tokenizer's
 vocabulary, token lists.
 
-Short sha256 hex digests, stable across processes (weights_hash also across load dtypes); the shard stores
-(distill/data/shard_store.py) compare them to decide whether a folder can be reused or resumed.
+Short sha256 hex digests, stable across processes; the shard stores (distill/data/shard_store.py) compare them to
+decide whether a folder can be reused or resumed. Weights are hashed in full, never sampled: a sparse change (a few
+new embedding rows) or one below bfloat16's precision (a few fine-tuning steps) changes the key, so no cache of the
+old target is reused for the new one.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ from transformers import PreTrainedTokenizerBase
 # Config keys that say how a model was loaded or saved, not what it computes.
 _VOLATILE_CONFIG_KEYS = ("transformers_version", "dtype", "torch_dtype", "use_cache", "architectures")
 _SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
-_SAMPLES_PER_TENSOR = 1024
 
 
 def _digest(*parts: bytes | str) -> str:
@@ -41,21 +42,6 @@ def config_hash(model: nn.Module) -> str:
 
 
 @torch.no_grad()
-def weights_hash(model: nn.Module) -> str:
-    """Hash of every parameter's name, shape and an evenly strided sample of up to 1024 of its values.
-
-    Values are hashed as bfloat16, so the same checkpoint loaded in float32, bfloat16 or float16 hashes alike
-    (the dtype a cache was built in is recorded separately). Reads ~1k values per tensor: cheap on any device.
-    """
-    parts: list[bytes | str] = []
-    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-        flat = param.detach().reshape(-1)
-        step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
-        sample = flat[::step][:_SAMPLES_PER_TENSOR].to("cpu", torch.bfloat16).contiguous()
-        parts += [name, str(tuple(param.shape)), sample.view(torch.int16).numpy().tobytes()]
-    return _digest(*parts)
-
-
 @torch.no_grad()
 def full_weights_hash(model: nn.Module,
                       whole: Callable[[nn.Parameter], AbstractContextManager[torch.Tensor]] | None = None,

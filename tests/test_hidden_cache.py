@@ -17,7 +17,7 @@ from distill.data.hidden_cache import (METADATA_FILE, HiddenStateCollator, build
                                        load_hidden_cache, target_features, with_hidden_columns)
 from distill.data.rows import IGNORE_INDEX, DistillCollator
 from distill.data.shard_store import CacheMismatchError
-from distill.fingerprints import full_weights_hash, weights_hash
+from distill.fingerprints import full_weights_hash
 from distill.models import load
 from distill.recipe.sections import ModelConfig
 from kinds.eagle3 import trainer as head_trainer
@@ -146,15 +146,21 @@ def test_a_cache_of_other_inputs_is_refused_naming_what_differs(target, rows, ca
         with_hidden_columns(other_rows, cache32)
 
 
-def test_the_full_weights_hash_sees_a_change_the_sampled_hash_misses(target):
-    """weights_hash reads 1024 strided values per tensor: a change between them is invisible to it, not to
-    full_weights_hash (every byte)."""
+def test_the_full_weights_hash_sees_a_change_a_strided_sample_misses(target):
+    """Every byte counts: a change between the values a strided sample of 1024 per tensor reads (the embedding's
+    3072 values at stride 3), and one below bfloat16's precision, change the hash; any chunking does not."""
     changed = copy.deepcopy(target)
     with torch.no_grad():
-        embed = changed.get_input_embeddings().weight  # [96, 32]: 3072 values, stride 3
+        embed = changed.get_input_embeddings().weight  # [96, 32]: 3072 values; a stride-3 sample skips index 1
         embed.view(-1)[1] += 1.0
-    assert weights_hash(changed) == weights_hash(target)
     assert full_weights_hash(changed) != full_weights_hash(target)
+    below_bfloat16 = copy.deepcopy(target)
+    with torch.no_grad():
+        weight = below_bfloat16.get_input_embeddings().weight
+        weight.view(-1)[40] = weight.view(-1)[40] * (1 + 2 ** -12)  # bfloat16 keeps 8 bits of mantissa (row 0: padding)
+    assert weight.view(-1)[40] != target.get_input_embeddings().weight.view(-1)[40]
+    assert weight.view(-1)[40].bfloat16() == target.get_input_embeddings().weight.view(-1)[40].bfloat16()
+    assert full_weights_hash(below_bfloat16) != full_weights_hash(target)
     assert full_weights_hash(copy.deepcopy(target)) == full_weights_hash(target)
     assert full_weights_hash(target, chunk_values=7) == full_weights_hash(target)  # streamed in any chunks
 

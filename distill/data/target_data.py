@@ -47,7 +47,7 @@ from distill.data.rows import padding_id
 from decode.serving.vllm_engine import find_vllm_python
 from distill.data.shard_store import ShardStore
 from distill.data.target_vllm import VLLMEngine
-from distill.fingerprints import config_hash, token_lists_hash, vocab_hash, weights_hash
+from distill.fingerprints import config_hash, full_weights_hash, token_lists_hash, vocab_hash
 from distill.utils import IGNORE_INDEX, eval_mode
 
 FORMAT_VERSION = 1
@@ -99,7 +99,7 @@ def _model_fingerprint(model: nn.Module | Any | None) -> str | None:
     if model is None:
         return None
     if isinstance(model, nn.Module):
-        return f"{config_hash(model)}-{weights_hash(model)}"
+        return f"{config_hash(model)}-{full_weights_hash(model)}"
     settings = sorted((k, v) for k, v in vars(model).items() if isinstance(v, (bool, int, float, str)))
     return f"{type(model).__name__}{settings}"
 

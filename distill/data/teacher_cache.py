@@ -45,7 +45,7 @@ from decode.inputs.vocab import lm_head_rows
 from distill.data.row_cache import (attach_columns, build_row_shards, check_row_lengths, open_complete, open_rows,
                                     padded_batches, row_lengths)
 from distill.data.shard_store import CacheMismatchError, ShardStore
-from distill.fingerprints import config_hash, dataset_hash, vocab_hash, weights_hash
+from distill.fingerprints import config_hash, dataset_hash, full_weights_hash, vocab_hash
 from distill.losses.divergences import SparseTeacher
 
 FORMAT_VERSION = 1
@@ -98,7 +98,7 @@ def cache_spec(target: nn.Module, dataset: datasets.Dataset, tokenizer: PreTrain
         raise ValueError(f"the dataset has no input_ids column (columns: {', '.join(dataset.column_names)})")
     lengths = row_lengths(dataset)
     return CacheSpec(target_id=target_id, target_config_hash=config_hash(target),
-                     target_weights_hash=weights_hash(target), tokenizer_vocab_hash=vocab_hash(tokenizer),
+                     target_weights_hash=full_weights_hash(target), tokenizer_vocab_hash=vocab_hash(tokenizer),
                      vocab_size=vocab, k=k, logprob_dtype=logprob_dtype, dataset_hash=dataset_hash(dataset),
                      num_rows=len(dataset), max_length=int(lengths.max()) if lengths.size else 0)
 
@@ -218,7 +218,7 @@ def load_teacher_cache(
     if target_id is not None:
         wanted["target_id"] = target_id
     if target is not None:
-        wanted.update(target_config_hash=config_hash(target), target_weights_hash=weights_hash(target),
+        wanted.update(target_config_hash=config_hash(target), target_weights_hash=full_weights_hash(target),
                       vocab_size=lm_head_rows(target))
     if tokenizer is not None:
         wanted["tokenizer_vocab_hash"] = vocab_hash(tokenizer)
