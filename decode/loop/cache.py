@@ -50,13 +50,14 @@ class CachedLM:
         return lm_head_rows(self.model)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Append ``tokens`` [1, T] to the cache; returns logits [T, V] (or [1, V] with ``last_only``)."""
+    def forward(self, tokens: torch.Tensor, last_only: bool = False, keep: int = 0) -> torch.Tensor:
+        """Append ``tokens`` [1, T] to the cache; returns logits [T, V] (or [1, V] with ``last_only``; [keep, V], the
+        last ``keep`` positions' only, with ``keep`` > 0: the lm_head reads out no other row)."""
         out = self.model(
             input_ids=tokens,
             **{self.cache_keyword: self.cache},
             use_cache=True,
-            logits_to_keep=1 if last_only else 0,
+            logits_to_keep=1 if last_only else keep,
             output_hidden_states=bool(self.aux_layers),
         )
         if self.aux_layers:

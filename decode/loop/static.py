@@ -229,8 +229,9 @@ class StaticLM:
         return lm_head_rows(self.model)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Append ``tokens`` [1, T]; logits [T, V] (or [1, V] with ``last_only``). Padded up to a compiled length."""
+    def forward(self, tokens: torch.Tensor, last_only: bool = False, keep: int = 0) -> torch.Tensor:
+        """Append ``tokens`` [1, T]; logits [T, V] (or [1, V] with ``last_only``, the last ``keep`` rows with
+        ``keep`` > 0). Padded up to a compiled length."""
         n = tokens.shape[1]
         if self.length + n > self.session.capacity:
             raise ValueError(f"the static cache holds {self.session.capacity} positions; cannot append {n} to "
@@ -246,7 +247,7 @@ class StaticLM:
         self.length += n
         if padded != n:
             self.session.set_position(self.length)
-        return logits[-1:] if last_only else logits
+        return logits[-1:] if last_only else logits[-keep:] if keep else logits
 
     def rollback(self, num_tokens: int) -> None:
         """Forget the last ``num_tokens`` tokens: move the write position back."""

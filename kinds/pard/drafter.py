@@ -68,7 +68,7 @@ class ParallelDrafter:
         slots = cur.new_full((1, gamma - 1), self.mask_token)
         feed = torch.cat([*self.pending, cur, slots], dim=1).clamp_max(self.embed_size - 1)
         self.pending = []
-        logits = self.lm.forward(feed)[-gamma:, : self.shared_vocab]  # rows of cur and the gamma - 1 slots
+        logits = self.lm.forward(feed, keep=gamma)[:, : self.shared_vocab]  # rows of cur and the gamma - 1 slots
         self.slots = gamma - 1
         if cfg.greedy:
             self.proposed = logits.argmax(dim=-1)
