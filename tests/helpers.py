@@ -101,3 +101,25 @@ class ForwardCounter:
 
     def remove(self):
         self.handle.remove()
+
+
+def learnt_tiny_pair(root: Path) -> Path:
+    """root/target (a 4-layer tiny Llama that has learnt TINY_TEXT for 60 steps; its embedding has one spare row past
+    the tokenizer, for a mask token) and root/code.txt; returns root. The block drafters' whole-run tests train on it."""
+    from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    target = tiny_model("llama", vocab_size=len(tokenizer) + 1, hidden=32, layers=4).train()
+    ids = torch.tensor(tokenizer(TINY_TEXT)["input_ids"])
+    optimizer = torch.optim.AdamW(target.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        starts = torch.randint(0, len(ids) - 65, (8,), generator=generator)
+        batch = torch.stack([ids[s:s + 65] for s in starts])
+        target(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    target.eval().save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    (root / "code.txt").write_text(TINY_TEXT)
+    return root

@@ -29,13 +29,13 @@ from decode.loop.sampling import SamplingConfig
 from distill.data.rows import DistillCollator
 from distill.models import load
 from distill.recipe.sections import DistillConfig
-from helpers import ROOT, cli_error, train_script
+from helpers import ROOT, cli_error, learnt_tiny_pair, train_script
 from kinds import kind_named, kind_of, kind_of_source
 from kinds.pard import KIND as PARD
 from kinds.pard.drafter import ParallelDrafter, feed_lengths
 from kinds.pard.loss import block_attention, block_inputs, pard_anchors, slot_labels, slot_weights
 from kinds.pard.trainer import PardTrainer
-from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
+from tiny import tiny_model, tiny_tokenizer
 
 RECIPE = str(ROOT / "recipes" / "tiny_pard.yaml")
 PROMPTS = [torch.tensor([[1, 5, 7, 9, 11, 5, 7]]), torch.tensor([[1]]),
@@ -308,22 +308,7 @@ def test_anchors_sit_where_slot_one_has_a_loss_token():
 def workdir(tmp_path_factory) -> Path:
     """target/ (a 4-layer tiny Llama that has learnt TINY_TEXT; its embedding has a spare row for the mask token)
     and code.txt."""
-    root = tmp_path_factory.mktemp("pard")
-    tokenizer = tiny_tokenizer()
-    target = tiny_model("llama", vocab_size=len(tokenizer) + 1, hidden=32, layers=4).train()
-    ids = torch.tensor(tokenizer(TINY_TEXT)["input_ids"])
-    optimizer = torch.optim.AdamW(target.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(60):
-        starts = torch.randint(0, len(ids) - 65, (8,), generator=generator)
-        batch = torch.stack([ids[s:s + 65] for s in starts])
-        target(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    target.eval().save_pretrained(root / "target")
-    tokenizer.save_pretrained(root / "target")
-    (root / "code.txt").write_text(TINY_TEXT)
-    return root
+    return learnt_tiny_pair(tmp_path_factory.mktemp("pard"))
 
 
 def run(workdir: Path, out: str, *overrides: str) -> Path:

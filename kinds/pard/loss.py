@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 from distill.utils import IGNORE_INDEX
 from kinds.dflash.loss import sample_anchors
+from kinds.dflash.loss import slot_labels as dflash_slot_labels
+from kinds.dflash.loss import teacher_rows as dflash_teacher_rows
 
 
 def pard_anchors(labels: torch.Tensor, attention_mask: torch.Tensor, count: int,
@@ -78,24 +80,15 @@ def block_attention(anchors: torch.Tensor, attention_mask: torch.Tensor, gamma: 
 def slot_labels(labels: torch.Tensor, attention_mask: torch.Tensor, anchors: torch.Tensor, kept: torch.Tensor,
                 gamma: int) -> torch.Tensor:
     """x_{a+k+1} for mask slot k = 1..gamma-1 of every block, IGNORE_INDEX where it is past the row, not a loss token,
-    padding or in a block not kept: [B, n, gamma - 1]."""
-    length = labels.shape[1]
-    index = anchors[..., None] + torch.arange(2, gamma + 1, device=anchors.device)  # [B, n, gamma - 1]
-    inside = index < length
-    flat = index.clamp(max=length - 1).flatten(1)
-    wanted = labels.gather(1, flat).view_as(index)
-    real = attention_mask.bool().gather(1, flat).view_as(index)
-    keep = inside & real & (wanted != IGNORE_INDEX) & kept[..., None]
-    return torch.where(keep, wanted, IGNORE_INDEX)
+    padding or in a block not kept: [B, n, gamma - 1]. Mask slot k at anchor a drafts what DFlash's block slot k at
+    anchor a + 1 drafts (kinds.dflash.loss.slot_labels)."""
+    return dflash_slot_labels(labels, attention_mask, anchors + 1, kept, gamma)
 
 
 def teacher_rows(final: torch.Tensor, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
     """The target's final hidden states at a + k for mask slot k = 1..gamma-1 (p_{a+k} predicts x_{a+k+1}):
-    [B, n, gamma - 1, H']."""
-    length = final.shape[1]
-    index = (anchors[..., None] + torch.arange(1, gamma, device=anchors.device)).clamp(max=length - 1)
-    return final.gather(1, index.flatten(1)[..., None].expand(-1, -1, final.shape[-1])).view(
-        *index.shape, final.shape[-1])
+    [B, n, gamma - 1, H'] (kinds.dflash.loss.teacher_rows at anchor a + 1)."""
+    return dflash_teacher_rows(final, anchors + 1, gamma)
 
 
 def slot_weights(gamma: int, decay: float | None) -> list[float]:
