@@ -112,6 +112,22 @@ def sample_speculative(target, draft, cfg, runs, seed=0):
     return samples
 
 
+def lossless_pvalues(target, draft, cfg, runs: int = 1500) -> list[float]:
+    """chi-square p-values of speculative samples against the target's exact marginals: the first, second and third
+    token and the joint of the first two (any draft kind: the acceptance rule must make them the target's)."""
+    p1, p2, p3, p12 = exact_marginals(target, cfg)
+    s = sample_speculative(target, draft, cfg, runs=runs)
+    return [chi2_pvalue(torch.bincount(observed, minlength=expected.numel()), expected)
+            for observed, expected in [(s[:, 0], p1), (s[:, 1], p2), (s[:, 2], p3), (s[:, 0] * VOCAB + s[:, 1], p12)]]
+
+
+def control_pvalues(target, draft, cfg, runs: int = 800) -> list[float]:
+    """The first two tokens' p-values, for a negative control (the caller breaks the acceptance rule first)."""
+    p1, p2, _, _ = exact_marginals(target, cfg)
+    s = sample_speculative(target, draft, cfg, runs=runs)
+    return [chi2_pvalue(torch.bincount(s[:, j], minlength=VOCAB), p) for j, p in enumerate([p1, p2])]
+
+
 def models():
     target = tiny_model("llama", seed=0, vocab_size=VOCAB)
     draft = tiny_model("llama", seed=5, vocab_size=VOCAB, layers=1)  # a different model: real rejections
