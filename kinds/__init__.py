@@ -1,5 +1,5 @@
 """The kinds of draft, one folder each, named in one registry: a standalone draft model, prompt lookup, an EAGLE-3
-head, a DFlash block drafter, a PARD parallel draft.
+head, a P-EAGLE parallel head, a DFlash block drafter, a PARD parallel draft.
 
 Each kind's folder (kinds/<name>/) holds its model, its drafter for our decoder, its recipe keys and defaults, how it
 is built and trained, its export, its deployment checks, its serving commands and its model-card text; its
@@ -18,13 +18,14 @@ from __future__ import annotations
 from kinds.base import Kind
 from kinds.dflash import KIND as DFLASH
 from kinds.eagle3 import KIND as EAGLE3
+from kinds.p_eagle import KIND as P_EAGLE
 from kinds.pard import KIND as PARD
 from kinds.prompt_lookup import KIND as PROMPT_LOOKUP
 from kinds.standalone import KIND as STANDALONE
 
-# The registry. Recognised in this order: the standalone model last (it takes any other folder or hub id, and any
-# other module).
-KINDS: tuple[Kind, ...] = (PROMPT_LOOKUP, EAGLE3, DFLASH, PARD, STANDALONE)
+# The registry. Recognised in this order: a P-EAGLE head before the EAGLE-3 heads it extends, the standalone model last
+# (it takes any other folder or hub id, and any other module).
+KINDS: tuple[Kind, ...] = (PROMPT_LOOKUP, P_EAGLE, EAGLE3, DFLASH, PARD, STANDALONE)
 
 DraftKind = Kind  # the interface's name where decoding code annotates with it
 

@@ -162,6 +162,32 @@ def test_vllm_runs_our_pard_export_in_parallel_with_our_tau(pair):
     assert SpecCounters.from_spec_stats(ours["stats"]) == SpecCounters.from_dict(vllm["stats"])  # step by step
 
 
+def test_vllm_runs_our_p_eagle_export_in_parallel_with_our_tau(pair):
+    """A P-EAGLE head trained here (test_p_eagle.train_head: every slot learns the target's greedy continuations), saved
+    as our export writes it, runs in vLLM's CPU build as `"method": "eagle3", "parallel_drafting": true` (the mask id
+    from config.json's ptd_token_id, the mask slots' hidden state from the weights' mask_hidden): vLLM's speculative
+    greedy output equals its plain output, tau is within the tolerance and the accepted counts agree step by step."""
+    from test_p_eagle import new_head, train_head
+
+    from kinds import kind_named
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(pair / "target")
+    prompts = [torch.tensor(tokenizer(json.loads(line)["prompt"])["input_ids"])
+               for line in (pair / "prompts.jsonl").read_text().splitlines()]
+    head = train_head(target, new_head(target, seed=2, token=3), steps=300, lr=3e-3, prompts=prompts)
+    kind_named("p_eagle").save(head, pair / "p_eagle", gamma=3)
+    report = run_both(pair, str(pair / "p_eagle"))
+    [ours], [vllm], [row] = report["results"], report["vllm_results"], report["parity"]
+    assert vllm["greedy_match"] == 1.0 and ours["greedy_match"] == 1.0
+    assert report["target_match_vllm"] == 1.0 and vllm["stats"]["num_drafts"] > 0
+    assert ours["mean_accepted_tokens"] > 1.05 and ours["per_position_acceptance"][1] > 0  # the mask slots count
+    assert abs(row["ratio"] - 1) <= DEFAULT_TOLERANCE, row
+    assert SpecCounters.from_spec_stats(ours["stats"]) == SpecCounters.from_dict(vllm["stats"])  # step by step
+
+
 def test_vllm_runs_our_dflash_export_with_our_tau(pair):
     """A DFlash draft trained here (test_dflash_decode.train_draft: every block slot learns the target's greedy
     token), saved as our export writes it, runs in vLLM's CPU build (`"method": "dflash"`: its CPU attention backend

@@ -78,8 +78,8 @@ class ModelKeys(Section):
 class ModelConfig(*MODEL_OPTIONS, ModelKeys):
     """Which target to distil from and how the draft is made: its kind (model.draft_kind, kinds/) and that kind's
     keys: a standalone model (exactly one of draft, draft_layers, draft_config), an EAGLE-3 head on the target's
-    hidden states (aux_layers, draft_vocab_size, ...), a DFlash block drafter (dflash_*), a PARD draft (a standalone
-    draft's keys and pard_*)."""
+    hidden states (aux_layers, draft_vocab_size, ...), a P-EAGLE head (an EAGLE-3 head's keys and ptd_*), a DFlash
+    block drafter (dflash_*), a PARD draft (a standalone draft's keys and pard_*)."""
 
     @model_validator(mode="after")
     def _rules(self) -> ModelConfig:
@@ -204,7 +204,7 @@ class DistillKeys(Section):
 
 class DistillConfig(*DISTILL_OPTIONS, DistillKeys):
     """The distill section: the shared keys (DistillKeys) and each kind's own (ttt_* of EAGLE-3 heads, dflash_* of
-    DFlash drafts, pard_* of PARD drafts)."""
+    DFlash drafts, pard_* of PARD drafts and P-EAGLE heads)."""
 
 
 class EvalConfig(Section):

@@ -100,10 +100,11 @@ def teacher_lm_head(target: PreTrainedModel) -> nn.Module:
     return linear.requires_grad_(False)
 
 
-def build_head(cfg: ModelConfig, target: PreTrainedModel, dtype: torch.dtype) -> Eagle3Head:
-    """A fresh, trainable head on `target` (its input embedding shared and frozen: head_embedding), in train mode.
-    Its vocabulary is the first draft_vocab_size ids until set_draft_vocabulary."""
-    head = Eagle3Head(plan_head(cfg, target.config)).to(dtype)
+def build_head(cfg: ModelConfig, target: PreTrainedModel, dtype: torch.dtype,
+               config: PretrainedConfig | None = None) -> Eagle3Head:
+    """A fresh, trainable head on `target` (its input embedding shared and frozen: head_embedding), in train mode,
+    of `config` (default: plan_head's). Its vocabulary is the first draft_vocab_size ids until set_draft_vocabulary."""
+    head = Eagle3Head(config or plan_head(cfg, target.config)).to(dtype)
     head.bind_embeddings(head_embedding(target))
     head.set_vocab(torch.arange(head.d2t.numel()))
     return head.requires_grad_(True).train()

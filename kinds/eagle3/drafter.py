@@ -146,14 +146,16 @@ def bound_head(head: Eagle3Head, target: torch.nn.Module) -> Eagle3Head:
     return head
 
 
-def head_cache(head: Eagle3Head, capacity: int, compile: bool, max_gamma: int) -> HeadCache:
+def head_cache(head: Eagle3Head, capacity: int, compile: bool, max_gamma: int,
+               lengths: tuple[int, ...] | None = None) -> HeadCache:
     """An empty head cache for one generation: eager, a new one; compiled, the registry's (decode.loop.static) for this
-    head, whose compiled 1-token and (max_gamma + 1)-token steps are reused across generations."""
+    head, whose compiled steps (`lengths`; default 1 and max_gamma + 1 tokens) are reused across generations."""
+    lengths = lengths or (1, max_gamma + 1)
     if not compile:
         return HeadCache(head, capacity)
-    cache = register(head, "head", lambda: HeadCache(head, capacity, True, (1, max_gamma + 1)))
-    if max_gamma + 1 not in cache.lengths:
-        cache.lengths = tuple(sorted({*cache.lengths, max_gamma + 1}))
+    cache = register(head, "head", lambda: HeadCache(head, capacity, True, lengths))
+    if not set(lengths) <= set(cache.lengths):
+        cache.lengths = tuple(sorted({*cache.lengths, *lengths}))
     cache.reserve(capacity)
     cache.precompile()
     cache.length = 0
@@ -178,8 +180,12 @@ class HeadDrafter:
         if head_vocab > target_vocab_size:
             raise ValueError(f"the head's vocab_size {head_vocab} exceeds the target's {target_vocab_size} rows")
         self.vocab_size = target_vocab_size
-        self.cache = head_cache(self.head, max(self.capacity, prefix.shape[1] + 1), self.compile, self.max_gamma)
+        self.cache = self.new_cache(max(self.capacity, prefix.shape[1] + 1))
         self.features, self.drafted = [], 0
+
+    def new_cache(self, capacity: int) -> HeadCache:
+        """The head's empty cache for one generation of up to ``capacity`` committed positions."""
+        return head_cache(self.head, capacity, self.compile, self.max_gamma)
 
     def target_features(self, aux: torch.Tensor) -> None:
         """The target's aux hidden states [T, k * H] of the next T committed tokens (those it processed last)."""

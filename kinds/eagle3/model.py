@@ -62,6 +62,12 @@ def read_config(folder: str | Path) -> dict:
     return json.loads(read_text(Path(folder) / "config.json"))
 
 
+def parallel_token(config: dict | PretrainedConfig) -> int | None:
+    """The mask token of a head that drafts in parallel (P-EAGLE: `ptd_token_id`, as vLLM reads it), else None."""
+    token = config.get("ptd_token_id") if isinstance(config, dict) else getattr(config, "ptd_token_id", None)
+    return None if token is None else int(token)
+
+
 def aux_layer_ids(config: dict) -> list[int]:
     """The aux layer ids of a head's config dict ([] when it names none)."""
     return list((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [])
@@ -143,7 +149,8 @@ class MidLayer(nn.Module):
 class Eagle3Head(nn.Module):
     """An EAGLE-3 head. `embed_tokens` is the target's input embedding (set by `bind_embeddings`; not a parameter
     of the head, never saved). Buffers: d2t [V_draft] (target id = draft id + d2t), t2d [V] (is the target id in
-    the draft vocabulary)."""
+    the draft vocabulary). A P-EAGLE head (config.ptd_token_id set, kinds/p_eagle) has one more parameter,
+    mask_hidden [1, k * H_target]: the aux hidden states its mask slots read, saved under that name (vLLM's)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -157,6 +164,8 @@ class Eagle3Head(nn.Module):
         self.rotary = LlamaRotaryEmbedding(config=config)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+        if parallel_token(config) is not None:  # a P-EAGLE head: the learned aux hidden states of its mask slots
+            self.mask_hidden = nn.Parameter(torch.zeros(1, len(aux) * config.target_hidden_size))
         self._embed = SharedEmbedding()  # not a submodule: the target's, never saved, not copied
 
     # -- wiring ---------------------------------------------------------------------------------------------------
@@ -198,6 +207,11 @@ class Eagle3Head(nn.Module):
     def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """fc over the concatenated aux hidden states: [B, T, k * H_target] -> [B, T, H]."""
         return self.fc(aux_hidden)
+
+    def mask_input(self) -> torch.Tensor:
+        """What a P-EAGLE mask slot reads as its hidden state, fc(mask_hidden): [H] (vLLM's
+        combine_hidden_states(mask_hidden))."""
+        return self.fc(self.mask_hidden.view(-1))
 
     def project(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ class HeadTrainer(DistillTrainer):
 
     def __init__(self, model: Eagle3Head, **kwargs: Any) -> None:
         distill = kwargs["distill"]
-        super().__init__(model=UnrolledHead(model, distill.ttt_steps), **kwargs)
+        super().__init__(model=self.wrapped(model, distill), **kwargs)
         self.head = model
         if model.bound_embeddings is not None:  # a whole copy of the target's embedding (ZeRO-3, FSDP2) joins the head
             model.bound_embeddings.to(self.args.device)
@@ -46,6 +46,25 @@ class HeadTrainer(DistillTrainer):
         # each unrolled step's kd and tv (summed over its loss tokens) and its tokens, since the last log
         names = [f"step{j}_{name}" for j in range(distill.ttt_steps) for name in ("kd", "tv", "tokens")]
         self._ttt_sums = LogSums(names, self.args.device)
+
+    @staticmethod
+    def wrapped(head: Eagle3Head, distill: Any) -> nn.Module:
+        """The module Trainer trains: the head unrolled distill.ttt_steps steps."""
+        return UnrolledHead(head, distill.ttt_steps)
+
+    def teacher(self) -> nn.Module:
+        """The target's lm_head on the draft vocabulary (built at the first step: after a resume has loaded the
+        head's vocabulary; a collective when the target is sharded)."""
+        if self._teacher_head is None:
+            self._teacher_head = restricted_head(teacher_lm_head(self.target), self.head)
+        return self._teacher_head
+
+    def features(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's aux hidden states [B, T, k H'] and final normed hidden states [B, T, H'] (in the teacher's
+        dtype): from the hidden-state cache (the target is not run), else one target forward."""
+        aux, final = cached_features(inputs) or target_features(self.target, inputs["input_ids"],
+                                                                inputs["attention_mask"], self.head.aux_layers)
+        return aux, final.to(self.teacher().weight.dtype)  # a cache's storage dtype -> the target's
 
     def trained_draft(self) -> nn.Module:
         """The head (acceptance measures it, export writes it)."""
@@ -64,14 +83,9 @@ class HeadTrainer(DistillTrainer):
     def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """sum_j decay^j S_j * P / N_j for the training loop; with each step's own counts when called alone."""
-        if self._teacher_head is None:  # after a resume has loaded the head's vocabulary; a collective when sharded
-            self._teacher_head = restricted_head(teacher_lm_head(self.target), self.head)
-        # [B, T, k H'], [B, T, H']: from the hidden-state cache (the target is not run), else one target forward
-        aux, final = cached_features(inputs) or target_features(self.target, inputs["input_ids"],
-                                                                 inputs["attention_mask"], self.head.aux_layers)
-        final = final.to(self._teacher_head.weight.dtype)  # a cache's storage dtype -> the target's
+        aux, final = self.features(inputs)
         outputs = model(inputs["input_ids"], aux)  # K x [B, T, H], through DDP's forward
-        sums = ttt_step_sums(self.head, outputs, final, self._teacher_head, inputs["labels"],
+        sums = ttt_step_sums(self.head, outputs, final, self.teacher(), inputs["labels"],
                              inputs["attention_mask"], self.distill,
                              loss=self.distill.loss_at(self.state.global_step, self.state.max_steps))
         if num_items_in_batch is None:

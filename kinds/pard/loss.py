@@ -55,11 +55,10 @@ def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, gamma: int,
     return torch.cat([input_ids, slots], dim=1), positions
 
 
-def block_attention(anchors: torch.Tensor, attention_mask: torch.Tensor, gamma: int,
-                    dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask [B, 1, Q, Q] (0 where a query may attend, the dtype's minimum elsewhere), Q = T + n * s,
-    s = gamma - 1: a row query t sees row keys j <= t that are not padding (and itself); slot k of block i sees row
-    keys j <= a_i that are not padding and slots 1..k of block i."""
+def block_allowed(anchors: torch.Tensor, attention_mask: torch.Tensor, gamma: int) -> torch.Tensor:
+    """Which keys each query may see, [B, 1, Q, Q] bool, Q = T + n * s, s = gamma - 1: a row query t sees row keys
+    j <= t that are not padding (and itself); slot k of block i sees row keys j <= a_i that are not padding and slots
+    1..k of block i."""
     batch, count = anchors.shape
     length, s = attention_mask.shape[1], gamma - 1
     real = attention_mask.bool()
@@ -74,7 +73,15 @@ def block_attention(anchors: torch.Tensor, attention_mask: torch.Tensor, gamma: 
     slot_slot = (block_of[:, None] == block_of[None, :]) & (slot_of[None, :] <= slot_of[:, None])
     allowed = torch.cat([torch.cat([row_row, row_slot], dim=2),
                          torch.cat([slot_row, slot_slot.expand(batch, -1, -1)], dim=2)], dim=1)
-    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
+    return allowed[:, None]
+
+
+def block_attention(anchors: torch.Tensor, attention_mask: torch.Tensor, gamma: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """block_allowed as the additive mask a transformers model takes: 0 where a query may attend, the dtype's minimum
+    elsewhere, [B, 1, Q, Q]."""
+    allowed = block_allowed(anchors, attention_mask, gamma)
+    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
 
 
 def slot_labels(labels: torch.Tensor, attention_mask: torch.Tensor, anchors: torch.Tensor, kept: torch.Tensor,

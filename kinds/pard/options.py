@@ -21,9 +21,9 @@ class PardModelOptions(StandaloneModelOptions):
 
 class PardDistillOptions(BaseModel):
     pard_blocks: int = Field(
-        32, ge=1, description="pard: blocks of mask slots trained per row and step, at random anchors (positions whose "
-                              "token two ahead is a loss token); every row position also trains as slot 0, the "
-                              "ordinary next-token prediction.")
+        32, ge=1, description="pard, p_eagle: blocks of mask slots trained per row and step, at random anchors "
+                              "(positions whose first mask slot has a loss token); every row position also trains as "
+                              "slot 0, the ordinary next-token prediction.")
     pard_position_decay: float | None = Field(
-        None, gt=0, description="pard: w in the weight exp(-k / w) of mask slot k = 1..pard_gamma - 1 (slot 0, the "
-                                "ordinary prediction, weighs 1); null = every slot weighs 1, as PARD trains.")
+        None, gt=0, description="pard, p_eagle: w in the weight exp(-k / w) of mask slot k = 1..gamma - 1 (slot 0, "
+                                "the ordinary prediction, weighs 1); null = every slot weighs 1, as PARD trains.")
