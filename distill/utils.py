@@ -3,8 +3,10 @@ in memory and of a saved folder), and the error for a target and draft that cann
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,43 @@ IGNORE_INDEX = -100
 
 class ModelSetupError(ValueError):
     """Target and draft cannot be used together (bad layer list, unknown config key, too small a vocabulary)."""
+
+
+class OutOfSpaceError(OSError):
+    """A write found the disk full (ENOSPC, EDQUOT): one line naming the path, the free space and what was kept."""
+
+    def __str__(self) -> str:
+        return self.strerror or ""
+
+
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def out_of_space(err: BaseException) -> bool:
+    """Whether `err` is a write that found the disk (or the quota) full."""
+    return isinstance(err, OSError) and err.errno in SPACE_ERRNOS
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes on the device holding `path` (or its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def no_space(path: str | Path, what: str, kept: str, needed: int | None = None) -> OutOfSpaceError:
+    """The one-line error of a write of `what` into `path` that found the disk full: the free space there, about how
+    much the write needs (when known), and `kept` (what is intact and how to go on)."""
+    mib = 2 ** 20
+    need = f", about {needed / mib:,.0f} MiB needed" if needed else ""
+    return OutOfSpaceError(errno.ENOSPC, f"no space left on the device of {path} while writing {what} "
+                           f"({free_bytes(path) / mib:,.0f} MiB free{need}); {kept}")
+
+
+def folder_bytes(folder: str | Path) -> int:
+    """The bytes of every file under `folder` (0 when it does not exist)."""
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
 
 
 @contextlib.contextmanager

@@ -16,6 +16,8 @@ Checks (each failure is one line naming the check, what was found and what to do
   transformers drafts the measured gamma (its defaults draft up to 20 tokens and stop early on low confidence).
   A draft that names no gamma (no generation_config.json, or no num_assistant_tokens: any hub draft) is a warning
   with the fix, not a failure; the serving commands then use a GAMMA placeholder instead of claiming one.
+- manifest (a folder with specdistill-manifest.json, as every export has, of every kind): each served file has the
+  size and sha256 it was exported with (a corrupted download or copy fails here, before anything loads it);
 - serve (only with ``serve=``, `specdistill-check --serve`): vLLM loads the pair and its speculative greedy output
   equals its plain output (decode.serving.vllm_engine).
 The target can be a local folder or a hub id (its config and tokenizer are read); the draft is a local folder.
@@ -27,12 +29,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from decode.inputs.checks import FileProblem, check_json_files_text, read_text, safetensors_header
 from kinds import kind_named, kind_of_source
 from decode.inputs.loading import LoadError, first_line
+from decode.inputs.manifest import manifest_problems
 from decode.inputs.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
 
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
@@ -232,7 +235,19 @@ def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False
         raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
     check_json_files_text(draft_dir, "draft")
     check_json_files_text(target, "target")
-    return kind_of_source(draft_dir).deploy_check(target, draft, trust_remote_code)
+    report = kind_of_source(draft_dir).deploy_check(target, draft, trust_remote_code)
+    return with_manifest_check(report, draft_dir)
+
+
+def with_manifest_check(report: DeployReport, draft_dir: Path) -> DeployReport:
+    """The report with the `manifest` check when the folder has specdistill's manifest (an export does): a problem
+    naming the first served file whose bytes differ from what was exported (a corrupted download or copy)."""
+    problems = manifest_problems(draft_dir)
+    if problems is None:
+        return report
+    found = {"manifest": f"{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; "
+                         "download or copy the folder again"} if problems else {}
+    return replace(report, checks=(*report.checks, "manifest"), problems={**report.problems, **found})
 
 
 def serving_commands(report: DeployReport) -> str:

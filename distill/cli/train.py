@@ -41,11 +41,11 @@ from distill.publish.export import PushError
 from distill.recipe.loader import load_recipe
 from distill.recipe.sections import RecipeError
 from distill.run.preemption import PREEMPTED_EXIT, Preempted
-from distill.utils import ModelSetupError
+from distill.utils import ModelSetupError, OutOfSpaceError
 
-# Errors in what the user gave us: reported as one line, exit status 1, no traceback.
+# Errors in what the user gave us (or the machine: a full disk): reported as one line, exit status 1, no traceback.
 USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
-               FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError)
+               FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError, OutOfSpaceError)
 PROG = "specdistill-train"  # the command's name; `specdistill train` runs the same code (distill.cli.main)
 
 

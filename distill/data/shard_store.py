@@ -12,12 +12,16 @@ Layout on disk:
     <metadata_file>        the spec the rows depend on, "complete", rows_per_shard, num_shards (+ the caller's keys)
     shards/shard-00000/    `datasets` save_to_disk folders of rows_per_shard rows each
 A folder holding a build of the same spec is resumed after its last complete shard (or returned when complete);
-one of another spec raises CacheMismatchError naming every difference, unless overwrite=True deletes it.
+one of another spec raises CacheMismatchError naming every difference, unless overwrite=True deletes it. Every shard
+holds a manifest of its files' sha256 digests (decode.inputs.manifest), written before the shard's rename; a shard
+whose bytes changed since (a flipped bit, a partial copy) is deleted with one warning and built again, in a complete
+build as in an interrupted one.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -30,7 +34,10 @@ import datasets
 from tqdm.auto import tqdm
 
 from decode.inputs.checks import read_text, write_atomic
-from distill.utils import crash_point
+from decode.inputs.manifest import manifest_problems, write_manifest
+from distill.utils import crash_point, folder_bytes, no_space, out_of_space
+
+logger = logging.getLogger(__name__)
 
 SHARDS_DIR = "shards"
 
@@ -111,6 +118,10 @@ class ShardStore:
         self.root.mkdir(parents=True, exist_ok=True)
         stored = self._existing(spec, overwrite)
         if stored is not None and stored["complete"]:
+            if not self.drop_corrupt_shards(stored["num_shards"]):
+                return stored
+            stored["complete"] = False  # the callers fill what was dropped, then finish
+            self.write_metadata(stored)
             return stored
         size = stored[size_key] if stored is not None else rows_per_shard
         metadata = {**spec, "complete": False, size_key: size, "num_shards": math.ceil(num_rows / size),
@@ -123,6 +134,7 @@ class ShardStore:
         """Write every shard not on disk yet (make(index, rows, scratch)); a shard already there only moves
         `bar` on by its rows."""
         size = metadata[size_key]
+        self.drop_corrupt_shards(metadata["num_shards"])
         for index in range(metadata["num_shards"]):
             rows = range(index * size, min((index + 1) * size, num_rows))
             if self.shard_path(index).is_dir():
@@ -138,10 +150,39 @@ class ShardStore:
         final = self.shard_path(index)
         partial = final.with_name(final.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        with quiet_datasets():
-            make().save_to_disk(str(partial))
+        try:
+            with quiet_datasets():
+                make().save_to_disk(str(partial))
+            write_manifest(partial)
+        except OSError as err:
+            if not out_of_space(err):
+                raise
+            written = folder_bytes(partial)
+            shutil.rmtree(partial, ignore_errors=True)
+            kept = (f"the {index} shards before it are kept; free space, then run the same command again to resume"
+                    if index else "free space, then run the same command again")
+            raise no_space(self.root, f"{self.what} shard {index} ({written / 2**20:,.0f} MiB written)", kept,
+                           max(written, self.shard_bytes(index))) from None
         os.replace(partial, final)
         crash_point("shard-written")  # test hook: SPECDISTILL_KILL_AT=shard-written:K kills -9 after the K-th shard
+
+    def shard_bytes(self, index: int) -> int:
+        """The size of the shard before `index` on disk (0 for the first): about what the next one needs."""
+        return folder_bytes(self.shard_path(index - 1)) if index else 0
+
+    def drop_corrupt_shards(self, num_shards: int) -> list[int]:
+        """Delete every shard on disk whose files differ from its manifest (one warning each): it is built again.
+        Returns their indices. A shard without a manifest (written before manifests) is kept."""
+        dropped = []
+        for index in range(num_shards):
+            path = self.shard_path(index)
+            problems = manifest_problems(path) if path.is_dir() else None
+            if problems:
+                logger.warning("%s shard %s is not what was written (%s): building it again", self.what, path,
+                               problems[0])
+                shutil.rmtree(path)
+                dropped.append(index)
+        return dropped
 
     def finish(self, metadata: dict[str, Any], **summary: Any) -> dict[str, Any]:
         """Mark the build complete (with `summary` keys added) and write it; returns the metadata."""

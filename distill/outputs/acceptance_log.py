@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 from decode.loop.auto_gamma import ResolvedGamma, resolve_gamma
 from decode.inputs.checks import read_text, write_atomic
 from decode.loop.speedup import CostRatios
+from distill.utils import no_space, out_of_space
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +97,17 @@ def append_records(location: str | Path, records: Sequence[dict]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         _drop_torn_tail(fd, path)
-        written = os.write(fd, data)
-        while written < len(data):  # only on a full disk or a signal; the rest still goes on at the end
-            written += os.write(fd, data[written:])
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            while written < len(data):  # only on a full disk or a signal; the rest still goes on at the end
+                written += os.write(fd, data[written:])
+        except OSError as err:
+            if not out_of_space(err):
+                raise
+            os.ftruncate(fd, size)  # none of this measurement's lines: the resumed run measures it again
+            raise no_space(path, "the acceptance log", "its earlier lines and every checkpoint are intact; free "
+                           "space, then continue with train.resume_from_checkpoint=true", len(data)) from None
     finally:
         os.close(fd)
 

@@ -4,7 +4,10 @@ transformers.Trainer writes checkpoint-N/ file by file; a process killed meanwhi
 checkpoint-N that `train.resume_from_checkpoint=true` then picked. DistillTrainer now saves into
 OUTPUT_DIR/.partial/checkpoint-N and renames it to OUTPUT_DIR/checkpoint-N once every process has written its
 part (trainer_state.json, written last, marks a complete checkpoint). Resume picks the latest complete checkpoint,
-reports incomplete ones (and a leftover .partial/) and never uses them.
+reports incomplete ones (and a leftover .partial/) and never uses them. Every checkpoint gets a manifest of its
+files' sha256 digests (decode.inputs.manifest), written last before the rename; resume verifies it
+(`verified_latest`): a checkpoint whose bytes changed since (a flipped bit, a partial copy) is skipped with one
+warning naming the file, and the previous complete one is used.
 
 `crash_point(name)` is a test hook: with SPECDISTILL_KILL_AT=name (or name:K, the K-th time, 1-based) in the
 environment the process SIGKILLs itself there, so tests can kill a run at an exact moment.
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decode.inputs.checks import FileProblem, read_text
+from decode.inputs.manifest import manifest_problems
 from distill.utils import KILL_ENV, crash_point  # noqa: F401  (KILL_ENV: for the tests that set it)
 
 logger = logging.getLogger(__name__)
@@ -72,6 +76,27 @@ def find_checkpoints(output_dir: str | Path) -> Checkpoints:
     if partial.is_dir() and any(partial.iterdir()):
         incomplete.append(partial)
     return Checkpoints(complete, incomplete)
+
+
+def corruption(folder: str | Path) -> str | None:
+    """Why a checkpoint's files are not what was written (its manifest's first problem and how many more), None
+    when they are, or when it has no manifest (written before manifests)."""
+    problems = manifest_problems(folder)
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}"
+
+
+def verified_latest(found: Checkpoints) -> Path | None:
+    """The newest complete checkpoint whose files match its manifest; each newer one that does not is skipped with
+    one warning naming the file."""
+    for folder in reversed(found.complete):
+        problem = corruption(folder)
+        if problem is None:
+            return folder
+        logger.warning("skipping checkpoint %s: %s; never resumed from", folder, problem)
+    return None
 
 
 def report_incomplete(found: Checkpoints) -> None:

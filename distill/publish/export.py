@@ -26,6 +26,7 @@ from accelerate import PartialState
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from decode.inputs.manifest import MANIFEST, write_manifest
 from kinds import kind_of, served_draft
 from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.models.fsdp import unsharded_original
@@ -34,6 +35,7 @@ from distill.outputs.acceptance_log import best_checkpoint, read_records, row_ga
 from distill.outputs.checkpoints import crash_point, find_checkpoints
 from distill.outputs.run_folder import write_results
 from distill.recipe.sections import Recipe
+from distill.utils import folder_bytes, no_space, out_of_space
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,12 @@ def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel
         return AutoModelForCausalLM.from_pretrained(folder, dtype=next(final_draft.parameters()).dtype)
 
 
+def file_stamps(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """{name: (inode, size, mtime_ns)} of the files directly in `folder` (what a save rewrites changes its stamp)."""
+    return {p.name: (s.st_ino, s.st_size, s.st_mtime_ns) for p in folder.iterdir() if p.is_file()
+            and p.name != MANIFEST for s in [p.stat()]}
+
+
 def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Module,
                  tokenizer: PreTrainedTokenizerBase, default_gamma: int) -> dict:
     """Write the best draft to OUTPUT_DIR as a standard model folder (safetensors, config, generation config,
@@ -99,8 +107,11 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
         draft = final_draft
     gamma = row_gamma(best).deployed if best else default_gamma
     draft = served_draft(draft)  # a head in training is wrapped (UnrolledHead): its head is what is served
+    before = file_stamps(output_dir)
     kind_of(draft).save(draft, output_dir, gamma)  # its kind's served folder (kinds)
     tokenizer.save_pretrained(output_dir)
+    served = [output_dir / name for name, stamp in file_stamps(output_dir).items() if before.get(name) != stamp]
+    write_manifest(output_dir, served)  # the served files' sha256: specdistill check verifies a copy of the folder
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}
     if best:
@@ -122,8 +133,15 @@ def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedToke
     if state.is_main_process:
         output_dir = recipe.train.output_dir
         best = best_record(read_records(output_dir), recipe.eval.temperatures[0])
-        summary = export_draft(output_dir, best, final_draft, tokenizer,
-                               default_gamma=max(recipe.eval.fixed_gammas, default=4))
+        try:
+            summary = export_draft(output_dir, best, final_draft, tokenizer,
+                                   default_gamma=max(recipe.eval.fixed_gammas, default=4))
+        except OSError as err:
+            if not out_of_space(err):
+                raise
+            raise no_space(output_dir, "the exported draft", "the checkpoints are intact; free space, then continue "
+                           "with train.resume_from_checkpoint=true (it exports again)",
+                           folder_bytes(find_checkpoints(output_dir).latest or output_dir / "none")) from None
         crash_point("export")  # test hook: killed with the draft exported but the run not marked done
         results = {**metrics, "best": summary, "deploy_check": deploy_check(recipe)}
         if recipe.eval.serving_engine == "vllm":

@@ -29,6 +29,7 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 
 from decode.inputs.checks import check_text_file, read_text, write_atomic
+from decode.inputs.manifest import MANIFEST
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG
 from distill.publish.model_card import (CARD_TAGS, build_model_card, check_repo_id, eval_prompts, infer_target,
                                 load_eval_results)
@@ -42,7 +43,7 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
     "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
 )
-RESULT_FILES = ("recipe.yaml", ACCEPTANCE_LOG)
+RESULT_FILES = ("recipe.yaml", ACCEPTANCE_LOG, MANIFEST)  # the manifest: `specdistill check` verifies a download
 CARD_FILE = "README.md"
 EVAL_FILE = "eval_acceptance.json"  # the eval JSON's name when its own would clash with a model file
 WEIGHTS_GLOB = "*.safetensors"

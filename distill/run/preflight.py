@@ -29,7 +29,8 @@ from distill.data.dataset import build_data
 from distill.data.rows import DistillData
 from distill.models.distributed import check_device_mode
 from distill.models.load import ModelSetupError, check_model_plan, load_tokenizer, with_model_folders
-from distill.outputs.checkpoints import Checkpoints, find_checkpoints, finished_step, report_incomplete
+from distill.outputs.checkpoints import (Checkpoints, corruption, find_checkpoints, finished_step, report_incomplete,
+                                         verified_latest)
 from distill.outputs.run_folder import RECIPE_FILE, previous_run_files, read_results
 from distill.recipe.sections import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
 from distill.recipe.train_config import training_arguments
@@ -221,11 +222,19 @@ def _resume_folder(recipe: Recipe, found: Checkpoints | None, used: list[str], s
         if not (folder / "trainer_state.json").is_file():
             raise FileProblem(f"train.resume_from_checkpoint: {folder} is an incomplete checkpoint (no "
                               "trainer_state.json: its save was interrupted); name an earlier one")
+        problem = corruption(folder)
+        if problem is not None:
+            raise FileProblem(f"train.resume_from_checkpoint: {folder} is not what was saved: {problem}; name an "
+                              "earlier checkpoint")
         return str(folder)
     report_incomplete(found)
-    if found.latest is not None:
-        logger.info("resuming from %s", found.latest)
-        return str(found.latest)
+    latest = verified_latest(found)
+    if latest is not None:
+        logger.info("resuming from %s", latest)
+        return str(latest)
+    if found.complete:
+        raise FileProblem(f"train.resume_from_checkpoint: every checkpoint in {output_dir} differs from what was "
+                          f"saved ({corruption(found.complete[-1])}); start again with train.overwrite_output_dir=true")
     if RECIPE_FILE in used:  # this run started here but was stopped before its first complete checkpoint
         logger.warning("%s holds no complete checkpoint yet: training starts again from step 0", output_dir)
         return None

@@ -40,6 +40,7 @@ from transformers import (PreTrainedModel, PreTrainedTokenizerBase, Trainer, Tra
                           TrainerState, TrainingArguments)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from decode.inputs.manifest import write_manifest
 from decode.loop.batched import accepts_logits_to_keep
 from distill.data.onpolicy import OnPolicySettings, micro_batch_generator, on_policy_batch
 from distill.data.sources import TrainingRows
@@ -47,11 +48,11 @@ from distill.data.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batc
 from distill.losses.distill_loss import LossSums, chunked_distill_loss
 from distill.models.distributed import is_partitioned
 from distill.models.fsdp import is_sharded, local_copy, whole_head
-from distill.outputs.checkpoints import clear_partial, partial_folder, publish
+from distill.outputs.checkpoints import clear_partial, find_checkpoints, partial_folder, publish
 from distill.outputs.run_folder import start_run_folder
 from distill.publish.export import draft_at_checkpoint
 from distill.recipe.sections import DistillConfig, Recipe
-from distill.utils import IGNORE_INDEX
+from distill.utils import IGNORE_INDEX, folder_bytes, no_space, out_of_space
 
 logger = logging.getLogger(__name__)
 
@@ -144,14 +145,32 @@ class DistillTrainer(Trainer):
         self._saving_into = str(partial_folder(run_dir))
         try:
             super()._save_checkpoint(model, trial)  # rotation in .partial/ finds one checkpoint: deletes nothing
+            self.accelerator.wait_for_everyone()  # every process has written its files (optimizer shards, rng state)
+            if self.args.should_save:
+                write_manifest(partial_folder(run_dir) / name)  # sha256 of every file, last: resume verifies it
+        except OSError as err:
+            if not out_of_space(err):
+                raise
+            raise self.disk_full(run_dir, name) from None
         finally:
             self._saving_into = None
-        self.accelerator.wait_for_everyone()  # every process has written its files (optimizer shards, rng state)
         if self.args.should_save:
             publish(run_dir, name)
             rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
         self.accelerator.wait_for_everyone()
+
+    def disk_full(self, run_dir: str, name: str) -> Exception:
+        """The one-line error of a checkpoint save that found the disk full, with the half-written checkpoint removed
+        (the complete ones are untouched: nothing is renamed into run_dir before it is whole)."""
+        found = find_checkpoints(run_dir)
+        written = folder_bytes(partial_folder(run_dir) / name)
+        clear_partial(run_dir)
+        previous = found.latest
+        needed = folder_bytes(previous) if previous is not None else None
+        kept = (f"{previous.name} is intact" if previous is not None else "no checkpoint was complete yet") + \
+            f" and nothing of {name} was kept; free space, then continue with train.resume_from_checkpoint=true"
+        return no_space(run_dir, f"{name} ({written / 2**20:,.0f} MiB written)", kept, needed)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Trainer's save_model; under FSDP2 the sharded checkpoint (written by Trainer with the optimizer) gets the

@@ -1,0 +1,116 @@
+"""A full disk (ENOSPC, injected where the bytes are written): a checkpoint save, a cache shard, the acceptance log and
+the export stop with one line naming the path, the free space and what is intact; nothing half-written is left where
+resume reads; once there is space again the run resumes to the uninterrupted result, bit for bit, and the cache build
+resumes to the same cache."""
+from __future__ import annotations
+
+import errno
+import json
+
+import datasets
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from decode.inputs.manifest import manifest_problems
+from distill.data.teacher_cache import build_teacher_cache
+from distill.outputs import acceptance_log
+from distill.outputs.checkpoints import PARTIAL_DIR
+from distill.utils import IGNORE_INDEX, OutOfSpaceError
+from helpers import TINY_RECIPE, cli_error, run_train
+from test_kill_resume import RUN, STEPS  # the tiny run of those tests
+from test_kill_resume import reference, workdir  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
+from tiny import save_and_load, tiny_model, tiny_tokenizer
+
+FULL = "no space left on the device of "
+
+
+def disk_full(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_during_a_checkpoint_save_is_one_line_and_resume_ends_bit_for_bit(monkeypatch, capsys, workdir,
+                                                                                       reference):
+    """torch.save of checkpoint-8's optimizer finds the disk full (the weights are written by then): one line, the
+    half-written checkpoint gone, checkpoint-4 intact; the resumed run equals the uninterrupted one."""
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if str(f).endswith("optimizer.pt") and f"{PARTIAL_DIR}/checkpoint-8" in str(f):
+            disk_full()
+        return real_save(obj, f, *args, **kwargs)
+
+    run = workdir / "full_disk"
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", save)
+        message = cli_error(patch, capsys, TINY_RECIPE, f"model.target={workdir / 'target'}",
+                            f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={run}", *RUN)
+    assert message.startswith(f"specdistill-train: error: {FULL}{run} while writing checkpoint-8 ("), message
+    assert "MiB free, about " in message and message.endswith(
+        "checkpoint-4 is intact and nothing of checkpoint-8 was kept; free space, then continue with "
+        "train.resume_from_checkpoint=true"), message
+    assert not (run / PARTIAL_DIR).exists() or not any((run / PARTIAL_DIR).iterdir())
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4"]
+    assert manifest_problems(run / "checkpoint-4") == []
+    run_train(workdir, "full_disk", *RUN, "train.resume_from_checkpoint=true")
+    for step in STEPS:
+        ours, theirs = (load_file(f / f"checkpoint-{step}" / "model.safetensors") for f in (run, reference))
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), step
+
+
+def test_a_full_disk_during_a_cache_shard_keeps_the_shards_before_it(monkeypatch, tmp_path):
+    target = save_and_load(tiny_model(vocab_size=96, seed=0), tmp_path / "target")
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(4, 96, (12,), generator=g).tolist() for _ in range(10)]
+    rows = datasets.Dataset.from_dict({"input_ids": ids, "labels": [[IGNORE_INDEX] * 3 + r[3:] for r in ids]})
+    settings = dict(k=4, batch_size=4, target_id="tiny-target", tokenizer=tiny_tokenizer(), rows_per_shard=4,
+                    progress=False)
+    real = datasets.Dataset.save_to_disk
+    calls = []
+
+    def save_to_disk(self, path, *args, **kwargs):
+        calls.append(path)
+        real(self, path, *args, **kwargs)  # the shard's files are written, then the disk is full
+        if len(calls) == 2:
+            disk_full()
+
+    cache = tmp_path / "cache"
+    with monkeypatch.context() as patch:
+        patch.setattr(datasets.Dataset, "save_to_disk", save_to_disk)
+        with pytest.raises(OutOfSpaceError) as raised:
+            build_teacher_cache(target, rows, cache, **settings)
+    message = str(raised.value)
+    assert message.startswith(f"{FULL}{cache} while writing teacher cache shard 1 ("), message
+    assert message.endswith("the 1 shards before it are kept; free space, then run the same command again to "
+                            "resume"), message
+    assert sorted(p.name for p in (cache / "shards").iterdir()) == ["shard-00000"]  # no half-written shard
+    resumed = build_teacher_cache(target, rows, cache, **settings)
+    fresh = build_teacher_cache(target, rows, tmp_path / "fresh", **settings)
+    assert [dict(r) for r in resumed.rows] == [dict(r) for r in fresh.rows]
+
+
+def test_a_full_disk_during_the_acceptance_log_keeps_its_earlier_lines(monkeypatch, tmp_path):
+    acceptance_log.append_records(tmp_path, [{"step": 4, "gamma": 2}])
+    before = (tmp_path / "acceptance.jsonl").read_bytes()
+    real_write = acceptance_log.os.write
+
+    def write(fd, data):
+        real_write(fd, data[: len(data) // 2])  # half of the lines reach the disk, then it is full
+        disk_full()
+
+    monkeypatch.setattr(acceptance_log.os, "write", write)
+    with pytest.raises(OutOfSpaceError, match="while writing the acceptance log .*; its earlier lines and every "
+                                              "checkpoint are intact"):
+        acceptance_log.append_records(tmp_path, [{"step": 8, "gamma": 2}, {"step": 8, "gamma": 4}])
+    assert (tmp_path / "acceptance.jsonl").read_bytes() == before
+    assert [json.loads(line)["step"] for line in before.decode().splitlines()] == [4]
+
+
+def test_other_os_errors_are_not_reported_as_a_full_disk(monkeypatch, tmp_path):
+    def denied(*_args, **_kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(acceptance_log.os, "write", denied)
+    with pytest.raises(PermissionError) as raised:
+        acceptance_log.append_records(tmp_path, [{"step": 8}])
+    assert not isinstance(raised.value, OutOfSpaceError)
