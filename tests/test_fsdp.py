@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
 import types
 from pathlib import Path
@@ -272,6 +273,25 @@ GENERIC_MODULE = textwrap.dedent("""
     torch.testing.assert_close(local(x), expected)
     dist.destroy_process_group()
 """)
+
+
+@pytest.mark.integration
+def test_the_fsdp_launch_line_on_cpu_processes_refuses_in_one_line_before_loading(workdir, tmp_path):
+    """The launch line of the docs, as a user types it (no wrapper), on 2 CPU processes: accelerate does not shard the
+    draft there, so the run stops before anything loads, with one line naming the launch that works."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
+               "--num_processes", "2", str(ROOT / "scripts" / "train.py"), TINY_RECIPE,
+               f"model.target={workdir / 'target'}", f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={out}"]
+    done = subprocess.run(command, env={**os.environ, **CHILD_ENV, "ACCELERATE_USE_CPU": "true"}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if "specdistill-train: error:" in line]
+    assert ours and "FSDP2 needs GPUs: accelerate applies its FSDP plugin to GPU processes only" in ours[0], \
+        done.stderr[-3000:]
+    assert "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2" in ours[0]
+    assert "distill/" not in done.stderr  # no frame of ours: one line (the launcher's own report of the exit follows)
+    assert not out.exists()  # nothing loaded, nothing written
 
 
 @pytest.mark.integration

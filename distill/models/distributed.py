@@ -17,6 +17,8 @@ import os
 from typing import Any, Iterator
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import DistributedType
 from torch import nn
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainingArguments
@@ -73,6 +75,20 @@ def check_device_mode(args: TrainingArguments) -> None:
             if value.upper() != wanted.upper():
                 raise UnsupportedModeError(f"FSDP needs {setting} in the accelerate config, got {value} "
                                            "(recipes/accelerate/fsdp.yaml)")
+
+
+def check_fsdp_devices(args: TrainingArguments) -> None:
+    """Raise UnsupportedModeError for FSDP on CPU processes (accelerate launch with ACCELERATE_USE_CPU): accelerate
+    applies its FSDP plugin to GPU process groups only, so the draft would train unsharded next to a sharded target.
+    Call after the processes are set up (TrainingArguments), before anything loads."""
+    state = PartialState()
+    if fsdp_requested(args) and state.distributed_type in (DistributedType.MULTI_CPU, DistributedType.NO) \
+            and state.device.type == "cpu":
+        raise UnsupportedModeError(
+            "FSDP2 needs GPUs: accelerate applies its FSDP plugin to GPU processes only, so on CPU processes the draft "
+            "would train unsharded next to a sharded target; try a recipe on CPU processes with DDP: "
+            "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 "
+            "--mixed_precision no --dynamo_backend no scripts/train.py RECIPE.yaml")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from decode.inputs.checks import (FileProblem, check_json_files_text, check_safe
                            check_writable_folder, read_text)
 from distill.data.dataset import build_data
 from distill.data.rows import DistillData
-from distill.models.distributed import check_device_mode
+from distill.models.distributed import check_device_mode, check_fsdp_devices
 from distill.models.load import ModelSetupError, check_model_plan, load_tokenizer, with_model_folders
 from distill.outputs.checkpoints import (Checkpoints, corruption, find_checkpoints, finished_step, report_incomplete,
                                          verified_latest)
@@ -73,6 +73,7 @@ def check_run(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Che
         return CheckedRun(plan)
     args = arguments_of(recipe, source, overrides)  # also sets up the processes (accelerate launch / torchrun)
     check_device_mode(args)
+    check_fsdp_devices(args)
     PartialState()
     set_seed(recipe.train.seed)
 
