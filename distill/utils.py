@@ -95,6 +95,7 @@ def plain_class(module: nn.Module) -> type:
 # SPECDISTILL_KILL_SIGNAL=TERM (INT, USR1, ...) sends that signal instead (a preemption at an exact moment)
 KILL_ENV = "SPECDISTILL_KILL_AT"
 SIGNAL_ENV = "SPECDISTILL_KILL_SIGNAL"
+RANK_ENV = "SPECDISTILL_KILL_RANK"  # only the process of this RANK (a dead rank among several); unset: every process
 _crash_counts: dict[str, int] = {}
 
 
@@ -105,7 +106,7 @@ def crash_point(name: str) -> None:
     if not wanted:
         return
     point, _, nth = wanted.partition(":")
-    if point != name:
+    if point != name or os.environ.get(RANK_ENV, os.environ.get("RANK", "0")) != os.environ.get("RANK", "0"):
         return
     _crash_counts[name] = _crash_counts.get(name, 0) + 1
     if _crash_counts[name] == int(nth or 1):

@@ -33,7 +33,7 @@ from decode.inputs.checks import FileProblem, OneLineArgumentParser
 from decode.inputs.vocab import TokenizerMismatchError
 from distill.data.rows import DataError
 from distill.data.shard_store import CacheMismatchError
-from distill.models.distributed import UnsupportedModeError
+from distill.models.distributed import UnsupportedModeError, lost_peer
 from distill.outputs.acceptance_log import AcceptanceLogError
 from distill.outputs.run_folder import RESULTS_FILE
 from distill.pipeline import run_recipe
@@ -46,6 +46,7 @@ from distill.utils import ModelSetupError, OutOfSpaceError
 # Errors in what the user gave us (or the machine: a full disk): reported as one line, exit status 1, no traceback.
 USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
                FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError, OutOfSpaceError)
+LOST_PEER_EXIT = 76  # another process of the run died or hung (distill.models.distributed.lost_peer)
 PROG = "specdistill-train"  # the command's name; `specdistill train` runs the same code (distill.cli.main)
 
 
@@ -99,6 +100,12 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
         message = " ".join([first, "; ".join(details)]).strip()  # one line, details (if any) separated by ;
         print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(1) from None
+    except RuntimeError as err:  # a collective that lost a peer: one line on every surviving rank
+        message = lost_peer(err)
+        if message is None:
+            raise
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(LOST_PEER_EXIT) from None
 
 
 if __name__ == "__main__":

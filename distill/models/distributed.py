@@ -77,6 +77,31 @@ def check_device_mode(args: TrainingArguments) -> None:
                                            "(recipes/accelerate/fsdp.yaml)")
 
 
+# What a collective raises when a peer process is gone: gloo's closed or reset connection, NCCL's watchdog timeout or
+# remote error, torch's DistBackendError / DistNetworkError.
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Watchdog caught collective",
+             "timed out", "Timed out", "NCCL communicator was aborted", "remote process exited")
+
+
+def lost_peer(err: BaseException) -> str | None:
+    """The one line for a collective that failed because another process of the run stopped (killed, crashed, out of
+    memory) or hung past the collective timeout (train.ddp_timeout); None for any other error or a single process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    text = str(err)
+    backend_error = type(err).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError")
+    if not backend_error and not (isinstance(err, RuntimeError) and any(cue in text for cue in LOST_PEER)):
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    others = [r for r in range(world) if r != rank]
+    who = f"rank {others[0]}" if len(others) == 1 else "another rank (the launcher's summary names it)"
+    return (f"rank {rank} of {world}: {who} stopped or stopped answering in a collective, so this process stops too "
+            f"({type(err).__name__}); the complete checkpoints are intact: continue with "
+            "train.resume_from_checkpoint=true, on as many processes")
+
+
 def check_fsdp_devices(args: TrainingArguments) -> None:
     """Raise UnsupportedModeError for FSDP on CPU processes (accelerate launch with ACCELERATE_USE_CPU): accelerate
     applies its FSDP plugin to GPU process groups only, so the draft would train unsharded next to a sharded target.
