@@ -49,10 +49,18 @@ def free_bytes(path: str | Path) -> int:
 def no_space(path: str | Path, what: str, kept: str, needed: int | None = None) -> OutOfSpaceError:
     """The one-line error of a write of `what` into `path` that found the disk full: the free space there, about how
     much the write needs (when known), and `kept` (what is intact and how to go on)."""
-    mib = 2 ** 20
-    need = f", about {needed / mib:,.0f} MiB needed" if needed else ""
+    need = f", about {human_bytes(needed)} needed" if needed else ""
     return OutOfSpaceError(errno.ENOSPC, f"no space left on the device of {path} while writing {what} "
-                           f"({free_bytes(path) / mib:,.0f} MiB free{need}); {kept}")
+                           f"({human_bytes(free_bytes(path))} free{need}); {kept}")
+
+
+def human_bytes(size: int) -> str:
+    """A size as people read it: 512 B, 96 KiB, 312 MiB, 1.2 GiB."""
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:,.1f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
+    return f"{size} B"
 
 
 def folder_bytes(folder: str | Path) -> int:
@@ -93,10 +101,31 @@ def plain_class(module: nn.Module) -> type:
 
 # test hook: SPECDISTILL_KILL_AT=name[:K] SIGKILLs the process the K-th time it reaches crash_point(name);
 # SPECDISTILL_KILL_SIGNAL=TERM (INT, USR1, ...) sends that signal instead (a preemption at an exact moment)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # a scheduler's preemption, Ctrl-C, SLURM's --signal
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again later"; schedulers' requeue hooks can key on it
+INTERRUPTED_TWICE_EXIT = 130
+
 KILL_ENV = "SPECDISTILL_KILL_AT"
 SIGNAL_ENV = "SPECDISTILL_KILL_SIGNAL"
 RANK_ENV = "SPECDISTILL_KILL_RANK"  # only the process of this RANK (a dead rank among several); unset: every process
 _crash_counts: dict[str, int] = {}
+
+
+FULL_DISK_ENV = "SPECDISTILL_FULL_DISK_AT"  # test hook: name[:K] -> the K-th write at fault_point(name) finds ENOSPC
+
+
+def fault_point(name: str) -> None:
+    """Raise OSError(ENOSPC) here when SPECDISTILL_FULL_DISK_AT names this point (test hook; a no-op otherwise): a
+    full disk at an exact write, in a process the test cannot patch."""
+    wanted = os.environ.get(FULL_DISK_ENV)
+    if not wanted:
+        return
+    point, _, nth = wanted.partition(":")
+    if point != name:
+        return
+    _crash_counts["full-disk:" + name] = _crash_counts.get("full-disk:" + name, 0) + 1
+    if _crash_counts["full-disk:" + name] == int(nth or 1):
+        raise OSError(errno.ENOSPC, "No space left on device (SPECDISTILL_FULL_DISK_AT)")
 
 
 def crash_point(name: str) -> None:

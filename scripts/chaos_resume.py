@@ -1,6 +1,15 @@
-"""kill -9 a tiny training run at random moments, resume it, and check it ends as the uninterrupted run did.
+"""Inject faults into a tiny training run at random moments, resume it, and check it ends as the uninterrupted run did.
 
     python scripts/chaos_resume.py --runs 5 --seed 0 --workdir /tmp/chaos
+    python scripts/chaos_resume.py --runs 10 --faults term flip full-disk --workdir /tmp/chaos
+
+Fault classes (--faults, each trial draws one in turn):
+    kill       SIGKILL at a random moment (the default)
+    term       SIGTERM at a random moment: a preemption; the run saves the step in progress and exits 75
+    flip       SIGKILL at a random moment, then one byte of the newest complete checkpoint flipped: resume must skip
+               that checkpoint (its manifest) and redo its steps
+    full-disk  the disk full at a random checkpoint save (SPECDISTILL_FULL_DISK_AT=checkpoint-save:K): the run stops
+               in one line (exit 1) with nothing half-written; resume once there is space
 
 Builds a tiny target (tests/tiny.py) unless --target/--dataset are given, runs the uninterrupted reference once,
 then for each trial starts the same run, waits for it to write recipe.yaml (models loaded), SIGKILLs it after a
@@ -121,9 +130,63 @@ def differences(out: Path, reference: Path) -> list[str]:
     return problems
 
 
+FAULTS = ("kill", "term", "flip", "full-disk")
+EXPECTED_EXIT = {"kill": (-signal.SIGKILL,), "term": (75, -signal.SIGTERM), "flip": (-signal.SIGKILL,),
+                 "full-disk": (1,)}  # SIGTERM before training starts (no handler yet) ends the process at once
+
+
+def flip_newest(out: Path) -> str:
+    """Flip one byte of the newest complete checkpoint's weights when an older complete one remains to resume from;
+    returns which (empty: none flipped)."""
+    complete = find_checkpoints(out).complete
+    if len(complete) < 2:
+        return ""
+    newest = complete[-1]
+    weights = newest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-17] ^= 0x01
+    weights.write_bytes(bytes(data))
+    return newest.name
+
+
+def inject(fault: str, rng: random.Random, span: float, target: Path, dataset: Path, out: Path) -> dict:
+    """One trial of `fault`: the faulty run, then what it left. Returns the trial's record (before resuming)."""
+    cmd = command(target, dataset, out, "train.overwrite_output_dir=true")
+    if fault == "full-disk":
+        save = rng.randint(1, 3)  # checkpoint-4, -8 or -12
+        env = {**environment(), "SPECDISTILL_FULL_DISK_AT": f"checkpoint-save:{save}"}
+        for stale in (out / "recipe.yaml", out / "train_results.json"):
+            stale.unlink(missing_ok=True)
+        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("specdistill-train: error: ")]
+        partial = out / PARTIAL_DIR
+        clean = not (partial.is_dir() and any(partial.iterdir()))
+        one_line = len(errors) == 1 and "no space left on the device of " in errors[0] and "Traceback" not in \
+            done.stderr
+        return {"fault": f"full disk at save {save}", "exit": done.returncode, "one_line": one_line,
+                "nothing_half_written": clean}
+    delay = rng.uniform(0.0, span)
+    process, _ = start_and_wait(cmd, out)
+    time.sleep(delay)
+    finished_first = process.poll() is not None
+    process.send_signal(signal.SIGTERM if fault == "term" else signal.SIGKILL)
+    code = process.wait()
+    where = "after the run had finished" if finished_first else killed_at(out)
+    note = out / "preempted.json"
+    if fault == "term" and code == 75 and note.is_file():
+        where = f"during step {json.loads(note.read_text())['step']}, saved as its checkpoint (preempted)"
+    elif fault == "term" and code == -signal.SIGTERM:
+        where = "before training began (loading: no handler yet, no step to lose)"
+    record = {"fault": f"{fault} after {delay:.1f} s {where}", "exit": code}
+    if fault == "flip":
+        record["flipped"] = flip_newest(out)
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=5, help="trials per fault class")
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=["kill"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--target", type=Path)
@@ -145,27 +208,28 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("chaos_resume: error: the reference run failed")
     print(f"reference run: {span:.1f} s from recipe.yaml (training starts) to train_results.json (run done)")
 
-    # ---- trials: kill at a random moment of the training phase, resume, compare ----
+    # ---- trials: a fault at a random moment of the training phase, resume, compare ----
     trials = []
-    for trial in range(args.runs):
+    for trial in range(args.runs * len(args.faults)):
+        fault = args.faults[trial % len(args.faults)]
         out = args.workdir / f"trial{trial}"
-        delay = rng.uniform(0.0, span)
-        process, _ = start_and_wait(command(target, dataset, out, "train.overwrite_output_dir=true"), out)
-        time.sleep(delay)
-        finished_first = process.poll() is not None
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        where = "after the run had finished" if finished_first else killed_at(out)
+        record = inject(fault, rng, span, target, dataset, out)
+        problems = [] if record["exit"] in EXPECTED_EXIT[fault] or record["exit"] == 0 else \
+            [f"exit code {record['exit']}"]
+        if fault == "full-disk" and record["exit"] != 0:
+            problems += [name for name in ("one_line", "nothing_half_written") if not record[name]]
         resume = ("train.resume_from_checkpoint=true",) if (out / "recipe.yaml").is_file() else (
             "train.overwrite_output_dir=true",)
         run(command(target, dataset, out, *resume))
-        problems = differences(out, reference)
-        trials.append({"trial": trial, "kill_after_s": round(delay, 2), "killed": where, "same_run": not problems,
-                       "problems": problems})
-        print(f"trial {trial}: killed after {delay:.1f} s {where}; resumed: "
+        problems += differences(out, reference)
+        trials.append({"trial": trial, "class": fault, **record, "same_run": not problems, "problems": problems})
+        print(f"trial {trial} ({fault}): {record['fault']}, exit {record['exit']}"
+              f"{', flipped ' + record['flipped'] if record.get('flipped') else ''}; resumed: "
               f"{'bitwise-equal weights, complete acceptance log' if not problems else '; '.join(problems)}")
+    summary = {fault: {"runs": sum(t["class"] == fault for t in trials),
+                       "same_run": sum(t["class"] == fault and t["same_run"] for t in trials)} for fault in args.faults}
     same = sum(t["same_run"] for t in trials)
-    print(json.dumps({"runs": len(trials), "same_run": same, "trials": trials}, indent=2))
+    print(json.dumps({"runs": len(trials), "same_run": same, "by_fault": summary, "trials": trials}, indent=2))
     return 0 if same == len(trials) else 1
 
 

@@ -162,3 +162,32 @@ def test_killed_with_sigkill_mid_turn_resumes_to_the_same_file(workdir, tmp_path
     data_command.main(command[3:] + ["--out", str(tmp_path / "cut")])
     data_command.main(command[3:] + ["--out", str(tmp_path / "whole")])
     assert (tmp_path / "cut" / "train.jsonl").read_text() == (tmp_path / "whole" / "train.jsonl").read_text()
+
+
+@pytest.mark.parametrize("name", ["TERM", "USR1"])
+def test_a_signal_stops_at_a_shard_boundary_and_the_same_command_resumes(workdir, tmp_path, name):
+    """SIGTERM (a scheduler's preemption) right as the second shard is being finished: that shard is kept, the command
+    exits 75 with one line, and running it again ends with the file of an uninterrupted run."""
+    import os
+    import subprocess
+
+    from distill.outputs.checkpoints import KILL_ENV
+    from distill.utils import PREEMPTED_EXIT, SIGNAL_ENV
+
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"prompt": f"def g{i}(y):"}) + "\n" for i in range(40)))
+    command = [sys.executable, "-m", "distill.cli.data", "responses", "--target", str(workdir / "target"),
+               "--prompts", str(many), "--max-new-tokens", "4", "--batch-size", "4", "--shard-size", "8", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", KILL_ENV: "shard-written:2", SIGNAL_ENV: name,
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    stopped = subprocess.run([*command, "--out", str(tmp_path / "cut")], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert stopped.returncode == PREEMPTED_EXIT, stopped.stderr[-2000:]
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"specdistill-data: stopped by SIG{name} after 2 of 5 target data shards, kept in "), last
+    assert last.endswith("; run the same command again to resume") and "Traceback" not in stopped.stderr
+    shards = sorted(p.name for p in (tmp_path / "cut" / ".specdistill" / "turn-0" / "shards").iterdir())
+    assert shards == ["shard-00000", "shard-00001"] and not (tmp_path / "cut" / "train.jsonl").exists()
+    data_command.main(command[3:] + ["--out", str(tmp_path / "cut")])
+    data_command.main(command[3:] + ["--out", str(tmp_path / "whole")])
+    assert (tmp_path / "cut" / "train.jsonl").read_text() == (tmp_path / "whole" / "train.jsonl").read_text()

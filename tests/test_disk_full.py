@@ -5,6 +5,7 @@ resumes to the same cache."""
 from __future__ import annotations
 
 import errno
+import re
 import json
 
 import datasets
@@ -46,7 +47,8 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_and_resume_ends_bit_fo
         message = cli_error(patch, capsys, TINY_RECIPE, f"model.target={workdir / 'target'}",
                             f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={run}", *RUN)
     assert message.startswith(f"specdistill-train: error: {FULL}{run} while writing checkpoint-8 ("), message
-    assert "MiB free, about " in message and message.endswith(
+    sizes = r"\(\S+ [KMG]?i?B written\) \(\S+ [KMG]?i?B free, about \S+ [KMG]?i?B needed\)"
+    assert re.search(sizes, message) and message.endswith(
         "checkpoint-4 is intact and nothing of checkpoint-8 was kept; free space, then continue with "
         "train.resume_from_checkpoint=true"), message
     assert not (run / PARTIAL_DIR).exists() or not any((run / PARTIAL_DIR).iterdir())

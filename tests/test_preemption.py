@@ -59,7 +59,7 @@ def test_a_signal_saves_the_step_in_progress_and_resume_ends_bit_for_bit(workdir
     for saved in STEPS:
         ours, theirs = (load_file(f / f"checkpoint-{saved}" / "model.safetensors") for f in (folder, reference))
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), saved
-    assert {r["step"] for r in read_records(folder)} >= set(STEPS)
+    assert {r["step"] for r in read_records(folder)} == set(STEPS)  # an off-schedule preemption save is not measured
     assert not (folder / STOP_FILE).exists()  # the run finished: the note of its preemption is gone
 
 

@@ -26,11 +26,12 @@ from decode.inputs.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
 from distill.data.regenerate import Answering, answer_conversations, write_jsonl
+from distill.data.shard_store import ShardBuildStopped
 from distill.cli.train import USER_ERRORS as RUN_ERRORS
 from distill.pipeline import prepare_data
 from distill.recipe.loader import load_recipe
 from distill.recipe.sections import RecipeError
-from distill.utils import eval_mode
+from distill.utils import PREEMPTED_EXIT, eval_mode
 
 WORK_DIR = ".specdistill"  # inside OUT: shards and their settings (hidden: data.dataset reads OUT's .jsonl only)
 PROMPTS_FILE, RESPONSES_FILE = "prompts.jsonl", "train.jsonl"
@@ -168,6 +169,9 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     traceback."""
     try:
         main(argv, prog)
+    except ShardBuildStopped as stopped:  # a signal: the shards written are kept, the same command resumes
+        print(f"{prog}: {stopped}", file=sys.stderr)
+        raise SystemExit(PREEMPTED_EXIT) from None
     except USER_ERRORS as err:
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
         print(f"{prog}: error: {message}", file=sys.stderr)

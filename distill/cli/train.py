@@ -32,7 +32,7 @@ import sys
 from decode.inputs.checks import FileProblem, OneLineArgumentParser
 from decode.inputs.vocab import TokenizerMismatchError
 from distill.data.rows import DataError
-from distill.data.shard_store import CacheMismatchError
+from distill.data.shard_store import CacheMismatchError, ShardBuildStopped
 from distill.models.distributed import UnsupportedModeError, lost_peer
 from distill.outputs.acceptance_log import AcceptanceLogError
 from distill.outputs.run_folder import RESULTS_FILE
@@ -92,7 +92,7 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     traceback."""
     try:
         main(argv, prog)
-    except Preempted as stopped:  # a scheduler's signal: a checkpoint of the last step is saved (distill.run.preemption)
+    except (Preempted, ShardBuildStopped) as stopped:  # a signal: the last step or shard is saved, resume goes on
         print(f"{prog}: {stopped}", file=sys.stderr)
         raise SystemExit(PREEMPTED_EXIT) from None
     except USER_ERRORS as err:

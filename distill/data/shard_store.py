@@ -15,7 +15,9 @@ A folder holding a build of the same spec is resumed after its last complete sha
 one of another spec raises CacheMismatchError naming every difference, unless overwrite=True deletes it. Every shard
 holds a manifest of its files' sha256 digests (decode.inputs.manifest), written before the shard's rename; a shard
 whose bytes changed since (a flipped bit, a partial copy) is deleted with one warning and built again, in a complete
-build as in an interrupted one.
+build as in an interrupted one. SIGTERM, SIGINT or SIGUSR1 during `fill` (a scheduler's preemption, Ctrl-C) lets the
+shard in progress finish and stops with ShardBuildStopped (the commands exit 75 with one line); running the same
+command again resumes after it. A second SIGINT exits at once (130).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ import logging
 import math
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +39,8 @@ from tqdm.auto import tqdm
 
 from decode.inputs.checks import read_text, write_atomic
 from decode.inputs.manifest import manifest_problems, write_manifest
-from distill.utils import crash_point, folder_bytes, no_space, out_of_space
+from distill.utils import (INTERRUPTED_TWICE_EXIT, STOP_SIGNALS, crash_point, folder_bytes, human_bytes, no_space,
+                           out_of_space)
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +49,46 @@ SHARDS_DIR = "shards"
 
 class CacheMismatchError(ValueError):
     """A cache (or generated data) was built for another target, tokenizer, dataset or setting."""
+
+
+@dataclass
+class ShardBuildStopped(Exception):
+    """A build stopped on a signal at a shard boundary: `done` of `total` shards are on disk in `root`."""
+
+    signal_name: str
+    what: str
+    done: int
+    total: int
+    root: str
+
+    def __str__(self) -> str:
+        return (f"stopped by {self.signal_name} after {self.done} of {self.total} {self.what} shards, kept in "
+                f"{self.root}; run the same command again to resume")
+
+
+@contextlib.contextmanager
+def signals_noted() -> Iterator[list[int]]:
+    """While inside: SIGTERM, SIGINT and SIGUSR1 are noted in the yielded list instead of killing the process (a
+    second SIGINT exits at once with 130); the previous handlers come back after. Outside the main thread: nothing
+    is handled (the list stays empty)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def note(signum: int, frame) -> None:
+        if received and signum == signal.SIGINT:
+            os._exit(INTERRUPTED_TWICE_EXIT)
+        if not received:
+            logger.warning("%s received: finishing the shard in progress, then stopping", signal.Signals(signum).name)
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def spec_differences(stored: dict[str, Any], wanted: dict[str, Any], what: str,
@@ -133,17 +178,21 @@ class ShardStore:
              size_key: str = "rows_per_shard") -> None:
         """Write every shard not on disk yet (make(index, rows, scratch)); a shard already there only moves
         `bar` on by its rows."""
-        size = metadata[size_key]
-        self.drop_corrupt_shards(metadata["num_shards"])
-        for index in range(metadata["num_shards"]):
-            rows = range(index * size, min((index + 1) * size, num_rows))
-            if self.shard_path(index).is_dir():
-                bar.update(len(rows))
-                continue
-            scratch = self.root / f".generator-{index:05d}"
-            shutil.rmtree(scratch, ignore_errors=True)  # left over by an interrupted build
-            self.write_shard(lambda: make(index, rows, scratch), index)
-            shutil.rmtree(scratch, ignore_errors=True)
+        size, total = metadata[size_key], metadata["num_shards"]
+        self.drop_corrupt_shards(total)
+        with signals_noted() as received:
+            for index in range(total):
+                rows = range(index * size, min((index + 1) * size, num_rows))
+                if self.shard_path(index).is_dir():
+                    bar.update(len(rows))
+                    continue
+                scratch = self.root / f".generator-{index:05d}"
+                shutil.rmtree(scratch, ignore_errors=True)  # left over by an interrupted build
+                self.write_shard(lambda: make(index, rows, scratch), index)
+                shutil.rmtree(scratch, ignore_errors=True)
+                if received and index + 1 < total:
+                    done = sum(self.shard_path(i).is_dir() for i in range(total))
+                    raise ShardBuildStopped(signal.Signals(received[0]).name, self.what, done, total, str(self.root))
 
     def write_shard(self, make: Callable[[], datasets.Dataset], index: int) -> None:
         """Save the dataset `make()` returns as shard `index`, atomically (a half-written shard never looks done)."""
@@ -161,7 +210,7 @@ class ShardStore:
             shutil.rmtree(partial, ignore_errors=True)
             kept = (f"the {index} shards before it are kept; free space, then run the same command again to resume"
                     if index else "free space, then run the same command again")
-            raise no_space(self.root, f"{self.what} shard {index} ({written / 2**20:,.0f} MiB written)", kept,
+            raise no_space(self.root, f"{self.what} shard {index} ({human_bytes(written)} written)", kept,
                            max(written, self.shard_bytes(index))) from None
         os.replace(partial, final)
         crash_point("shard-written")  # test hook: SPECDISTILL_KILL_AT=shard-written:K kills -9 after the K-th shard

@@ -23,6 +23,7 @@ the last step is always saved as a checkpoint, so the export reads whole weights
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Callable, Sequence
@@ -67,6 +68,16 @@ def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int | str]) -> 
 def _default_evaluate() -> Evaluate:
     from decode.measure.evaluate import evaluate_acceptance
     return evaluate_acceptance
+
+
+def on_schedule(step: int, args: TrainingArguments, max_steps: int) -> bool:
+    """Whether checkpoint `step` is one the save schedule makes (every save_steps, the last step), not one a
+    preemption saved off it for resume: an uninterrupted run measures only the scheduled ones, and so does a resumed
+    one, so both pick their export among the same checkpoints."""
+    if step >= max_steps or str(getattr(args.save_strategy, "value", args.save_strategy)) != "steps":
+        return True
+    interval = args.save_steps if args.save_steps >= 1 else math.ceil(max_steps * args.save_steps)
+    return step % int(interval) == 0
 
 
 class AcceptanceCallback(TrainerCallback):
@@ -114,7 +125,7 @@ class AcceptanceCallback(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 model: PreTrainedModel | None = None, **kwargs):
         """Measure the checkpoint just saved; not one saved on a stop before the last step (a preemption: its grace
-        period is for the save; the resumed run measures what lacks its lines)."""
+        period is for the save; the resumed run measures it if the schedule made it, on_schedule)."""
         if control.should_training_stop and state.global_step < state.max_steps:
             return
         if self.cfg.at_checkpoints:
@@ -176,7 +187,8 @@ class AcceptanceCallback(TrainerCallback):
         if state.is_world_process_zero:
             missing = [str(folder) for folder in find_checkpoints(args.output_dir).complete
                        if checkpoint_step(folder) <= state.global_step
-                       and checkpoint_step(folder) not in self.measured_steps]
+                       and checkpoint_step(folder) not in self.measured_steps
+                       and on_schedule(checkpoint_step(folder), args, state.max_steps)]
         if PartialState().num_processes > 1:
             from accelerate.utils import broadcast_object_list
             missing = broadcast_object_list([missing])[0]

@@ -27,13 +27,11 @@ import torch
 from transformers import TrainerCallback
 
 from decode.inputs.checks import write_atomic
-from distill.utils import crash_point
+from distill.utils import INTERRUPTED_TWICE_EXIT, PREEMPTED_EXIT, STOP_SIGNALS, crash_point  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again later"; schedulers' requeue hooks can key on it
-INTERRUPTED_TWICE_EXIT = 130
+SIGNALS = STOP_SIGNALS
 STOP_FILE = "preempted.json"
 
 

@@ -52,7 +52,7 @@ from distill.outputs.checkpoints import clear_partial, find_checkpoints, partial
 from distill.outputs.run_folder import start_run_folder
 from distill.publish.export import draft_at_checkpoint
 from distill.recipe.sections import DistillConfig, Recipe
-from distill.utils import IGNORE_INDEX, folder_bytes, no_space, out_of_space
+from distill.utils import IGNORE_INDEX, fault_point, folder_bytes, human_bytes, no_space, out_of_space
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +145,7 @@ class DistillTrainer(Trainer):
         self._saving_into = str(partial_folder(run_dir))
         try:
             super()._save_checkpoint(model, trial)  # rotation in .partial/ finds one checkpoint: deletes nothing
+            fault_point("checkpoint-save")  # test hook: SPECDISTILL_FULL_DISK_AT=checkpoint-save:K, the K-th save
             self.accelerator.wait_for_everyone()  # every process has written its files (optimizer shards, rng state)
             if self.args.should_save:
                 write_manifest(partial_folder(run_dir) / name)  # sha256 of every file, last: resume verifies it
@@ -170,7 +171,7 @@ class DistillTrainer(Trainer):
         needed = folder_bytes(previous) if previous is not None else None
         kept = (f"{previous.name} is intact" if previous is not None else "no checkpoint was complete yet") + \
             f" and nothing of {name} was kept; free space, then continue with train.resume_from_checkpoint=true"
-        return no_space(run_dir, f"{name} ({written / 2**20:,.0f} MiB written)", kept, needed)
+        return no_space(run_dir, f"{name} ({human_bytes(written)} written)", kept, needed)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Trainer's save_model; under FSDP2 the sharded checkpoint (written by Trainer with the optimizer) gets the
