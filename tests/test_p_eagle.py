@@ -395,7 +395,7 @@ def test_the_deploy_check_names_a_missing_token_or_mask_hidden(run_dir, workdir,
     del weights["mask_hidden"]
     save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
     report = check_deploy(str(workdir / "target"), broken)
-    assert set(report.problems) == {"ptd_token", "mask_hidden", "gamma"}, report.problems
+    assert set(report.problems) == {"ptd_token", "mask_hidden", "gamma", "manifest"}, report.problems
     assert "ptd_token_id=5000" in report.problems["ptd_token"] and "at most 4" in report.problems["gamma"]
     assert "no mask_hidden" in report.problems["mask_hidden"]
 

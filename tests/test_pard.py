@@ -344,7 +344,7 @@ def test_the_deploy_check_names_a_missing_or_wrong_pard_token(run_dir, workdir, 
     generation["num_assistant_tokens"] = 6
     (broken / "generation_config.json").write_text(json.dumps(generation))
     report = check_deploy(str(workdir / "target"), broken)
-    assert set(report.problems) == {"pard_token", "gamma"}, report.problems
+    assert set(report.problems) == {"pard_token", "gamma", "manifest"}, report.problems  # edited after export
     assert "pard_token=5000" in report.problems["pard_token"] and "at most 4" in report.problems["gamma"]
 
 

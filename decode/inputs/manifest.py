@@ -14,7 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from decode.inputs.checks import write_atomic
+from decode.inputs.checks import FileProblem, read_text, write_atomic
 
 MANIFEST = "specdistill-manifest.json"
 CHUNK = 1 << 20
@@ -53,9 +53,9 @@ def manifest_problems(folder: str | Path) -> list[str] | None:
     if not path.is_file():
         return None
     try:
-        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+        files = json.loads(read_text(path))["files"]
         entries = [(name, entry["sha256"], int(entry["bytes"])) for name, entry in files.items()]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+    except (OSError, FileProblem, ValueError, KeyError, TypeError, AttributeError) as err:
         return [f"{MANIFEST} is unreadable ({type(err).__name__}): the folder cannot be verified"]
     problems = []
     for name, sha256, size in entries:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from decode.inputs.checks import read_text, write_atomic
+from kinds import KINDS
 
 
 @dataclass
@@ -147,8 +148,8 @@ EVAL_JSON_KEYS: dict[str, Key] = {
     "torch_version": Key("text", "`torch.__version__` of the evaluating process."),
     "target": Key("text", "`--target` as given: a folder, a hub id or a `.gguf` file."),
     "draft": Key("text", "`--draft` as given: a folder, a hub id, a `.gguf` file or `prompt-lookup`."),
-    "draft_kind": Key("text", "The draft's kind (kinds/, the recipes' vocabulary): `standalone`, `prompt_lookup`, "
-                                "`eagle3`, `dflash` or `pard`."),
+    "draft_kind": Key("text", "The draft's kind (kinds/, the recipes' vocabulary): "
+                              + ", ".join(f"`{kind.name}`" for kind in KINDS[:-1]) + f" or `{KINDS[-1].name}`."),
     "prompts": Key("text", "`--prompts` as given: a `.jsonl` or `.txt` file, a dataset folder or a hub dataset id."),
     "chat_template": Key("text", "`--chat-template`: `auto`, `on` or `off` (decode.inputs.prompts)."),
     "compiled": Key("bool", "Static KV caches and torch.compiled steps (`--compile`); false for vLLM."),

@@ -51,6 +51,8 @@ def other_kinds_keys_unset(section: Section, chosen: str) -> None:
             for key, field in getattr(options, "model_fields", {}).items():
                 if kind is own or key in mine or key not in type(section).model_fields:
                     continue
+                if key not in getattr(options, "__annotations__", {}):
+                    continue  # a key this kind takes from another's options (a P-EAGLE head's aux_layers): named there
                 value = getattr(section, key)
                 require(value == field.default, f"{section.section}.{key}", value,
                         f"{field.default if field.default is not None else 'null'} with model.draft_kind {chosen} "

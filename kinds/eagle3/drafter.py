@@ -198,19 +198,26 @@ class HeadDrafter:
             logits = F.pad(logits, (0, self.vocab_size - logits.shape[-1]), value=float("-inf"))
         return logits
 
-    def propose(self, history, cur, gamma, cfg, generator):
-        assert self.cache is not None, "start() first"
-        pending = torch.cat(self.features) if self.features else None  # [T, k * H]
-        if gamma == 0 or pending is None:  # nothing to draft, or no target feature yet (a one-token prompt)
-            self.drafted = 0
-            return cur.new_empty(0), None
+    def pending_positions(self, history: list[int]) -> tuple[list[int], torch.Tensor] | None:
+        """The target-feature positions P..M-1 the cache has not seen: their tokens x_{P+1}..x_M (x_M = cur =
+        history[-1]) and fused features fc(h_P)..fc(h_{M-1}) [T, H], taken (features cleared); None without any."""
+        if not self.features:  # no target feature yet (a one-token prompt)
+            return None
+        pending = torch.cat(self.features)  # [T, k * H]
         first, new = self.cache.length, pending.shape[0]
         assert len(history) == first + new + 1, "the committed tokens and the target's features disagree"
-        # positions P..M-1 hold tokens x_{P+1}..x_M (x_M = cur = history[-1]) and the target's features h_P..h_{M-1}
-        tokens = torch.tensor([history[first + 1: first + 1 + new]], dtype=torch.long, device=cur.device)
-        hidden = self.head.fuse(pending.to(self.head.fc.weight.dtype)).unsqueeze(0)  # [1, T, H]
         self.features = []
-        logits, prenorm = self.cache.step(tokens, hidden)
+        return history[first + 1: first + 1 + new], self.head.fuse(pending.to(self.head.fc.weight.dtype))
+
+    def propose(self, history, cur, gamma, cfg, generator):
+        assert self.cache is not None, "start() first"
+        positions = self.pending_positions(history) if gamma else None
+        if positions is None:  # nothing to draft, or no target feature yet
+            self.drafted = 0
+            return cur.new_empty(0), None
+        tokens, hidden = positions
+        tokens = torch.tensor([tokens], dtype=torch.long, device=cur.device)
+        logits, prenorm = self.cache.step(tokens, hidden.unsqueeze(0))
         drafts, rows = [], []
         for j in range(gamma):
             token, q = self.choose(logits[-1:], cfg, generator)

@@ -38,19 +38,14 @@ class ParallelHeadDrafter(HeadDrafter):
 
     def propose(self, history, cur, gamma, cfg, generator):
         assert self.cache is not None, "start() first"
-        pending = torch.cat(self.features) if self.features else None  # [T, k * H]
-        if gamma == 0 or pending is None:  # nothing to draft, or no target feature yet (a one-token prompt)
+        positions = self.pending_positions(history) if gamma else None
+        if positions is None:  # nothing to draft, or no target feature yet
             self.drafted = 0
             return cur.new_empty(0), None
-        first, new = self.cache.length, pending.shape[0]
-        assert len(history) == first + new + 1, "the committed tokens and the target's features disagree"
-        head, slots = self.head, gamma - 1
-        # positions P..M-1 hold x_{P+1}..x_M (x_M = cur) with h_P..h_{M-1}; then the mask slots
-        tokens = torch.tensor([history[first + 1: first + 1 + new] + [self.mask_token] * slots], dtype=torch.long,
-                              device=cur.device)
-        fused = head.fuse(pending.to(head.fc.weight.dtype))  # [T, H]
-        hidden = torch.cat([fused, head.mask_input().expand(slots, -1)]).unsqueeze(0)  # [1, T + slots, H]
-        self.features = []
+        tokens, fused = positions  # positions P..M-1 (x_{P+1}..x_M with fc(h_P)..fc(h_{M-1})); then the mask slots
+        slots = gamma - 1
+        tokens = torch.tensor([tokens + [self.mask_token] * slots], dtype=torch.long, device=cur.device)
+        hidden = torch.cat([fused, self.head.mask_input().expand(slots, -1)]).unsqueeze(0)  # [1, T + slots, H]
         logits, _ = self.cache.step(tokens, hidden)
         self.drafted = slots
         logits = self.target_logits(logits[-gamma:])  # [gamma, V]: d_1 from position M-1, d_{k+1} from slot k
