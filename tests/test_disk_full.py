@@ -17,11 +17,11 @@ from decode.inputs.manifest import manifest_problems
 from distill.data.teacher_cache import build_teacher_cache
 from distill.outputs import acceptance_log
 from distill.outputs.checkpoints import PARTIAL_DIR
-from distill.utils import IGNORE_INDEX, OutOfSpaceError
+from distill.utils import OutOfSpaceError
 from helpers import TINY_RECIPE, cli_error, run_train
 from test_kill_resume import RUN, STEPS  # the tiny run of those tests
 from test_kill_resume import reference, workdir  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
-from tiny import save_and_load, tiny_model, tiny_tokenizer
+from test_integrity import tiny_cache_inputs
 
 FULL = "no space left on the device of "
 
@@ -61,12 +61,7 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_and_resume_ends_bit_fo
 
 
 def test_a_full_disk_during_a_cache_shard_keeps_the_shards_before_it(monkeypatch, tmp_path):
-    target = save_and_load(tiny_model(vocab_size=96, seed=0), tmp_path / "target")
-    g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(4, 96, (12,), generator=g).tolist() for _ in range(10)]
-    rows = datasets.Dataset.from_dict({"input_ids": ids, "labels": [[IGNORE_INDEX] * 3 + r[3:] for r in ids]})
-    settings = dict(k=4, batch_size=4, target_id="tiny-target", tokenizer=tiny_tokenizer(), rows_per_shard=4,
-                    progress=False)
+    target, rows, settings = tiny_cache_inputs(tmp_path)
     real = datasets.Dataset.save_to_disk
     calls = []
 

@@ -101,13 +101,19 @@ def test_the_check_names_a_corrupted_exported_file(workdir, reference, tmp_path)
 
 
 # ---- cache shards ----------------------------------------------------------------------------------------------------
-def test_a_corrupted_cache_shard_is_built_again_equal_to_the_original(tmp_path, caplog):
-    target = save_and_load(tiny_model(vocab_size=96, seed=0), tmp_path / "target")
+def tiny_cache_inputs(folder: Path) -> tuple[torch.nn.Module, datasets.Dataset, dict]:
+    """A tiny target, 10 rows of 12 tokens and build_teacher_cache's settings for 3 shards of 4, 4 and 2 rows."""
+    target = save_and_load(tiny_model(vocab_size=96, seed=0), folder / "target")
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(4, 96, (12,), generator=g).tolist() for _ in range(10)]
     rows = datasets.Dataset.from_dict({"input_ids": ids, "labels": [[IGNORE_INDEX] * 3 + r[3:] for r in ids]})
     settings = dict(k=4, batch_size=4, target_id="tiny-target", tokenizer=tiny_tokenizer(), rows_per_shard=4,
                     progress=False)
+    return target, rows, settings
+
+
+def test_a_corrupted_cache_shard_is_built_again_equal_to_the_original(tmp_path, caplog):
+    target, rows, settings = tiny_cache_inputs(tmp_path)
     first = build_teacher_cache(target, rows, tmp_path / "cache", **settings)
     original = [dict(r) for r in first.rows]
     shard = tmp_path / "cache" / "shards" / "shard-00001"
