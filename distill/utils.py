@@ -64,8 +64,12 @@ def human_bytes(size: int) -> str:
 
 
 def folder_bytes(folder: str | Path) -> int:
-    """The bytes of every file under `folder` (0 when it does not exist)."""
-    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+    """The bytes of every file under `folder` (0 when it does not exist; a file deleted meanwhile counts 0)."""
+    total = 0
+    for f in Path(folder).rglob("*"):
+        with contextlib.suppress(OSError):
+            total += f.stat().st_size if f.is_file() else 0
+    return total
 
 
 @contextlib.contextmanager
@@ -107,7 +111,7 @@ INTERRUPTED_TWICE_EXIT = 130
 
 KILL_ENV = "SPECDISTILL_KILL_AT"
 SIGNAL_ENV = "SPECDISTILL_KILL_SIGNAL"
-RANK_ENV = "SPECDISTILL_KILL_RANK"  # only the process of this RANK (a dead rank among several); unset: every process
+RANK_ENV = "SPECDISTILL_KILL_RANK"  # the kill and full-disk hooks act in the process of this RANK only; unset: every one
 _crash_counts: dict[str, int] = {}
 
 
@@ -121,11 +125,16 @@ def fault_point(name: str) -> None:
     if not wanted:
         return
     point, _, nth = wanted.partition(":")
-    if point != name:
+    if point != name or not _this_rank_is_chosen():
         return
     _crash_counts["full-disk:" + name] = _crash_counts.get("full-disk:" + name, 0) + 1
     if _crash_counts["full-disk:" + name] == int(nth or 1):
         raise OSError(errno.ENOSPC, "No space left on device (SPECDISTILL_FULL_DISK_AT)")
+
+
+def _this_rank_is_chosen() -> bool:
+    """SPECDISTILL_KILL_RANK unset, or naming this process's RANK (the test hooks' rank filter)."""
+    return os.environ.get(RANK_ENV, os.environ.get("RANK", "0")) == os.environ.get("RANK", "0")
 
 
 def crash_point(name: str) -> None:
@@ -135,7 +144,7 @@ def crash_point(name: str) -> None:
     if not wanted:
         return
     point, _, nth = wanted.partition(":")
-    if point != name or os.environ.get(RANK_ENV, os.environ.get("RANK", "0")) != os.environ.get("RANK", "0"):
+    if point != name or not _this_rank_is_chosen():
         return
     _crash_counts[name] = _crash_counts.get(name, 0) + 1
     if _crash_counts[name] == int(nth or 1):

@@ -31,6 +31,7 @@ import sys
 
 from decode.inputs.checks import FileProblem, OneLineArgumentParser
 from decode.inputs.vocab import TokenizerMismatchError
+from distill.cli.launch import check_launch, print_once
 from distill.data.rows import DataError
 from distill.data.shard_store import CacheMismatchError, ShardBuildStopped
 from distill.models.distributed import UnsupportedModeError, lost_peer
@@ -89,22 +90,23 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-train` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
-    traceback."""
+    traceback; an error every process of a launch meets alike is printed once (distill.cli.launch)."""
+    check_launch(prog)
     try:
         main(argv, prog)
     except (Preempted, ShardBuildStopped) as stopped:  # a signal: the last step or shard is saved, resume goes on
-        print(f"{prog}: {stopped}", file=sys.stderr)
+        print_once(f"{prog}: {stopped}")
         raise SystemExit(PREEMPTED_EXIT) from None
     except USER_ERRORS as err:
         first, *details = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
         message = " ".join([first, "; ".join(details)]).strip()  # one line, details (if any) separated by ;
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print_once(f"{prog}: error: {message}")
         raise SystemExit(1) from None
     except RuntimeError as err:  # a collective that lost a peer: one line on every surviving rank
         message = lost_peer(err)
         if message is None:
             raise
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print_once(f"{prog}: error: {message}")
         raise SystemExit(LOST_PEER_EXIT) from None
 
 

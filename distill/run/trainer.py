@@ -166,7 +166,8 @@ class DistillTrainer(Trainer):
         (the complete ones are untouched: nothing is renamed into run_dir before it is whole)."""
         found = find_checkpoints(run_dir)
         written = folder_bytes(partial_folder(run_dir) / name)
-        clear_partial(run_dir)
+        if self.args.should_save:  # the main process clears, as it publishes
+            clear_partial(run_dir)
         previous = found.latest
         needed = folder_bytes(previous) if previous is not None else None
         kept = (f"{previous.name} is intact" if previous is not None else "no checkpoint was complete yet") + \
