@@ -32,6 +32,7 @@ from distill.run.callbacks import AcceptanceCallback
 from distill.run.preemption import Preempted, PreemptionCallback
 from distill.run.preflight import check_run
 from distill.run.trainer import distil
+from distill.utils import crash_point
 from kinds import kind_named
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     kind = kind_named(recipe.model.draft_kind)  # kinds/<kind>/: what differs between kinds of draft
     # 2. load
     target, draft = load_models(recipe.model, recipe.lora, args.device)
+    crash_point("models-loaded")  # test hook: SPECDISTILL_KILL_AT=models-loaded with SPECDISTILL_KILL_SIGNAL=TERM
     # 3. tokenise (prompts the target writes first, when the recipe asks for them)
     data = with_synthesized_prompts(recipe, data, target, tokenizer, args)
     rows = training_rows(recipe, data, target, draft, tokenizer, args)

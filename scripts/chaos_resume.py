@@ -5,7 +5,8 @@
 
 Fault classes (--faults, each trial draws one in turn):
     kill       SIGKILL at a random moment (the default)
-    term       SIGTERM at a random moment: a preemption; the run saves the step in progress and exits 75
+    term       SIGTERM at a random moment: a preemption; the run saves the step in progress and exits 75 (outside a
+               training step: it stops where it is and exits 75)
     flip       SIGKILL at a random moment once two checkpoints are complete, then one byte of the newest flipped:
                resume must skip that checkpoint (its manifest) and redo its steps
     full-disk  the disk full at a random checkpoint save (SPECDISTILL_FULL_DISK_AT=checkpoint-save:K): the run stops
@@ -103,6 +104,8 @@ def killed_at(out: Path) -> str:
     if (out / "train_results.json").is_file():
         return "after train_results.json was written (while exiting)"
     partial = out / PARTIAL_DIR
+    if (partial / "export").is_dir():
+        return "during the export"
     if partial.is_dir() and any(partial.iterdir()):
         return "during a checkpoint save"
     saved = {int(p.name.split("-")[1]) for p in find_checkpoints(out).complete}
@@ -146,7 +149,7 @@ def differences(out: Path, reference: Path) -> list[str]:
 
 
 FAULTS = ("kill", "term", "flip", "full-disk", "dead-rank", "stale")
-# SIGTERM before training starts (no handler yet) ends the process at once; a dead rank fails the launcher (1)
+# SIGTERM while Python starts (no handler yet) ends the process at once; a dead rank fails the launcher (1)
 EXPECTED_EXIT = {"kill": (-signal.SIGKILL,), "term": (75, -signal.SIGTERM), "flip": (-signal.SIGKILL,),
                  "full-disk": (1,), "dead-rank": (1,), "stale": (1,)}
 DEAD_RANK_BOUND_S = 60.0  # the survivor of a dead rank stops within this (gloo sees the closed connection at once)
@@ -303,8 +306,10 @@ def inject(fault: str, rng: random.Random, span: float, target: Path, dataset: P
     note = out / "preempted.json"
     if fault == "term" and code == 75 and note.is_file():
         where = f"during step {json.loads(note.read_text())['step']}, saved as its checkpoint (preempted)"
+    elif fault == "term" and code == 75:
+        where += ", outside a training step: stopped where it was, in one line"
     elif fault == "term" and code == -signal.SIGTERM:
-        where = "before training began (loading: no handler yet, no step to lose)"
+        where = "while Python was starting (before any handler: nothing to lose)"
     record = {"fault": f"{fault} after {delay:.1f} s {where}", "exit": code}
     if fault == "flip":
         record["flipped"] = flip_newest(out)

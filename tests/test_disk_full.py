@@ -5,8 +5,9 @@ resumes to the same cache."""
 from __future__ import annotations
 
 import errno
-import re
 import json
+import re
+from pathlib import Path
 
 import datasets
 import pytest
@@ -101,6 +102,45 @@ def test_a_full_disk_during_the_acceptance_log_keeps_its_earlier_lines(monkeypat
         acceptance_log.append_records(tmp_path, [{"step": 8, "gamma": 2}, {"step": 8, "gamma": 4}])
     assert (tmp_path / "acceptance.jsonl").read_bytes() == before
     assert [json.loads(line)["step"] for line in before.decode().splitlines()] == [4]
+
+
+def test_a_full_disk_during_the_export_leaves_the_output_folder_as_it_was(monkeypatch, tmp_path):
+    """The tokenizer's files find the disk full after the weights were written: nothing of this export reaches
+    OUTPUT_DIR (the earlier export's files stay, byte for byte, with their manifest), no staging folder is left;
+    the export done again once there is space is whole and verified."""
+    from transformers import AutoTokenizer
+
+    from decode.inputs.manifest import MANIFEST
+    from distill.publish.export import export_draft
+    from tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = tiny_model("llama", vocab_size=len(tok), hidden=32, layers=1)
+    out = tmp_path / "run"
+    out.mkdir()
+    export_draft(out, None, model, tok, default_gamma=4)  # an earlier, complete export
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(1.0)  # a different draft to export
+    real_save = type(tok).save_pretrained
+
+    def save_pretrained(self, folder, *args, **kwargs):
+        (Path(folder) / "tokenizer.json").write_text('{"half": ')  # half written, then the disk is full
+        disk_full()
+
+    monkeypatch.setattr(type(tok), "save_pretrained", save_pretrained)
+    with pytest.raises(OSError) as raised:
+        export_draft(out, None, model, tok, default_gamma=4)
+    assert raised.value.errno == errno.ENOSPC
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not (out / PARTIAL_DIR / "export").exists() and manifest_problems(out) == []
+    monkeypatch.setattr(type(tok), "save_pretrained", real_save)
+    export_draft(out, None, model, tok, default_gamma=4)
+    assert manifest_problems(out) == [] and (out / MANIFEST).read_bytes() != before[MANIFEST]
+    assert not (out / PARTIAL_DIR / "export").exists()
+    reloaded = load_file(out / "model.safetensors")
+    assert torch.equal(reloaded["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == tok.get_vocab()
 
 
 def test_other_os_errors_are_not_reported_as_a_full_disk(monkeypatch, tmp_path):

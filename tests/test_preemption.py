@@ -2,7 +2,8 @@
 checkpoint of it without measuring it, writes preempted.json and exits with 75; the resumed run measures what lacks its
 lines and ends equal, bit for bit, to a run that was never stopped. A signal outside the grace period's reach (a step
 that never ends) exits within the grace period. The signal arrives at an exact moment: SPECDISTILL_KILL_AT=train-step:K
-with SPECDISTILL_KILL_SIGNAL sends it to the run itself as step K begins."""
+with SPECDISTILL_KILL_SIGNAL sends it to the run itself as step K begins. Outside training steps (the models just
+loaded, the export) the same signals end the run with 75 and one line too, and resume ends bit for bit."""
 from __future__ import annotations
 
 import json
@@ -64,6 +65,40 @@ def test_a_signal_saves_the_step_in_progress_and_resume_ends_bit_for_bit(workdir
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("point, name, again", [
+    ("models-loaded", "TERM", "nothing of this attempt was written yet: run the same command again"),
+    ("export", "INT", "continue with train.resume_from_checkpoint=true"),
+])
+def test_a_signal_outside_training_steps_exits_75_in_one_line_and_the_run_goes_on_bit_for_bit(workdir, reference,
+                                                                                              point, name, again):
+    """SIGTERM right after the models load (nothing written yet) and SIGINT during the export (every checkpoint
+    saved): no traceback, exit 75 with one line saying how to go on, and the run, gone on as it says, ends as the
+    uninterrupted one."""
+    out = f"outside_{point}"
+    env = {**ENV, KILL_ENV: point, SIGNAL_ENV: name}
+    done = subprocess.run(command(workdir, out), env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == PREEMPTED_EXIT, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"specdistill-train: stopped by SIG{name} outside a training step (loading, preparing data, measuring or "
+        f"exporting): every file written so far is complete; {again}")
+    assert "Traceback" not in done.stderr
+    folder = workdir / out
+    assert not (folder / "train_results.json").exists()
+    if point == "models-loaded":
+        assert not list(folder.glob("checkpoint-*"))
+    extra = ("train.resume_from_checkpoint=true",) if "resume" in again else ()
+    resumed = subprocess.run(command(workdir, out, *extra), env=ENV, cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for saved in STEPS:
+        ours, theirs = (load_file(f / f"checkpoint-{saved}" / "model.safetensors") for f in (folder, reference))
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours), saved
+    best = json.loads((folder / "train_results.json").read_text())["best"]["checkpoint"]
+    exported = load_file(folder / "model.safetensors")
+    assert all(torch.equal(exported[k], v) for k, v in load_file(folder / best / "model.safetensors").items())
+
+
+@pytest.mark.integration
 def test_a_signal_from_outside_stops_a_long_run_within_seconds(workdir):
     """As a scheduler sends it: SIGTERM at some moment of a long run; the run saves the step it was in and exits 75."""
     process = subprocess.Popen(command(workdir, "outside", "train.max_steps=100000", "train.save_steps=100000"),
@@ -114,3 +149,31 @@ def test_ctrl_c_twice_exits_at_once(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=ENV, cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 130 and time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("module, expected", [
+    ("train", "specdistill-train: stopped by SIGUSR1 outside a training step (loading, preparing data, measuring or "
+              "exporting): every file written so far is complete; run the same command again"),
+    ("data", "specdistill-data: stopped by SIGUSR1 outside a shard build (loading or finishing): every file written "
+             "so far is complete; run the same command again to resume"),
+])
+def test_a_signal_while_a_command_loads_is_one_line_and_the_handlers_are_restored(monkeypatch, capsys, module,
+                                                                                  expected):
+    """The signal lands inside the command's main (as while loading a model): exit 75, one line; after the command
+    the process's own handlers are back."""
+    import importlib
+
+    command_module = importlib.import_module(f"distill.cli.{module}")
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+
+    def loading(*_args, **_kwargs):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(5)  # interrupted by the handler's exception
+        raise AssertionError("the signal did not stop the command")
+
+    monkeypatch.setattr(command_module, "main", loading)
+    with pytest.raises(SystemExit) as exit_info:
+        command_module.cli(["anything"])
+    assert exit_info.value.code == PREEMPTED_EXIT
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
+    assert {sig: signal.getsignal(sig) for sig in before} == before

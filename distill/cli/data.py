@@ -31,6 +31,7 @@ from distill.cli.train import USER_ERRORS as RUN_ERRORS
 from distill.pipeline import prepare_data
 from distill.recipe.loader import load_recipe
 from distill.recipe.sections import RecipeError
+from distill.run.preemption import StoppedOutsideTraining, stop_signals_raise
 from distill.utils import PREEMPTED_EXIT, eval_mode
 
 WORK_DIR = ".specdistill"  # inside OUT: shards and their settings (hidden: data.dataset reads OUT's .jsonl only)
@@ -168,9 +169,14 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-data` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
     traceback."""
     try:
-        main(argv, prog)
+        with stop_signals_raise():  # SIGTERM & co while loading: exit 75 in one line (shard builds stop at a boundary)
+            main(argv, prog)
     except ShardBuildStopped as stopped:  # a signal: the shards written are kept, the same command resumes
         print(f"{prog}: {stopped}", file=sys.stderr)
+        raise SystemExit(PREEMPTED_EXIT) from None
+    except StoppedOutsideTraining as stopped:
+        print(f"{prog}: stopped by {stopped.signal_name} outside a shard build (loading or finishing): every file "
+              "written so far is complete; run the same command again to resume", file=sys.stderr)
         raise SystemExit(PREEMPTED_EXIT) from None
     except USER_ERRORS as err:
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
 from decode.inputs.checks import FileProblem, OneLineArgumentParser
 from decode.inputs.vocab import TokenizerMismatchError
@@ -41,7 +42,8 @@ from distill.pipeline import run_recipe
 from distill.publish.export import PushError
 from distill.recipe.loader import load_recipe
 from distill.recipe.sections import RecipeError
-from distill.run.preemption import PREEMPTED_EXIT, Preempted
+from distill.run.preemption import (PREEMPTED_EXIT, Preempted, StoppedOutsideTraining, resume_hint,
+                                    stop_signals_raise)
 from distill.utils import ModelSetupError, OutOfSpaceError
 
 # Errors in what the user gave us (or the machine: a full disk): reported as one line, exit status 1, no traceback.
@@ -79,7 +81,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     recipe = load_recipe(argv[0], argv[1:])
 
     # ---- run: check, load, tokenise, distil, measure, export (distill.pipeline) -------------------------------
-    outcome = run_recipe(recipe, source=argv[0], overrides=argv[1:])
+    started = time.time()
+    try:
+        outcome = run_recipe(recipe, source=argv[0], overrides=argv[1:])
+    except StoppedOutsideTraining as stopped:  # say how to go on: resume, or the same command again
+        stopped.resume = resume_hint(recipe.train.output_dir, since=started)
+        raise
 
     # ---- report ------------------------------------------------------------------------------------------------
     if outcome.finished_before is not None:
@@ -93,8 +100,9 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     traceback; an error every process of a launch meets alike is printed once (distill.cli.launch)."""
     check_launch(prog)
     try:
-        main(argv, prog)
-    except (Preempted, ShardBuildStopped) as stopped:  # a signal: the last step or shard is saved, resume goes on
+        with stop_signals_raise():  # SIGTERM & co before or after training: exit 75 in one line
+            main(argv, prog)
+    except (Preempted, ShardBuildStopped, StoppedOutsideTraining) as stopped:  # a signal: resume goes on
         print_once(f"{prog}: {stopped}")
         raise SystemExit(PREEMPTED_EXIT) from None
     except USER_ERRORS as err:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -26,13 +28,14 @@ from accelerate import PartialState
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from decode.inputs.checks import fsync_folder
 from decode.inputs.manifest import MANIFEST, write_manifest
 from kinds import kind_of, served_draft
 from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.models.fsdp import unsharded_original
 from distill.models.lora import is_lora
 from distill.outputs.acceptance_log import best_checkpoint, read_records, row_gamma
-from distill.outputs.checkpoints import crash_point, find_checkpoints
+from distill.outputs.checkpoints import crash_point, find_checkpoints, partial_folder
 from distill.outputs.run_folder import write_results
 from distill.recipe.sections import Recipe
 from distill.utils import folder_bytes, no_space, out_of_space
@@ -74,10 +77,28 @@ def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel
         return AutoModelForCausalLM.from_pretrained(folder, dtype=next(final_draft.parameters()).dtype)
 
 
-def file_stamps(folder: Path) -> dict[str, tuple[int, int, int]]:
-    """{name: (inode, size, mtime_ns)} of the files directly in `folder` (what a save rewrites changes its stamp)."""
-    return {p.name: (s.st_ino, s.st_size, s.st_mtime_ns) for p in folder.iterdir() if p.is_file()
-            and p.name != MANIFEST for s in [p.stat()]}
+def write_served_folder(output_dir: Path, draft: nn.Module, tokenizer: PreTrainedTokenizerBase, gamma: int) -> None:
+    """The draft's served files (its kind's layout, the tokenizer) and their manifest, staged whole in
+    OUTPUT_DIR/.partial/export and then renamed into OUTPUT_DIR one by one, the manifest last: a failed write (a
+    full disk) or a kill leaves OUTPUT_DIR's files as they were (the staging folder is removed, or cleared by the next
+    save), never a half-written model file."""
+    staging = partial_folder(output_dir) / "export"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        kind_of(draft).save(draft, staging, gamma)  # its kind's served folder (kinds)
+        tokenizer.save_pretrained(staging)
+        write_manifest(staging)  # the served files' sha256: specdistill check verifies a copy of the folder
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for file in sorted(staging.rglob("*"), key=lambda p: p.name == MANIFEST):  # the manifest last
+        if file.is_file():
+            destination = output_dir / file.relative_to(staging)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(file, destination)
+    fsync_folder(output_dir)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Module,
@@ -107,11 +128,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
         draft = final_draft
     gamma = row_gamma(best).deployed if best else default_gamma
     draft = served_draft(draft)  # a head in training is wrapped (UnrolledHead): its head is what is served
-    before = file_stamps(output_dir)
-    kind_of(draft).save(draft, output_dir, gamma)  # its kind's served folder (kinds)
-    tokenizer.save_pretrained(output_dir)
-    served = [output_dir / name for name, stamp in file_stamps(output_dir).items() if before.get(name) != stamp]
-    write_manifest(output_dir, served)  # the served files' sha256: specdistill check verifies a copy of the folder
+    write_served_folder(output_dir, draft, tokenizer, gamma)
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}
     if best:

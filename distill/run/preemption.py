@@ -11,15 +11,22 @@ a grace period; a user presses Ctrl-C; SLURM's --signal sends SIGUSR1) stop a ru
                                  Preempted: specdistill-train prints one line and exits with PREEMPTED_EXIT
 
 `train.resume_from_checkpoint=true` then continues bit for bit. A second SIGINT (Ctrl-C twice) exits at once with 130.
+
+Outside training steps (loading models, preparing data, the last measurement, the export) there is no step to
+finish: `stop_signals_raise` makes the signal raise StoppedOutsideTraining where the process is, so it ends with
+PREEMPTED_EXIT and one line too (not silently, as SIGTERM's default would, nor with KeyboardInterrupt's traceback).
+Every file the run writes is complete or absent, so nothing half-done is left where resume reads.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +34,7 @@ import torch
 from transformers import TrainerCallback
 
 from decode.inputs.checks import write_atomic
+from distill.outputs.run_folder import RECIPE_FILE
 from distill.utils import INTERRUPTED_TWICE_EXIT, PREEMPTED_EXIT, STOP_SIGNALS, crash_point  # noqa: F401
 
 logger = logging.getLogger(__name__)
@@ -46,6 +54,49 @@ class Preempted(Exception):
     def __str__(self) -> str:
         return (f"stopped by {self.signal_name} at step {self.step}: checkpoint-{self.step} is saved in "
                 f"{self.output_dir}; continue with train.resume_from_checkpoint=true")
+
+
+class StoppedOutsideTraining(Exception):
+    """A stop signal arrived while no training step was running (loading, preparing data, measuring, exporting)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal_name = signal.Signals(signum).name
+        self.resume = "run the same command again"  # how to go on (the run's folder decides: resume_hint)
+
+    def __str__(self) -> str:
+        return (f"stopped by {self.signal_name} outside a training step (loading, preparing data, measuring or "
+                f"exporting): every file written so far is complete; {self.resume}")
+
+
+def resume_hint(output_dir: str, since: float) -> str:
+    """How to go on after a stop: resume when this process began training in `output_dir` (its recipe.yaml, written
+    as training begins, is newer than `since`, the process's start); else the same command again (it starts, resumes
+    or overwrites as it says: nothing of this attempt was written)."""
+    started = Path(output_dir) / RECIPE_FILE
+    if started.is_file() and started.stat().st_mtime >= since:
+        return "continue with train.resume_from_checkpoint=true"
+    return "nothing of this attempt was written yet: run the same command again"
+
+
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """Inside the block a signal of SIGNALS raises StoppedOutsideTraining in the main thread, wherever it is; training
+    installs its own handler over this one (PreemptionCallback) and restores it after. The previous handlers are
+    restored on leaving. A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame) -> None:
+        raise StoppedOutsideTraining(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 class PreemptionCallback(TrainerCallback):
