@@ -82,10 +82,16 @@ def checkout(tmp_path_factory) -> Path:
     return folder
 
 
+# What a user's shell holds; nothing this test process (or a test before it) set up for accelerate, torch.distributed
+# or DeepSpeed (RANK, WORLD_SIZE, MASTER_PORT, ACCELERATE_*, DS_ACCELERATOR, ...) reaches the line.
+SHELL_VARIABLES = ("PATH", "HOME", "USER", "SHELL", "TERM", "LANG", "TMPDIR")
+SHELL_PREFIXES = ("LC_", "HF_", "XDG_")
+
+
 def run_as_written(line: str, folder: Path) -> subprocess.CompletedProcess:
     filled = line.replace("TARGET_DIR", str(folder / "target")).replace("TEXT_FILE", str(folder / "code.txt"))
-    env = {**os.environ, **CHILD_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("ACCELERATE_USE_CPU", None)
+    shell = {k: v for k, v in os.environ.items() if k in SHELL_VARIABLES or k.startswith(SHELL_PREFIXES)}
+    env = {**shell, **CHILD_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(["bash", "-c", filled], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 
 
