@@ -9,9 +9,14 @@ Rows (each trained by scripts/train.py for --steps optimizer steps of the same b
   distilled_forward_kl  the same with distill.loss=forward_kl
   head                  EAGLE-3 head without training-time test (ttt_steps 1)     (recipes/quickstart/head.yaml)
   head_ttt              EAGLE-3 head with the recipe's training-time test          (recipes/quickstart/head.yaml)
-Each is measured by specdistill-eval (the same code path as the trainer) at gamma 2..6, greedy and T=1: tau,
-acceptance, the draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run
-(eager, and compiled with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head rows.
+  pard_draft            the distilled draft drafting in parallel: one forward per step (recipes/quickstart/pard.yaml)
+  pard_converted        the trained `distilled` draft converted to PARD by --steps more steps of pard.yaml
+  p_eagle_head          the EAGLE-3 head drafting in parallel (P-EAGLE)            (recipes/quickstart/p_eagle.yaml)
+  dflash_draft          a DFlash block drafter on the target's hidden states       (recipes/quickstart/dflash.yaml)
+Each is measured by specdistill-eval (the same code path as the trainer) at gamma 2..6 (the one-forward kinds at
+2..8: their draft cost does not grow with gamma), greedy and T=1: tau, acceptance, per-position acceptance, the
+draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run (eager, and compiled
+with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head, DFlash and PARD rows.
 Every step reuses what an earlier run left in --out (a row trained there with other settings stops it).
 --doc writes the tables into the file between the BEGIN / END markers it holds (the page's hand-written text
 around them is kept), or the whole file when it has no markers.
@@ -41,8 +46,17 @@ ROWS = {  # row -> (recipe, extra overrides)
     "distilled_forward_kl": ("draft_kd.yaml", ["distill.loss=forward_kl"]),
     "head": ("head.yaml", ["distill.ttt_steps=1"]),
     "head_ttt": ("head.yaml", []),  # the recipe's training-time test (distill.ttt_steps)
+    "pard_draft": ("pard.yaml", []),
+    "pard_converted": ("pard.yaml", ["model.draft_config=null", "model.draft={out}/distilled"]),  # + its own steps
+    "p_eagle_head": ("p_eagle.yaml", []),
+    "dflash_draft": ("dflash.yaml", []),
 }
+STARTS_FROM = {"pard_converted": "distilled"}  # rows trained on from another row's draft (trained first)
+HEAD_ROWS = ("head", "head_ttt", "p_eagle_head")  # the rows --head-overrides reach (EAGLE-3's aux_layers, vocabulary)
+DFLASH_ROWS = ("dflash_draft",)  # the rows --dflash-overrides reach
+VLLM_ROWS = (*HEAD_ROWS, *DFLASH_ROWS, "pard_draft")  # the rows --vllm measures inside vLLM
 GAMMAS = ["2", "3", "4", "5", "6"]
+ONE_FORWARD_GAMMAS = [*GAMMAS, "7", "8"]  # PARD, P-EAGLE, DFlash: one draft forward whatever gamma is
 BEGIN, END = "<!-- BEGIN bench_heads (scripts/bench_heads.py --doc) -->", "<!-- END bench_heads -->"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -61,9 +75,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                    help="recipe overrides for every row (e.g. train.warmup_steps=0.05)")
     p.add_argument("--head-overrides", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="recipe overrides for the head rows only (e.g. model.aux_layers=[1,3,5] distill.ttt_steps=4)")
+                   help="recipe overrides for the EAGLE-3 rows only (head, head_ttt, p_eagle_head; e.g. "
+                        "model.aux_layers=[1,3,5] distill.ttt_steps=4)")
+    p.add_argument("--dflash-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="recipe overrides for the dflash_draft row only (e.g. model.dflash_target_layers=[0,2,4], the "
+                        "outputs the head's aux layers 1, 3, 5 read)")
     p.add_argument("--compile", action="store_true", help="also measure the compiled decoder")
-    p.add_argument("--vllm", action="store_true", help="also measure the head rows inside vLLM (make serving)")
+    p.add_argument("--vllm", action="store_true", help="also measure the rows head, head_ttt, p_eagle_head, dflash_draft and pard_draft inside vLLM "
+                        "(make serving)")
     p.add_argument("--doc", type=Path, default=None,
                    help="write the markdown here (between its BEGIN / END markers when it has them)")
     return p.parse_args(argv)
@@ -79,8 +98,13 @@ def train(args: argparse.Namespace, row: str) -> Path:
     recipe; one trained with other settings stops the benchmark)."""
     out = args.out / row
     recipe, extra = ROWS[row]
-    if row.startswith("head"):
+    if row in STARTS_FROM:
+        train(args, STARTS_FROM[row])
+    extra = [value.format(out=args.out) for value in extra]
+    if row in HEAD_ROWS:
         extra = [*args.head_overrides, *extra]  # the row's own ttt_steps last: it defines the row
+    if row in DFLASH_ROWS:
+        extra = [*args.dflash_overrides, *extra]
     extra = [*args.overrides, *extra]
     recipe_args = [str(RECIPES / recipe), f"model.target={args.target}", f"data.dataset={args.dataset}",
                    f"data.eval_prompts={args.eval_prompts}", f"train.output_dir={out}", f"train.max_steps={args.steps}",
@@ -125,7 +149,7 @@ def evaluate(args: argparse.Namespace, row: str, draft: Path, temperature: float
     path = args.out / "evals" / f"{name}.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        gammas = ["2", "4"] if engine != "specdistill" else GAMMAS
+        gammas = ["2", "4"] if engine != "specdistill" else gammas_of(row)
         run([sys.executable, str(ROOT / "scripts" / "eval_acceptance.py"), "--target", str(args.target),
              "--draft", str(draft), "--prompts", str(args.eval_prompts), "--num-prompts", str(args.num_prompts),
              "--max-new-tokens", str(args.max_new_tokens), "--gamma", *gammas, "--temperature", str(temperature),
@@ -137,8 +161,13 @@ def evaluate(args: argparse.Namespace, row: str, draft: Path, temperature: float
     return json.loads(path.read_text())
 
 
+def gammas_of(row: str) -> list[str]:
+    return ONE_FORWARD_GAMMAS if ROWS[row][0] in ("pard.yaml", "p_eagle.yaml", "dflash.yaml") else GAMMAS
+
+
 def rows_of(result: dict, row: str, mode: str, tps: float | None) -> list[list]:
     return [[row, mode, r["gamma"], f"{r['mean_accepted_tokens']:.2f}", f"{r['acceptance_rate']:.3f}",
+             " / ".join(f"{a:.2f}" for a in r.get("per_position_acceptance") or []) or "-",
              f"{r['draft_cost_ratio']:.3f}", f"{r['speedup']:.2f}x", f"{r['predicted_speedup']:.2f}x",
              f"{tps:.0f}" if tps else "-"] for r in result["results"]]
 
@@ -164,15 +193,17 @@ def main(argv: list[str] | None = None) -> None:
             for compiled in (False, True) if args.compile and temperature == 0.0 else (False,):
                 mode = f"T={temperature:g}" + (", compiled" if compiled else "")
                 table += rows_of(evaluate(args, row, draft, temperature, compiled), row, mode, tps)
-        if args.vllm and row.startswith("head"):
+        if args.vllm and row in VLLM_ROWS:
             both = evaluate(args, row, draft, 0.0, False, engine="both")
             parity += [[row, p["gamma"], f"{p['tau_specdistill']:.3f}", f"{p['tau_vllm']:.3f}",
                         f"{p['ratio']:.3f}", p["greedy_match_vllm"]] for p in both.get("parity", [])]
-    headers = ["row", "decoding", "gamma", "tau", "acceptance", "c", "speedup", "predicted", "train tok/s"]
+    headers = ["row", "decoding", "gamma", "tau", "acceptance", "per-position acceptance", "c", "speedup", "predicted",
+               "train tok/s"]
     lines = [f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
              f"Target: `{args.target.name}`; {args.steps} steps x batch {args.batch} for every row"
              + (f"; every row also `{' '.join(args.overrides)}`" if args.overrides else "")
-             + (f"; head rows also `{' '.join(args.head_overrides)}`" if args.head_overrides else "") + "; "
+             + (f"; EAGLE-3 rows also `{' '.join(args.head_overrides)}`" if args.head_overrides else "")
+             + (f"; dflash_draft also `{' '.join(args.dflash_overrides)}`" if args.dflash_overrides else "") + "; "
              f"{args.num_prompts} held-out prompts x {args.max_new_tokens} new tokens.", "",
              *markdown_table(headers, table)]
     if parity:

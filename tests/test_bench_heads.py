@@ -14,16 +14,19 @@ from scripts import bench_heads
 
 
 def trained_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, row: str, head_overrides: list[str],
-                 overrides: tuple[str, ...] = ()) -> list[str]:
+                 overrides: tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The scripts/train.py command line bench_heads runs for `row`."""
     commands = []
     monkeypatch.setattr(bench_heads, "run", lambda cmd, check=True: commands.append(cmd))
     args = bench_heads.parse_args(["--target", str(tmp_path / "target"), "--dataset", str(tmp_path / "corpus.txt"),
                                    "--eval-prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "out"),
                                    "--steps", "12", "--batch", "3", "--head-overrides", *head_overrides,
-                                   "--overrides", *overrides])
+                                   "--overrides", *overrides, *extra])
     assert bench_heads.train(args, row) == tmp_path / "out" / row
-    (command,) = commands
+    *first, command = commands  # a row that starts from another row's draft trains that row first
+    starts_from = bench_heads.STARTS_FROM.get(row)
+    assert [c[2] for c in first] == ([str(bench_heads.RECIPES / bench_heads.ROWS[starts_from][0])] if starts_from
+                                     else [])
     return command
 
 
@@ -44,13 +47,44 @@ def test_rows_share_data_steps_and_optimiser(tmp_path, monkeypatch):
     optimiser = {row: recipe.train.model_dump(exclude={"output_dir"}) for row, recipe in recipes.items()}
     assert optimiser["distilled"] == optimiser["distilled_forward_kl"] == optimiser["ce"]
     assert {row: recipes[row].distill.ttt_steps for row in ("head", "head_ttt")} == {"head": 1, "head_ttt": 4}
-    assert all(recipes[row].model.aux_layers == [1, 3, 5] for row in ("head", "head_ttt"))
+    assert all(recipes[row].model.aux_layers == [1, 3, 5] for row in ("head", "head_ttt", "p_eagle_head"))
     assert base.model.aux_layers is None  # head overrides reach the head rows only
+    # the one-forward rows are their sequential twins drafting in parallel: the same model, loss and optimiser
+    assert recipes["pard_draft"].model.draft_config == base.model.draft_config and recipes["pard_draft"].model.pard_gamma == 8
+    assert recipes["pard_draft"].distill.loss == recipes["distilled"].distill.loss
+    converted = recipes["pard_converted"]  # the trained distilled draft, converted with pard.yaml's own settings
+    assert converted.model.draft == str(tmp_path / "out" / "distilled") and converted.model.draft_config is None
+    assert optimiser["pard_converted"] == optimiser["pard_draft"] and converted.distill == recipes["pard_draft"].distill
+    assert optimiser["pard_draft"] == optimiser["distilled"]
+    assert optimiser["p_eagle_head"] == optimiser["head_ttt"] == optimiser["dflash_draft"]
+    assert recipes["p_eagle_head"].distill.loss == recipes["head_ttt"].distill.loss == recipes["dflash_draft"].distill.loss
+    assert recipes["p_eagle_head"].model.draft_vocab_size == recipes["head_ttt"].model.draft_vocab_size
+    assert recipes["p_eagle_head"].model.ptd_gamma == recipes["dflash_draft"].model.dflash_block_size - 1 == 8
 
 
 def test_head_overrides_do_not_replace_the_rows_ttt_steps(tmp_path, monkeypatch):
     command = trained_with(tmp_path, monkeypatch, "head", ["distill.ttt_steps=6"])
     assert recipe_of(command).distill.ttt_steps == 1
+
+
+def test_dflash_overrides_reach_the_dflash_draft_row_only(tmp_path, monkeypatch):
+    args = ["--dflash-overrides", "model.dflash_target_layers=[0,2,4]"]
+    dflash = recipe_of(trained_with(tmp_path, monkeypatch, "dflash_draft", [], extra=args))
+    assert dflash.model.dflash_target_layers == [0, 2, 4]
+    for row in ("head_ttt", "pard_draft"):  # a dflash key on another kind would be refused: it never gets there
+        assert "model.dflash_target_layers=[0,2,4]" not in trained_with(tmp_path, monkeypatch, row, [], extra=args)
+
+
+def test_one_forward_rows_are_measured_up_to_gamma_8(tmp_path, monkeypatch):
+    commands = []
+    monkeypatch.setattr(bench_heads, "run", lambda cmd, check=True: commands.append(cmd))
+    args = bench_heads.parse_args(["--target", "t", "--dataset", "c.txt", "--eval-prompts", "p.jsonl",
+                                   "--out", str(tmp_path)])
+    for row in ("head_ttt", "pard_draft", "p_eagle_head", "dflash_draft", "distilled", "pard_converted"):
+        with pytest.raises(SystemExit):  # the mocked run writes no JSON
+            bench_heads.evaluate(args, row, tmp_path / row, 0.0, False)
+    gammas = [cmd[cmd.index("--gamma") + 1:cmd.index("--temperature")] for cmd in commands]
+    assert gammas == [list("23456"), list("2345678"), list("2345678"), list("2345678"), list("23456"), list("2345678")]
 
 
 def test_overrides_reach_every_row_and_never_replace_what_defines_a_row(tmp_path, monkeypatch):
@@ -91,7 +125,8 @@ def test_tables_are_built_from_earlier_results(tmp_path, monkeypatch, capsys):
         (out / row / "train_results.json").write_text("{}")
         for name in ("T0", "T1"):
             result = {"results": [{"gamma": g, "mean_accepted_tokens": tau, "acceptance_rate": 0.5,
-                                   "draft_cost_ratio": 0.25, "speedup": 1.5, "predicted_speedup": 1.25}
+                                   "draft_cost_ratio": 0.25, "speedup": 1.5, "predicted_speedup": 1.25,
+                                   "per_position_acceptance": [0.6, 0.4]}
                                   for g in (2, 4)]}
             (out / "evals").mkdir(exist_ok=True)
             (out / "evals" / f"{row}_{name}.json").write_text(json.dumps(result))
@@ -102,8 +137,8 @@ def test_tables_are_built_from_earlier_results(tmp_path, monkeypatch, capsys):
                       "--out", str(out), "--rows", "distilled", "head_ttt", "--vllm", "--doc", str(doc)])
     text = doc.read_text()
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
-    assert ["distilled", "T=0", "4", "2.50", "0.500", "0.250", "1.50x", "1.25x", "-"] in cells
-    assert ["head_ttt", "T=1", "2", "3.75", "0.500", "0.250", "1.50x", "1.25x", "-"] in cells
+    assert ["distilled", "T=0", "4", "2.50", "0.500", "0.60 / 0.40", "0.250", "1.50x", "1.25x", "-"] in cells
+    assert ["head_ttt", "T=1", "2", "3.75", "0.500", "0.60 / 0.40", "0.250", "1.50x", "1.25x", "-"] in cells
     assert ["head_ttt", "4", "3.750", "3.700", "0.987", "1.0"] in cells  # inside vLLM
     assert len([row for row in cells if row[0] == "head_ttt"]) == 4 + 1  # T=0, T=1 at two gammas; the vLLM row
     assert "`target6`" in text and text in capsys.readouterr().out

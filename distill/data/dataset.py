@@ -38,10 +38,10 @@ def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
     fmt = resolve_format(cfg, rows.column_names)
     field = cfg.messages_field if fmt == "chat" else cfg.text_field
     whole_files = is_text_pieces(rows) and cfg.text_sample_by == "document"
-    if whole_files and cfg.eval_prompts is None and cfg.num_eval_prompts > 0:
+    if whole_files and not cfg.eval_prompts and cfg.num_eval_prompts > 0:  # "" (a recipe's placeholder): not given
         return _from_whole_files(rows, cfg, tokenizer, seed, chat_template)
     categories = None
-    if cfg.eval_prompts is not None:
+    if cfg.eval_prompts:
         held_out = read_eval_prompts(cfg.eval_prompts)[: cfg.num_eval_prompts]
     elif cfg.num_eval_prompts > 0:
         if len(rows) <= cfg.num_eval_prompts:

@@ -11,7 +11,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from distill.utils import ModelSetupError
 from kinds.dflash.loss import BlockTraining
-from kinds.dflash.model import DFlashDraft, dflash_config_for, mask_token_id_for
+from kinds.dflash.model import DFlashDraft, dflash_config_for, mask_token_id_for, zero_mask_row
 
 CHECKPOINT_PREFIX = "draft."  # BlockTraining's name for the draft in a Trainer checkpoint's model.safetensors
 COPIED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -52,6 +52,8 @@ def build_dflash(cfg, target: PreTrainedModel, dtype: torch.dtype) -> DFlashDraf
     from distill.models.load import load_tokenizer
 
     config = plan_dflash(cfg, target.config, load_tokenizer(cfg))
+    if problem := zero_mask_row(target.get_input_embeddings().weight, config.dflash_config["mask_token_id"]):
+        raise ModelSetupError(f"model.dflash_mask_token_id: {problem}")
     draft = DFlashDraft(config).to(dtype)
     if cfg.dflash_init_layers is not None:
         copy_target_layers(draft, target, cfg.dflash_init_layers)

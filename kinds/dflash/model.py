@@ -86,6 +86,19 @@ def mask_token_id_for(tokenizer, vocab_size: int) -> int:
                      "an id the text never holds (e.g. a reserved special token)")
 
 
+def zero_mask_row(weight: torch.Tensor, token: int) -> str | None:
+    """Why `token` cannot be a mask token of a draft embedded with `weight` [V, H], or None. Its row must carry a
+    signal: a row of zeros (a padding token's: transformers zeroes the embedding's padding_idx row and nn.Embedding
+    never updates it) gives every mask slot the same zero input, so the slots of a block differ only through
+    attention, and a one-layer draft's zero query attends uniformly (measured on the 6-layer pair, mask id 0 =
+    <|pad|>: every DFlash slot at total variation 0.76 to the target, tau 1.11; docs/benchmarks/heads.md). A row
+    sharded away (ZeRO-3: numel 0) is not checked."""
+    if weight.dim() != 2 or weight.shape[0] <= token or weight[token].count_nonzero() > 0:
+        return None
+    return (f"token {token}'s embedding row is all zeros (a padding token's row never trains): every mask slot would "
+            "read the same zero vector; name another id the text never holds (e.g. an unused special token)")
+
+
 def dflash_config_for(target_config: PretrainedConfig, *, mask_token_id: int, num_layers: int = 1,
                       block_size: int = DEFAULT_BLOCK_SIZE, target_layer_ids: list[int] | None = None,
                       intermediate_size: int | None = None) -> Qwen3Config:

@@ -7,7 +7,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from distill.utils import ModelSetupError
-from kinds.dflash.model import mask_token_id_for
+from kinds.dflash.model import mask_token_id_for, zero_mask_row
 from kinds.eagle3.build import build_head, plan_head
 from kinds.eagle3.model import Eagle3Head
 
@@ -44,7 +44,10 @@ def build_p_eagle(cfg, target: PreTrainedModel, dtype: torch.dtype) -> Eagle3Hea
     seed the run has set."""
     from distill.models.load import load_tokenizer
 
-    head = build_head(cfg, target, dtype, plan_p_eagle(cfg, target.config, load_tokenizer(cfg)))
+    config = plan_p_eagle(cfg, target.config, load_tokenizer(cfg))
+    if problem := zero_mask_row(target.get_input_embeddings().weight, config.ptd_token_id):
+        raise ModelSetupError(f"model.ptd_token_id: {problem}")
+    head = build_head(cfg, target, dtype, config)
     with torch.no_grad():
         head.mask_hidden.normal_(0.0, MASK_HIDDEN_STD)
     return head

@@ -7,7 +7,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from distill.utils import ModelSetupError
-from kinds.dflash.model import mask_token_id_for
+from kinds.dflash.model import mask_token_id_for, zero_mask_row
 from kinds.standalone.build import build_standalone, check_standalone_plan
 
 
@@ -43,4 +43,6 @@ def build_pard(cfg, target: PreTrainedModel, dtype: torch.dtype, lora) -> torch.
     config = draft.config
     config.pard_token = pard_token_for(cfg, config.get_text_config().vocab_size, load_tokenizer(cfg))
     config.pard_gamma = cfg.pard_gamma
+    if problem := zero_mask_row(draft.get_input_embeddings().weight, config.pard_token):
+        raise ModelSetupError(f"model.pard_token: {problem}")
     return draft
