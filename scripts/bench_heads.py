@@ -56,7 +56,8 @@ HEAD_ROWS = ("head", "head_ttt", "p_eagle_head")  # the rows --head-overrides re
 DFLASH_ROWS = ("dflash_draft",)  # the rows --dflash-overrides reach
 VLLM_ROWS = (*HEAD_ROWS, *DFLASH_ROWS, "pard_draft")  # the rows --vllm measures inside vLLM
 GAMMAS = ["2", "3", "4", "5", "6"]
-ONE_FORWARD_GAMMAS = [*GAMMAS, "7", "8"]  # PARD, P-EAGLE, DFlash: one draft forward whatever gamma is
+ONE_FORWARD_RECIPES = ("pard.yaml", "p_eagle.yaml", "dflash.yaml")  # one draft forward whatever gamma is:
+ONE_FORWARD_GAMMAS = [*GAMMAS, "7", "8"]  # their rows are measured further
 BEGIN, END = "<!-- BEGIN bench_heads (scripts/bench_heads.py --doc) -->", "<!-- END bench_heads -->"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -81,8 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="recipe overrides for the dflash_draft row only (e.g. model.dflash_target_layers=[0,2,4], the "
                         "outputs the head's aux layers 1, 3, 5 read)")
     p.add_argument("--compile", action="store_true", help="also measure the compiled decoder")
-    p.add_argument("--vllm", action="store_true", help="also measure the rows head, head_ttt, p_eagle_head, dflash_draft and pard_draft inside vLLM "
-                        "(make serving)")
+    p.add_argument("--vllm", action="store_true",
+                   help=f"also measure the rows {', '.join(VLLM_ROWS)} inside vLLM (make serving)")
     p.add_argument("--doc", type=Path, default=None,
                    help="write the markdown here (between its BEGIN / END markers when it has them)")
     return p.parse_args(argv)
@@ -162,7 +163,7 @@ def evaluate(args: argparse.Namespace, row: str, draft: Path, temperature: float
 
 
 def gammas_of(row: str) -> list[str]:
-    return ONE_FORWARD_GAMMAS if ROWS[row][0] in ("pard.yaml", "p_eagle.yaml", "dflash.yaml") else GAMMAS
+    return ONE_FORWARD_GAMMAS if ROWS[row][0] in ONE_FORWARD_RECIPES else GAMMAS
 
 
 def rows_of(result: dict, row: str, mode: str, tps: float | None) -> list[list]:

@@ -50,14 +50,16 @@ def test_rows_share_data_steps_and_optimiser(tmp_path, monkeypatch):
     assert all(recipes[row].model.aux_layers == [1, 3, 5] for row in ("head", "head_ttt", "p_eagle_head"))
     assert base.model.aux_layers is None  # head overrides reach the head rows only
     # the one-forward rows are their sequential twins drafting in parallel: the same model, loss and optimiser
-    assert recipes["pard_draft"].model.draft_config == base.model.draft_config and recipes["pard_draft"].model.pard_gamma == 8
+    pard = recipes["pard_draft"]
+    assert pard.model.draft_config == base.model.draft_config and pard.model.pard_gamma == 8
     assert recipes["pard_draft"].distill.loss == recipes["distilled"].distill.loss
     converted = recipes["pard_converted"]  # the trained distilled draft, converted with pard.yaml's own settings
     assert converted.model.draft == str(tmp_path / "out" / "distilled") and converted.model.draft_config is None
     assert optimiser["pard_converted"] == optimiser["pard_draft"] and converted.distill == recipes["pard_draft"].distill
     assert optimiser["pard_draft"] == optimiser["distilled"]
     assert optimiser["p_eagle_head"] == optimiser["head_ttt"] == optimiser["dflash_draft"]
-    assert recipes["p_eagle_head"].distill.loss == recipes["head_ttt"].distill.loss == recipes["dflash_draft"].distill.loss
+    assert recipes["p_eagle_head"].distill.loss == recipes["head_ttt"].distill.loss \
+        == recipes["dflash_draft"].distill.loss
     assert recipes["p_eagle_head"].model.draft_vocab_size == recipes["head_ttt"].model.draft_vocab_size
     assert recipes["p_eagle_head"].model.ptd_gamma == recipes["dflash_draft"].model.dflash_block_size - 1 == 8
 
