@@ -42,11 +42,17 @@ $(SERVING_STAMP):
 	$(SERVING_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $(SERVING_STAMP)
 
+# The suite in TEST_WORKERS pytest-xdist processes (one per core by default), a test file per worker at a time
+# (--dist loadfile: a file's module fixtures are built once and its tests never run beside each other);
+# TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 test-fast: install
-	$(BIN)/python -m pytest -q tests -m "not integration"
+	$(PYTEST) tests -m "not integration"
 
 quickstart: install
 	$(BIN)/python scripts/quickstart.py

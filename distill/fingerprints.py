@@ -42,7 +42,6 @@ def config_hash(model: nn.Module) -> str:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def full_weights_hash(model: nn.Module,
                       whole: Callable[[nn.Parameter], AbstractContextManager[torch.Tensor]] | None = None,
                       chunk_values: int = 1 << 24) -> str:

@@ -14,7 +14,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)  # tiny models: one thread is faster and leaves the other core to subprocess tests
 
 
+# The files that take longest (minutes each on 2 cores: engine starts, multi-process launches, every docs example),
+# longest first. `make test` hands whole files to its workers in collection order (pytest-xdist --dist loadfile), so
+# these go first and the many short files fill in behind them, instead of one worker running the vLLM file alone at
+# the end.
+LONGEST_FIRST = ("test_serving_vllm.py", "test_docs_examples.py", "test_launch_lines.py", "test_fsdp.py",
+                 "test_preemption.py", "test_head_decode.py", "test_bench_distill.py", "test_pard.py",
+                 "test_hidden_cache.py", "test_dead_rank.py", "test_gguf.py", "test_decode_compile.py",
+                 "test_p_eagle.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

@@ -101,11 +101,13 @@ def test_a_signal_outside_training_steps_exits_75_in_one_line_and_the_run_goes_o
 @pytest.mark.integration
 def test_a_signal_from_outside_stops_a_long_run_within_seconds(workdir):
     """As a scheduler sends it: SIGTERM at some moment of a long run; the run saves the step it was in and exits 75."""
-    process = subprocess.Popen(command(workdir, "outside", "train.max_steps=100000", "train.save_steps=100000"),
+    process = subprocess.Popen(command(workdir, "outside", "train.max_steps=100000", "train.save_steps=100000",
+                                       "train.report_to=[tensorboard]"),  # its runs/ folder: the sign training began
                                env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((workdir / "outside" / "runs").glob("*")):
         time.sleep(0.2)  # TensorBoard's folder appears when training begins
+    assert time.monotonic() < deadline, "training never began"
     time.sleep(2)
     process.send_signal(signal.SIGTERM)
     sent = time.monotonic()
