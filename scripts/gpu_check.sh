@@ -11,7 +11,8 @@
 # tokens/s for SmolLM2-135M (launch-bound), so each eval of PROMPTS=8 (one per category) x NEW=64 tokens takes
 # ~40 s per gamma; the default limit of a step is LIMIT=240 s.
 # Each step writes its log and results into OUT_DIR and has its own time limit, so one slow step loses only itself.
-# PYTHON (default python3) is the interpreter; the repository is put on PYTHONPATH, nothing is installed.
+# PYTHON (default python3) is the interpreter; the repository is put on PYTHONPATH, nothing is installed: a
+# dependency of pyproject.toml that the interpreter lacks stops the script before any step, naming it.
 set -u
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR tests|decode|head ...}; STEP=${2:?step: tests, decode or head}
 PY=${PYTHON:-python3}
@@ -30,6 +31,30 @@ print(f"machine: {p.name if p else 'no CUDA device'}"
       f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
 EOF
 }
+
+missing_packages() {  # the project's dependencies this interpreter lacks (a GPU image has torch, not all of ours)
+    $PY - <<'EOF'
+import re, tomllib
+from importlib.metadata import PackageNotFoundError, version
+deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+missing = []
+for dep in deps:
+    name = re.match(r"[A-Za-z0-9_.-]+", dep).group(0)
+    if name == "deepspeed":  # ZeRO training only: no step here imports it
+        continue
+    try:
+        version(name)
+    except PackageNotFoundError:
+        missing.append(name)
+print(" ".join(missing))
+EOF
+}
+
+MISSING=$(missing_packages)
+if [ -n "$MISSING" ]; then  # found now, not at the end of a measurement (the eval JSON needs `evaluate`)
+    echo "gpu_check.sh: missing Python packages: $MISSING (carry them as wheels: docs/benchmarks/gpu.md)" >&2
+    exit 2
+fi
 
 case "$STEP" in
 tests)
