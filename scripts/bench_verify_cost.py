@@ -5,9 +5,10 @@ speedup with prompt lookup, per configuration, all measured in one process.
     .venv/bin/python scripts/bench_verify_cost.py --dtypes float32 --linears packed --caches dynamic
 
 A configuration is a dtype (float32, bfloat16), the target's linear layers (`plain`: nn.Linear as loaded; `packed`:
-oneDNN-packed weights, decode.loop.packed_linear) and its KV cache (`dynamic`: the eager path's DynamicCache,
-decode.loop.cache; `static`: the compiled path's preallocated StaticCache, decode.loop.static, run eagerly, without
-torch.compile). Per configuration: the median time of a 1-token step (plain decoding's) and of a (gamma + 1)-token
+oneDNN-packed weights, decode.loop.packed_linear; `auto`: packed, then F.linear at the step sizes, 1 and gamma + 1
+tokens, where it measured faster: specdistill-eval's default) and its KV cache (`dynamic`: the eager path's
+DynamicCache, decode.loop.cache; `static`: the compiled path's preallocated StaticCache, decode.loop.static, run
+eagerly, without torch.compile). Per configuration: the median time of a 1-token step (plain decoding's) and of a (gamma + 1)-token
 verify step on a cache of --context tokens, their ratio v, and the end-to-end speedup of speculative decoding with
 prompt lookup at --gamma over plain decoding (the first prompt of each category, rendered with the chat template,
 --max-new-tokens each; summed times), and on how many prompts its greedy output equals plain decoding's.
@@ -35,7 +36,7 @@ from kinds.prompt_lookup.drafter import PromptLookupDrafter  # noqa: E402
 from decode.measure.evaluate import time_side_by_side  # noqa: E402
 from decode.inputs.gguf import smollm2_gguf  # noqa: E402
 from decode.inputs.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
-from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears  # noqa: E402
+from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows  # noqa: E402
 from decode.inputs.prompts import PromptRow, encode_prompt_rows, read_prompt_rows  # noqa: E402
 from decode.loop.speculative import autoregressive_generate, speculative_generate  # noqa: E402
 from decode.loop.static import cached_lm  # noqa: E402
@@ -101,15 +102,18 @@ def static_run_eagerly(model: torch.nn.Module) -> None:
     static.session(model, "target").eager = True
 
 
-def load_models(path: str, configs: list[Config]) -> dict[tuple[str, str], torch.nn.Module]:
-    """(dtype, linear) -> the target, loaded once per dtype; the packed one a packed copy."""
+def load_models(path: str, configs: list[Config], gamma: int) -> dict[tuple[str, str], torch.nn.Module]:
+    """(dtype, linear) -> the target, loaded once per dtype; the packed and auto ones packed copies (auto tuned for
+    the 1-token step and the (gamma + 1)-token verify)."""
     models = {}
     for dtype in dict.fromkeys(c.dtype for c in configs):
         loaded = load_causal_lm(path, CPU, DTYPES[dtype])
         for linear in dict.fromkeys(c.linear for c in configs if c.dtype == dtype):
-            model = copy.deepcopy(loaded) if linear == "packed" else loaded
-            if linear == "packed" and pack_linears(model) == 0:
+            model = copy.deepcopy(loaded) if linear != "plain" else loaded
+            if linear != "plain" and pack_linears(model) == 0:
                 raise SystemExit("oneDNN cannot pack on this machine: run with --linears plain")
+            if linear == "auto":
+                print(f"{dtype} auto: F.linear at {sorted(tune_plain_rows(model, (1, gamma + 1)))} tokens")
             static_run_eagerly(model)
             models[dtype, linear] = model
     return models
@@ -184,7 +188,7 @@ def main(argv=None) -> dict[Config, Measured]:
     rows = one_per_category(read_prompt_rows(args.prompts), args.num_prompts)
     prompts = [p.view(1, -1) for p in encode_prompt_rows(tokenizer, rows, "on")]
     context = torch.cat(prompts, dim=1)[:, : args.context]
-    models = load_models(path, configs)
+    models = load_models(path, configs, args.gamma)
     load_before = benchmark.load_average()
 
     # ---- measure -------------------------------------------------------------------------------------------

@@ -171,10 +171,11 @@ def test_a_real_process_exits_nonzero_without_traceback(pair, tmp_path):
     assert "Traceback" not in proc.stderr and "error: could not load model" in proc.stderr
 
 
-@pytest.mark.parametrize("mode", ["packed", "plain"])
+@pytest.mark.parametrize("mode", ["auto", "packed", "plain"])
 def test_cpu_linear_packs_or_keeps_the_models(mode, pair, tmp_path, capsys, monkeypatch):
-    """--cpu-linear packed (the default) packs the target's and the draft's linear layers; plain leaves them; both
-    decode greedily exactly as the target alone."""
+    """--cpu-linear auto (the default) packs the target's and the draft's linear layers and keeps F.linear at the
+    token counts (1 to gamma + 1) where it measured faster, and the report says which; packed packs them; plain
+    leaves them; all decode greedily exactly as the target alone."""
     import torch
 
     from decode.loop.packed_linear import PackedLinear
@@ -189,16 +190,25 @@ def test_cpu_linear_packs_or_keeps_the_models(mode, pair, tmp_path, capsys, monk
 
     monkeypatch.setattr(eval_acceptance, "evaluate_acceptance", evaluate)
     out = tmp_path / "eval.json"
-    flag = ["--cpu-linear", mode] if mode == "plain" else []
+    flag = ["--cpu-linear", mode] if mode != "auto" else []
     code, _, _ = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                           str(pair / "prompts.txt"), "--gamma", "2", "--max-new-tokens", "8", "--output", str(out),
                           "--quiet", *flag], capsys)
     assert code == 0
     report = json.loads(out.read_text())
-    assert report["cpu_linear"] == mode and report["results"][0]["greedy_match"] == 1.0
+    assert report["results"][0]["greedy_match"] == 1.0
     ((target, draft),) = evaluated
+    if mode == "auto":
+        words = report["cpu_linear"].split(", ")
+        assert words[0].startswith("auto: target ") and words[1].startswith("draft "), report["cpu_linear"]
+        for model, word in zip((target, draft), words):
+            plain = {layer.plain_rows for layer in model.modules() if isinstance(layer, PackedLinear)}
+            assert len(plain) == 1 and plain.pop() <= {1, 2, 3}  # one choice per model, among 1..gamma + 1 tokens
+            assert word.endswith("packed") or "plain at" in word
+    else:
+        assert report["cpu_linear"] == mode
     for model in (target, draft):
-        assert any(isinstance(m, PackedLinear) for m in model.modules()) == (mode == "packed")
+        assert any(isinstance(m, PackedLinear) for m in model.modules()) == (mode != "plain")
 
 
 def test_bad_cpu_linear_is_one_line(pair, capsys):

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kinds.prompt_lookup.drafter import PromptLookupDrafter
-from decode.loop.packed_linear import PackedLinear, pack_linears
+from decode.loop.packed_linear import (PackedLinear, faster_plain, pack_linears, packed_layers, set_plain_rows,
+                                       tune_plain_rows)
 from decode.loop.speculative import autoregressive_generate, speculative_generate
 from decode.inputs.vocab import lm_head_rows
 from tiny import perturbed_copy, tiny_model
@@ -74,6 +75,48 @@ def test_greedy_speculative_equals_plain_after_packing(draft_kind):
         assert spec.new_tokens == plain, gamma
         assert spec.stats.target_calls < 24 or draft_kind == "prompt_lookup"
     assert plain == unpacked  # the tiny model's argmaxes are well separated: packing changes no greedy token
+
+
+def test_plain_rows_multiply_those_row_counts_by_f_linear():
+    """A layer's plain_rows are the token counts it hands to F.linear (bit for bit), every other count packed."""
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80)
+    packed = PackedLinear(linear)
+    one, three, five = torch.randn(1, 1, 48), torch.randn(3, 48), torch.randn(1, 5, 48)
+    with torch.inference_mode():
+        packed_out = [packed(x) for x in (one, three, five)]
+        packed.plain_rows = frozenset({1, 3})
+        assert torch.equal(packed(one), F.linear(one, linear.weight, linear.bias))
+        assert torch.equal(packed(three), F.linear(three, linear.weight, linear.bias))
+        assert torch.equal(packed(five), packed_out[2])  # 5 rows: still the packed product
+    for got, x in zip(packed_out, (one, three, five)):
+        assert torch.allclose(got, F.linear(x, linear.weight, linear.bias), atol=1e-5)
+
+
+def test_faster_plain_compares_medians_per_row_count():
+    seconds = {(1, "plain"): [1.0, 1.1, 9.0], (1, "packed"): [1.5, 1.4, 1.6],   # one outlier does not decide
+               (5, "plain"): [2.0, 2.1, 2.2], (5, "packed"): [1.0, 0.2, 1.1]}
+    assert faster_plain(seconds) == {1}
+    assert faster_plain({(2, "plain"): [1.0], (2, "packed"): [1.0]}) == set()  # a tie stays packed
+
+
+def test_tuning_sets_every_layer_and_greedy_decoding_stays_exact():
+    """tune_plain_rows picks among the row counts it was given and applies the choice to every packed layer; with
+    1-token steps on F.linear and verify passes packed (a mix auto may choose), greedy speculative output is still
+    the target's."""
+    target = tiny_model("llama", seed=0, vocab_size=96)
+    draft = perturbed_copy(target, 0.1)
+    prompt = torch.tensor([[5, 17, 33, 5, 17, 40, 9, 5, 17]])
+    unpacked = autoregressive_generate(target, prompt, max_new_tokens=24).new_tokens
+    pack_linears(target), pack_linears(draft)
+    chosen = tune_plain_rows(target, [1, 4], rounds=2)
+    assert chosen <= {1, 4} and all(layer.plain_rows == chosen for layer in packed_layers(target))
+    assert tune_plain_rows(nn.Sequential(nn.Linear(4, 4)), [1, 2]) == set()  # nothing packed: nothing to tune
+    for model in (target, draft):
+        set_plain_rows(model, [1])
+    assert autoregressive_generate(target, prompt, max_new_tokens=24).new_tokens == unpacked
+    for gamma in (1, 3):
+        assert speculative_generate(target, draft, prompt, max_new_tokens=24, gamma=gamma).new_tokens == unpacked
 
 
 def test_training_copies_and_in_place_changes_fall_back_or_repack():

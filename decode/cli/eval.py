@@ -7,7 +7,7 @@
     specdistill-eval --target TARGET --draft DRAFT --prompts question.jsonl --messages-field turns \
         --category-field category --chat-template auto        # Spec-Bench's 480 prompts, by category
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
-    specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --cpu-linear plain   # A/B packing
+    specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --cpu-linear plain   # A/B kernels
     specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 6   # an EAGLE-3 head
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm   # inside vLLM
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both   # tau parity
@@ -32,8 +32,8 @@ from kinds.prompt_lookup import PROMPT_LOOKUP
 from decode.measure.evaluate import EvalSettings, evaluate_acceptance
 from decode.inputs.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype,
                             resolve_model_path)
-from decode.loop.auto_gamma import fixed_gammas
-from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears
+from decode.loop.auto_gamma import AUTO_GAMMAS, fixed_gammas
+from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows
 from decode.inputs.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
                             read_prompt_rows)
 from decode.measure.results import write_eval_json
@@ -91,10 +91,11 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="static KV caches and torch.compiled steps (CUDA graphs on GPU); compile time is reported "
                         "as compile_seconds, apart from tokens/s")
-    p.add_argument("--cpu-linear", default="packed", choices=CPU_LINEAR_MODES,
+    p.add_argument("--cpu-linear", default="auto", choices=CPU_LINEAR_MODES,
                    help="eager decoding on CPU: packed = the target's and draft's linear layers multiply by "
-                        "oneDNN-packed weights (decode.loop.packed_linear: cheaper verify passes), plain = as loaded; "
-                        "no effect on GPU or with --compile")
+                        "oneDNN-packed weights (decode.loop.packed_linear: cheaper verify passes), plain = as loaded, "
+                        "auto = packed, then F.linear at the token counts (1 to gamma + 1) where it measured faster on "
+                        "this CPU (a few seconds); no effect on GPU or with --compile")
     p.add_argument("--engine", default="specdistill", choices=ENGINES,
                    help="where to measure: our decoder, vLLM's offline LLM (the serving venv), or both side by side "
                         "(tau(ours), tau(vLLM) and their ratio per gamma)")
@@ -275,13 +276,32 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 
 
 def pack_for_eager_cpu(args: argparse.Namespace, target: torch.nn.Module, draft: object) -> str:
-    """With --cpu-linear packed and no --compile: the target's and the draft's (when it is a module) linear layers
-    on oneDNN-packed weights, in place (decode.loop.packed_linear; nothing on GPU). What the run uses: "packed" when any
-    layer was packed, else "plain"."""
-    if args.cpu_linear != "packed" or args.compile:
+    """With --cpu-linear packed or auto and no --compile: the target's and the draft's (when it is a module) linear
+    layers on oneDNN-packed weights, in place (decode.loop.packed_linear; nothing on GPU); with auto, each model then
+    keeps F.linear at the token counts up to gamma + 1 where that measured faster. What the run uses: "plain" when no
+    layer was packed, "packed", or with auto e.g. "auto: target plain at 1-3 tokens, draft packed"."""
+    if args.cpu_linear == "plain" or args.compile:
         return "plain"
-    packed = sum(pack_linears(model) for model in (target, draft) if isinstance(model, torch.nn.Module))
-    return "packed" if packed else "plain"
+    models = {name: model for name, model in (("target", target), ("draft", draft))
+              if isinstance(model, torch.nn.Module) and pack_linears(model)}
+    if not models or args.cpu_linear == "packed":
+        return "packed" if models else "plain"
+    gammas = fixed_gammas(args.gamma) + (list(AUTO_GAMMAS) if "auto" in args.gamma else [])
+    rows = range(1, max(gammas) + 2)
+    return "auto: " + ", ".join(f"{name} {describe_rows(tune_plain_rows(model, rows))}"
+                                for name, model in models.items())
+
+
+def describe_rows(plain: frozenset[int]) -> str:
+    """The report's words for the token counts a model kept on F.linear: packed (none), plain at 1-3 tokens (a run of
+    three or more), plain at 1, 3 tokens."""
+    if not plain:
+        return "packed"
+    counts = sorted(plain)
+    span = counts == list(range(counts[0], counts[-1] + 1)) and len(counts) > 2
+    if span:
+        return f"plain at {counts[0]}-{counts[-1]} tokens"
+    return f"plain at {', '.join(map(str, counts))} token{'' if counts == [1] else 's'}"
 
 
 def plain_match(response: dict, outputs: list[dict], settings: EvalSettings) -> float | None:

@@ -7,6 +7,12 @@ few-token product gets much cheaper: on SmolLM2-135M (float32, one thread) a 5-t
 plain decoding (docs/benchmarks/verify_cost.md).
 
     n = pack_linears(model)   # after loading, before decoding; 0 on CUDA, without oneDNN, or when already packed
+    tune_plain_rows(model, range(1, 6))   # optional: F.linear at the row counts where it measured faster
+
+Which kernel is faster depends on the CPU. On a Zen 4 EPYC a packed 1-row product costs what F.linear's does; on an
+Intel Xeon (AVX-512) measured here, packed products of 1 and 3 rows of SmolLM2 took 1.3-1.4x F.linear's and a 5-row
+product 0.8x. ``tune_plain_rows`` times both on the model's own layers at each row count (a decoder's 1-token step,
+its gamma + 1-token verify pass) and keeps F.linear where it was faster (``specdistill-eval --cpu-linear auto``).
 
 A ``PackedLinear`` keeps the original ``weight`` and ``bias`` parameters (state_dict, tied embeddings and code
 reading ``model.lm_head.weight`` are unchanged) and a packed copy of the weight beside them, repacked if the weight
@@ -16,12 +22,17 @@ inference models that a decoder owns: never pack a model that is still training.
 """
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-CPU_LINEAR_MODES = ("packed", "plain")  # specdistill-eval --cpu-linear: pack_linears for eager CPU decoding, or not
+# specdistill-eval --cpu-linear: packed then tuned per row count, packed at every row count, or as loaded
+CPU_LINEAR_MODES = ("auto", "packed", "plain")
 
 
 def packing_available(weight: torch.Tensor) -> bool:
@@ -41,6 +52,7 @@ class PackedLinear(nn.Linear):
         self.weight, self.bias = linear.weight, linear.bias
         self.packed: torch.Tensor | None = None
         self.packed_from: tuple[int, int] | None = None  # weight_key() of the weight that was packed
+        self.plain_rows: frozenset[int] = frozenset()  # row counts (tokens) multiplied by F.linear instead
         self.packed_weight()
 
     def weight_key(self) -> tuple[int, int]:
@@ -63,6 +75,8 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
+        if self.plain_rows and x.numel() // self.in_features in self.plain_rows:
+            return F.linear(x, self.weight, self.bias)
         packed = self.packed_weight()
         if packed is None:
             return F.linear(x, self.weight, self.bias)
@@ -82,3 +96,53 @@ def pack_linears(model: nn.Module) -> int:
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child))
     return len(swaps)
+
+
+def packed_layers(model: nn.Module) -> list[PackedLinear]:
+    """The ``PackedLinear`` layers of ``model``, in module order."""
+    return [m for m in model.modules() if isinstance(m, PackedLinear)]
+
+
+def set_plain_rows(model: nn.Module, rows: Iterable[int]) -> None:
+    """Every packed layer of ``model`` multiplies ``rows``-row inputs by F.linear, every other row count packed."""
+    for layer in packed_layers(model):
+        layer.plain_rows = frozenset(rows)
+
+
+@torch.inference_mode()
+def time_layers(layers: list[PackedLinear], inputs: dict[tuple[int, int], torch.Tensor], rows: int) -> float:
+    """Seconds to run every layer once on a ``rows``-row input: the linear part of a forward of ``rows`` tokens,
+    every weight streamed from memory as in the model's own pass."""
+    started = time.perf_counter()
+    for layer in layers:
+        layer(inputs[rows, layer.in_features])
+    return time.perf_counter() - started
+
+
+def faster_plain(seconds: dict[tuple[int, str], list[float]]) -> frozenset[int]:
+    """The row counts whose median F.linear time ("plain") is below the packed one: {(rows, mode): [s, ...]}."""
+    median = {key: statistics.median(times) for key, times in seconds.items()}
+    return frozenset(n for n, mode in median if mode == "plain" and median[n, "plain"] < median[n, "packed"])
+
+
+def tune_plain_rows(model: nn.Module, rows: Iterable[int], rounds: int = 5) -> frozenset[int]:
+    """Time the packed layers of ``model`` with both kernels at each row count of ``rows`` (``rounds`` interleaved
+    rounds after one warm-up, medians compared), set F.linear where it was faster (``set_plain_rows``) and return
+    those row counts. Row counts not tuned (a prefill) stay packed. Nothing to tune: an empty set."""
+    layers, counts = packed_layers(model), sorted(set(rows))
+    if not layers or not counts:
+        return frozenset()
+    generator = torch.Generator().manual_seed(0)
+    inputs = {(n, width): torch.randn(n, width, generator=generator).to(layers[0].weight.dtype)
+              for n in counts for width in {layer.in_features for layer in layers}}
+    seconds: dict[tuple[int, str], list[float]] = {(n, mode): [] for n in counts for mode in ("packed", "plain")}
+    for round_ in range(rounds + 1):
+        for n in counts:
+            for mode in ("packed", "plain") if (round_ + n) % 2 else ("plain", "packed"):
+                set_plain_rows(model, [n] if mode == "plain" else [])
+                elapsed = time_layers(layers, inputs, n)
+                if round_:  # round 0 warms up
+                    seconds[n, mode].append(elapsed)
+    chosen = faster_plain(seconds)
+    set_plain_rows(model, chosen)
+    return chosen

@@ -154,7 +154,9 @@ EVAL_JSON_KEYS: dict[str, Key] = {
     "chat_template": Key("text", "`--chat-template`: `auto`, `on` or `off` (decode.inputs.prompts)."),
     "compiled": Key("bool", "Static KV caches and torch.compiled steps (`--compile`); false for vLLM."),
     "cpu_linear": Key("text", "`packed` when the linear layers ran on oneDNN-packed weights (decode.loop.packed_linear: "
-                              "eager decoding on CPU), else `plain`.", ("specdistill", "both")),
+                              "eager decoding on CPU), `plain` when not, or with `--cpu-linear auto` (the default) the "
+                              "token counts each model kept on F.linear, e.g. `auto: target plain at 1-3 tokens, "
+                              "draft packed`.", ("specdistill", "both")),
     "compile_seconds": Key("seconds or null", "The evaluation's compilation (its warm-up), excluded from every "
                                               "tokens/s; null with `--engine vllm`."),
     "results": Key("list of results", "One result per gamma (and per `concurrency` level): ours, or vLLM's with "
