@@ -282,8 +282,10 @@ def pack_for_eager_cpu(args: argparse.Namespace, target: torch.nn.Module, draft:
     layer was packed, "packed", or with auto e.g. "auto: target plain at 1-3 tokens, draft packed"."""
     if args.cpu_linear == "plain" or args.compile:
         return "plain"
-    models = {name: model for name, model in (("target", target), ("draft", draft))
-              if isinstance(model, torch.nn.Module) and pack_linears(model)}
+    models = {}  # the models with layers packed now, by role
+    for name, model in (("target", target), ("draft", draft)):
+        if isinstance(model, torch.nn.Module) and pack_linears(model):
+            models[name] = model
     if not models or args.cpu_linear == "packed":
         return "packed" if models else "plain"
     gammas = fixed_gammas(args.gamma) + (list(AUTO_GAMMAS) if "auto" in args.gamma else [])
