@@ -51,8 +51,15 @@ def run_process(command: list[str], *, timeout: float, env: dict[str, str] | Non
     """Run `command` with this environment + CHILD_ENV + `env`; fails the test (stderr's tail) unless it exits 0."""
     done = subprocess.run(command, env={**os.environ, **CHILD_ENV, **(env or {})}, cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure_lines(done.stderr)
     return done
+
+
+def failure_lines(stderr: str) -> str:
+    """A failed child's error lines (the cause may be far above the tail a launcher's report fills), then the tail."""
+    marks = ("Error", "error:", "Abort", "terminate called", "what():")
+    errors = [line for line in stderr.splitlines() if any(mark in line for mark in marks)]
+    return "\n".join(errors[:15]) + "\n---- the tail of stderr ----\n" + stderr[-3000:]
 
 
 def accelerate_launch(script: Path | str, *args: str, timeout: float,

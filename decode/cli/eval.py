@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
                                           stop, draft_sample_method=sampling, concurrency=args.concurrency)
         report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
                       vllm_cpu_expand_patched=response.get("cpu_expand_patched", False),
-                      compile_seconds=None, results=vllm)
+                      vllm_in_process=response.get("in_process", False), compile_seconds=None, results=vllm)
         if args.engine == "vllm":
             outputs = vllm_outputs(response, prompt_ids, settings) if outputs is not None else None
             report.update(device=f"{report['device']}, vLLM {response['vllm_version']}", dtype="float32",

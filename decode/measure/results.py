@@ -170,6 +170,9 @@ EVAL_JSON_KEYS: dict[str, Key] = {
     "vllm_cpu_expand_patched": Key("bool", "True when vLLM's CPU `expand` kernel, which breaks sampling at "
                                            "temperature > 0 on vLLM 0.32, was replaced in the run "
                                            "(decode/serving/vllm_worker.py).", ("vllm", "both")),
+    "vllm_in_process": Key("bool", "True when vLLM's engines ran in the worker's own process (the CPU `expand` "
+                                   "patch, or `SPECDISTILL_VLLM_IN_PROCESS=1`): the same outputs and counters, the "
+                                   "wall clock of one process instead of the served layout.", ("vllm", "both")),
     "vllm_results": Key("list of results", "vLLM's results, one per gamma (and `concurrency` level).", ("both",)),
     "parity": Key("list of parity rows", "tau of ours against vLLM's, one row per vLLM result: "
                                          "[Each parity row](#each-parity-row).", ("both",)),

@@ -17,7 +17,8 @@ The response: the plain run and one entry per speculative run, each with every p
 of its ``generate`` call and (speculative runs) vLLM's engine-wide spec-decode counters plus each prompt's
 accepted-length histogram (vLLM's per-request metrics, for categories):
 
-    {"vllm_version": "0.32.0", "plain": {"outputs": [[ids], ...], "seconds": s},
+    {"vllm_version": "0.32.0", "cpu_expand_patched": false, "in_process": false,
+     "plain": {"outputs": [[ids], ...], "seconds": s},
      "speculative": [{**run, "outputs": [...], "seconds": s, "counters": {"num_drafts": .., "num_draft_tokens": ..,
                       "num_accepted_tokens": .., "num_accepted_tokens_per_pos": [..]},
                       "per_prompt": [{"histogram": [..], "num_draft_tokens": ..}, ...]}]}
@@ -49,6 +50,10 @@ import time
 # requests never reach it. When the installed vLLM shows the bug, the plain-torch expansion below replaces it and
 # the engine runs in this process (where the replacement lives); the response says so (`cpu_expand_patched`).
 CPU_EXPAND_PATCH_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# SPECDISTILL_VLLM_IN_PROCESS=1 runs every engine in this process (no engine-core and worker processes, each of which
+# imports vLLM again: ~20 s less per engine start on 2 CPU cores). The same model runner, outputs and counters; the
+# wall clock is that of one process, not of the served layout. For tests and quick checks; the response says so.
+IN_PROCESS_ENV = "SPECDISTILL_VLLM_IN_PROCESS"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
 METRIC_PREFIX = "vllm:spec_decode_"
 
@@ -194,9 +199,12 @@ def main(argv: list[str]) -> None:
     import vllm
 
     patched = request.get("temperature", 0.0) > 0 and request["runs"] and patch_cpu_expand()
+    in_process = bool(patched) or os.environ.get(IN_PROCESS_ENV) == "1"
+    if in_process:
+        os.environ[CPU_EXPAND_PATCH_ENV[0]] = CPU_EXPAND_PATCH_ENV[1]
     levels = request.get("concurrency")
-    measured = [run_level(request, n, patched) for n in levels or [request.get("max_num_seqs", 1)]]
-    response = {"vllm_version": vllm.__version__, "cpu_expand_patched": bool(patched),
+    measured = [run_level(request, n, in_process) for n in levels or [request.get("max_num_seqs", 1)]]
+    response = {"vllm_version": vllm.__version__, "cpu_expand_patched": bool(patched), "in_process": in_process,
                 **({"levels": measured} if levels else measured[0])}
     with open(argv[2], "w") as f:
         json.dump(response, f)
