@@ -48,7 +48,8 @@ def cli_error(monkeypatch, capsys, *argv: str) -> str:
 
 def run_process(command: list[str], *, timeout: float, env: dict[str, str] | None = None,
                 cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run `command` with this environment + CHILD_ENV + `env`; fails the test (stderr's tail) unless it exits 0."""
+    """Run `command` with this environment + CHILD_ENV + `env`; fails the test (its error lines, stderr's tail) unless
+    it exits 0."""
     done = subprocess.run(command, env={**os.environ, **CHILD_ENV, **(env or {})}, cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, failure_lines(done.stderr)

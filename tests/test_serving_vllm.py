@@ -6,7 +6,7 @@ step once both are counted on one basis, decode.serving.parity). Then the target
 (data.target_engine: vllm) equal our decoder's. At temperature 1 a draft identical to the target is accepted
 every time in both engines (vLLM's CPU expand bug patched in the worker when present). `--concurrency 1 4`
 measures plain and speculative throughput at max_num_seqs 1 and 4 (every prompt at once) with the same greedy
-output. A DFlash draft trained here runs in vLLM's dflash method with our tau. Fourteen vLLM engine starts, in the
+output. A DFlash draft trained here runs in vLLM's dflash method with our tau. Seventeen vLLM engine starts, in the
 worker's own process (SPECDISTILL_VLLM_IN_PROCESS=1: ~20 s less each on 2 CPU cores) except the draft's parity run,
 which keeps the served layout (engine-core and worker processes).
 """
