@@ -21,7 +21,8 @@ TINY_RECIPE = str(ROOT / "recipes" / "tiny_distill.yaml")
 SMOOTH_LOSS = "distill.loss=forward_kl"
 # a child process: one thread each (2 processes share 2 cores), nothing from the network
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-             "TOKENIZERS_PARALLELISM": "false"}
+             "TOKENIZERS_PARALLELISM": "false",
+             "PYTHONFAULTHANDLER": "1"}  # a child killed by SIGABRT/SIGSEGV prints every thread's Python stack
 
 
 def run_train(workdir: Path, out: str, *overrides: str, target: str = "target") -> Path:
