@@ -50,7 +50,7 @@ SMOKE = {"prompts": 16, "train": ["train.max_steps=4", "train.logging_steps=1", 
                                   "eval.max_new_tokens=8"], "eval_prompts": 2, "eval_new_tokens": 16}
 # what is measured: (its name in the table and in out/eval/NAME.json; what specdistill-eval's --draft is given, a folder
 # under --out or a built-in; what it is; its gammas: each one costs a plain and a speculative pass over the prompts,
-# so each gets only its best gamma on this model. The trained drafters accept ~0.1-0.2 of their first tokens at this
+# so each gets only its best gamma on this model. The trained drafters accept ~0.1-0.3 of their first tokens at this
 # budget: a second draft token is accepted so rarely that its draft forward and longer verify cost more than it
 # brings, so gamma 1 is their fastest (measured: docs/benchmarks/real_target.md); prompt lookup's drafts are free: 4)
 MEASURED = (("head", "head", "EAGLE-3 head", ("1",)),
