@@ -10,7 +10,8 @@
 3. responses: the target's answers to them (`specdistill-data responses`), in vLLM where `make serving` has run,
    else in our batched engine;
 4. head: an EAGLE-3 head on the target's hidden states, cached once (recipes/smollm2/eagle3.yaml);
-5. draft: a standalone draft of two target layers, distilled from its logits (recipes/smollm2/draft.yaml);
+5. draft: a standalone draft of two target layers, trained on the target's answers (sequence-level KD) with a
+   4096-token draft vocabulary (recipes/smollm2/draft.yaml);
 6. eval: the head, the draft and prompt lookup against plain decoding on NUM_EVAL held-out chat prompts
    (recipes/prompts/chat_eval.jsonl, two of each category, none a training prompt), greedy, the head and the draft
    at gamma 1, prompt lookup at 4 (their best at this training budget); with
@@ -54,7 +55,7 @@ SMOKE = {"prompts": 16, "train": ["train.max_steps=4", "train.logging_steps=1", 
 # budget: a second draft token is accepted so rarely that its draft forward and longer verify cost more than it
 # brings, so gamma 1 is their fastest (measured: docs/benchmarks/real_target.md); prompt lookup's drafts are free: 4)
 MEASURED = (("head", "head", "EAGLE-3 head", ("1",)),
-            ("draft", "draft", "standalone draft (2 target layers, lk_hybrid)", ("1",)),
+            ("draft", "draft", "standalone draft (2 target layers, 4096-token vocabulary)", ("1",)),
             ("prompt_lookup", "prompt-lookup", "prompt lookup (no training)", ("4",)))
 DRAFTERS = {name: (source, what, gammas) for name, source, what, gammas in MEASURED}
 

@@ -13,7 +13,7 @@ from distill.losses.divergences import DIVERGENCES
 from distill.data.hidden_cache import target_features
 from kinds.eagle3.loss import (UnrolledHead, restricted_head, step_token_counts, ttt_mask,
                                ttt_step_sums, weighted_loss)
-from kinds.eagle3.build import label_token_counts, most_frequent
+from kinds.draft_vocab import label_token_counts, most_frequent
 from distill.recipe.sections import DistillConfig
 from distill.utils import IGNORE_INDEX
 from tiny import tiny_model

@@ -20,9 +20,9 @@ from transformers import AutoModelForCausalLM
 from kinds.eagle3.model import Eagle3Head, is_eagle3_folder, target_aux_hidden
 from distill.data.dataset import build_data
 from distill.models import load
-from kinds.eagle3.build import (build_head, head_at_checkpoint, init_from_target, label_token_counts, most_frequent,
-                                  plan_head)
+from kinds.eagle3.build import build_head, head_at_checkpoint, init_from_target, plan_head
 from distill.outputs.acceptance_log import read_records
+from kinds.draft_vocab import label_token_counts, most_frequent
 from distill.outputs.checkpoints import KILL_ENV
 from distill.publish.hub import push_to_hub
 from distill.recipe.loader import load_recipe
@@ -111,8 +111,9 @@ def test_standalone_recipes_refuse_head_keys(monkeypatch, capsys, no_weights, wo
                         "data.dataset=x.txt", "distill.ttt_steps=3")
     assert "distill.ttt_steps: got 3; allowed: 1 with model.draft_kind standalone" in message
     message = cli_error(monkeypatch, capsys, str(ROOT / "recipes" / "tiny_distill.yaml"), "model.target=t",
-                        "data.dataset=x.txt", "model.draft_vocab_size=64")
-    assert "model.draft_vocab_size: got 64; allowed: null with model.draft_kind standalone" in message
+                        "data.dataset=x.txt", "model.head_init=random")
+    assert "model.head_init: got 'random'; allowed: target with model.draft_kind standalone" in message
+    # model.draft_vocab_size is both kinds' key (a standalone draft's readout: tests/test_draft_vocab.py)
 
 
 def test_a_head_is_built_from_the_target_config_and_shares_its_embedding():

@@ -53,6 +53,9 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 1)."""
 
 
+DRAFT_VOCAB_MODES = ("auto", "full")
+
+
 def build_parser(prog: str = PROG) -> ArgumentParser:
     """The command's flags (also what distill.cli.reference documents)."""
     p = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
@@ -96,6 +99,11 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                         "oneDNN-packed weights (decode.loop.packed_linear: cheaper verify passes), plain = as loaded, "
                         "auto = packed, then F.linear at the token counts (1 to gamma + 1) where it measured faster on "
                         "this CPU (a few seconds); no effect on GPU or with --compile")
+    p.add_argument("--draft-vocab", default="auto", choices=DRAFT_VOCAB_MODES,
+                   help="a standalone draft with a draft vocabulary (draft_vocab.json, from model.draft_vocab_size): "
+                        "auto = our decoder reads out only those lm_head rows, except under --engine both, where both "
+                        "engines read out every row (vLLM has no such option: the same drafter on both sides); full = "
+                        "every row")
     p.add_argument("--engine", default="specdistill", choices=ENGINES,
                    help="where to measure: our decoder, vLLM's offline LLM (the serving venv), or both side by side "
                         "(tau(ours), tau(vLLM) and their ratio per gamma)")
@@ -254,6 +262,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
         # vLLM's ngram takes the earliest occurrence: so does our prompt lookup when comparing (--engine both)
         draft = kind.load(args.draft, target, device, dtype, args.trust_remote_code, earliest=args.engine == "both")
+        report.update(draft_vocab=use_draft_vocab(args, draft))
         report.update(cpu_linear=pack_for_eager_cpu(args, target, draft))
         results = evaluate_acceptance(target, draft, prompt_ids, settings,
                                       progress=not args.quiet, outputs=outputs, categories=categories)
@@ -273,6 +282,15 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         write_atomic(args.save_outputs, "".join(json.dumps(o) + "\n" for o in outputs))
         print(f"wrote {args.save_outputs}")
     return report
+
+
+def use_draft_vocab(args: argparse.Namespace, draft: object) -> int | None:
+    """The draft vocabulary's size our decoder reads out (kinds/draft_vocab.py), or None for every row: a loaded
+    vocabulary is dropped with --draft-vocab full and under --engine both."""
+    ids = getattr(draft, "draft_vocab_ids", None)
+    if ids is not None and (args.draft_vocab == "full" or args.engine == "both"):
+        draft.draft_vocab_ids = ids = None
+    return None if ids is None else int(ids.numel())
 
 
 def pack_for_eager_cpu(args: argparse.Namespace, target: torch.nn.Module, draft: object) -> str:

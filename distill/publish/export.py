@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from decode.inputs.checks import fsync_folder
 from decode.inputs.manifest import MANIFEST, write_manifest
 from kinds import kind_of, served_draft
+from kinds.draft_vocab import carry_draft_vocab
 from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.models.fsdp import unsharded_original
 from distill.models.lora import is_lora
@@ -128,6 +129,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
         draft = final_draft
     gamma = row_gamma(best).deployed if best else default_gamma
     draft = served_draft(draft)  # a head in training is wrapped (UnrolledHead): its head is what is served
+    carry_draft_vocab(served_draft(final_draft), draft)  # a standalone draft's vocabulary: chosen once per run
     write_served_folder(output_dir, draft, tokenizer, gamma)
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}

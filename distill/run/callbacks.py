@@ -37,6 +37,7 @@ from decode.loop.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.measure.cost_model import measure_cost_ratios
 from decode.loop.speedup import CostRatios
 from distill.models.distributed import is_partitioned, plain_copy
+from kinds.draft_vocab import carry_draft_vocab
 from kinds import served_draft
 from distill.models.lora import is_lora
 from distill.outputs.acceptance_log import append_records, complete_steps, read_records, rewrite_records
@@ -152,14 +153,15 @@ class AcceptanceCallback(TrainerCallback):
         if not self.prompts or model is None:
             draft = None
         elif is_partitioned(model):  # ZeRO-3 / FSDP2: a collective, the copy lands on rank 0 (None elsewhere)
-            draft = plain_copy(model)
+            draft = carry_draft_vocab(model, plain_copy(model))
             if is_partitioned(self.target) and not self._target_gathered:
                 self._whole_target = plain_copy(self.target)
                 self._target_gathered = True
         elif not state.is_world_process_zero:
             draft = None
         else:
-            draft = plain_copy(model) if is_lora(model) else model  # LoRA: measure the merged draft, as exported
+            # LoRA: measure the merged draft, as exported
+            draft = carry_draft_vocab(model, plain_copy(model)) if is_lora(model) else model
         if state.is_world_process_zero and draft is not None:
             self._record(args, state, state.global_step, checkpoint, draft)
         self.measured_steps.add(state.global_step)

@@ -19,9 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import datasets
-import numpy as np
 import torch
-from accelerate import PartialState
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
@@ -31,8 +29,9 @@ from distill.models.distributed import gathered, is_partitioned, whole_parameter
 from distill.models.fsdp import fsdp_enabled
 from distill.recipe.sections import ModelConfig
 from kinds.eagle3.loss import UnrolledHead
+from kinds.draft_vocab import frequent_label_tokens
 from kinds.eagle3.model import Eagle3Head, head_config
-from distill.utils import IGNORE_INDEX, ModelSetupError
+from distill.utils import ModelSetupError
 
 MAX_DEFAULT_DRAFT_VOCAB = 32768  # model.draft_vocab_size null: the whole vocabulary up to this size
 
@@ -154,37 +153,11 @@ def served_head(model: nn.Module) -> Eagle3Head | None:
 # The draft vocabulary
 # ---------------------------------------------------------------------------------------------------------------
 
-def label_token_counts(rows: datasets.Dataset, vocab_size: int, batch_size: int = 1024) -> torch.Tensor:
-    """How often each target id is a label (loss) token of `rows`: [V] long. Label ids are those of `labels`
-    other than -100."""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for batch in rows.select_columns(["labels"]).iter(batch_size=batch_size):
-        flat = np.concatenate([np.asarray(row, dtype=np.int64) for row in batch["labels"]] or [np.zeros(0, np.int64)])
-        counts += np.bincount(flat[flat != IGNORE_INDEX], minlength=vocab_size)[:vocab_size]
-    return torch.from_numpy(counts)
-
-
-def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
-    """The `size` ids with the highest counts, ties broken by the smaller id, in ascending id order: [size]."""
-    ids = torch.arange(counts.numel())
-    # sort by (-count, id): a stable sort of ids by descending count keeps ids ascending within a count
-    order = torch.sort(-counts, stable=True).indices
-    return torch.sort(ids[order[:size]]).values
-
-
 def set_draft_vocabulary(model: nn.Module, rows: datasets.Dataset) -> torch.Tensor:
     """Set the head's vocabulary to the most frequent label tokens of `rows` (counted on the main process and
     broadcast, so every process holds the same). Returns the draft ids' target ids [V_draft]."""
     head = served_head(model)
-    state = PartialState()
-    chosen = None
-    if state.is_main_process:
-        counts = label_token_counts(rows, head.config.vocab_size)
-        chosen = most_frequent(counts, head.d2t.numel()).tolist()
-    if state.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-        chosen = broadcast_object_list([chosen])[0]
-    ids = torch.tensor(chosen, dtype=torch.long)
+    ids = frequent_label_tokens(rows, head.config.vocab_size, head.d2t.numel())
     head.set_vocab(ids)
     return ids
 

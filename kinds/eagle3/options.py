@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from kinds.standalone.options import LayerIds
+from kinds.standalone.options import LayerIds, StandaloneModelOptions
 
 
 class Eagle3ModelOptions(BaseModel):
@@ -14,9 +14,7 @@ class Eagle3ModelOptions(BaseModel):
         None, description="eagle3: the target's layer ids whose hidden states the head reads (3 distinct, ascending, "
                           "as vLLM requires; id i = the residual stream entering decoder layer i); null = vLLM's "
                           "default (2, L // 2, L - 3), a repeated id moved to the nearest free layer.")
-    draft_vocab_size: int | None = Field(
-        None, gt=0, description="eagle3: rows of the head's lm_head, the most frequent target tokens of the training "
-                                "data; null = the whole vocabulary when it has <= 32768 tokens, else 32768.")
+    draft_vocab_size: int | None = StandaloneModelOptions.model_fields["draft_vocab_size"]  # one key, two kinds
     head_intermediate_size: int | None = Field(
         None, gt=0, description="eagle3: the MLP width of the head's decoder layer; null = the target's "
                                 "intermediate_size.")

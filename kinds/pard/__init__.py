@@ -91,7 +91,11 @@ class PardKind(Kind):
 
     # -- recipes ----------------------------------------------------------------------------------------------------
     def check_model(self, model) -> None:
+        from distill.recipe.schema import require
+
         STANDALONE.check_model(model)
+        require(model.draft_vocab_size is None, "model.draft_vocab_size", model.draft_vocab_size,
+                "null with model.draft_kind pard (its mask slots read out every lm_head row)", ["model.draft_kind"])
 
     def check_recipe(self, recipe) -> None:
         """The standalone draft's rules; no teacher cache (the slots read the target at other positions than the

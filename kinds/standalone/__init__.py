@@ -2,7 +2,8 @@
 drafting gamma tokens with gamma sequential forwards; vLLM's draft_model, SGLang's STANDALONE, transformers'
 assistant_model. Trained by DistillTrainer on the target's logits (distill/run/trainer.py).
 
-    drafter.py   ModelDrafter (our decoder), the assisted-generation settings
+    drafter.py   ModelDrafter (our decoder; with a draft vocabulary, SubsetHeadLM reads out those lm_head rows
+                 only: kinds/draft_vocab.py), the assisted-generation settings
     options.py   its recipe keys: model.draft | draft_layers | draft_config
     deploy.py    its deployment checks and serving commands
     card.py      its model card's lines and usage
@@ -34,14 +35,22 @@ class StandaloneKind(Kind):
         return isinstance(draft, (torch.nn.Module, ModelDrafter))
 
     def load(self, draft, target, device, dtype, trust_remote_code=False, earliest=False):
+        """The model; a folder's draft_vocab.json (kinds/draft_vocab.py) becomes its ``draft_vocab_ids``."""
         from decode.inputs.loading import load_causal_lm
+        from kinds.draft_vocab import read_draft_vocab
 
-        return load_causal_lm(draft, device, dtype, trust_remote_code)
+        model = load_causal_lm(draft, device, dtype, trust_remote_code)
+        if Path(draft).is_dir():
+            model.draft_vocab_ids = read_draft_vocab(draft, model.get_output_embeddings().weight.shape[0])
+        return model
 
     def drafter(self, draft, target, compile=False, capacity=0, max_gamma=8):
+        """Our decoder's drafter; a model's ``draft_vocab_ids`` (a draft vocabulary, None or absent: every row)."""
         from kinds.standalone.drafter import ModelDrafter
 
-        return draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft, compile=compile, capacity=capacity)
+        if isinstance(draft, ModelDrafter):
+            return draft
+        return ModelDrafter(draft, compile=compile, capacity=capacity, vocab=getattr(draft, "draft_vocab_ids", None))
 
     def reserve(self, draft, target, capacity, max_gamma):
         from decode.loop.static import session
@@ -68,6 +77,11 @@ class StandaloneKind(Kind):
 
         set_assisted_generation(draft, gamma)
         draft.save_pretrained(folder, safe_serialization=True)
+        ids = getattr(draft, "draft_vocab_ids", None)
+        if ids is not None:  # beside the weights, which stay whole: transformers and vLLM read out every row
+            from kinds.draft_vocab import write_draft_vocab
+
+            write_draft_vocab(folder, ids, draft.get_output_embeddings().weight.shape[0])
 
     # -- deployment -------------------------------------------------------------------------------------------------
     def deploy_check(self, target, draft, trust_remote_code=False):
@@ -126,6 +140,13 @@ class StandaloneKind(Kind):
         from kinds.standalone.build import build_standalone
 
         return build_standalone(cfg, target, dtype, lora)
+
+    def prepare(self, recipe, draft, target, rows) -> None:
+        """With model.draft_vocab_size: the draft vocabulary, the rows' most frequent label tokens."""
+        if recipe.model.draft_vocab_size is not None:
+            from kinds.standalone.build import set_draft_vocabulary
+
+            set_draft_vocabulary(draft, rows.rows, recipe.model.draft_vocab_size)
 
     def trainer(self) -> type:
         from distill.run.trainer import DistillTrainer

@@ -32,6 +32,10 @@ def check_standalone_plan(cfg, target_config: PretrainedConfig, tokenizer: PreTr
     if planned.get_text_config().vocab_size < len(tokenizer):
         raise ModelSetupError(f"the draft's vocabulary ({planned.get_text_config().vocab_size} rows) is smaller "
                               f"than the tokenizer ({len(tokenizer)} tokens)")
+    rows = min(len(tokenizer), target_config.get_text_config().vocab_size)
+    if cfg.draft_vocab_size is not None and cfg.draft_vocab_size > rows:
+        raise ModelSetupError(f"model.draft_vocab_size: got {cfg.draft_vocab_size}; allowed: at most the vocabulary's "
+                              f"{rows} tokens (null = every row)")
     draft_params = planned_parameter_count(planned, cfg.trust_remote_code)
     target_params = planned_parameter_count(target_config, cfg.trust_remote_code)
     if draft_params > target_params:
@@ -69,3 +73,15 @@ def check_resume_shape(recipe, resume: str) -> None:
             raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds a draft with {key} {got!r}, the "
                                   f"recipe's draft has {want!r}; resume with the recipe that made it, or start a "
                                   "new run (train.overwrite_output_dir=true)")
+
+
+def set_draft_vocabulary(draft: torch.nn.Module, rows, size: int) -> torch.Tensor:
+    """The draft's vocabulary (kinds/draft_vocab.py): the ``size`` most frequent label tokens of ``rows``, kept on the
+    model (``draft_vocab_ids``, under a LoRA wrapper on its base model, so a merged export keeps it) for the
+    trainer's checks and the export's draft_vocab.json."""
+    from kinds.draft_vocab import frequent_label_tokens
+
+    base = draft.get_base_model() if hasattr(draft, "get_base_model") else draft
+    ids = frequent_label_tokens(rows, base.get_output_embeddings().weight.shape[0], size)
+    base.draft_vocab_ids = ids
+    return ids

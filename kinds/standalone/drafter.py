@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from decode.loop.cache import CachedLM
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from decode.loop.cache import CachedLM, cache_keyword
 from decode.loop.sampling import draw, probs_from_logits
 from decode.loop.static import StaticLM, cached_lm
 
@@ -13,15 +15,83 @@ from decode.loop.static import StaticLM, cached_lm
 ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
+class SubsetHeadLM(torch.nn.Module):
+    """A causal LM whose logits are only those of ``ids`` (a draft vocabulary, kinds/draft_vocab.py): the decoder
+    stack runs as it is, and its last hidden states are multiplied by the lm_head's rows ``ids`` alone:
+
+        logits[:, j] = h W[ids[j]]^T (+ b[ids[j]])        [T, |ids|] instead of [T, V]
+
+    Called like the model (input ids, a KV cache, use_cache, logits_to_keep, output_hidden_states), so CachedLM and
+    StaticLM run it unchanged. ``refresh()`` copies the rows in again (a draft in training changes between checks);
+    the copy lives in one buffer, so a compiled step keeps reading it in place."""
+
+    def __init__(self, model: torch.nn.Module, ids: torch.Tensor) -> None:
+        super().__init__()
+        self.lm = model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.decoder, self.head = base.get_decoder(), base.get_output_embeddings()
+        self.config = base.config
+        self.cache_keyword = cache_keyword(base)
+        weight = self.head.weight
+        self.register_buffer("ids", ids.to(device=weight.device, dtype=torch.long), persistent=False)
+        self.register_buffer("weight", torch.empty(ids.numel(), weight.shape[1], dtype=weight.dtype,
+                                                   device=weight.device), persistent=False)
+        bias = getattr(self.head, "bias", None)
+        self.register_buffer("bias", None if bias is None else torch.empty(ids.numel(), dtype=bias.dtype,
+                                                                           device=bias.device), persistent=False)
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        self.weight.copy_(self.head.weight.index_select(0, self.ids))
+        if self.bias is not None:
+            self.bias.copy_(self.head.bias.index_select(0, self.ids))
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.lm.get_input_embeddings()
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self  # its .weight is the rows read out: lm_head_rows() counts |ids|
+
+    def forward(self, input_ids: torch.Tensor, past_key_values: object = None, use_cache: bool = True,
+                logits_to_keep: int = 0, output_hidden_states: bool = False) -> CausalLMOutputWithPast:
+        # the KV cache comes as past_key_values (decode.loop.cache.cache_keyword of this forward) and is handed on
+        # under the decoder's own keyword
+        out = self.decoder(input_ids=input_ids, use_cache=use_cache, output_hidden_states=output_hidden_states,
+                           **{self.cache_keyword: past_key_values})
+        hidden = out.last_hidden_state
+        hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return CausalLMOutputWithPast(logits=F.linear(hidden, self.weight, self.bias),
+                                      hidden_states=out.hidden_states)
+
+
+def subset_lm(model: torch.nn.Module, ids: torch.Tensor) -> SubsetHeadLM:
+    """``model``'s SubsetHeadLM over ``ids``, made once and kept on the model (outside its modules: nothing is added
+    to its state_dict), so the compiled steps of its static cache are reused from prompt to prompt; its rows are
+    copied in again on every call."""
+    made = model.__dict__.get("_specdistill_subset_lm")
+    weight = made.head.weight if made is not None else None
+    if (made is None or made.weight.device != weight.device or made.weight.dtype != weight.dtype
+            or not torch.equal(made.ids.cpu(), ids.cpu())):
+        made = SubsetHeadLM(model, ids)
+        model.__dict__["_specdistill_subset_lm"] = made
+    else:
+        made.refresh()
+    return made
+
+
 class ModelDrafter:
     """A small causal LM as the draft, with its own KV cache (static, with a compiled 1-token step, when
-    ``compile``; ``capacity`` positions are then preallocated)."""
+    ``compile``; ``capacity`` positions are then preallocated). ``vocab``: a draft vocabulary [k] (ascending target
+    ids, kinds/draft_vocab.py): only those lm_head rows are read out and only those tokens proposed; None: all."""
 
     aux_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: torch.nn.Module, compile: bool = False, capacity: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, compile: bool = False, capacity: int = 0,
+                 vocab: torch.Tensor | None = None) -> None:
         self.model = model
         self.compile, self.capacity = compile, capacity
+        self.vocab = vocab
         self.lm: CachedLM | StaticLM | None = None
         self.pending: list[torch.Tensor] = []  # committed tokens not yet in the cache, each [1, 1]
         self.proposed: torch.Tensor | None = None
@@ -29,7 +99,16 @@ class ModelDrafter:
         self.pad_to = 0
 
     def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
-        self.lm = cached_lm(self.model, self.compile, "draft", max(self.capacity, prefix.shape[1] + 1), (1,))
+        capacity = max(self.capacity, prefix.shape[1] + 1)
+        if self.vocab is not None:
+            if int(self.vocab.max()) >= target_vocab_size:
+                raise ValueError(f"the draft vocabulary holds id {int(self.vocab.max())}, outside the target's "
+                                 f"{target_vocab_size} logits")
+            lm = subset_lm(self.model, self.vocab)
+            self.ids = lm.ids
+            self.lm = cached_lm(lm, self.compile, "draft", capacity, (1,))
+        else:
+            self.lm = cached_lm(self.model, self.compile, "draft", capacity, (1,))
         # A padded lm_head (Qwen-style 151936 vs 152064) is harmless: both sides work on the shared ids.
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
         self.pad_to = target_vocab_size
@@ -53,19 +132,23 @@ class ModelDrafter:
             feed = feed[:, -1:]
         tokens, rows = [], []
         for _ in range(gamma):
-            logits = self.lm.forward(feed, last_only=True)[-1:, : self.shared_vocab]  # [1, V_shared]
+            logits = self.lm.forward(feed, last_only=True)[-1:, : self.shared_vocab]  # [1, V_shared] or [1, |vocab|]
             if cfg.greedy:
                 token = logits.argmax(dim=-1)
             else:
                 q = probs_from_logits(logits, cfg)
                 token = draw(q, cfg, generator)
                 rows.append(q)
+            if self.vocab is not None:
+                token = self.ids[token]  # draft id -> target id
             tokens.append(token)
             feed = token.view(1, 1)
         self.proposed = torch.cat(tokens) if tokens else cur.new_empty(0)
         if cfg.greedy or not rows:
             return self.proposed, None
-        q = torch.cat(rows)  # [k, V_shared]
+        q = torch.cat(rows)  # [k, V_shared] or [k, |vocab|]
+        if self.vocab is not None:  # q is 0 outside the vocabulary: those tokens are never proposed
+            return self.proposed, q.new_zeros(q.shape[0], self.pad_to).index_copy_(1, self.ids, q)
         return self.proposed, F.pad(q, (0, self.pad_to - self.shared_vocab))
 
     def commit(self, num_accepted: int) -> None:
