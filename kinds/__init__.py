@@ -66,3 +66,12 @@ def served_draft(model: object) -> object:
         if inner is not None:
             return inner
     return model
+
+
+def carry_draft_vocab(source: object, copy: object) -> object:
+    """``copy`` (a whole copy of the draft ``source``: merged, gathered or read back from a checkpoint) with
+    ``source``'s draft vocabulary, if it has one; returns ``copy``."""
+    ids = getattr(source, "draft_vocab_ids", None)
+    if ids is not None and copy is not None and copy is not source:
+        copy.draft_vocab_ids = ids
+    return copy

@@ -16,7 +16,7 @@ them wherever the target would.
     ids = read_draft_vocab(folder, vocab_size)              # None when the folder has none; DraftVocabError if bad
 
 In memory a standalone draft carries its vocabulary as ``draft_vocab_ids`` (on the base model under LoRA): set by the
-trainer (kinds/standalone/build.py) or by loading a folder, handed on to whole copies (``carry_draft_vocab``: merged,
+trainer (kinds/standalone/build.py) or by loading a folder, handed on to whole copies (``kinds.carry_draft_vocab``: merged,
 gathered, read back from a checkpoint), read by the drafter and written by the export.
 """
 from __future__ import annotations
@@ -105,11 +105,3 @@ def read_draft_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None
                               f"{'' if tensor.unique().numel() == tensor.numel() else ' with repeats'}")
     return torch.sort(tensor).values
 
-
-def carry_draft_vocab(source: object, copy: object) -> object:
-    """``copy`` (a whole copy of the draft ``source``: merged, gathered or read back from a checkpoint) with
-    ``source``'s draft vocabulary, if it has one; returns ``copy``."""
-    ids = getattr(source, "draft_vocab_ids", None)
-    if ids is not None and copy is not None and copy is not source:
-        copy.draft_vocab_ids = ids
-    return copy

@@ -60,7 +60,7 @@ FLAG_KINDS = {
                          "--save-outputs": "written", "--prompts-split": "name", "--prompts-config": "name",
                          "--prompt-field": "name", "--messages-field": "name", "--category-field": "name",
                          "--chat-template": "name", "--device": "name", "--dtype": "name", "--engine": "name",
-                         "--cpu-linear": "name", "--vllm-draft-sampling": "name", "--vllm-python": "name"},  # an interpreter we run
+                         "--cpu-linear": "name", "--draft-vocab": "name", "--vllm-draft-sampling": "name", "--vllm-python": "name"},  # an interpreter we run
     "specdistill-push": {"output_dir": "read", "--eval-json": "read", "--repo-id": "name", "--target": "name",
                          "--staging-dir": "name"},  # --staging-dir: accepted, never used
     "specdistill-check": {"--target": "read", "--draft": "read", "--json": "written", "--vllm-python": "name"},

@@ -30,8 +30,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from decode.inputs.checks import fsync_folder
 from decode.inputs.manifest import MANIFEST, write_manifest
-from kinds import kind_of, served_draft
-from kinds.draft_vocab import carry_draft_vocab
+from kinds import carry_draft_vocab, kind_of, served_draft
 from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.models.fsdp import unsharded_original
 from distill.models.lora import is_lora

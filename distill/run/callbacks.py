@@ -37,8 +37,7 @@ from decode.loop.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.measure.cost_model import measure_cost_ratios
 from decode.loop.speedup import CostRatios
 from distill.models.distributed import is_partitioned, plain_copy
-from kinds.draft_vocab import carry_draft_vocab
-from kinds import served_draft
+from kinds import carry_draft_vocab, served_draft
 from distill.models.lora import is_lora
 from distill.outputs.acceptance_log import append_records, complete_steps, read_records, rewrite_records
 from distill.outputs.checkpoints import checkpoint_step, crash_point, find_checkpoints

@@ -37,11 +37,12 @@ class StandaloneKind(Kind):
     def load(self, draft, target, device, dtype, trust_remote_code=False, earliest=False):
         """The model; a folder's draft_vocab.json (kinds/draft_vocab.py) becomes its ``draft_vocab_ids``."""
         from decode.inputs.loading import load_causal_lm
+        from decode.inputs.vocab import lm_head_rows
         from kinds.draft_vocab import read_draft_vocab
 
         model = load_causal_lm(draft, device, dtype, trust_remote_code)
         if Path(draft).is_dir():
-            model.draft_vocab_ids = read_draft_vocab(draft, model.get_output_embeddings().weight.shape[0])
+            model.draft_vocab_ids = read_draft_vocab(draft, lm_head_rows(model))
         return model
 
     def drafter(self, draft, target, compile=False, capacity=0, max_gamma=8):
@@ -79,9 +80,10 @@ class StandaloneKind(Kind):
         draft.save_pretrained(folder, safe_serialization=True)
         ids = getattr(draft, "draft_vocab_ids", None)
         if ids is not None:  # beside the weights, which stay whole: transformers and vLLM read out every row
+            from decode.inputs.vocab import lm_head_rows
             from kinds.draft_vocab import write_draft_vocab
 
-            write_draft_vocab(folder, ids, draft.get_output_embeddings().weight.shape[0])
+            write_draft_vocab(folder, ids, lm_head_rows(draft))
 
     # -- deployment -------------------------------------------------------------------------------------------------
     def deploy_check(self, target, draft, trust_remote_code=False):

@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from transformers import PreTrainedTokenizerBase
 
 from decode.inputs.checks import check_json_files_text
-from decode.inputs.vocab import check_tokenizers_compatible
+from decode.inputs.vocab import check_tokenizers_compatible, lm_head_rows
 from distill.models.load import (config_overrides, load_kwargs, draft_config, draft_from_layers,
                                  load_draft_tokenizer, planned_parameter_count)
 from distill.models.lora import apply_lora
@@ -82,6 +82,6 @@ def set_draft_vocabulary(draft: torch.nn.Module, rows, size: int) -> torch.Tenso
     from kinds.draft_vocab import frequent_label_tokens
 
     base = draft.get_base_model() if hasattr(draft, "get_base_model") else draft
-    ids = frequent_label_tokens(rows, base.get_output_embeddings().weight.shape[0], size)
+    ids = frequent_label_tokens(rows, lm_head_rows(base), size)
     base.draft_vocab_ids = ids
     return ids
