@@ -60,8 +60,12 @@ def run_process(command: list[str], *, timeout: float, env: dict[str, str] | Non
 def failure_lines(stderr: str) -> str:
     """A failed child's error lines (the cause may be far above the tail a launcher's report fills), then the tail."""
     marks = ("Error", "error:", "Abort", "terminate called", "what():")
-    errors = [line for line in stderr.splitlines() if any(mark in line for mark in marks)]
-    return "\n".join(errors[:15]) + "\n---- the tail of stderr ----\n" + stderr[-3000:]
+    lines = stderr.splitlines()
+    errors = [line for line in lines if any(mark in line for mark in marks)]
+    crash = []  # faulthandler's report of a crashed process: where each thread was (above "Extension modules")
+    for at in (i for i, line in enumerate(lines) if line.startswith("Fatal Python error")):
+        crash += [line for line in lines[at:at + 40] if not line.startswith("Extension modules")][:40]
+    return "\n".join(errors[:15] + crash[:80]) + "\n---- the tail of stderr ----\n" + stderr[-3000:]
 
 
 def accelerate_launch(script: Path | str, *args: str, timeout: float,

@@ -1,5 +1,5 @@
-"""What a command does first under `accelerate launch`: refuse a GPU launch on a machine without one, and print an
-error every process would print the same way once.
+"""What a command does first and last under `accelerate launch`: refuse a GPU launch on a machine without one, print
+an error every process would print the same way once, and leave without the interpreter's teardown.
 
 Light on purpose (os and torch only): scripts/train.py calls check_launch before importing the trainer, so the
 8 processes of `accelerate launch --config_file recipes/accelerate/ddp.yaml ...` started on a CPU machine stop in
@@ -7,10 +7,13 @@ about a second each instead of loading transformers 8 times to say so.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import sys
 import tempfile
+from typing import Iterator
 
 # The launch that works on CPU processes (DDP over gloo): what the tests and docs/guides/scaling-out.md use.
 CPU_LAUNCH = ("ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 "
@@ -82,3 +85,36 @@ def _close_progress_bars() -> None:
             bar.close()
         except Exception:  # noqa: BLE001 - a bar that cannot close must not hide the error line
             pass
+
+
+@contextlib.contextmanager
+def leave_launch_directly(statuses: tuple[int, ...] = (0,)) -> Iterator[None]:
+    """In one of several processes of a launch (WORLD_SIZE >= 2): when the body ends (status 0) or exits with one of
+    `statuses` (SystemExit), flush what was printed and logged and end the process there with that status, without
+    the interpreter's teardown. Any other status or exception ends as usual (a traceback stays a traceback; an
+    error's process is not hurried out ahead of the launcher seeing which process failed first), and so does a
+    single process.
+
+    Why: a gloo process group's worker threads may still drop the last reference to a tensor after the process
+    group is destroyed; when that happens while Python is finalizing, the thread cannot take the GIL and the process
+    aborts ("terminate called without an active exception", SIGABRT: pytorch/pytorch#190489) after every file of
+    the run was written, so the launcher reports a failed run. Leaving before the teardown has nothing left to
+    lose: the command's outputs are closed files by then (the trainer meets every process at a barrier, closes
+    TensorBoard and destroys the process group first)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        yield
+        return
+    try:
+        yield
+    except SystemExit as stop:
+        if stop.code not in statuses and not (stop.code is None and 0 in statuses):
+            raise
+        status = stop.code or 0
+    else:
+        status = 0
+    _close_progress_bars()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)

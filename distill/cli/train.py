@@ -32,7 +32,7 @@ import time
 
 from decode.inputs.checks import FileProblem, OneLineArgumentParser
 from decode.inputs.vocab import TokenizerMismatchError
-from distill.cli.launch import check_launch, print_once
+from distill.cli.launch import check_launch, leave_launch_directly, print_once
 from distill.data.rows import DataError
 from distill.data.shard_store import CacheMismatchError, ShardBuildStopped
 from distill.models.distributed import UnsupportedModeError, lost_peer
@@ -97,8 +97,14 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-train` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
-    traceback; an error every process of a launch meets alike is printed once (distill.cli.launch)."""
+    traceback; an error every process of a launch meets alike is printed once; each process of a launch that is
+    done or preempted ends without the interpreter's teardown (distill.cli.launch)."""
     check_launch(prog)
+    with leave_launch_directly(statuses=(0, PREEMPTED_EXIT)):
+        _run_cli(argv, prog)
+
+
+def _run_cli(argv: list[str] | None, prog: str) -> None:
     try:
         with stop_signals_raise():  # SIGTERM & co before or after training: exit 75 in one line
             main(argv, prog)
