@@ -26,12 +26,15 @@ Without levels nothing changes: max_num_seqs = 1 and no ``concurrency`` key (lev
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -103,20 +106,84 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
 
 
 def run_worker(python: Path, request: dict, timeout: float | None = None) -> dict:
-    """Run the worker in ``python``; its response. ServingError with the log's last error line if it fails."""
+    """Run the worker in ``python``; its response. ServingError with the log's last error line if it fails.
+
+    The worker leads a process group of its own, with every process vLLM starts under it (engine core, workers):
+    a timeout, an exception here (Ctrl-C) or SIGTERM / SIGHUP to this process stops that whole group, so no vLLM
+    process outlives the command that started it (stop_worker_group)."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     with tempfile.TemporaryDirectory(prefix="specdistill-vllm-") as folder:
         request_file, response_file, log = (Path(folder) / n for n in ("request.json", "response.json", "log.txt"))
         request_file.write_text(json.dumps(request))
         with log.open("w") as out:
-            try:
-                done = subprocess.run([str(python), str(WORKER), str(request_file), str(response_file)], env=env,
-                                      stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-            except subprocess.TimeoutExpired:
-                raise ServingError(f"vLLM did not finish within {timeout:.0f} s") from None
-        if done.returncode != 0 or not response_file.is_file():
-            raise ServingError(f"vLLM failed (exit {done.returncode}): {last_error(log.read_bytes().decode('utf-8', 'replace'))}")
+            worker = subprocess.Popen([str(python), str(WORKER), str(request_file), str(response_file)], env=env,
+                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            with worker_group_stopped(worker):
+                try:
+                    returncode = worker.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    raise ServingError(f"vLLM did not finish within {timeout:.0f} s") from None
+        if returncode != 0 or not response_file.is_file():
+            raise ServingError(f"vLLM failed (exit {returncode}): {last_error(log.read_bytes().decode('utf-8', 'replace'))}")
         return json.loads(read_text(response_file))
+
+
+WORKER_STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL for what is left of the group
+
+
+def stop_worker_group(worker: subprocess.Popen) -> None:
+    """Stop the worker's process group (its pid is the group's id: start_new_session): SIGTERM, up to
+    WORKER_STOP_GRACE_S seconds for the worker to end, then SIGKILL for every process still in the group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=WORKER_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait()
+
+
+class _StopSignal(BaseException):
+    """SIGTERM or SIGHUP arrived while waiting for the worker (raised by worker_group_stopped's handler)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def worker_group_stopped(worker: subprocess.Popen) -> Iterator[None]:
+    """While the body waits for `worker`: SIGTERM and SIGHUP to this process (when nothing else handles them) stop the
+    worker's group, then end this process by the same signal, as the signal alone would have; an exception out of
+    the body stops the group and goes on. Whatever is left of the group once the worker is done (a vLLM process it
+    did not reap) is killed too. (The handler only raises: the group is stopped outside it, where waiting for the
+    worker cannot meet the wait it interrupted.)"""
+    previous = {}
+
+    def raise_stop(signum, frame):
+        raise _StopSignal(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                previous[sig] = signal.signal(sig, raise_stop)
+    try:
+        yield
+    except _StopSignal as stop:
+        stop_worker_group(worker)
+        signal.signal(stop.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), stop.signum)
+        raise  # not reached: the signal ends the process
+    except BaseException:
+        stop_worker_group(worker)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)  # leftovers of a worker that ended: nothing of the run needs them
 
 
 def last_error(log: str) -> str:

@@ -54,9 +54,12 @@ class StandaloneKind(Kind):
         return ModelDrafter(draft, compile=compile, capacity=capacity, vocab=getattr(draft, "draft_vocab_ids", None))
 
     def reserve(self, draft, target, capacity, max_gamma):
+        """The static cache of what the drafter runs: the model, or its SubsetHeadLM when it has a draft vocabulary."""
         from decode.loop.static import session
+        from kinds.standalone.drafter import subset_lm
 
-        session(draft, "draft").reserve(capacity)
+        ids = getattr(draft, "draft_vocab_ids", None)
+        session(draft if ids is None else subset_lm(draft, ids), "draft").reserve(capacity)
 
     def assisted_generate(self, target, draft, prompt, gamma, **generate_kwargs):
         # transformers 5 reads the draft length from the assistant's generation_config (generate() kwargs are
