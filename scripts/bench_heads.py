@@ -18,8 +18,9 @@ Each is measured by specdistill-eval (the same code path as the trainer) at gamm
 draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run (eager, and compiled
 with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head, DFlash and PARD rows.
 Every step reuses what an earlier run left in --out (a row trained there with other settings stops it).
---doc writes the tables into the file between the BEGIN / END markers it holds (the page's hand-written text
-around them is kept), or the whole file when it has no markers.
+--doc writes the tables into a new file, or into a page between its lines `<!-- BEGIN bench_heads
+(scripts/bench_heads.py --doc) -->` and `<!-- END bench_heads -->` (the hand-written text around them is kept); a page
+without them stops the script before it measures anything.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from decode.measure.table import markdown_table  # noqa: E402
-from scripts.benchmark import load_average, machine  # noqa: E402
+from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
 from distill.outputs.run_folder import RECIPE_FILE  # noqa: E402
 from distill.recipe.loader import load_recipe  # noqa: E402
 
@@ -58,7 +59,6 @@ VLLM_ROWS = (*HEAD_ROWS, *DFLASH_ROWS, "pard_draft")  # the rows --vllm measures
 GAMMAS = ["2", "3", "4", "5", "6"]
 ONE_FORWARD_RECIPES = ("pard.yaml", "p_eagle.yaml", "dflash.yaml")  # one draft forward whatever gamma is:
 ONE_FORWARD_GAMMAS = [*GAMMAS, "7", "8"]  # their rows are measured further
-BEGIN, END = "<!-- BEGIN bench_heads (scripts/bench_heads.py --doc) -->", "<!-- END bench_heads -->"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm", action="store_true",
                    help=f"also measure the rows {', '.join(VLLM_ROWS)} inside vLLM (make serving)")
     p.add_argument("--doc", type=Path, default=None,
-                   help="write the markdown here (between its BEGIN / END markers when it has them)")
+                   help="write the markdown here: a new file, or a page between its BEGIN / END bench_heads markers")
     return p.parse_args(argv)
 
 
@@ -173,18 +173,11 @@ def rows_of(result: dict, row: str, mode: str, tps: float | None) -> list[list]:
              f"{tps:.0f}" if tps else "-"] for r in result["results"]]
 
 
-def write_doc(path: Path, text: str) -> None:
-    """`text` into `path` between its BEGIN and END markers (the rest of the page kept), or as the whole file when
-    `path` does not exist or lacks the markers."""
-    page = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if BEGIN in page and END in page.split(BEGIN, 1)[1]:
-        before, rest = page.split(BEGIN, 1)
-        text = before + BEGIN + "\n" + text + END + rest.split(END, 1)[1]
-    path.write_text(text, encoding="utf-8")
-
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.doc:
+        check_doc(args.doc, "bench_heads")
     args.out.mkdir(parents=True, exist_ok=True)
     table, parity = [], []
     for row in args.rows:
@@ -213,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.doc:
-        write_doc(args.doc, text)
+        write_doc(args.doc, text, "bench_heads")
 
 
 if __name__ == "__main__":

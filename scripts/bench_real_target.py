@@ -11,7 +11,10 @@ Sections (each a table; every number comes from one specdistill-eval run, plain 
   sampled    every --drafter at gamma 4, temperature 1, eager
   compiled   every --drafter at gamma 4, greedy, the static-cache compiled decoder
   curve      each --curve head (NAME=FOLDER, NAME the number of training prompts) at gamma 4, greedy: tau against data
-Every eval is reused from --out when its JSON is there (delete it to measure again).
+Every eval is reused from --out when its JSON is there (delete it to measure again). --doc writes the tables into a
+new file, or into a page between its lines `<!-- BEGIN bench_real_target (scripts/bench_real_target.py --doc) -->` and
+`<!-- END bench_real_target -->` (docs/benchmarks/real_target.md has them); a page without them stops the script
+before it measures anything.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from scripts.benchmark import load_average, machine  # noqa: E402
+from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
 from decode.measure.table import markdown_table  # noqa: E402
 
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
@@ -44,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--vllm", action="store_true", help="vLLM's tau beside ours in the gammas section")
     p.add_argument("--out", type=Path, default=ROOT / "bench_real_out")
-    p.add_argument("--doc", type=Path, default=None)
+    p.add_argument("--doc", type=Path, default=None,
+                   help="write the tables here: a new file, or a page between its BEGIN / END bench_real_target markers")
     return p.parse_args(argv)
 
 
@@ -118,6 +122,8 @@ def curve_section(args: argparse.Namespace, heads: dict[str, str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.doc:
+        check_doc(args.doc, "bench_real_target")
     if args.target is None:
         from decode.inputs.gguf import smollm2_gguf
 
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(lines)
     print(text)
     if args.doc:
-        args.doc.write_text(text)
+        write_doc(args.doc, text, "bench_real_target")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ tiny random models and data they run on, and the markdown they write.
 
 Each measured mode runs in its own process (`run_worker`), so its peak memory is its own; the worker side calls
 `worker_args` and prints one JSON line. Numbers depend on the machine: `header` records it with the command
-and sha256 prefixes of the files under test. The benchmarks themselves are scripts/bench_*.py (run from
-a checkout, never installed).
+and sha256 prefixes of the files under test; `write_doc` puts a script's tables into a page between its markers.
+The benchmarks themselves are scripts/bench_*.py (run from a checkout, never installed).
 """
 from __future__ import annotations
 
@@ -330,3 +330,29 @@ def write_result(text: str, path: str | None) -> None:
     print(text)
     if path:
         Path(path).write_text(text + "\n")
+
+
+def doc_markers(script: str) -> tuple[str, str]:
+    """The BEGIN / END markers between which `scripts/<script>.py --doc` writes its tables into a page."""
+    return f"<!-- BEGIN {script} (scripts/{script}.py --doc) -->", f"<!-- END {script} -->"
+
+
+def check_doc(path: Path, script: str) -> None:
+    """Stop, before anything is measured, when `path` exists without `script`'s markers: writing there would replace
+    a page's hand-written text with the tables. A new file, or a page with the markers, is fine."""
+    begin, end = doc_markers(script)
+    page = path.read_text(encoding="utf-8") if path.is_file() else None
+    if page is not None and not (begin in page and end in page.split(begin, 1)[1]):
+        sys.exit(f"{script}: --doc {path} exists without the lines {begin} and {end}; put them where the tables "
+                 "go (the rest of the page is kept) or name a new file")
+
+
+def write_doc(path: Path, text: str, script: str) -> None:
+    """`text` into `path` between `script`'s markers, the rest of the page kept, or as a new file."""
+    check_doc(path, script)
+    begin, end = doc_markers(script)
+    page = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if page:
+        before, rest = page.split(begin, 1)
+        text = before + begin + "\n" + text + end + rest.split(end, 1)[1]
+    path.write_text(text, encoding="utf-8")

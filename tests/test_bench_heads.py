@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from distill.recipe.loader import load_recipe, save_recipe
-from scripts import bench_heads
+from scripts import bench_heads, benchmark
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def trained_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, row: str, head_overrides: list[str],
@@ -147,15 +149,30 @@ def test_tables_are_built_from_earlier_results(tmp_path, monkeypatch, capsys):
 
 
 def test_doc_replaces_only_the_marked_tables(tmp_path):
-    """--doc on a page with the markers rewrites the tables between them and keeps the hand-written text around."""
+    """--doc on a page with the markers rewrites the tables between them and keeps the hand-written text around;
+    a new file gets the tables alone; a page without the markers is refused before anything runs, unchanged."""
+    begin, end = benchmark.doc_markers("bench_heads")
+    assert begin == "<!-- BEGIN bench_heads (scripts/bench_heads.py --doc) -->" and end == "<!-- END bench_heads -->"
+    assert begin in (ROOT / "docs/benchmarks/heads.md").read_text()  # the page the script writes into
     doc = tmp_path / "heads.md"
-    doc.write_text(f"# Title\n\nsetup\n\n{bench_heads.BEGIN}\nold table\n{bench_heads.END}\n\nnotes\n")
-    bench_heads.write_doc(doc, "new table\n")
-    assert doc.read_text() == f"# Title\n\nsetup\n\n{bench_heads.BEGIN}\nnew table\n{bench_heads.END}\n\nnotes\n"
-    bench_heads.write_doc(doc, "newer table\n")  # twice: the markers stay, one block between them
-    assert doc.read_text().count(bench_heads.BEGIN) == 1 and "newer table\n" in doc.read_text()
+    doc.write_text(f"# Title\n\nsetup\n\n{begin}\nold table\n{end}\n\nnotes\n")
+    benchmark.write_doc(doc, "new table\n", "bench_heads")
+    assert doc.read_text() == f"# Title\n\nsetup\n\n{begin}\nnew table\n{end}\n\nnotes\n"
+    benchmark.write_doc(doc, "newer table\n", "bench_heads")  # twice: the markers stay, one block between them
+    assert doc.read_text().count(begin) == 1 and "newer table\n" in doc.read_text()
     assert "new table\n" not in doc.read_text()
+    new = tmp_path / "new.md"
+    benchmark.write_doc(new, "whole\n", "bench_heads")  # a new file: the tables alone
+    assert new.read_text() == "whole\n"
     plain = tmp_path / "plain.md"
-    plain.write_text("anything\n")
-    bench_heads.write_doc(plain, "whole\n")  # no markers: the whole file
-    assert plain.read_text() == "whole\n"
+    plain.write_text("hand-written\n")
+    trained = []
+    with pytest.raises(SystemExit) as stopped:  # before any row trains
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(bench_heads, "train", lambda args, row: trained.append(row))
+            bench_heads.main(["--target", "t", "--dataset", "d", "--eval-prompts", "p", "--out", str(tmp_path / "o"),
+                              "--doc", str(plain)])
+    message = str(stopped.value.code)
+    assert message.startswith(f"bench_heads: --doc {plain} exists without") and "\n" not in message
+    assert begin in message and end in message and not trained and not (tmp_path / "o").exists()
+    assert plain.read_text() == "hand-written\n"
