@@ -173,7 +173,6 @@ def rows_of(result: dict, row: str, mode: str, tps: float | None) -> list[list]:
              f"{tps:.0f}" if tps else "-"] for r in result["results"]]
 
 
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.doc:

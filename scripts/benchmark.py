@@ -337,22 +337,22 @@ def doc_markers(script: str) -> tuple[str, str]:
     return f"<!-- BEGIN {script} (scripts/{script}.py --doc) -->", f"<!-- END {script} -->"
 
 
-def check_doc(path: Path, script: str) -> None:
-    """Stop, before anything is measured, when `path` exists without `script`'s markers: writing there would replace
-    a page's hand-written text with the tables. A new file, or a page with the markers, is fine."""
+def check_doc(path: Path, script: str) -> str:
+    """The page at `path` ("" for a new file); stop, before anything is measured, when it exists without `script`'s
+    markers: writing there would replace a page's hand-written text with the tables."""
     begin, end = doc_markers(script)
-    page = path.read_text(encoding="utf-8") if path.is_file() else None
-    if page is not None and not (begin in page and end in page.split(begin, 1)[1]):
+    page = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if path.is_file() and not (begin in page and end in page.split(begin, 1)[1]):
         sys.exit(f"{script}: --doc {path} exists without the lines {begin} and {end}; put them where the tables "
                  "go (the rest of the page is kept) or name a new file")
+    return page
 
 
 def write_doc(path: Path, text: str, script: str) -> None:
     """`text` into `path` between `script`'s markers, the rest of the page kept, or as a new file."""
-    check_doc(path, script)
-    begin, end = doc_markers(script)
-    page = path.read_text(encoding="utf-8") if path.is_file() else ""
+    page = check_doc(path, script)
     if page:
+        begin, end = doc_markers(script)
         before, rest = page.split(begin, 1)
         text = before + begin + "\n" + text + end + rest.split(end, 1)[1]
     path.write_text(text, encoding="utf-8")
