@@ -13,7 +13,7 @@ from distill.recipe.loader import (load_recipe, parse_override, recipe_to_dict, 
                                    with_overrides)
 from distill.recipe.sections import OVERRIDE_SOURCE, SECTION_TYPES, DistillConfig, Recipe, RecipeError, TrainConfig
 from distill.recipe.train_config import (LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys,
-                                  training_arguments)
+                                         installed_names, training_arguments)
 
 ROOT = Path(__file__).resolve().parents[1]
 # every training recipe, in sub-folders too (recipes/accelerate/ holds accelerate launch configs, not recipes)
@@ -207,8 +207,12 @@ def test_no_training_arguments_field_is_declared_twice():
     theirs = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
     ours = set(RunFolderKeys.__annotations__) - {"section", "refused", "former_names"}
     assert ours == {"overwrite_output_dir", "preemption_grace_s"} and not ours & theirs
-    assert set(TRAINING_ARGUMENTS_CHANGES) <= theirs and set(SET_BY_THE_RUN) <= theirs and set(LEFT_TO_OTHERS) <= theirs
-    assert set(TrainConfig.model_fields) | set(SET_BY_THE_RUN) | set(LEFT_TO_OTHERS) == theirs | ours
+    renamed = {installed: key for key, installed in installed_names().items() if installed != key}  # before 5.23
+    under_our_names = {renamed.get(name, name) for name in theirs}
+    assert set(TRAINING_ARGUMENTS_CHANGES) <= under_our_names
+    assert set(SET_BY_THE_RUN) <= theirs and set(LEFT_TO_OTHERS) <= theirs
+    assert set(TrainConfig.model_fields) | set(SET_BY_THE_RUN) | set(LEFT_TO_OTHERS) == \
+        under_our_names | ours | set(LEFT_TO_OTHERS)
     # other sections share two names with other meanings: eval.seed (sampling), hub.push_to_hub (the export, which
     # is why train.push_to_hub is refused)
     shared = {section: set(cls.model_fields) & theirs for section, cls in SECTION_TYPES.items() if section != "train"}
@@ -309,3 +313,40 @@ def test_a_draft_kind_supplies_its_defaults_where_the_recipe_sets_nothing(tmp_pa
     assert again.kind_defaults == {} and (again.distill.ttt_decay, again.train.warmup_steps) == (0.8, 0.1)
     standalone = load_recipe(str(ROOT / "recipes" / "tiny_distill.yaml"), ["model.target=t", "data.dataset=d"])
     assert standalone.kind_defaults == {} and standalone.distill.ttt_steps == 1
+
+
+@dataclasses.dataclass
+class TrainingArgumentsBefore523:
+    """The fields of a TrainingArguments from before transformers 5.23 that this test needs (5.17 on a GPU image)."""
+    output_dir: str | None = None
+    learning_rate: float = 5e-5
+    max_steps: int = -1
+    resume_from_checkpoint: str | None = None
+    gradient_checkpointing: bool = dataclasses.field(default=False, metadata={"help": "Use gradient checkpointing."})
+    gradient_checkpointing_kwargs: dict | None = None
+
+
+def test_a_renamed_training_argument_keeps_our_name_on_an_older_transformers():
+    """train.activation_checkpointing is a key on every transformers release, and reaches an older TrainingArguments
+    as gradient_checkpointing (transformers 5.17 had no activation_checkpointing: every head recipe crashed)."""
+    from pydantic import create_model
+
+    from distill.recipe.train_config import as_installed, schema_fields
+
+    names = installed_names(TrainingArgumentsBefore523)
+    assert names == {"activation_checkpointing": "gradient_checkpointing",
+                     "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
+    fields = schema_fields(TrainingArgumentsBefore523)
+    assert {"activation_checkpointing", "activation_checkpointing_kwargs", "learning_rate"} <= set(fields)
+    assert not {"gradient_checkpointing", "gradient_checkpointing_kwargs"} & set(fields)
+    assert "Recompute draft activations" in fields["activation_checkpointing"][1].description  # ours merged in
+    Old = create_model("OldTrainConfig", __base__=RunFolderKeys, **fields)
+    values = Old(activation_checkpointing=True).model_dump(exclude={"overwrite_output_dir", "preemption_grace_s",
+                                                                    "resume_from_checkpoint"})
+    passed = as_installed(values, names)
+    assert passed["gradient_checkpointing"] is True and "activation_checkpointing" not in passed
+    assert TrainingArgumentsBefore523(**passed).gradient_checkpointing is True
+    # the installed transformers (5.23+ here): our name is its own field, passed unchanged
+    assert installed_names()["activation_checkpointing"] in {"activation_checkpointing", "gradient_checkpointing"}
+    assert as_installed({"activation_checkpointing": True, "seed": 1}) == \
+        {installed_names()["activation_checkpointing"]: True, "seed": 1}

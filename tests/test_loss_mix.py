@@ -162,3 +162,23 @@ def test_on_policy_rows_take_the_same_loss_as_a_reference_on_their_logits(loss, 
                          torch.autograd.grad(reference.loss, params, allow_unused=True)):
         if want is not None:
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("rule", ["installed", "before 5.20"])
+def test_trainer_never_divides_the_step_loss_by_the_accumulation_steps_again(rule, tmp_path):
+    """compute_loss already divides by N, the loss tokens of the whole optimizer step: the Trainer must pass it to
+    backward unchanged with gradient_accumulation_steps 2. transformers 5.20+ asks loss_is_scaled_for_ga; older
+    releases (5.17 on GPU images) model_accepts_loss_kwargs, which was False for a draft and halved every gradient."""
+    target = tiny_model("llama", vocab_size=96, layers=1)
+    draft = tiny_model("llama", vocab_size=96, layers=1, seed=4).train()
+    draft.accepts_loss_kwargs = False  # as an EAGLE-3 head's forward: no loss keywords
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, gradient_accumulation_steps=2)
+    trainer = DistillTrainer(model=draft, target=target, args=args, distill=DistillConfig(chunk_size=5),
+                             train_dataset=[], data_collator=DistillCollator(PAD))
+    if rule != "installed":
+        trainer.loss_is_scaled_for_ga = None  # 5.20+ then falls back to the older releases' rule
+    (batch,), num_items = trainer.get_batch_samples(iter([text_batch()]), 1, torch.device("cpu"))
+    trainer.current_gradient_accumulation_steps = 2
+    expected = trainer.distill_sums(draft, batch).loss / num_items
+    stepped = trainer.training_step(trainer.model, batch, num_items)
+    torch.testing.assert_close(stepped, expected.detach(), rtol=1e-5, atol=1e-6)

@@ -6,9 +6,11 @@ type, default and help, and nothing of it is declared again here. What this proj
   SET_BY_THE_RUN              fields the run sets itself (passed to TrainingArguments; a recipe may not set them)
   LEFT_TO_OTHERS              fields another part of the project owns (refused, naming that part)
 plus resume_from_checkpoint's one more value (true: the latest checkpoint; transformers leaves that field to
-scripts), and `RunFolderKeys` holds our one key that is no TrainingArguments field (overwrite_output_dir).
-`training_arguments(cfg)` builds TrainingArguments(**the section, **SET_BY_THE_RUN); transformers' own checks
-between fields run there (distill.run.preflight names what they refuse).
+scripts), and `RunFolderKeys` holds our keys that are no TrainingArguments field (overwrite_output_dir,
+preemption_grace_s). A field transformers renamed keeps its new name on every release (FORMER_TRANSFORMERS_NAMES:
+train.activation_checkpointing is gradient_checkpointing before transformers 5.23).
+`training_arguments(cfg)` builds TrainingArguments(**the section, **SET_BY_THE_RUN) under the installed release's
+names; transformers' own checks between fields run there (distill.run.preflight names what they refuse).
 """
 from __future__ import annotations
 
@@ -81,6 +83,23 @@ LEFT_TO_OTHERS: dict[str, str] = {
 }
 
 
+# Our key -> the TrainingArguments field it was called before transformers 5.23 (the schema names the switch the same
+# on every transformers this project takes; training_arguments passes it under the installed transformers' name).
+FORMER_TRANSFORMERS_NAMES = {"activation_checkpointing": "gradient_checkpointing",
+                             "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
+
+
+def installed_names(arguments: type = TrainingArguments) -> dict[str, str]:
+    """Our key -> the field of `arguments` (a TrainingArguments class) that holds it, for the keys whose name
+    depends on the transformers release."""
+    present = {f.name for f in dataclasses.fields(arguments)}
+    return {ours: ours if ours in present else former for ours, former in FORMER_TRANSFORMERS_NAMES.items()
+            if ours in present or former in present}
+
+
+INSTALLED_NAMES = installed_names()
+
+
 class RunFolderKeys(Section):
     """The optimisation loop: transformers.TrainingArguments' own fields (these rows: where our default or meaning
     differs), and two keys of ours: the output folder's, and the grace period after a preemption signal."""
@@ -130,15 +149,18 @@ def _as_yaml_type(hint: Any) -> Any:
     return JsonValue if hint is Any else hint
 
 
-def _fields() -> dict[str, tuple[Any, FieldInfo]]:
-    """(type, field) of every TrainingArguments field a recipe may set, with TRAINING_ARGUMENTS_CHANGES merged in."""
-    hints = typing.get_type_hints(TrainingArguments)
+def schema_fields(arguments: type = TrainingArguments) -> dict[str, tuple[Any, FieldInfo]]:
+    """(type, field) of every field of `arguments` (a TrainingArguments class) a recipe may set, under our key
+    (FORMER_TRANSFORMERS_NAMES), with TRAINING_ARGUMENTS_CHANGES merged in."""
+    hints = typing.get_type_hints(arguments)
     skipped = {*SET_BY_THE_RUN, *LEFT_TO_OTHERS, *RunFolderKeys.model_fields}
+    ours = {installed: name for name, installed in installed_names(arguments).items()}  # a former field: our key
     fields = {}
-    for f in dataclasses.fields(TrainingArguments):
-        if not f.init or f.name in skipped:
+    for f in dataclasses.fields(arguments):
+        name = ours.get(f.name, f.name)
+        if not f.init or (name in skipped and f.name not in ours):
             continue
-        hint, change = _as_yaml_type(hints[f.name]), TRAINING_ARGUMENTS_CHANGES.get(f.name, Field())
+        hint, change = _as_yaml_type(hints[f.name]), TRAINING_ARGUMENTS_CHANGES.get(name, Field())
         if f.name in ALSO_ALLOWED:
             hint = typing.Union[hint, ALSO_ALLOWED[f.name]]
         if change.default_factory is not None:  # ours replaces transformers' default
@@ -148,11 +170,16 @@ def _fields() -> dict[str, tuple[Any, FieldInfo]]:
                 else {"default": f.default}
         info = FieldInfo.from_annotated_attribute(hint, Field(**default, description=f.metadata.get("help")))
         info = FieldInfo.merge_field_infos(info, change)
-        fields[f.name] = (hint, info)
+        fields[name] = (hint, info)
     return fields
 
 
-TrainConfig = create_model("TrainConfig", __base__=RunFolderKeys, __module__=__name__, **_fields())
+def as_installed(values: dict[str, Any], names: dict[str, str] = INSTALLED_NAMES) -> dict[str, Any]:
+    """A train section's values under the field names of the installed TrainingArguments (`names`: installed_names)."""
+    return {names.get(key, key): value for key, value in values.items()}
+
+
+TrainConfig = create_model("TrainConfig", __base__=RunFolderKeys, __module__=__name__, **schema_fields())
 TrainConfig.__doc__ = RunFolderKeys.__doc__
 
 
@@ -165,7 +192,7 @@ def accelerator_present() -> bool:
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
     """transformers.TrainingArguments of a recipe's train section (checkpoints every save_steps, no Trainer eval).
     Raises ValueError where transformers refuses a combination of fields (distill.run.preflight names it)."""
-    values = cfg.model_dump(exclude=set(NOT_PASSED))
+    values = as_installed(cfg.model_dump(exclude=set(NOT_PASSED)))  # transformers < 5.23: gradient_checkpointing
     if values["dataloader_pin_memory"] is None:
         values["dataloader_pin_memory"] = accelerator_present()
     return TrainingArguments(**values, **{name: value for name, (value, _) in SET_BY_THE_RUN.items()})

@@ -98,6 +98,7 @@ class DistillTrainer(Trainer):
     """Trains `model` (the draft) to match `target` on the training rows; see the module docstring for the maths."""
 
     # compute_loss already divides by the token count of the whole optimizer step: Trainer must not divide by G.
+    # transformers 5.20+ reads loss_is_scaled_for_ga; older ones model_accepts_loss_kwargs (set in __init__).
     loss_is_scaled_for_ga = True
 
     def __init__(
@@ -114,6 +115,7 @@ class DistillTrainer(Trainer):
     ):
         super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator,
                          processing_class=processing_class, callbacks=callbacks)
+        self.model_accepts_loss_kwargs = True  # transformers < 5.20: else the loss is divided by G a second time
         self.distill = distill
         self.on_policy = on_policy  # None: no on-policy rows
         # frozen by distill.models.load.load_target; never prepared (a sharded target is already where its shards live)
