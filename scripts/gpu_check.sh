@@ -6,15 +6,21 @@
 #   scripts/gpu_check.sh OUT_DIR head TARGET HEAD # specdistill-eval of an EAGLE-3 head on its real target, bf16:
 #                                                 # greedy gamma 2 4 6, prompt lookup, T=1, compiled
 #                                                 # (RUNS="compiled greedy" picks and orders them)
+#   scripts/gpu_check.sh OUT_DIR train TARGET [RUN] # NUM (4096) prompts written and answered by TARGET here, then
+#                                                 # recipes/smollm2/eagle3.yaml on them in bf16 (the data curve's
+#                                                 # settings, 3.75 epochs at batch BATCH=32, the target run in each
+#                                                 # step); the head lands in RUN (default OUT_DIR/head_run), ready
+#                                                 # for the head step
 #
-# Durations on an H100/H200 (torch 2.11): tests 70-85 s, decode ~140 s (compile included). head runs transformers' eager forward at ~50
+# Durations on an H100/H200 (torch 2.11): tests 70-100 s, decode ~140-220 s (compile included); train's data
+# ~4 min for NUM=4096 on an H200 (prompts 115 s, answers 76 s, two model loads), its training not timed yet. head runs transformers' eager forward at ~50
 # tokens/s for SmolLM2-135M (launch-bound), so each eval of PROMPTS=8 (one per category) x NEW=64 tokens takes
 # ~40 s per gamma; the default limit of a step is LIMIT=240 s.
 # Each step writes its log and results into OUT_DIR and has its own time limit, so one slow step loses only itself.
 # PYTHON (default python3) is the interpreter; the repository is put on PYTHONPATH, nothing is installed: a
 # dependency of pyproject.toml that the interpreter lacks stops the script before any step, naming it.
 set -u
-OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR tests|decode|head ...}; STEP=${2:?step: tests, decode or head}
+OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR tests|decode|head|train ...}; STEP=${2:?step: tests, decode, head or train}
 PY=${PYTHON:-python3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
@@ -90,6 +96,30 @@ head)
         esac
     done
     ;;
+train)
+    TARGET=${3:?train needs TARGET (folder or .gguf)}; RUN=${4:-$OUT/head_run}
+    DATA=${DATA:-$OUT/data}; BATCH=${BATCH:-32}
+    machine | tee "$OUT/train.log"
+    data_job() {  # JOB ARGS...: specdistill-data on this machine's device, 512 prompts at once
+        local job=$1; shift
+        echo "== data $job: $*" | tee -a "$OUT/train.log"
+        timeout "${LIMIT:-300}" $PY -m distill.cli.data "$job" --target "$TARGET" --batch-size 512 --quiet "$@" 2>&1 \
+            | tee -a "$OUT/train.log"
+    }
+    data_job prompts --num "${NUM:-4096}" --seed "${SEED:-0}" --out "$DATA/prompts"
+    data_job responses --prompts "$DATA/prompts" --out "$DATA/chat" --max-new-tokens 128
+    if [ ! -s "$DATA/chat/train.jsonl" ]; then
+        echo "gpu_check.sh: no training rows in $DATA/chat (see $OUT/train.log)" >&2; exit 1
+    fi
+    ROWS=$(wc -l <"$DATA/chat/train.jsonl"); STEPS=$(( (ROWS * 15 / 4 + BATCH - 1) / BATCH ))  # 3.75 epochs
+    echo "== train: $ROWS rows, $STEPS steps at batch $BATCH" | tee -a "$OUT/train.log"
+    # PRECISION: bf16 weights for the frozen target and bf16 autocast for the head (PRECISION="" on a CPU)
+    timeout "${TRAIN_LIMIT:-600}" $PY scripts/train.py recipes/smollm2/eagle3.yaml model.target="$TARGET" \
+        data.dataset="$DATA/chat" distill.hidden_state_cache=null distill.ttt_steps=4 distill.ttt_decay=0.8 \
+        train.max_steps="$STEPS" train.per_device_train_batch_size="$BATCH" train.output_dir="$RUN" \
+        data.num_eval_prompts="${PROMPTS:-16}" "eval.gammas=[2,4]" \
+        ${PRECISION-model.target_dtype=bfloat16 train.bf16=true} 2>&1 | tee -a "$OUT/train.log"
+    ;;
 *)
-    echo "gpu_check.sh: unknown step '$STEP' (tests, decode or head)" >&2; exit 2 ;;
+    echo "gpu_check.sh: unknown step '$STEP' (tests, decode, head or train)" >&2; exit 2 ;;
 esac
