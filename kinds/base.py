@@ -50,6 +50,7 @@ class Kind:
     summary: str = ""                  # one line for model.draft_kind's description in the recipe reference
     vllm_method: str = ""              # vLLM's speculative_config method
     has_weights: bool = True           # a model folder or hub id (weights, config, tokenizer): checked before loading
+    model_free_drafts: bool = False    # drafting runs no model: vLLM's levels get the batch cost model (batch_cost.py)
     assisted_refusal: str | None = None  # why transformers' assisted generation cannot run it; None when it can
     trains: bool = False               # specdistill-train can train it (model.draft_kind)
     language_model: bool = False       # a causal LM of its own (reads no target state): teacher-forcing applies

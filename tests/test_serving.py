@@ -276,6 +276,10 @@ def test_engine_both_with_levels_compares_each_level_with_ours(tmp_path, monkeyp
                                    "--quiet"])
     assert [r["concurrency"] for r in report["vllm_results"]] == [1, 2]
     assert [r["speedup"] for r in report["vllm_results"]] == [0.5, 0.5]  # 1 s plain, 2 s speculative
+    # prompt lookup drafts with no model: the batch cost model's prediction at each level. The plain calls take 1 s
+    # at both levels, so T(n) = n * T(1): a step carrying 1 + 4 / new drafted tokens per sequence costs that much more
+    new = report["vllm_results"][0]["new_tokens"]
+    assert [r["predicted_speedup"] for r in report["vllm_results"]] == [pytest.approx(1 / (1 + 4 / new))] * 2
     assert "concurrency" not in report["results"][0]  # ours: batch 1
     assert [r["concurrency"] for r in report["parity"]] == [1, 2] and report["target_match_vllm"] == 1.0
     printed = capsys.readouterr().out

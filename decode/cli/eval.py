@@ -117,7 +117,8 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
     p.add_argument("--concurrency", type=int, nargs="+", default=None, metavar="N",
                    help="vLLM throughput under load (--engine vllm, or the vLLM side of --engine both): at each N, "
                         "max_num_seqs = N and every prompt submitted at once; plain and speculative tokens/s and "
-                        "their ratio (speedup) per N and gamma, rows marked `concurrency` (no cost-model prediction)")
+                        "their ratio (speedup) per N and gamma, rows marked `concurrency`; with two or more N and "
+                        "prompt lookup, the batch cost model's prediction (docs/concepts/cost-model.md)")
     p.add_argument("--parity-tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="--engine both exits 1 when |tau(vLLM) / tau(ours) - 1| exceeds this")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -248,7 +249,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         stop = [tokenizer.eos_token_id] if args.stop_at_eos else None
         sampling = args.vllm_draft_sampling or ("probabilistic" if args.engine == "both" else None)
         vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, categories,
-                                          stop, draft_sample_method=sampling, concurrency=args.concurrency)
+                                          stop, draft_sample_method=sampling, concurrency=args.concurrency,
+                                          free_drafts=kind.model_free_drafts)
         report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
                       vllm_cpu_expand_patched=response.get("cpu_expand_patched", False),
                       vllm_in_process=response.get("in_process", False), compile_seconds=None, results=vllm)

@@ -208,13 +208,17 @@ RESULT_KEYS: dict[str, Key] = {
                                            "wall seconds of one call with every prompt)."),
     "speculative_tokens_per_s": Key("tokens/s", "Speculative decoding, timed as `target_tokens_per_s`."),
     "speedup": Key("ratio", "Measured: plain seconds / speculative seconds (above 1: speculative is faster)."),
-    "predicted_speedup": Key("ratio or null", "The cost model: tau / (gamma * c + v); null from vLLM."),
+    "predicted_speedup": Key("ratio or null", "The cost model: tau / (gamma * c + v); null from vLLM, except prompt "
+                                              "lookup at two or more `concurrency` levels: the batch form tau_all / "
+                                              "v_N (decode.measure.batch_cost)."),
     "draft_cost_ratio": Key("ratio or null", "c: drafting seconds per drafted token / seconds per plain-decoding "
                                              "token, timed on the decoder's own loops (decode.measure.cost_model); null "
-                                             "from vLLM."),
+                                             "from vLLM (0 in the batch form)."),
     "verify_cost_ratio": Key("ratio or null", "v: the rest of a speculative step (the pass over gamma + 1 tokens, "
                                               "acceptance, cache rollbacks, the drafter's commit, host syncs) / "
-                                              "seconds per plain-decoding token; null from vLLM."),
+                                              "seconds per plain-decoding token; null from vLLM, except v_N of the "
+                                              "batch form (an engine step carrying the drafted tokens / a plain one "
+                                              "at the same level)."),
     "greedy_match": Key("fraction or null", "Share of prompts whose speculative output is the plain one, token for "
                                             "token; null when temperature > 0."),
     "compiled": Key("bool", "Measured on the static-cache, torch.compiled path."),

@@ -18,10 +18,10 @@ tokens/s are throughputs over all prompts:
     speculative_tokens_per_s = speculative generated tokens / seconds of the speculative generate call
     speedup                  = speculative_tokens_per_s / target_tokens_per_s   (the throughput ratio)
 
-No cost-model prediction at any level (``predicted_speedup`` None): decode.measure.cost_model measures c and v on our
-batch-1 decoder, in units of one 1-token target step of one sequence. At N > 1 a plain step yields up to N tokens
-and a verify pass carries N * (gamma + 1) tokens; how the step's cost grows with N (memory- vs compute-bound) and
-how the batch's uneven acceptance fills it are not in the model, so tau / (gamma * c + v) has no honest batch form.
+With two or more levels and a drafter that runs no model (prompt lookup: ``free_drafts``), each level's
+``predicted_speedup`` is the cost model's batch form (decode.measure.batch_cost): tau_all / v_N, with v_N the cost of
+an engine step carrying the drafted tokens, read off the plain runs' own step times at the measured levels. A drafter
+with a model has no prediction at a level (what it costs at batch N is measured by no plain run).
 Without levels nothing changes: max_num_seqs = 1 and no ``concurrency`` key (level 1 is that same measurement).
 """
 from __future__ import annotations
@@ -41,6 +41,7 @@ import torch
 from decode.inputs.checks import read_text
 from decode.loop.auto_gamma import fixed_gammas
 from kinds import kind_of_source
+from decode.measure.batch_cost import add_batch_predictions
 from decode.measure.evaluate import EvalSettings
 from decode.measure.results import Result
 from decode.serving.counters import SpecCounters
@@ -209,11 +210,16 @@ def plain_outputs(response: dict) -> list[list[int]]:
     return measured_levels(response)[0][1]["plain"]["outputs"]
 
 
-def vllm_results(response: dict, settings: EvalSettings, categories: Sequence[str | None] | None = None) -> list[dict]:
-    """One result dict per speculative run of ``response``, level by level (``concurrency`` set with levels)."""
+def vllm_results(response: dict, settings: EvalSettings, categories: Sequence[str | None] | None = None,
+                 free_drafts: bool = False) -> list[dict]:
+    """One result dict per speculative run of ``response``, level by level (``concurrency`` set with levels);
+    ``free_drafts`` (the drafter runs no model): the batch cost model's prediction at each level (module docstring)."""
     names = category_names(categories)
-    return [run_result(run, level["plain"], settings, names, concurrency).to_dict()
-            for concurrency, level in measured_levels(response) for run in level["speculative"]]
+    results = [run_result(run, level["plain"], settings, names, concurrency).to_dict()
+               for concurrency, level in measured_levels(response) for run in level["speculative"]]
+    if free_drafts:
+        add_batch_predictions(results)
+    return results
 
 
 def run_result(run: dict, plain: dict, settings: EvalSettings, names: Sequence[str | None] | None,
@@ -256,15 +262,16 @@ def summarize_run(run: dict, plain: dict, prompts: Sequence[int], counters: Spec
 def evaluate_in_vllm(python: Path, target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
                      categories: Sequence[str | None] | None = None, stop_token_ids: list[int] | None = None,
                      timeout: float | None = None, draft_sample_method: str | None = None,
-                     concurrency: Sequence[int] | None = None) -> tuple[list[dict], dict]:
+                     concurrency: Sequence[int] | None = None, free_drafts: bool = False) -> tuple[list[dict], dict]:
     """Measure ``draft`` with ``target`` in vLLM at every gamma of ``settings``: (result dicts, the worker's
     response). ``draft_sample_method``: see DRAFT_SAMPLE_METHODS. ``concurrency``: max_num_seqs levels, a result
-    per (level, gamma) (module docstring). Raises ServingError when vLLM cannot run or fails."""
+    per (level, gamma) (module docstring); ``free_drafts``: the drafter runs no model, so levels get the batch cost
+    model's prediction. Raises ServingError when vLLM cannot run or fails."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
     request = build_request(target, draft, prompts, settings, stop_token_ids, draft_sample_method, concurrency)
     response = run_worker(python, request, timeout)
-    return vllm_results(response, settings, categories), response
+    return vllm_results(response, settings, categories, free_drafts), response
 
 
 def vllm_outputs(response: dict, prompts: Sequence[torch.Tensor], settings: EvalSettings) -> list[dict]:

@@ -15,6 +15,7 @@ class PromptLookupKind(Kind):
     name, title = "prompt_lookup", "prompt lookup"
     summary = "n-grams of the context, no model (vLLM's ngram)"
     vllm_method, has_weights, trains = "ngram", False, False
+    model_free_drafts = True  # a host-side n-gram search: c = 0 at every batch
 
     def recognises(self, draft: str) -> bool:
         return draft == PROMPT_LOOKUP
