@@ -14,8 +14,8 @@
 #
 # Durations on an H100/H200 (torch 2.11): tests 70-100 s, decode ~140-220 s (compile included); train's data
 # ~4 min for NUM=4096 on an H200 (prompts 115 s, answers 76 s, two model loads), its training not timed yet. head
-# runs transformers' eager forward at ~50 tokens/s for SmolLM2-135M (launch-bound), so each eval of PROMPTS=8 (one per category) x NEW=64 tokens takes
-# ~40 s per gamma; the default limit of a step is LIMIT=240 s.
+# runs transformers' eager forward at ~50 tokens/s for SmolLM2-135M (launch-bound), so each eval of PROMPTS=8 (one
+# per category) x NEW=64 tokens takes ~40 s per gamma; the default limit of a step is LIMIT=240 s.
 # Each step writes its log and results into OUT_DIR and has its own time limit, so one slow step loses only itself.
 # PYTHON (default python3) is the interpreter; the repository is put on PYTHONPATH, nothing is installed: a
 # dependency of pyproject.toml that the interpreter lacks stops the script before any step, naming it.
