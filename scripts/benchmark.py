@@ -54,9 +54,15 @@ def machine(device: str, packages: Sequence[str] = ()) -> str:
     else:
         cpuinfo = Path("/proc/cpuinfo")
         lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-        model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-                     platform.processor() or "unknown CPU")
-        what = f"{model}, {os.cpu_count()} cores visible, {torch.get_num_threads()} torch threads"
+
+        def field(name: str) -> str:
+            return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), "")
+        model = field("model name") or platform.processor() or "unknown CPU"
+        # a VM may name only the vendor ("AMD EPYC"): the family and bfloat16 instructions tell its generation
+        flags = [f for f in ("avx512_bf16", "amx_bf16") if f in field("flags").split()]
+        details = ", ".join(([f"CPU family {field('cpu family')}"] if field("cpu family") else []) + flags)
+        what = (f"{model}{f' ({details})' if details else ''}, {os.cpu_count()} cores visible, "
+                f"{torch.get_num_threads()} torch threads")
     versions = [f"Python {platform.python_version()}", f"torch {torch.__version__}",
                 f"transformers {transformers.__version__}"]
     versions += [f"{name} {__import__(name).__version__}" for name in packages]

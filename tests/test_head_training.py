@@ -5,6 +5,7 @@ target's responses as training rows."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -226,6 +227,39 @@ def test_two_processes_match_one_process_and_one_big_batch(workdir):
         assert ours.keys() == theirs.keys()
         for key in ours:
             torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bf16", [False, True])
+def test_bf16_on_cpu_puts_the_loss_heads_under_autocast(workdir, monkeypatch, bf16):
+    """train.bf16 with train.use_cpu: the whole loss (the head's and the teacher's lm_head matmuls, most of a head's
+    step) runs under bfloat16 autocast, not only the head's forward; without it, float32 throughout."""
+    import distill.losses.distill_loss as losses
+    fused, seen = losses.fused_head_loss, []
+
+    def spy(*args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return fused(*args, **kwargs)
+    monkeypatch.setattr(losses, "fused_head_loss", spy)
+    precision = ["train.use_cpu=true", "train.bf16=true"] if bf16 else []
+    out = run(workdir, f"bf16_{bf16}", *[a.format(chat=workdir / "chat.jsonl") for a in CHAT_RUN], *precision)
+    assert len(seen) == 4 * 3 and set(seen) == {bf16}  # 4 steps x 3 TTT steps, one fused loss each
+    logged = train_losses(out / "checkpoint-4")
+    assert len(logged) == 4 and all(math.isfinite(x) for x in logged)
+
+
+@pytest.mark.integration
+def test_the_precision_benchmark_pairs_the_same_steps_of_both_runs(workdir, tmp_path, capsys):
+    """scripts/bench_precision.py: two runs of the recipe, float32 then bfloat16 autocast, compared step by step."""
+    from scripts import bench_precision
+    result = bench_precision.main([HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                                   f"data.dataset={workdir / 'code.txt'}", "--steps", "4", "--warmup", "1",
+                                   "--out", str(tmp_path)])
+    assert result["steps"] == 3 and result["ratio"] > 0
+    fp32, bf16 = result["float32"], result["bfloat16"]
+    assert bf16["kd"] == pytest.approx(fp32["kd"], rel=0.05) and bf16["kd"] != fp32["kd"]  # bf16 ran, and trains alike
+    table = capsys.readouterr().out
+    assert "| bfloat16" in table and "speed vs float32" in table
 
 
 @pytest.mark.integration

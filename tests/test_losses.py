@@ -469,6 +469,40 @@ def test_chunked_equals_unchunked(loss, chunk_size, path):
     assert_same_sums_and_grads(chunked, reference, [student_hidden, student_head.weight])
 
 
+@pytest.mark.parametrize("path", sorted(HEAD_PATHS))
+@pytest.mark.parametrize("loss", ["forward_kl", "jsd", "tv"])
+def test_under_bf16_autocast_the_heads_run_in_bf16_and_match_autocast_autograd(loss, path):
+    """train.bf16 puts the loss under autocast (DistillTrainer.autocast_smart_context_manager): both heads' matmuls
+    then run in bfloat16, the divergences in float32. The sums and gradients equal autograd through the plain
+    formulas under the same autocast, and differ from float32 only by bfloat16 rounding."""
+    student_hidden, student_head, teacher_hidden, teacher_head, labels, mask = make_hidden_batch(seed=7)
+    hidden = student_hidden.detach().float().requires_grad_(True)
+    heads = [head.float() for head in (student_head, teacher_head)]
+    options = dict(loss=loss, beta=0.3, ce_weight=0.25)
+
+    def reference() -> LossSums:
+        return distill_loss(heads[0](hidden).flatten(0, 1), heads[1](teacher_hidden.float()).flatten(0, 1),
+                            labels.flatten(), mask.flatten(), **options)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        chunked = chunked_distill_loss(hidden, HEAD_PATHS[path](heads[0]), teacher_hidden.float(), labels, mask,
+                                       teacher_head=heads[1], chunk_size=5, **options)
+        autocast_reference = reference()
+    full = reference()
+    params = [hidden, heads[0].weight]
+    for field in ("loss", "kd", "ce", "tv"):
+        torch.testing.assert_close(getattr(chunked, field), getattr(autocast_reference, field), rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(getattr(chunked, field).float(), getattr(full, field), rtol=5e-2, atol=5e-2)
+    assert chunked.loss.dtype == torch.float32 and chunked.loss.item() != full.loss.item()  # bf16 matmuls ran
+    got = torch.autograd.grad(chunked.loss, params)
+    want = torch.autograd.grad(autocast_reference.loss, params)
+    exact = torch.autograd.grad(full.loss, params)
+    for g, w, e in zip(got, want, exact):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=3e-2, atol=3e-2)
+        assert F.cosine_similarity(g.flatten(), e.flatten(), dim=0) > 0.99
+
+
 @pytest.mark.parametrize("loss,beta,temperature,ce_weight", [
     ("forward_kl", 0.5, 1.0, 0.0), ("reverse_kl", 0.5, 1.0, 0.0), ("jsd", 0.0, 1.0, 0.0), ("jsd", 1.0, 2.0, 0.5),
     ("jsd", 0.9, 1.0, 0.0), ("tv", 0.5, 0.7, 0.0), ("ce", 0.5, 1.0, 0.0), ("forward_kl", 0.5, 1.0, 1.0),

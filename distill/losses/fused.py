@@ -10,7 +10,10 @@ whose weight is whole (not ZeRO-3-partitioned). For each chunk of c kept positio
     grad_h = dz W,  grad_W += dz^T h,  grad_b += sum_rows dz
 
 so the backward only scales the saved grad_h / grad_W / grad_b by the incoming gradient. Nothing of size V
-outlives its chunk and no head runs twice (the checkpointed path recomputes both heads in the backward).
+outlives its chunk and no head runs twice (the checkpointed path recomputes both heads in the backward). Under
+bfloat16 autocast (train.bf16: DistillTrainer.autocast_smart_context_manager) the three matmuls (z, the teacher's
+logits, grad_h and grad_W) run in bfloat16; z and the teacher's logits are upcast before any softmax, and grad_W
+accumulates over chunks in float32.
 
 Gradients with respect to the student's logits s = z / T over a support of W columns (q = softmax(s), p the
 teacher's distribution on the same support; each `Divergence.value_and_grad` in distill/losses/divergences.py):

@@ -46,7 +46,9 @@ TRAINING_ARGUMENTS_CHANGES: dict[str, FieldInfo] = {
     "save_steps": Field(gt=0, description="Save a checkpoint (and measure acceptance) every this many steps."),
     "save_total_limit": Field(3, gt=0, description="Keep at most this many checkpoints (the best is always kept)."),
     "seed": Field(description="Random seed (model init, data order, held-out prompts)."),
-    "bf16": Field(description="bfloat16 mixed precision (needs a GPU with bfloat16: Ampere or newer)."),
+    "bf16": Field(description="bfloat16 mixed precision: the draft's forward and the loss's lm_head matmuls in "
+                              "bfloat16, weights and divergences in float32. Needs a GPU with bfloat16 (Ampere or "
+                              "newer), or train.use_cpu=true on a CPU (worth it with AVX512-BF16 or AMX)."),
     "fp16": Field(description="float16 mixed precision with loss scaling (needs a GPU; refused on CPU)."),
     "activation_checkpointing": Field(False, description="Recompute draft activations in the backward pass (less "
                                                          "activation memory, ~30% more compute)."),
@@ -218,5 +220,5 @@ def check_precision(cfg: TrainConfig, source: str | None = None) -> None:
     if cfg.bf16 and not cfg.use_cpu and (on_cpu or not is_torch_bf16_gpu_available()):  # use_cpu: CPU autocast
         raise RecipeError("train.bf16", "got true without a bfloat16-capable GPU; allowed: false. bfloat16 mixed "
                           "precision needs an Ampere-or-newer GPU here (transformers refuses it on CPU unless "
-                          "TrainingArguments(use_cpu=True)); on CPU leave it false, or load bfloat16 weights with "
-                          "model.draft_dtype / model.target_dtype", source)
+                          "TrainingArguments(use_cpu=True)); on a CPU add train.use_cpu=true for CPU autocast (worth "
+                          "it where the CPU has AVX512-BF16 or AMX), or leave it false", source)

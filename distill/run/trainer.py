@@ -7,7 +7,8 @@ Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
   compute_loss       -> the loss's weights at this optimizer step (DistillConfig.loss_at); draft and target final
                         hidden states (or the cached top-k teacher of the batch, when the rows carry one: the
                         target is then not run); chunked_distill_loss gives S_pg (a sum over
-                        tokens); the returned loss is S_pg * P / N
+                        tokens); the returned loss is S_pg * P / N; all of it under bfloat16 autocast with
+                        train.bf16 (autocast_smart_context_manager)
   backward           -> DDP / DeepSpeed / FSDP average gradients over the P processes, so the update follows
                         (1/P) sum_p sum_g grad(S_pg * P / N) = grad(sum_pg S_pg) / N: the per-token mean over the
                         whole optimizer batch, identical for (P processes x G micro-batches) = (1 x P*G).
@@ -26,6 +27,7 @@ gathered onto rank 0 (save_model), and on-policy rows are sampled from a local w
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -220,6 +222,15 @@ class DistillTrainer(Trainer):
         return batch
 
     # ---- the loss ---------------------------------------------------------------------------------------------
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
+        """compute_loss under bfloat16 autocast with train.bf16 (Trainer enters this around it). accelerate autocasts
+        only the draft's forward, so without this the loss's lm_head matmuls (the student's, the teacher's and the
+        closed-form gradients of distill/losses/fused.py: most of a head's step) would stay in float32. Softmax and
+        the divergences stay in float32 (`upcast`). Not under train.fp16: the fused path computes its gradients in
+        the forward, before the loss scaler, where float16 would flush small ones to zero. A no-op under DeepSpeed,
+        whose bf16 keeps the weights themselves in bfloat16."""
+        return self.accelerator.autocast() if self.args.bf16 else contextlib.nullcontext()
 
     def draft_hidden_states(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Final (normed) hidden states of the draft [B, T, H], through the wrapped model so DDP hooks run."""
