@@ -9,9 +9,8 @@ sees the same batch in both runs: float32, then `train.bf16=true` (with `train.u
 autocast over the draft's forward and the loss's lm_head matmuls, DistillTrainer.autocast_smart_context_manager).
 Every step is logged (train.logging_steps=1) with tokens_per_s, the input tokens of the step over its seconds. The
 speed ratio is the median over steps i > --warmup of tokens_per_s_bf16[i] / tokens_per_s_fp32[i]: paired steps carry
-the same tokens, so rows of different lengths cancel. Also printed: the median seconds of a step in each precision
-(input tokens / tokens_per_s) and the last logged kd and tv of each run (the training signal: bfloat16 must follow
-float32). No acceptance is measured (data.num_eval_prompts=0); the hidden-state or teacher cache the recipe names
+the same tokens, so rows of different lengths cancel. Also printed: the median tokens/s of each precision and the
+last logged loss, kd and tv of each run (the training signal: bfloat16 must follow float32). No acceptance is measured (data.num_eval_prompts=0); the hidden-state or teacher cache the recipe names
 must exist already, or its build is timed as part of the first run's start (not of its steps).
 """
 from __future__ import annotations
@@ -72,15 +71,15 @@ def main(argv: list[str] | None = None) -> dict:
     for name, by_step in steps.items():
         speed = statistics.median(by_step[i]["tokens_per_s"] for i in timed)
         last = by_step[max(by_step)]
-        result[name] = {"tokens_per_s": speed, "kd": last["kd"], "tv": last["tv"]}
-        rows.append([name, f"{speed:.0f}", f"{ratio if name != 'float32' else 1.0:.2f}x", f"{last['kd']:.4f}",
-                     f"{last['tv']:.4f}"])
+        result[name] = {"tokens_per_s": speed, "loss": last["loss"], "kd": last["kd"], "tv": last["tv"]}
+        rows.append([name, f"{speed:.0f}", f"{ratio if name != 'float32' else 1.0:.2f}x",
+                     *(f"{last[key]:.4f}" for key in ("loss", "kd", "tv"))])
     text = "\n".join([
         f"`scripts/bench_precision.py {' '.join([args.recipe, *args.overrides])}`, {args.steps} steps "
         f"(medians over steps {args.warmup + 1}..{args.steps}, paired by step)",
         f"Machine: {machine('cuda' if torch.cuda.is_available() else 'cpu')}; load average {load_average()}", "",
-        *markdown_table(["precision", "tokens/s", "speed vs float32", f"kd at step {args.steps}",
-                         f"tv at step {args.steps}"], rows), ""])
+        *markdown_table(["precision", "tokens/s", "speed vs float32",
+                         *(f"{key} at step {args.steps}" for key in ("loss", "kd", "tv"))], rows), ""])
     write_result(text, args.markdown)
     return result
 
