@@ -11,7 +11,7 @@ whose weight is whole (not ZeRO-3-partitioned). For each chunk of c kept positio
 
 so the backward only scales the saved grad_h / grad_W / grad_b by the incoming gradient. Nothing of size V
 outlives its chunk and no head runs twice (the checkpointed path recomputes both heads in the backward). Under
-bfloat16 autocast (train.bf16: DistillTrainer.autocast_smart_context_manager) the three matmuls (z, the teacher's
+bfloat16 autocast (train.bf16: DistillTrainer.autocast_smart_context_manager) the matmuls (z, the teacher's
 logits, grad_h and grad_W) run in bfloat16; z and the teacher's logits are upcast before any softmax, and grad_W
 accumulates over chunks in float32.
 
