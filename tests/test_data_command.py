@@ -14,6 +14,7 @@ import distill.data.target_data as target_data
 from decode import autoregressive_generate
 from distill.cli import data as data_command
 from distill.data.dataset import build_data
+from distill.data.magpie import CATEGORY_OPENERS, SynthesizedPrompt
 from distill.data.rows import IGNORE_INDEX
 from distill.recipe.sections import DataConfig
 from tiny import tiny_model, tiny_tokenizer
@@ -106,7 +107,8 @@ def test_an_interrupted_run_resumes_and_equals_an_uninterrupted_one(workdir, tmp
 def test_prompts_are_written_as_user_turns_a_recipe_reads_as_prompts(workdir, tmp_path, monkeypatch):
     import distill.cli.data as command
 
-    monkeypatch.setattr(command, "synthesize_prompts", lambda *a, **k: ["one question", "another question"])
+    monkeypatch.setattr(command, "synthesize_prompt_rows", lambda *a, **k: [
+        SynthesizedPrompt("one question"), SynthesizedPrompt("another question")])
     command.main(["prompts", "--target", str(workdir / "target"), "--num", "2", "--out", str(tmp_path / "p"),
                   "--quiet"])
     rows = [json.loads(line) for line in (tmp_path / "p" / "prompts.jsonl").read_text().splitlines()]
@@ -117,7 +119,62 @@ def test_prompts_are_written_as_user_turns_a_recipe_reads_as_prompts(workdir, tm
     assert data.format == "prompts" and len(data.train) == 2
 
 
+@pytest.mark.parametrize("flag, given, expected", [
+    ("--categories", ["math", "coding"], [("math", o) for o in CATEGORY_OPENERS["math"][:1]]
+     + [("coding", o) for o in CATEGORY_OPENERS["coding"][:1]]),
+    ("--openers", "Translate into French:\n\nWrite a limerick about\n", [(None, "Translate into French:"),
+                                                                         (None, "Write a limerick about")]),
+    ("--openers", '{"opener": "Prove that", "category": "math"}\n{"opener": "Debug this:"}\n',
+     [("math", "Prove that"), (None, "Debug this:")]),
+])
+def test_prompts_toward_categories_or_openers_carry_them_to_the_rows(workdir, tmp_path, monkeypatch, flag, given,
+                                                                     expected):
+    import distill.cli.data as command
+
+    asked = []
+
+    def scripted(target, tokenizer, out_dir, synthesis, **kwargs):
+        asked.append(synthesis.openers)
+        return [SynthesizedPrompt(f"{opener} then {i}", category) for i, (category, opener) in enumerate(expected)]
+
+    monkeypatch.setattr(command, "synthesize_prompt_rows", scripted)
+    if flag == "--openers":
+        path = tmp_path / ("o.jsonl" if given.startswith("{") else "o.txt")
+        path.write_text(given)
+        given = [str(path)]
+    command.main(["prompts", "--target", str(workdir / "target"), "--num", "2", "--out", str(tmp_path / "p"),
+                  "--quiet", flag, *given])
+    rows = [json.loads(line) for line in (tmp_path / "p" / "prompts.jsonl").read_text().splitlines()]
+    assert asked[0][: len(expected)] == tuple(expected)
+    assert [r.get("category") for r in rows] == [c for c, _ in expected]
+    assert [r["messages"][0]["content"] for r in rows] == [f"{o} then {i}" for i, (_, o) in enumerate(expected)]
+
+
+def test_prompts_given_to_exclude_are_handed_to_the_synthesis(workdir, tmp_path, monkeypatch):
+    import distill.cli.data as command
+
+    asked = []
+    monkeypatch.setattr(command, "synthesize_prompt_rows",
+                        lambda target, tokenizer, out_dir, synthesis, **k: asked.append(synthesis) or
+                        [SynthesizedPrompt("a new question")])
+    (tmp_path / "held.txt").write_text("What is 2 + 2?\nName a prime.\n")
+    command.main(["prompts", "--target", str(workdir / "target"), "--num", "1", "--out", str(tmp_path / "p"),
+                  "--quiet", "--exclude", str(tmp_path / "held.txt"), str(workdir / "chats.jsonl")])
+    # a conversation's last user turn is its prompt
+    assert asked[0].exclude == {"What is 2 + 2?", "Name a prime.", "and then?"} | {f"def f{i}(x):" for i in range(5)}
+
+
 @pytest.mark.parametrize("argv, expected", [
+    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--exclude", "missing.jsonl"], "missing.jsonl"),
+    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--categories", "maths"],
+     "unknown prompt category 'maths'; known: writing, qa, math"),
+    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--openers", "missing.txt"], "cannot read it"),
+    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--openers", "EMPTY"], "no openers in it"),
+    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--openers", "BADJSONL"],
+     'line 2 is not a JSON object with an "opener"'),
+    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--openers", "BINARY"], "cannot read it as text"),
+    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--categories", "math", "--openers", "EMPTY"],
+     "not allowed with argument --categories"),
     (["responses", "--target", "TARGET", "--prompts", "missing.jsonl", "--out", "OUT"], "does not exist"),
     (["responses", "--target", "TARGET", "--prompts", "PROMPTS", "--out", "PROMPTS"], "is a file, not a folder"),
     (["prompts", "--target", "TARGET", "--num", "0", "--out", "OUT"], "--num must be >= 1"),
@@ -130,13 +187,19 @@ def test_prompts_are_written_as_user_turns_a_recipe_reads_as_prompts(workdir, tm
       "--vllm-python", "/no/python"], "/no/python does not exist"),
 ])
 def test_bad_input_is_one_line(workdir, tmp_path, monkeypatch, capsys, argv, expected):
-    subs = {"TARGET": str(workdir / "target"), "PROMPTS": str(workdir / "chats.jsonl"), "OUT": str(tmp_path / "o")}
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "bad.jsonl").write_text('{"opener": "Prove that"}\n{"category": "math"}\n')
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)))
+    subs = {"TARGET": str(workdir / "target"), "PROMPTS": str(workdir / "chats.jsonl"), "OUT": str(tmp_path / "o"),
+            "EMPTY": str(tmp_path / "empty.txt"), "BADJSONL": str(tmp_path / "bad.jsonl"),
+            "BINARY": str(tmp_path / "binary.txt")}
     monkeypatch.setattr(sys, "argv", ["specdistill-data", *[subs.get(a, a) for a in argv]])
     with pytest.raises(SystemExit) as exit_info:
         data_command.cli()
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and "Traceback" not in err
-    assert err.startswith("specdistill-data: error: ") and expected in err and len(err.splitlines()) == 1, err
+    assert err.startswith(("specdistill-data: error: ", "specdistill-data prompts: error: "))  # the job's usage line
+    assert expected in err and len(err.splitlines()) == 1, err
 
 
 @pytest.mark.integration

@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from decode import autoregressive_generate
-from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts, user_turn_prefix
+from distill.data.magpie import (CATEGORY_OPENERS, Synthesis, SynthesisError, SynthesizedPrompt, category_openers,
+                                 synthesize_prompt_rows, synthesize_prompts, user_turn_prefix)
 from distill.data.dataset import build_data
 from distill.data.rows import IGNORE_INDEX, DataError
 from distill.data.shard_store import CacheMismatchError
@@ -105,6 +106,11 @@ def test_prompts_alone_with_dataset_weight_are_one_line_naming_the_fix(workdir, 
     ({"dataset": "p.txt", "format": "prompts"}, "data.dataset_weight", "0 with data.format prompts"),
     ({"dataset": None, "synthesize_prompts": 8, "target_weight": 1.0, "target_data_dir": "d"},
      "data.dataset_weight", "0 without data.dataset"),
+    ({"dataset": "p.jsonl", "synthesize_categories": ["math"]}, "data.synthesize_categories",
+     "null unless data.synthesize_prompts"),
+    ({"dataset": "p.jsonl", "dataset_weight": 0, "synthesize_prompts": 8, "target_weight": 1.0,
+      "target_data_dir": "d", "synthesize_categories": ["math", "maths"]}, "data.synthesize_categories",
+     "'maths' is not one"),
 ])
 def test_prompt_settings_that_cannot_work_are_named(keys, key, allowed):
     with pytest.raises(RecipeError) as err:
@@ -127,10 +133,11 @@ class ScriptedEngine:
     """A ResponseEngine writing, for seed s, question s % 5 (duplicates), unfinished (no eos) when s % 4 == 3."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.calls = tokenizer, []
+        self.tokenizer, self.calls, self.prompts = tokenizer, [], {}
 
     def generate_responses(self, prompts, seeds, sampling, batch_size):
         self.calls.append(list(seeds))
+        self.prompts.update((seed, self.tokenizer.decode(list(p))) for seed, p in zip(seeds, prompts))
         out = []
         for seed in seeds:
             ids = self.tokenizer(f" question {seed % 5} ", add_special_tokens=False)["input_ids"]
@@ -155,6 +162,45 @@ def test_synthesis_asks_again_for_the_prompts_still_missing(tmp_path, tokenizer)
                               progress=False)
     # round 0: seeds 0..6 give 0, 1, 2, 4 (5 and 6 repeat 0 and 1); round 1: 2 more candidates with seeds 7, 8
     assert engine.calls == [list(range(7)), [7, 8]] and made[4] == "question 3"  # seed 8 -> question 3
+
+
+def test_openers_take_turns_over_all_rounds_and_begin_the_kept_prompts(tmp_path, tokenizer):
+    engine, target = ScriptedEngine(tokenizer), tiny_model("llama", vocab_size=VOCAB, hidden=32, layers=2)
+    openers = (("ask", "Tell me"), ("explain", "Explain"))
+    made = synthesize_prompt_rows(target, tokenizer, tmp_path / "p", Synthesis(count=9, seed=0, openers=openers),
+                                  engine=engine, progress=False)
+    # round 0: seeds 0..11 give 8 distinct (3, 7, 11 unfinished; 10 repeats 0 with the same opener): round 1 asks 2
+    assert engine.calls == [list(range(12)), [12, 13]]
+    assert all(prompt == "<s>user\n" + openers[seed % 2][1] for seed, prompt in engine.prompts.items())
+    assert [(m.category, m.text) for m in made[:3]] == [("ask", "Tell me question 0"),
+                                                       ("explain", "Explain question 1"), ("ask", "Tell me question 2")]
+    assert len(made) == 9 and made[-1] == SynthesizedPrompt("Explain question 3", "explain")  # seed 13
+    assert synthesize_prompts(target, tokenizer, tmp_path / "p", Synthesis(count=9, seed=0, openers=openers),
+                              engine=engine, progress=False) == [m.text for m in made]
+    assert len(engine.calls) == 2  # read back
+    with pytest.raises(CacheMismatchError):  # other openers: other prompts
+        synthesize_prompts(target, tokenizer, tmp_path / "p", Synthesis(count=9, seed=0, openers=openers[::-1]),
+                           engine=engine, progress=False)
+
+
+def test_excluded_prompts_are_never_kept_and_are_replaced(tmp_path, tokenizer):
+    engine, target = ScriptedEngine(tokenizer), tiny_model("llama", vocab_size=VOCAB, hidden=32, layers=2)
+    made = synthesize_prompts(target, tokenizer, tmp_path / "p",
+                              Synthesis(count=4, seed=0, exclude=frozenset({"  Question 1 "})),
+                              engine=engine, progress=False)
+    # seeds 0..4: 0, (1 excluded), 2, (3 unfinished), 4; seeds 5, 6: repeats; seeds 7 (unfinished), 8: question 3
+    assert made == ["question 0", "question 2", "question 4", "question 3"]
+    assert engine.calls == [[0, 1, 2, 3, 4], [5, 6], [7, 8]]
+
+
+def test_category_openers_interleave_the_categories_and_name_an_unknown_one():
+    pairs = category_openers(["math", "coding"])
+    assert [c for c, _ in pairs[:4]] == ["math", "coding", "math", "coding"]
+    assert {o for c, o in pairs if c == "math"} == set(CATEGORY_OPENERS["math"])
+    assert {c for c, _ in category_openers(["all"])} == set(CATEGORY_OPENERS) and len(CATEGORY_OPENERS) == 8
+    assert all(not o[-1].isspace() for openers in CATEGORY_OPENERS.values() for o in openers)
+    with pytest.raises(SynthesisError, match="unknown prompt category 'maths'"):
+        category_openers(["math", "maths"])
 
 
 def test_synthesized_prompts_of_other_settings_are_refused(tmp_path, tokenizer):
@@ -203,10 +249,12 @@ def test_synthesized_prompts_alone_make_the_rows_and_the_acceptance_prompts(work
 
     def scripted(target, tok, out_dir, synthesis, **kwargs):
         assert synthesis.count == 8 + 2 and Path(out_dir) == workdir / "synth" / "prompts"
-        return made
+        assert synthesis.openers == magpie.category_openers(["math", "coding"])
+        return [magpie.SynthesizedPrompt(text, ("math", "coding")[i % 2]) for i, text in enumerate(made)]
 
-    monkeypatch.setattr(sources, "synthesize_prompts", scripted)
+    monkeypatch.setattr(sources, "synthesize_prompt_rows", scripted)
     out = run(workdir, "synthesized", "data.dataset=null", "data.synthesize_prompts=8", "data.dataset_weight=0",
+              "data.synthesize_categories=[math,coding]",
               "data.target_weight=1", f"data.target_data_dir={workdir / 'synth'}", "data.target_max_new_tokens=4",
               "data.num_eval_prompts=2", "eval.gammas=[2]", *QUICK)
     answers = load_target_data(workdir / "synth")
@@ -215,6 +263,24 @@ def test_synthesized_prompts_alone_make_the_rows_and_the_acceptance_prompts(work
     assert asked < {tuple(templated(tokenizer, q)) for q in made}
     measured = [json.loads(line) for line in (out / "acceptance.jsonl").read_text().splitlines()]
     assert measured and all(m["num_prompts"] == 2 for m in measured)
+    assert all(set(m["by_category"]) <= {"math", "coding"} and m["by_category"] for m in measured)
+
+
+@pytest.mark.integration
+def test_synthesized_prompts_never_repeat_the_held_out_prompts_file(workdir, monkeypatch):
+    import distill.data.sources as sources
+
+    excluded = []
+
+    def scripted(target, tok, out_dir, synthesis, **kwargs):
+        excluded.append(synthesis.exclude)
+        return [SynthesizedPrompt(f"question {i}") for i in range(8)]
+
+    monkeypatch.setattr(sources, "synthesize_prompt_rows", scripted)
+    run(workdir, "synthesized_held_out", "data.dataset=null", "data.synthesize_prompts=8", "data.dataset_weight=0",
+        "data.target_weight=1", f"data.target_data_dir={workdir / 'synth_held_out'}", "data.target_max_new_tokens=4",
+        f"data.eval_prompts={workdir / 'prompts.txt'}", "data.num_eval_prompts=2", "eval.gammas=[2]", *QUICK)
+    assert excluded == [frozenset(QUESTIONS)]  # the whole file, not only the num_eval_prompts measured
 
 
 def test_synthesis_without_a_chat_template_is_one_line(workdir, monkeypatch, capsys, tmp_path):

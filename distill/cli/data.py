@@ -4,6 +4,7 @@ the hidden states an EAGLE-3 head trains on. Each writes a folder that a recipe'
 bar with rows/s and ETA.
 
     specdistill-data prompts --target MODEL --num 2000 --out data/prompts                 # Magpie
+    specdistill-data prompts --target MODEL --num 800 --out data/prompts --categories all # toward 8 categories
     specdistill-data responses --target MODEL --prompts data/prompts --out data/chat      # answered turn by turn
     specdistill-data responses --target MODEL.gguf --prompts prompts.jsonl --out data/chat --engine vllm
     specdistill-data hidden-states RECIPE.yaml key=value ...      # the recipe's distill.hidden_state_cache
@@ -15,6 +16,7 @@ resumable shards (distill.data.target_data) and the settings they were made with
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -24,7 +26,8 @@ from decode.inputs.checks import OneLineArgumentParser, check_writable_folder
 from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.inputs.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, read_prompt_rows
 from decode.serving.vllm_engine import ServingError, find_vllm_python
-from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
+from distill.data.magpie import (CATEGORY_OPENERS, Synthesis, SynthesisError, category_openers, prompt_texts,
+                                 synthesize_prompt_rows)
 from distill.data.regenerate import Answering, answer_conversations, write_jsonl
 from distill.data.shard_store import ShardBuildStopped
 from distill.cli.train import USER_ERRORS as RUN_ERRORS
@@ -67,6 +70,16 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
     prompts.add_argument("--num", type=int, required=True, help="how many distinct prompts")
     prompts.add_argument("--temperature", type=float, default=1.0)
     prompts.add_argument("--max-tokens", type=int, default=128, help="longest prompt (longer ones are dropped)")
+    toward = prompts.add_mutually_exclusive_group()
+    toward.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
+                        help="prompts toward these categories, taking turns: each begins with a built-in opener "
+                             f"of its category ({', '.join(CATEGORY_OPENERS)}, or all)")
+    toward.add_argument("--openers", type=Path, default=None,
+                        help="prompts beginning with your own openers, taking turns: a .txt (one opener per line) "
+                             "or .jsonl ({\"opener\": ..., \"category\": ...} per line)")
+    prompts.add_argument("--exclude", nargs="+", default=[], metavar="PROMPTS",
+                         help="prompt files never to write (your held-out eval prompts, e.g. "
+                              "recipes/prompts/chat_eval.jsonl): a candidate equal to one of them is dropped")
     responses.add_argument("--prompts", required=True,
                            help=".jsonl ('prompt' or 'messages' per line), .txt (one per line), a dataset folder "
                                 "(e.g. the OUT of `specdistill-data prompts`) or a hub dataset id")
@@ -115,6 +128,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
     if args.job == "responses":
         fields = PromptFields(prompt_field=args.prompt_field, messages_field=args.messages_field)
         rows = read_prompt_rows(args.prompts, fields, split=args.prompts_split, limit=args.limit)
+    openers = chosen_openers(args) if args.job == "prompts" else ()
+    excluded = frozenset().union(*(prompt_texts(read_prompt_rows(f)) for f in args.exclude)) \
+        if args.job == "prompts" else frozenset()
     vllm_python = find_vllm_python(args.vllm_python) if args.engine == "vllm" else None
 
     # ---- the target ------------------------------------------------------------------------------------------------
@@ -130,11 +146,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
     started, work = time.perf_counter(), args.out / WORK_DIR
     with eval_mode(target):
         if args.job == "prompts":
-            made = synthesize_prompts(
+            made = synthesize_prompt_rows(
                 target, tokenizer, work, Synthesis(count=args.num, seed=args.seed, temperature=args.temperature,
-                                                   max_new_tokens=args.max_tokens, batch_size=args.batch_size),
+                                                   max_new_tokens=args.max_tokens, batch_size=args.batch_size,
+                                                   openers=openers, exclude=excluded),
                 target_id=target_id, progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
-            rows_out = [{"messages": [{"role": "user", "content": text}]} for text in made]
+            rows_out = [{"messages": [{"role": "user", "content": row.text}]}
+                        | ({"category": row.category} if row.category is not None else {}) for row in made]
             written = write_jsonl(rows_out, args.out / PROMPTS_FILE)
         else:
             answering = Answering(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -146,6 +164,39 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
     print(f"specdistill-data {args.job}: {len(rows_out)} rows in {written} ({time.perf_counter() - started:.0f} s); "
           f"train on them with data.dataset={args.out}")
     return written
+
+
+def chosen_openers(args: argparse.Namespace) -> tuple[tuple[str | None, str], ...]:
+    """The (category, opener) pairs of --categories or --openers; () for neither. Raises SynthesisError (unknown
+    category, unreadable or empty openers file) in one line."""
+    if args.categories is not None:
+        return category_openers(args.categories)
+    if args.openers is None:
+        return ()
+    where = f"--openers {args.openers}"
+    try:
+        lines = [line.strip() for line in args.openers.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise SynthesisError(f"{where}: cannot read it as text ({type(err).__name__}: {err})") from None
+    if args.openers.suffix != ".jsonl":
+        pairs = tuple((None, line) for line in lines if line)
+    else:
+        pairs = []
+        for number, line in enumerate(lines, 1):
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+                opener, category = row["opener"], row.get("category")
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                raise SynthesisError(f"{where}: line {number} is not a JSON object with an \"opener\"") from None
+            if not isinstance(opener, str) or not opener.strip():
+                raise SynthesisError(f"{where}: line {number}: \"opener\" must be non-empty text") from None
+            pairs.append((None if category is None else str(category), opener.strip()))
+        pairs = tuple(pairs)
+    if not pairs:
+        raise SynthesisError(f"{where}: no openers in it (one per line)")
+    return pairs
 
 
 def recipe_hidden_states(recipe_file: str, overrides: list[str]) -> Path:

@@ -29,10 +29,10 @@ from transformers import PreTrainedTokenizerBase, TrainingArguments
 
 from decode.inputs.vocab import lm_head_rows
 from decode.inputs.prompts import PromptRow
-from distill.data.magpie import Synthesis, SynthesisError, synthesize_prompts
+from distill.data.magpie import Synthesis, SynthesisError, category_openers, prompt_texts, synthesize_prompt_rows
 from distill.data.onpolicy import OnPolicySettings
 from distill.data.prompt_rows import held_out, prompt_training_rows
-from distill.data.rows import DataError, DistillCollator, DistillData, eval_prompt_set, padding_id
+from distill.data.rows import DataError, DistillCollator, DistillData, eval_prompt_set, padding_id, read_eval_prompts
 from distill.data.hidden_cache import with_hidden_state_cache
 from distill.data.target_data import generate_target_data, prompts_from_rows, to_training_rows
 from distill.data.target_vllm import VLLM_SHARD_SIZE
@@ -90,25 +90,29 @@ def with_synthesized_prompts(recipe: Recipe, data: DistillData, target: nn.Modul
                              tokenizer: PreTrainedTokenizerBase, args: TrainingArguments) -> DistillData:
     """`data` with data.synthesize_prompts prompts written by the target (distill.data.magpie; main process first,
     stored in target_data_dir/prompts) added as prompt rows; with neither data.dataset nor data.eval_prompts the
-    acceptance prompts are held out of them. `data` itself when the key is not set. Raises DataError (no chat
-    template), CacheMismatchError (the folder holds prompts of another target or settings)."""
+    acceptance prompts are held out of them; none equals a prompt of data.eval_prompts. `data` itself when the key
+    is not set. Raises DataError (no chat template), CacheMismatchError (the folder holds prompts of another target
+    or settings)."""
     cfg = recipe.data
     if cfg.synthesize_prompts is None:
         return data
     hold_out = cfg.num_eval_prompts if cfg.dataset is None and cfg.eval_prompts is None else 0
+    held_out_file = read_eval_prompts(cfg.eval_prompts) if cfg.eval_prompts else []  # never written as training
     synthesis = Synthesis(count=cfg.synthesize_prompts + hold_out, seed=cfg.target_seed,
                           temperature=cfg.synthesize_temperature, max_new_tokens=cfg.synthesize_max_tokens,
-                          batch_size=cfg.target_batch_size)
+                          batch_size=cfg.target_batch_size,
+                          openers=category_openers(cfg.synthesize_categories) if cfg.synthesize_categories else (),
+                          exclude=prompt_texts(held_out_file))
     try:
         with args.main_process_first(desc="synthesized prompts"), generating_on(target, args.device):
-            made = synthesize_prompts(target, tokenizer, Path(cfg.target_data_dir) / "prompts", synthesis,
+            made = synthesize_prompt_rows(target, tokenizer, Path(cfg.target_data_dir) / "prompts", synthesis,
                                       target_id=recipe.model.target, progress=PartialState().is_main_process,
                                       engine=cfg.target_engine, vllm_python=recipe.eval.vllm_python)
     except SynthesisError as err:
         raise DataError(str(err)) from None
     except CacheMismatchError as err:
         raise CacheMismatchError(f"data.synthesize_prompts: {_for_recipes(err)}") from None
-    prompts = [PromptRow(messages=({"role": "user", "content": text},)) for text in made]
+    prompts = [PromptRow(messages=({"role": "user", "content": row.text},), category=row.category) for row in made]
     prompts, evaluated = held_out(prompts, min(hold_out, max(len(prompts) - 1, 0)), recipe.train.seed,
                                   "data.synthesize_prompts")
     train = datasets.concatenate_datasets([data.train, prompt_training_rows(

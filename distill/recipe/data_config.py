@@ -76,6 +76,12 @@ class DataConfig(Section):
                                 "template up to a user turn and writes the user message): sampled, deduplicated, "
                                 "seeded by target_seed, stored in target_data_dir/prompts and resumed like the "
                                 "responses; the target then answers them (needs target_weight > 0).")
+    synthesize_categories: list[str] | None = Field(
+        None, min_length=1, description="Write the synthesized prompts toward these categories, taking turns: each "
+                                        "begins with a built-in opener of its category (writing, qa, math, coding, "
+                                        "reasoning, advice, summarization, extraction; [all] for every one) and the "
+                                        "target writes the rest; null = the bare user turn (mostly requests for "
+                                        "advice and explanations).")
     synthesize_max_tokens: int = Field(128, gt=0, description="Longest synthesized prompt in tokens (longer "
                                                               "candidates are dropped).")
     synthesize_temperature: float = Field(1.0, gt=0, description="Sampling temperature of synthesized prompts.")
@@ -93,6 +99,16 @@ class DataConfig(Section):
         require(self.synthesize_prompts is None or self.target_weight > 0, "data.synthesize_prompts",
                 self.synthesize_prompts, "null unless data.target_weight > 0 (the target answers the prompts it "
                 "makes)", involves=["data.target_weight"])
+        require(self.synthesize_categories is None or self.synthesize_prompts is not None,
+                "data.synthesize_categories", self.synthesize_categories, "null unless data.synthesize_prompts is set "
+                "(the categories steer the prompts it makes)", involves=["data.synthesize_prompts"])
+        if self.synthesize_categories is not None:
+            from distill.data.magpie import CATEGORY_OPENERS  # the table lives with the code that uses it
+
+            known = [*CATEGORY_OPENERS, "all"]
+            unknown = [name for name in self.synthesize_categories if name not in known]
+            require(not unknown, "data.synthesize_categories", self.synthesize_categories,
+                    f"names from {', '.join(known)} ({unknown[0] if unknown else ''!r} is not one)")
         require(self.dataset is not None or self.dataset_weight == 0, "data.dataset_weight", self.dataset_weight,
                 "0 without data.dataset (there are no dataset rows to train on)", involves=["data.dataset"])
         require(self.format != "prompts" or self.dataset_weight == 0, "data.dataset_weight", self.dataset_weight,
