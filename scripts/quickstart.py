@@ -153,11 +153,12 @@ def real_target() -> Path:
 
 
 def synthesize_prompts(out: Path, target: Path, engine: str, count: int = NUM_PROMPTS) -> Path:
-    """out/data/prompts: ``count`` distinct prompts the target writes from its own chat template (Magpie)."""
+    """out/data/prompts: ``count`` distinct prompts the target writes from its own chat template (Magpie), none of
+    them a held-out prompt."""
     banner(f"2/7 {count} training prompts written by the target ({engine})")
     folder = out / "data" / "prompts"
     data_command(["prompts", "--target", str(target), "--num", str(count), "--out", str(folder),
-                  "--engine", engine, "--batch-size", "128"], folder / "prompts.jsonl")
+                  "--engine", engine, "--batch-size", "128", "--exclude", str(EVAL_PROMPTS)], folder / "prompts.jsonl")
     return folder
 
 
