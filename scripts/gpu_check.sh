@@ -6,7 +6,8 @@
 #   scripts/gpu_check.sh OUT_DIR head TARGET HEAD # specdistill-eval of an EAGLE-3 head on its real target, bf16:
 #                                                 # greedy gamma 2 4 6, prompt lookup, T=1, compiled
 #                                                 # (RUNS="compiled greedy" picks and orders them)
-#   scripts/gpu_check.sh OUT_DIR train TARGET [RUN] # NUM (4096) prompts written and answered by TARGET here, then
+#   scripts/gpu_check.sh OUT_DIR train TARGET [RUN] # NUM (4096) prompts written and answered by TARGET here
+#                                                 # (toward CATEGORIES, default all; none of them held out), then
 #                                                 # recipes/smollm2/eagle3.yaml on them in bf16 (the data curve's
 #                                                 # settings, 3.75 epochs at batch BATCH=32, the target run in each
 #                                                 # step); the head lands in RUN (default OUT_DIR/head_run), ready
@@ -106,7 +107,10 @@ train)
         timeout "${LIMIT:-300}" $PY -m distill.cli.data "$job" --target "$TARGET" --batch-size 512 --quiet "$@" 2>&1 \
             | tee -a "$OUT/train.log"
     }
-    data_job prompts --num "${NUM:-4096}" --seed "${SEED:-0}" --out "$DATA/prompts"
+    # CATEGORIES (default all: the held-out prompts' 8 categories in turn; "none": the bare Magpie turn)
+    if [ "${CATEGORIES:-all}" = none ]; then toward=(); else toward=(--categories ${CATEGORIES:-all}); fi
+    data_job prompts --num "${NUM:-4096}" --seed "${SEED:-0}" --out "$DATA/prompts" "${toward[@]}" \
+        --exclude recipes/prompts/chat_eval.jsonl
     data_job responses --prompts "$DATA/prompts" --out "$DATA/chat" --max-new-tokens 128
     if [ ! -s "$DATA/chat/train.jsonl" ]; then
         echo "gpu_check.sh: no training rows in $DATA/chat (see $OUT/train.log)" >&2; exit 1

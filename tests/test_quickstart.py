@@ -39,6 +39,7 @@ def test_data_steps_run_specdistill_data_with_the_chosen_engine(commands, tmp_pa
     assert made[:3] == [*build, "prompts"] and answered[:3] == [*build, "responses"]
     assert made[made.index("--num") + 1] == str(quickstart.NUM_PROMPTS) and made[made.index("--engine") + 1] == "vllm"
     assert made[made.index("--exclude") + 1] == str(quickstart.EVAL_PROMPTS)  # no held-out prompt is trained on
+    assert made[made.index("--categories") + 1] == "all"  # toward the held-out prompts' categories
     assert answered[answered.index("--prompts") + 1] == str(tmp_path / "data" / "prompts")
     assert answered[answered.index("--engine") + 1] == "specdistill"
     assert answered[answered.index("--max-new-tokens") + 1] == str(quickstart.MAX_NEW_TOKENS)
