@@ -198,6 +198,7 @@ def test_category_openers_interleave_the_categories_and_name_an_unknown_one():
     assert [c for c, _ in pairs[:4]] == ["math", "coding", "math", "coding"]
     assert {o for c, o in pairs if c == "math"} == set(CATEGORY_OPENERS["math"])
     assert {c for c, _ in category_openers(["all"])} == set(CATEGORY_OPENERS) and len(CATEGORY_OPENERS) == 8
+    assert category_openers(["math", "all"]) == category_openers(["all"])
     assert all(not o[-1].isspace() for openers in CATEGORY_OPENERS.values() for o in openers)
     with pytest.raises(SynthesisError, match="unknown prompt category 'maths'"):
         category_openers(["math", "maths"])

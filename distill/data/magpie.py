@@ -107,9 +107,10 @@ def prompt_texts(rows: list[Any]) -> frozenset[str]:
 
 
 def category_openers(categories: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """The (category, opener) pairs of CATEGORY_OPENERS for `categories` ("all": every one), interleaved so that
-    consecutive candidates cycle through the categories. Raises SynthesisError naming an unknown category."""
-    names = list(CATEGORY_OPENERS) if list(categories) == ["all"] else list(dict.fromkeys(categories))
+    """The (category, opener) pairs of CATEGORY_OPENERS for `categories` ("all" among them: every one),
+    interleaved so that consecutive candidates cycle through the categories. Raises SynthesisError naming an
+    unknown category."""
+    names = list(CATEGORY_OPENERS) if "all" in categories else list(dict.fromkeys(categories))
     unknown = [name for name in names if name not in CATEGORY_OPENERS]
     if unknown or not names:
         raise SynthesisError(f"unknown prompt category {unknown[0] if unknown else '(none given)'!r}; known: "
