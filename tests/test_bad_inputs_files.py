@@ -42,7 +42,7 @@ PATH_KEYS = {
     "distill.hidden_state_cache": "read",
     "train.output_dir": "read", "train.resume_from_checkpoint": "read",
     "model.draft_config": "name", "model.attn_implementation": "name", "data.dataset_config": "name",
-    "data.split": "name", "data.text_field": "name", "data.messages_field": "name", "distill.loss": "name",
+    "data.split": "name", "data.synthesize_categories": "name", "data.text_field": "name", "data.messages_field": "name", "distill.loss": "name",
     "train.report_to": "name",
     "lora.target_modules": "name", "lora.modules_to_save": "name", "hub.repo_id": "name",
     "eval.vllm_python": "name",  # an interpreter we run (decode.serving), never read as text

@@ -16,6 +16,7 @@ from distill.data.dataset import build_data
 from distill.data.rows import IGNORE_INDEX, DataError
 from distill.data.shard_store import CacheMismatchError
 from distill.data.target_data import load_target_data
+from distill.recipe.data_config import PROMPT_CATEGORIES
 from distill.recipe.sections import DataConfig, RecipeError
 from helpers import cli_error
 from helpers import run_train as run
@@ -197,6 +198,7 @@ def test_category_openers_interleave_the_categories_and_name_an_unknown_one():
     pairs = category_openers(["math", "coding"])
     assert [c for c, _ in pairs[:4]] == ["math", "coding", "math", "coding"]
     assert {o for c, o in pairs if c == "math"} == set(CATEGORY_OPENERS["math"])
+    assert tuple(CATEGORY_OPENERS) == PROMPT_CATEGORIES  # what a recipe may name is what has openers
     assert {c for c, _ in category_openers(["all"])} == set(CATEGORY_OPENERS) and len(CATEGORY_OPENERS) == 8
     assert category_openers(["math", "all"]) == category_openers(["all"])
     assert all(not o[-1].isspace() for openers in CATEGORY_OPENERS.values() for o in openers)

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from decode.inputs.checks import OneLineArgumentParser, check_writable_folder
+from decode.inputs.checks import OneLineArgumentParser, check_writable_folder, read_text
 from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.inputs.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, read_prompt_rows
 from decode.serving.vllm_engine import ServingError, find_vllm_python
@@ -175,9 +175,9 @@ def chosen_openers(args: argparse.Namespace) -> tuple[tuple[str | None, str], ..
         return ()
     where = f"--openers {args.openers}"
     try:
-        lines = [line.strip() for line in args.openers.read_text(encoding="utf-8").splitlines()]
-    except (OSError, UnicodeDecodeError) as err:
-        raise SynthesisError(f"{where}: cannot read it as text ({type(err).__name__}: {err})") from None
+        lines = [line.strip() for line in read_text(args.openers, "--openers").splitlines()]
+    except OSError as err:
+        raise SynthesisError(f"{where}: cannot read it ({err.strerror or type(err).__name__})") from None
     if args.openers.suffix != ".jsonl":
         pairs = tuple((None, line) for line in lines if line)
     else:

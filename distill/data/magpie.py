@@ -44,8 +44,9 @@ OVERSAMPLE = 1.25  # first round: candidates per prompt asked for (some end unfi
 MAX_ROUNDS = 4
 _MARKER = "\u2063specdistill-user-message\u2063"  # a text no template writes itself
 
-# First words of a user message per category: the eight categories of recipes/prompts/chat_eval.jsonl. An opener
-# does not end in white space: the target's next token carries the space, as in text it reads.
+# First words of a user message per category: the eight categories of recipes/prompts/chat_eval.jsonl
+# (distill.recipe.data_config.PROMPT_CATEGORIES, which the recipe checks names against). An opener does not end in
+# white space: the target's next token carries the space, as in text it reads.
 CATEGORY_OPENERS: dict[str, tuple[str, ...]] = {
     "writing": ("Write a short poem about", "Write a short story in which", "Write an email to",
                 "Write a product description for", "Write a haiku about", "Write a speech for"),

@@ -8,6 +8,11 @@ from pydantic import Field, model_validator
 from distill.recipe.schema import Section, require
 
 
+# What data.synthesize_categories may name: the categories of recipes/prompts/chat_eval.jsonl, each with its openers
+# in distill.data.magpie.CATEGORY_OPENERS (keyed by these names, in this order).
+PROMPT_CATEGORIES = ("writing", "qa", "math", "coding", "reasoning", "advice", "summarization", "extraction")
+
+
 class DataConfig(Section):
     """Where the training rows come from (the dataset, the target's responses, mixed by weight), how they become
     token blocks, and which prompts measure acceptance."""
@@ -103,9 +108,7 @@ class DataConfig(Section):
                 "data.synthesize_categories", self.synthesize_categories, "null unless data.synthesize_prompts is set "
                 "(the categories steer the prompts it makes)", involves=["data.synthesize_prompts"])
         if self.synthesize_categories is not None:
-            from distill.data.magpie import CATEGORY_OPENERS  # the table lives with the code that uses it
-
-            known = [*CATEGORY_OPENERS, "all"]
+            known = [*PROMPT_CATEGORIES, "all"]
             unknown = [name for name in self.synthesize_categories if name not in known]
             require(not unknown, "data.synthesize_categories", self.synthesize_categories,
                     f"names from {', '.join(known)} ({unknown[0] if unknown else ''!r} is not one)")
