@@ -197,9 +197,6 @@ def test_a_bad_vocabulary_file_is_one_line_from_eval(pair, tmp_path, capsys):  #
 
 def test_recipes_that_cannot_take_a_draft_vocabulary_refuse_it_in_one_line(monkeypatch, capsys, tmp_path):
     message = cli_error(monkeypatch, capsys, TINY_RECIPE, "model.target=t", "data.dataset=x.txt",
-                        "model.draft_kind=pard", "model.draft_vocab_size=64")
-    assert "model.draft_vocab_size: got 64; allowed: null with model.draft_kind pard" in message
-    message = cli_error(monkeypatch, capsys, TINY_RECIPE, "model.target=t", "data.dataset=x.txt",
                         "model.draft_kind=dflash", "model.draft_config=null", "model.draft_vocab_size=64")
     assert "model.draft_vocab_size: got 64; allowed: null with model.draft_kind dflash" in message
     root = learnt_tiny_pair(tmp_path)

@@ -209,6 +209,48 @@ def test_q_rows_are_each_slots_distribution():
     torch.testing.assert_close(q, logits.softmax(-1))
 
 
+# ---- a draft vocabulary: every slot reads out the same lm_head rows (kinds/draft_vocab.py) -------------------------
+def test_each_slot_drafts_the_argmax_over_the_draft_vocabulary(trained):
+    target, draft = trained
+    ids = torch.arange(0, target.config.vocab_size, 2)
+    keys = set(draft.state_dict())
+    drafter = ParallelDrafter(draft, vocab=ids)
+    prompt = PROMPTS[0]
+    drafter.start(prompt[:, :-1], target.config.vocab_size)
+    drafts, q = drafter.propose(prompt[0].tolist(), prompt[:, -1:], 3, SamplingConfig(0.0), None)
+    with torch.no_grad():  # the history and 2 mask tokens, one causal pass: the last 3 rows over the vocabulary
+        logits = draft(torch.cat([prompt, torch.full((1, 2), draft.config.pard_token)], 1)).logits[0, -3:]
+    assert drafts.tolist() == ids[logits[:, ids].argmax(-1)].tolist() and q is None
+    assert set(draft.state_dict()) == keys  # the readout lives beside the model, not in it
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_greedy_output_with_a_draft_vocabulary_equals_plain_decoding(trained, compile, monkeypatch):
+    target, draft = trained
+    monkeypatch.setattr(static, "BACKEND", "aot_eager")
+    monkeypatch.setattr(draft, "draft_vocab_ids", torch.arange(0, target.config.vocab_size, 3), raising=False)
+    torch._dynamo.reset()
+    outside = accepted = 0
+    for prompt in PROMPTS[:2]:
+        plain = autoregressive_generate(target, prompt, max_new_tokens=30)
+        for gamma in (2, 4):
+            out = speculative_generate(target, draft, prompt, max_new_tokens=30, gamma=gamma, compile=compile)
+            assert out.sequences.tolist() == plain.sequences.tolist(), (prompt, gamma)
+            outside += sum(t % 3 != 0 for t in out.new_tokens)
+            accepted += out.stats.accepted_tokens
+    torch._dynamo.reset()
+    assert outside > 0 and accepted > 0  # tokens outside the vocabulary still come, from the target
+
+
+def test_pard_sampling_with_a_draft_vocabulary_is_lossless_and_its_control_fails(monkeypatch):
+    target, draft = sampling_pair()
+    draft.draft_vocab_ids = torch.tensor([0, 2, 3, 6])  # half of the 8 tokens can never be proposed
+    for pvalue in sampling.lossless_pvalues(target, draft, sampling.CONFIGS[0], runs=1500):  # temperature 1
+        assert pvalue > 1e-4
+    monkeypatch.setattr(spec, "accept_sampled", sampling.accept_always)  # output follows q: nothing outside it
+    assert min(sampling.control_pvalues(target, draft, sampling.CONFIGS[0], runs=800)) < 1e-6
+
+
 def test_gamma_auto_costs_a_one_pass_drafter_per_step():
     verify = {g: 1.0 + 0.05 * g for g in (1, 2, 3, 4, 6)}
     assert best_gamma(0.7, 0.3, verify) == 2  # per drafted token: long drafts cost
@@ -319,7 +361,7 @@ def test_a_recipe_trains_a_pard_draft_that_serves_losslessly(run_dir, workdir):
     state = json.loads((last / "trainer_state.json").read_text())
     logged = [e for e in state["log_history"] if "loss" in e]
     assert logged[-1]["loss"] < 0.7 * logged[0]["loss"], logged
-    assert all(f"pard/slot{k}_tv" in e for e in logged for k in (1, 3))
+    assert all(f"pard/slot{k}_tv" in e and f"pard/slot{k}_ce" in e for e in logged for k in (1, 3))
     assert logged[-1]["pard/slot1_tv"] < logged[0]["pard/slot1_tv"]  # the mask slots learn
     config = json.loads((run_dir / "config.json").read_text())
     assert config["pard_token"] == 320 and config["pard_gamma"] == 4 and config["num_hidden_layers"] == 2
@@ -332,6 +374,26 @@ def test_a_recipe_trains_a_pard_draft_that_serves_losslessly(run_dir, workdir):
     assert report.passed and report.kind == "pard", report.problems
     commands = kind_named("pard").serving_commands(report)
     assert '"method": "draft_model"' in commands and '"parallel_drafting": true' in commands
+
+
+def test_a_recipe_with_a_draft_vocabulary_exports_it_and_serves_losslessly(workdir):
+    """With `ce` on the data (no target in the step) the log has each mask slot's cross-entropy and no tv."""
+    from kinds.draft_vocab import DRAFT_VOCAB_FILE, read_draft_vocab
+
+    out = run(workdir, "vocab", "model.draft_vocab_size=64", "distill.loss=ce", "train.max_steps=8",
+              "train.save_steps=8")
+    logged = [e for e in json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["log_history"]
+              if "loss" in e]
+    assert logged and all(e["pard/slot1_ce"] > 0 and "pard/slot1_tv" not in e for e in logged)
+    ids = read_draft_vocab(out, 321)
+    assert ids is not None and ids.numel() == 64 and (out / DRAFT_VOCAB_FILE).is_file()
+    rows = [json.loads(line) for line in (out / "acceptance.jsonl").read_text().splitlines()]
+    assert rows and all(r["greedy_match"] == 1.0 for r in rows)  # the trainer's checks read out the 64 rows
+    draft = PARD.load(str(out), None, torch.device("cpu"), torch.float32)
+    assert draft.get_output_embeddings().weight.shape[0] == 321  # the weights stay whole
+    drafter = PARD.drafter(draft, None)
+    assert torch.equal(drafter.vocab, ids)
+    assert check_deploy(str(workdir / "target"), out).passed
 
 
 def test_the_deploy_check_names_a_missing_or_wrong_pard_token(run_dir, workdir, tmp_path):

@@ -100,7 +100,7 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                         "auto = packed, then F.linear at the token counts (1 to gamma + 1) where it measured faster on "
                         "this CPU (a few seconds); no effect on GPU or with --compile")
     p.add_argument("--draft-vocab", default="auto", choices=DRAFT_VOCAB_MODES,
-                   help="a standalone draft with a draft vocabulary (draft_vocab.json, from model.draft_vocab_size): "
+                   help="a standalone or PARD draft with a draft vocabulary (draft_vocab.json, from model.draft_vocab_size): "
                         "auto = our decoder reads out only those lm_head rows, except under --engine both, where both "
                         "engines read out every row (vLLM has no such option: the same drafter on both sides); full = "
                         "every row")

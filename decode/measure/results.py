@@ -157,8 +157,8 @@ EVAL_JSON_KEYS: dict[str, Key] = {
                               "eager decoding on CPU), `plain` when not, or with `--cpu-linear auto` (the default) the "
                               "token counts each model kept on F.linear, e.g. `auto: target plain at 1-3 tokens, "
                               "draft packed`.", ("specdistill", "both")),
-    "draft_vocab": Key("count or null", "The rows of a standalone draft's lm_head our decoder read out: its draft "
-                                        "vocabulary's size (`draft_vocab.json`, kinds/draft_vocab.py), or null for "
+    "draft_vocab": Key("count or null", "The rows of a standalone or PARD draft's lm_head our decoder read out: its "
+                                        "draft vocabulary's size (`draft_vocab.json`, kinds/draft_vocab.py), or null for "
                                         "every row (`--draft-vocab full`, `--engine both`, or none stored).",
                        ("specdistill", "both")),
     "compile_seconds": Key("seconds or null", "The evaluation's compilation (its warm-up), excluded from every "

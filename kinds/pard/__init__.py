@@ -56,12 +56,16 @@ class PardKind(Kind):
 
         if isinstance(draft, ParallelDrafter):
             return draft
-        return ParallelDrafter(draft, compile=compile, capacity=capacity, max_gamma=max_gamma)
+        return ParallelDrafter(draft, compile=compile, capacity=capacity, max_gamma=max_gamma,
+                               vocab=getattr(draft, "draft_vocab_ids", None))
 
     def reserve(self, draft, target, capacity, max_gamma):
+        """The static cache of what the drafter runs: the model, or its SubsetHeadLM with a draft vocabulary."""
         from decode.loop.static import session
+        from kinds.standalone.drafter import subset_lm
 
-        session(draft, "draft").reserve(capacity + 2 * max_gamma)
+        ids = getattr(draft, "draft_vocab_ids", None)
+        session(draft if ids is None else subset_lm(draft, ids), "draft").reserve(capacity + 2 * max_gamma)
 
     def vllm_options(self) -> dict:
         from kinds.pard.deploy import VLLM_OPTIONS
@@ -69,7 +73,8 @@ class PardKind(Kind):
         return dict(VLLM_OPTIONS)
 
     def save(self, draft, folder: str | Path, gamma: int) -> None:
-        """A standard model folder whose config.json names pard_token and pard_gamma."""
+        """A standard model folder whose config.json names pard_token and pard_gamma (and draft_vocab.json beside the
+        whole weights with a draft vocabulary, as a standalone draft's)."""
         STANDALONE.save(draft, folder, gamma)
 
     # -- deployment -------------------------------------------------------------------------------------------------
@@ -91,11 +96,7 @@ class PardKind(Kind):
 
     # -- recipes ----------------------------------------------------------------------------------------------------
     def check_model(self, model) -> None:
-        from distill.recipe.schema import require
-
         STANDALONE.check_model(model)
-        require(model.draft_vocab_size is None, "model.draft_vocab_size", model.draft_vocab_size,
-                "null with model.draft_kind pard (its mask slots read out every lm_head row)", ["model.draft_kind"])
 
     def check_recipe(self, recipe) -> None:
         """The standalone draft's rules; no teacher cache (the slots read the target at other positions than the
@@ -124,6 +125,11 @@ class PardKind(Kind):
         from kinds.pard.build import build_pard
 
         return build_pard(cfg, target, dtype, lora)
+
+    def prepare(self, recipe, draft, target, rows) -> None:
+        """With model.draft_vocab_size: the draft vocabulary (every slot reads out the same rows), as a standalone
+        draft's."""
+        STANDALONE.prepare(recipe, draft, target, rows)
 
     def trainer(self) -> type:
         from kinds.pard.trainer import PardTrainer

@@ -12,6 +12,9 @@ not yet fed); x_M = `cur` arrives with propose.
 
 This is vLLM's draft_model proposer with ``parallel_drafting`` for one sequence: there the verified tokens, the
 bonus token and gamma - 1 `pard_token` slots are one query, and the next step's tokens overwrite the slots' keys.
+
+With a draft vocabulary (``vocab``, kinds/draft_vocab.py) every row is read out over those lm_head rows only
+(kinds.standalone.drafter.SubsetHeadLM): d_j = vocab[argmax], and q_j is zero outside the vocabulary.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 from decode.loop.cache import CachedLM
 from decode.loop.sampling import draw, probs_from_logits
 from decode.loop.static import StaticLM, cached_lm
+from kinds.standalone.drafter import subset_lm
 
 
 def feed_lengths(max_gamma: int) -> tuple[int, ...]:
@@ -34,13 +38,18 @@ def feed_lengths(max_gamma: int) -> tuple[int, ...]:
 
 
 class ParallelDrafter:
-    """Drafts gamma tokens per forward with a PARD draft (``pard_token`` the mask id in its config)."""
+    """Drafts gamma tokens per forward with a PARD draft (``pard_token`` the mask id in its config). ``vocab``: a
+    draft vocabulary [k] (ascending target ids): only those lm_head rows are read out and only those tokens proposed;
+    None: all."""
 
     aux_layers: tuple[int, ...] = ()
     one_pass = True  # one draft forward per step whatever gamma is (decode.loop.auto_gamma costs it so)
 
-    def __init__(self, model: torch.nn.Module, compile: bool = False, capacity: int = 0, max_gamma: int = 8) -> None:
+    def __init__(self, model: torch.nn.Module, compile: bool = False, capacity: int = 0, max_gamma: int = 8,
+                 vocab: torch.Tensor | None = None) -> None:
         self.model = model
+        self.vocab = vocab
+        self.ids: torch.Tensor | None = None  # the vocabulary on the model's device, once started
         self.mask_token = int(model.config.pard_token)
         self.compile, self.capacity, self.max_gamma = compile, capacity, max_gamma
         self.lm: CachedLM | StaticLM | None = None
@@ -51,7 +60,14 @@ class ParallelDrafter:
 
     def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
         room = max(self.capacity, prefix.shape[1] + 1) + 2 * self.max_gamma  # the slots live past the committed end
-        self.lm = cached_lm(self.model, self.compile, "draft", room, feed_lengths(self.max_gamma))
+        lm = self.model
+        if self.vocab is not None:
+            if int(self.vocab.max()) >= target_vocab_size:
+                raise ValueError(f"the draft vocabulary holds id {int(self.vocab.max())}, outside the target's "
+                                 f"{target_vocab_size} logits")
+            lm = subset_lm(self.model, self.vocab)
+            self.ids = lm.ids
+        self.lm = cached_lm(lm, self.compile, "draft", room, feed_lengths(self.max_gamma))
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
         self.pad_to = target_vocab_size
         self.embed_size = self.model.get_input_embeddings().weight.shape[0]
@@ -71,11 +87,17 @@ class ParallelDrafter:
         logits = self.lm.forward(feed, keep=gamma)[:, : self.shared_vocab]  # rows of cur and the gamma - 1 slots
         self.slots = gamma - 1
         if cfg.greedy:
-            self.proposed = logits.argmax(dim=-1)
+            self.proposed = self.target_ids(logits.argmax(dim=-1))
             return self.proposed, None
-        q = probs_from_logits(logits, cfg)  # [gamma, V_shared]: q_j, each row's own distribution
-        self.proposed = draw(q, cfg, generator)
+        q = probs_from_logits(logits, cfg)  # [gamma, V_shared or |vocab|]: q_j, each row's own distribution
+        self.proposed = self.target_ids(draw(q, cfg, generator))
+        if self.ids is not None:  # q is 0 outside the vocabulary: those tokens are never proposed
+            return self.proposed, q.new_zeros(q.shape[0], self.pad_to).index_copy_(1, self.ids, q)
         return self.proposed, F.pad(q, (0, self.pad_to - self.shared_vocab))
+
+    def target_ids(self, drafted: torch.Tensor) -> torch.Tensor:
+        """Draft ids as target ids (the same without a draft vocabulary)."""
+        return drafted if self.ids is None else self.ids[drafted]
 
     def commit(self, num_accepted: int) -> None:
         assert self.lm is not None and self.proposed is not None

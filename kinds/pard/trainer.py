@@ -8,8 +8,9 @@ What changes from a standalone draft, one optimizer step (kinds/pard/loss.py has
                            hidden states go on to DistillTrainer's slot-0 loss, the slots' are kept
   compute_loss          -> slot 0 as DistillTrainer computes it, each mask slot against the target's distribution at
                            a + k, then (sum_k w_k S_k / N_k) / sum_k w_k, times P for DDP's average
-  log                   -> loss, kd / tv / ce of slot 0 (a standalone draft's), and per mask slot `pard/slot{k}_tv`
-                           (1 - tv: the probability that sampling at temperature 1 accepts slot k's token)
+  log                   -> loss, kd / tv / ce of slot 0 (a standalone draft's), and per mask slot `pard/slot{k}_ce`
+                           and, when the target runs, `pard/slot{k}_tv` (1 - tv: the probability that sampling at
+                           temperature 1 accepts slot k's token)
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class PardTrainer(DistillTrainer):
         self.weights = slot_weights(self.gamma, self.distill.pard_position_decay)
         self._slot_counts: torch.Tensor | None = None  # N_1..N_{K-1} of the current optimizer step
         self._slots: dict[str, torch.Tensor] = {}  # the current micro-batch's slot hidden states, teacher, labels
-        self._slot_sums = LogSums([f"slot{k}_{name}" for k in range(1, self.gamma) for name in ("tv", "tokens")],
+        self._slot_sums = LogSums([f"slot{k}_{name}" for k in range(1, self.gamma) for name in ("tv", "ce", "tokens")],
                                   self.args.device)
 
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int,
@@ -105,7 +106,7 @@ class PardTrainer(DistillTrainer):
         self._log_sums.add(kd=first.kd, tv=first.tv, ce=first.ce, loss_tokens=first.num_tokens,
                            input_tokens=inputs["attention_mask"].sum())
         self._slot_sums.add(**{f"slot{k}_{name}": value for k, s in enumerate(sums, start=1)
-                               for name, value in (("tv", s.tv), ("tokens", s.num_tokens))})
+                               for name, value in (("tv", s.tv), ("ce", s.ce), ("tokens", s.num_tokens))})
         self._slots = {}
         return (loss, [first, *sums]) if return_outputs else loss
 
@@ -127,9 +128,14 @@ class PardTrainer(DistillTrainer):
         return sums
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Adds pard/slot{k}_tv (per-token mean total variation of each mask slot) to the periodic training log."""
+        """Adds per mask slot pard/slot{k}_ce (per-token mean cross-entropy on the row's tokens) and, when the target
+        runs (a loss against its distribution), pard/slot{k}_tv (per-token mean total variation) to the periodic
+        training log."""
         if "loss" in logs:
             totals = self._slot_sums.take(self.accelerator)
             for k in range(1, self.gamma):
-                logs[f"pard/slot{k}_tv"] = totals[f"slot{k}_tv"] / max(totals[f"slot{k}_tokens"], 1)
+                tokens = max(totals[f"slot{k}_tokens"], 1)
+                logs[f"pard/slot{k}_ce"] = totals[f"slot{k}_ce"] / tokens
+                if self.distill.needs_teacher:  # without the target there is no distribution to compare with
+                    logs[f"pard/slot{k}_tv"] = totals[f"slot{k}_tv"] / tokens
         super().log(logs, start_time)

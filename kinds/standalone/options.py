@@ -20,9 +20,9 @@ class StandaloneModelOptions(BaseModel):
         None, description="standalone: build the draft from scratch: the target's config with these keys "
                           "overridden.")
     draft_vocab_size: int | None = Field(
-        None, gt=0, description="eagle3, standalone: the draft proposes only the most frequent target tokens of "
-                                "the training data, this many. eagle3: the rows of the head's lm_head; null = the "
-                                "whole vocabulary when it has <= 32768 tokens, else 32768. standalone: the draft "
+        None, gt=0, description="eagle3, standalone, pard: the draft proposes only the most frequent target tokens "
+                                "of the training data, this many. eagle3: the rows of the head's lm_head; null = the "
+                                "whole vocabulary when it has <= 32768 tokens, else 32768. standalone, pard: the draft "
                                 "keeps its whole lm_head (transformers and vLLM load it unchanged) and stores the ids "
-                                "in draft_vocab.json, whose rows alone our decoder reads out (FR-Spec); null = every "
-                                "row.")
+                                "in draft_vocab.json, whose rows alone our decoder reads out (FR-Spec; a PARD draft's "
+                                "every slot); null = every row.")
