@@ -224,6 +224,12 @@ def test_each_slot_drafts_the_argmax_over_the_draft_vocabulary(trained):
     assert set(draft.state_dict()) == keys  # the readout lives beside the model, not in it
 
 
+def test_a_vocabulary_id_past_the_target_is_refused(trained):
+    target, draft = trained
+    with pytest.raises(ValueError, match="id 500, outside the target's 96 logits"):
+        ParallelDrafter(draft, vocab=torch.tensor([1, 2, 500])).start(torch.tensor([[1, 2]]), target.config.vocab_size)
+
+
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_greedy_output_with_a_draft_vocabulary_equals_plain_decoding(trained, compile, monkeypatch):
     target, draft = trained

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from decode.loop.cache import CachedLM
 from decode.loop.sampling import draw, probs_from_logits
 from decode.loop.static import StaticLM, cached_lm
-from kinds.standalone.drafter import subset_lm
+from kinds.standalone.drafter import readout_lm
 
 
 def feed_lengths(max_gamma: int) -> tuple[int, ...]:
@@ -60,12 +60,8 @@ class ParallelDrafter:
 
     def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
         room = max(self.capacity, prefix.shape[1] + 1) + 2 * self.max_gamma  # the slots live past the committed end
-        lm = self.model
+        lm = readout_lm(self.model, self.vocab, target_vocab_size)
         if self.vocab is not None:
-            if int(self.vocab.max()) >= target_vocab_size:
-                raise ValueError(f"the draft vocabulary holds id {int(self.vocab.max())}, outside the target's "
-                                 f"{target_vocab_size} logits")
-            lm = subset_lm(self.model, self.vocab)
             self.ids = lm.ids
         self.lm = cached_lm(lm, self.compile, "draft", room, feed_lengths(self.max_gamma))
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)

@@ -80,6 +80,17 @@ def subset_lm(model: torch.nn.Module, ids: torch.Tensor) -> SubsetHeadLM:
     return made
 
 
+def readout_lm(model: torch.nn.Module, vocab: torch.Tensor | None, target_vocab_size: int) -> torch.nn.Module:
+    """What a drafter runs: ``model``, or with a draft vocabulary its subset_lm (whose ``ids`` map draft ids back to
+    target ids). Raises ValueError for an id past the target's logits."""
+    if vocab is None:
+        return model
+    if int(vocab.max()) >= target_vocab_size:
+        raise ValueError(f"the draft vocabulary holds id {int(vocab.max())}, outside the target's "
+                         f"{target_vocab_size} logits")
+    return subset_lm(model, vocab)
+
+
 class ModelDrafter:
     """A small causal LM as the draft, with its own KV cache (static, with a compiled 1-token step, when
     ``compile``; ``capacity`` positions are then preallocated). ``vocab``: a draft vocabulary [k] (ascending target
@@ -100,15 +111,10 @@ class ModelDrafter:
 
     def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
         capacity = max(self.capacity, prefix.shape[1] + 1)
+        lm = readout_lm(self.model, self.vocab, target_vocab_size)
         if self.vocab is not None:
-            if int(self.vocab.max()) >= target_vocab_size:
-                raise ValueError(f"the draft vocabulary holds id {int(self.vocab.max())}, outside the target's "
-                                 f"{target_vocab_size} logits")
-            lm = subset_lm(self.model, self.vocab)
             self.ids = lm.ids
-            self.lm = cached_lm(lm, self.compile, "draft", capacity, (1,))
-        else:
-            self.lm = cached_lm(self.model, self.compile, "draft", capacity, (1,))
+        self.lm = cached_lm(lm, self.compile, "draft", capacity, (1,))
         # A padded lm_head (Qwen-style 151936 vs 152064) is harmless: both sides work on the shared ids.
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
         self.pad_to = target_vocab_size
