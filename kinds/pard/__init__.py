@@ -60,12 +60,8 @@ class PardKind(Kind):
                                vocab=getattr(draft, "draft_vocab_ids", None))
 
     def reserve(self, draft, target, capacity, max_gamma):
-        """The static cache of what the drafter runs: the model, or its SubsetHeadLM with a draft vocabulary."""
-        from decode.loop.static import session
-        from kinds.standalone.drafter import subset_lm
-
-        ids = getattr(draft, "draft_vocab_ids", None)
-        session(draft if ids is None else subset_lm(draft, ids), "draft").reserve(capacity + 2 * max_gamma)
+        """A standalone draft's static cache, with room for the mask slots past the committed end."""
+        STANDALONE.reserve(draft, target, capacity + 2 * max_gamma, max_gamma)
 
     def vllm_options(self) -> dict:
         from kinds.pard.deploy import VLLM_OPTIONS
