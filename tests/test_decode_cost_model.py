@@ -73,6 +73,28 @@ def test_cost_ratios_count_the_per_step_overheads(pair):
     assert DRAFT_STEP <= costs.draft_cost_ratio <= DRAFT_STEP * (GAMMA + 1) / GAMMA
 
 
+def test_cost_ratios_count_the_sampling_work_of_the_settings_measured(pair, clock, monkeypatch):
+    """At T > 0 every drawn token costs time (a plain token, a drafted token, a verify step's acceptance): the ratios
+    are measured under the sampling settings they predict, not greedy ones."""
+    import decode.loop.speculative as spec
+    from decode.loop.sampling import SamplingConfig
+    target, draft = pair
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 5]])
+    real_accept = spec.accept_sampled
+    ACCEPT = 0.5  # the acceptance of one sampled verify step
+
+    def accept_sampled(*args, **kwargs):
+        clock.t += ACCEPT
+        return real_accept(*args, **kwargs)
+
+    monkeypatch.setattr(spec, "accept_sampled", accept_sampled)
+    greedy = measure_cost_ratios(target, draft, prompt, GAMMA, repeats=3, new_tokens=24)
+    sampled = measure_cost_ratios(target, draft, prompt, GAMMA, repeats=3, new_tokens=24,
+                                  sampling=SamplingConfig(1.0, top_k=4))
+    assert greedy.verify_cost_ratio == pytest.approx(TARGET_STEP + PER_TOKEN * GAMMA + COMMIT)
+    assert sampled.verify_cost_ratio == pytest.approx(TARGET_STEP + PER_TOKEN * GAMMA + COMMIT + ACCEPT)
+
+
 def test_predicted_speedup_equals_measured_speedup(pair):
     target, draft = pair
     prompts = [torch.tensor([1, 5, 7, 9, 11, 5]), torch.tensor([2, 8, 3, 8, 4, 9])]

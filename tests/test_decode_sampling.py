@@ -152,3 +152,49 @@ def test_end_to_end_negative_control(monkeypatch):
     s = sample_speculative(target, draft, cfg, runs=800)
     pvalues = [chi2_pvalue(torch.bincount(s[:, j], minlength=VOCAB), p) for j, p in enumerate([p1, p2])]
     assert min(pvalues) < 1e-6
+
+
+# ---- drawing one token: the inverse CDF ---------------------------------------------------------------------------
+def test_draw_follows_each_row_and_never_a_zero():
+    """draw() on several rows at once, unnormalised, with zeros inside and at both ends: chi-square per row."""
+    g = torch.Generator().manual_seed(3)
+    rows = torch.tensor([[0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.0, 0.0],     # zeros at both ends and inside
+                         [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                         [1e-3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0]])   # a token of 1/5000 of the mass
+    draws = torch.stack([spec.draw(rows, CONFIGS[0], g) for _ in range(20000)])  # [N, 3]
+    for r in range(rows.shape[0]):
+        counts = torch.bincount(draws[:, r], minlength=VOCAB)
+        assert chi2_pvalue(counts, rows[r] / rows[r].sum()) > 1e-4
+        assert counts[rows[r] == 0].sum() == 0
+
+
+def test_draw_negative_control_detects_a_shifted_sampler():
+    """The same check on a sampler off by one token's worth of mass: the chi-square above can fail."""
+    g = torch.Generator().manual_seed(3)
+    row = torch.tensor([[0.5, 3.0, 0.0, 1.0, 0.5, 0.0, 2.0, 1.0]])
+    shifted = torch.tensor([[0.5, 2.5, 0.5, 1.0, 0.5, 0.0, 2.0, 1.0]])  # 1/17 of the mass moved to token 2
+    counts = torch.bincount(torch.cat([spec.draw(shifted, CONFIGS[0], g) for _ in range(20000)]), minlength=VOCAB)
+    assert chi2_pvalue(counts, row[0] / row.sum()) < 1e-6
+
+
+def test_inverse_cdf_at_the_ends_of_the_unit_interval():
+    """u = 0 gives the first token of positive mass; u just below 1 the last one, never a trailing zero."""
+    from decode.loop.sampling import inverse_cdf
+    probs = torch.tensor([[0.0, 0.0, 0.25, 0.5, 0.25, 0.0], [0.3, 0.0, 0.0, 0.0, 0.7, 0.0]])
+    top = torch.nextafter(torch.tensor(1.0), torch.tensor(0.0))  # the largest float32 below 1
+    assert inverse_cdf(probs, torch.zeros(2)).tolist() == [2, 0]
+    assert inverse_cdf(probs, top.expand(2)).tolist() == [4, 4]
+    assert inverse_cdf(probs, torch.tensor([0.25, 0.3])).tolist() == [3, 4]  # the boundary belongs to the next token
+    assert inverse_cdf(probs, torch.ones(2)).tolist() == [4, 4]  # u * total rounded up to the total: still no zero
+    # a 49152-token row whose mass is all in its first and last positive tokens
+    wide = torch.zeros(1, 49152)
+    wide[0, 7], wide[0, 49150] = 1e-8, 1.0
+    assert inverse_cdf(wide, top.view(1)).tolist() == [49150]
+    assert inverse_cdf(wide, torch.zeros(1)).tolist() == [7]
+
+
+def test_greedy_draw_consumes_no_randomness():
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    assert spec.draw(torch.tensor([[0.1, 0.7, 0.2]]), SamplingConfig(0.0), g).tolist() == [1]
+    assert torch.equal(g.get_state(), state)

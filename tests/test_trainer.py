@@ -209,10 +209,13 @@ def test_callback_records_each_checkpoint_and_protects_the_best(tmp_path):
     assert all(set(r) >= {"step", "checkpoint", "gamma", "temperature", "acceptance_rate"} for r in records)
     assert evaluate.modes == [False] * 4 and draft.training  # eval mode while measured, train mode after
     best = best_record(records, 0.0)
-    # the cost ratios are measured once: every record of a gamma carries the same; the best is the highest
-    # tau / (gamma * c + v), i.e. checkpoint-4 (higher tau), at the gamma the cost model prefers
-    costs = {g: {(r["draft_cost_ratio"], r["verify_cost_ratio"]) for r in records if r["gamma"] == g} for g in (1, 2)}
+    # the cost ratios are measured once per temperature: every record of a (temperature, gamma) carries the same;
+    # the best is the highest tau / (gamma * c + v), i.e. checkpoint-4 (higher tau), at the gamma the cost model
+    # prefers
+    costs = {(t, g): {(r["draft_cost_ratio"], r["verify_cost_ratio"]) for r in records
+                      if (r["temperature"], r["gamma"]) == (t, g)} for t in (0.0, 1.0) for g in (1, 2)}
     assert all(len(c) == 1 for c in costs.values())
+    costs = {g: c for (t, g), c in costs.items() if t == 0.0}
     predicted = {g: 4.0 / (g * c + v) for g, ((c, v),) in costs.items()}  # tau 4: the 3rd call
     assert (best["checkpoint"], best["gamma"]) == ("checkpoint-4", max(predicted, key=predicted.get))
     assert state.best_model_checkpoint == str(tmp_path / "checkpoint-4")
@@ -229,6 +232,35 @@ def test_callback_records_each_checkpoint_and_protects_the_best(tmp_path):
     state.global_step = 2
     callback.on_train_begin(args, state, control)
     assert {r["step"] for r in read_records(tmp_path)} == {2}
+
+
+def test_cost_ratios_are_measured_under_each_temperature_and_reused_on_resume(tmp_path, monkeypatch):
+    """Sampling adds work to every step, so c and v are measured per (temperature, gamma) with that temperature's
+    sampling settings, once per run; a resumed run takes them from its log, and measures again if one is missing."""
+    import distill.run.callbacks as callbacks
+    from decode.loop.speedup import CostRatios
+
+    calls = []
+
+    def fake_measure(target, draft, prompt, gamma, sampling, **kwargs):
+        calls.append((sampling.temperature, sampling.top_k, gamma))
+        return CostRatios(0.1 * gamma, 1.0 + sampling.temperature)
+
+    monkeypatch.setattr(callbacks, "measure_cost_ratios", fake_measure)
+    cfg = EvalConfig(gammas=[1, 2], temperatures=[0.0, 1.0], top_k=5)
+    callback = AcceptanceCallback(target=tiny_model("llama"), prompts=[torch.tensor([1, 2, 3])], cfg=cfg,
+                                  evaluate=FakeEvaluate(), tensorboard=False)
+    records = callback.measure(tiny_model("llama", layers=1))
+    assert sorted(calls) == [(0.0, 5, 1), (0.0, 5, 2), (1.0, 5, 1), (1.0, 5, 2)]
+    assert {(r["temperature"], r["gamma"], r["verify_cost_ratio"]) for r in records} == {
+        (0.0, 1, 1.0), (0.0, 2, 1.0), (1.0, 1, 2.0), (1.0, 2, 2.0)}
+    callback.measure(tiny_model("llama", layers=1))
+    assert len(calls) == 4  # once per run
+    logged = callbacks.logged_cost_ratios(records, cfg.gammas, cfg.temperatures)
+    assert logged == {(0.0, 1): CostRatios(0.1, 1.0), (0.0, 2): CostRatios(0.2, 1.0),
+                      (1.0, 1): CostRatios(0.1, 2.0), (1.0, 2): CostRatios(0.2, 2.0)}
+    assert callbacks.logged_cost_ratios([r for r in records if r["temperature"] == 0.0], cfg.gammas,
+                                        cfg.temperatures) is None  # T=1's are missing: measured again
 
 
 # ---------------------------------------------------------------------------------------------------------------

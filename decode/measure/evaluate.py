@@ -11,7 +11,8 @@ whose speedup would otherwise carry whatever load the machine had when the first
 
 Cost model (Leviathan et al.): predicted speedup = tau / (gamma * c + v), c and v measured on the decoder's own
 loops by decode.measure.cost_model.measure_cost_ratios (its docstring has the definitions and protocol), on the run's
-hardware and path (compiled when ``compile``), over ``max_new_tokens`` from the first prompt.
+hardware and path (compiled when ``compile``) and under its sampling settings, over ``max_new_tokens`` from the
+first prompt.
 
 ``compile``: plain, speculative and cost-ratio timings all run on the static-cache, torch.compiled path
 (decode.loop.static). The caches are sized once for the longest prompt, every step is compiled in the warm-up (its time
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 
 from decode.loop import static
 from decode.loop.auto_gamma import is_auto, resolve_gamma
+from decode.loop.sampling import SamplingConfig
 from decode.measure.cost_model import measure_cost_ratios
 from kinds import kind_of
 from decode.measure.results import Result
@@ -52,6 +54,10 @@ class EvalSettings:
     eos_token_id: int | list[int] | None = None
     compile: bool = False
     draft_past_end: bool = False  # draft gamma tokens up to the very end, as vLLM does (decode.serving.parity)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
     def __post_init__(self) -> None:
         if not self.gammas:
@@ -202,7 +208,7 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
         costs = cost_ratios[cost_gamma]
     else:
         costs = measure_cost_ratios(target, draft, prompts[0], cost_gamma, compile=settings.compile,
-                                    new_tokens=settings.max_new_tokens)
+                                    new_tokens=settings.max_new_tokens, sampling=settings.sampling)
     result = summarize(tally, settings, costs, mean_gamma)
     if by_category:
         result.by_category = {name: summarize(t, settings, costs, mean_gamma) for name, t in by_category.items()}

@@ -212,8 +212,8 @@ RESULT_KEYS: dict[str, Key] = {
                                               "lookup at two or more `concurrency` levels: the batch form tau_all / "
                                               "v_N (decode.measure.batch_cost)."),
     "draft_cost_ratio": Key("ratio or null", "c: drafting seconds per drafted token / seconds per plain-decoding "
-                                             "token, timed on the decoder's own loops (decode.measure.cost_model); null "
-                                             "from vLLM (0 in the batch form)."),
+                                             "token, timed on the decoder's own loops under the row's sampling settings "
+                                             "(decode.measure.cost_model); null from vLLM (0 in the batch form)."),
     "verify_cost_ratio": Key("ratio or null", "v: the rest of a speculative step (the pass over gamma + 1 tokens, "
                                               "acceptance, cache rollbacks, the drafter's commit, host syncs) / "
                                               "seconds per plain-decoding token; null from vLLM, except v_N of the "

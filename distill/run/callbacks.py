@@ -9,8 +9,9 @@ incomplete (the run was killed while measuring it) is measured from its folder a
 (measure_missing). After training, measure_remaining measures what is still missing and the final step if it was not
 saved.
 
-The cost ratios c and v of the cost model tau / (gamma * c + v) are measured once per run (the first time
-acceptance is measured, COST_REPEATS timings each, median; a resumed run reuses those of its log) and handed to
+The cost ratios c and v of the cost model tau / (gamma * c + v) are measured once per run for each temperature and
+gamma (the first time acceptance is measured, COST_REPEATS timings each, median, under that temperature's sampling;
+a resumed run reuses those of its log) and handed to
 evaluate_acceptance, which writes them and the predicted speedup into every record, next to the measured wall-clock
 speedup; distill.publish.export picks the best checkpoint from them.
 
@@ -57,12 +58,18 @@ def cost_gammas(gammas: Sequence[int | str]) -> list[int]:
     return sorted({g for g in gammas if not is_auto(g)} | (set(AUTO_GAMMAS) if any(map(is_auto, gammas)) else set()))
 
 
-def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int | str]) -> dict[int, CostRatios] | None:
-    """The run's cost ratios per gamma as its records carry them; None unless every needed gamma has them."""
-    found = {r["gamma"]: CostRatios(r["draft_cost_ratio"], r["verify_cost_ratio"]) for r in records
-             if not is_auto(r["gamma"]) and r.get("draft_cost_ratio") is not None
+CostKey = tuple[float, int]  # (temperature, gamma): sampling adds its own work to every step
+
+
+def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int | str],
+                       temperatures: Sequence[float]) -> dict[CostKey, CostRatios] | None:
+    """The run's cost ratios per (temperature, gamma) as its records carry them; None unless every needed pair has
+    them."""
+    found = {(r["temperature"], r["gamma"]): CostRatios(r["draft_cost_ratio"], r["verify_cost_ratio"])
+             for r in records if not is_auto(r["gamma"]) and r.get("draft_cost_ratio") is not None
              and r.get("verify_cost_ratio") is not None}
-    return found if all(g in found for g in cost_gammas(gammas)) else None
+    needed = [(t, g) for t in temperatures for g in cost_gammas(gammas)]
+    return found if all(key in found for key in needed) else None
 
 
 def _default_evaluate() -> Evaluate:
@@ -95,7 +102,7 @@ class AcceptanceCallback(TrainerCallback):
         self.measured_steps: set[int] = set()
         self._whole_target: PreTrainedModel | None = None  # ZeRO-3 / FSDP2: rank 0's gathered copy (CPU), made once
         self._target_gathered = False  # on every rank: whether that (collective) gathering has happened
-        self.cost_ratios: dict[int, CostRatios] | None = None  # gamma -> c, v: measured once per run
+        self.cost_ratios: dict[CostKey, CostRatios] | None = None  # (temperature, gamma) -> c, v: once per run
 
     # ---- Trainer events ---------------------------------------------------------------------------------------
 
@@ -111,7 +118,7 @@ class AcceptanceCallback(TrainerCallback):
             os.makedirs(args.output_dir, exist_ok=True)
             rewrite_records(args.output_dir, kept)
             self.measured_steps = {r["step"] for r in kept}
-            self.cost_ratios = self.cost_ratios or logged_cost_ratios(kept, self.cfg.gammas)
+            self.cost_ratios = self.cost_ratios or logged_cost_ratios(kept, self.cfg.gammas, self.cfg.temperatures)
             self._protect_best(args, state, kept)
         PartialState().wait_for_everyone()
         self.measure_missing(args, state, model)
@@ -219,19 +226,21 @@ class AcceptanceCallback(TrainerCallback):
             target = self._whole_target.to(device)
             draft = draft.to(device)
         try:
-            if self.cost_ratios is None:  # architectures and hardware: the same at every checkpoint
+            if self.cost_ratios is None:  # architectures, hardware and sampling: the same at every checkpoint
                 prompt = self.prompts[0].view(1, -1).to(next(target.parameters()).device)
-                self.cost_ratios = {g: measure_cost_ratios(target, draft, prompt, g, repeats=COST_REPEATS,
-                                                           compile=self.cfg.compile,
-                                                           new_tokens=self.cfg.max_new_tokens)
-                                    for g in cost_gammas(self.cfg.gammas)}
+                self.cost_ratios = {
+                    (t, g): measure_cost_ratios(target, draft, prompt, g, repeats=COST_REPEATS,
+                                                compile=self.cfg.compile, new_tokens=self.cfg.max_new_tokens,
+                                                sampling=self.cfg.decoder_settings(t).sampling)
+                    for t in self.cfg.temperatures for g in cost_gammas(self.cfg.gammas)}
             results = []
             for temperature in self.cfg.temperatures:
                 settings = self.cfg.decoder_settings(temperature)
                 by_category = {"categories": self.categories} if self.categories else {}
+                costs = {g: ratios for (t, g), ratios in self.cost_ratios.items() if t == temperature}
                 with eval_mode(draft):
                     results += self.evaluate(target, draft, self.prompts, settings, progress=False,
-                                             cost_ratios=self.cost_ratios, **by_category)
+                                             cost_ratios=costs, **by_category)
             return results
         finally:
             if target is not self.target:
