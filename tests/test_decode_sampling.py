@@ -191,6 +191,8 @@ def test_inverse_cdf_at_the_ends_of_the_unit_interval():
     wide[0, 7], wide[0, 49150] = 1e-8, 1.0
     assert inverse_cdf(wide, top.view(1)).tolist() == [49150]
     assert inverse_cdf(wide, torch.zeros(1)).tolist() == [7]
+    assert inverse_cdf(probs[0], torch.tensor(0.3)).tolist() == 3  # one row without a batch dimension
+    assert spec.draw(probs[1], CONFIGS[0], torch.Generator().manual_seed(0)).tolist() in (0, 4)
 
 
 def test_greedy_draw_consumes_no_randomness():
