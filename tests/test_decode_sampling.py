@@ -200,3 +200,13 @@ def test_greedy_draw_consumes_no_randomness():
     state = g.get_state()
     assert spec.draw(torch.tensor([[0.1, 0.7, 0.2]]), SamplingConfig(0.0), g).tolist() == [1]
     assert torch.equal(g.get_state(), state)
+
+
+def test_bench_sampling_times_both_draws_and_restores_the_decoders():
+    """scripts/bench_sampling.py swaps decode.loop.sampling.draw for each timing; the decoder's draw is back after."""
+    from decode.loop import sampling
+    from scripts import bench_sampling
+    decoders_draw = sampling.draw
+    seconds = bench_sampling.measure(tiny_model("llama", seed=0, vocab_size=VOCAB), rows=3, new_tokens=4, repeats=1)
+    assert set(seconds) == {"torch.multinomial", "inverse CDF (draw)"} and all(s > 0 for s in seconds.values())
+    assert sampling.draw is decoders_draw
