@@ -286,6 +286,45 @@ def test_engine_both_with_levels_compares_each_level_with_ours(tmp_path, monkeyp
     assert printed.count("concurrency") == 2  # the vLLM table's column and the parity table's
 
 
+def test_engine_both_by_category_prints_vllms_counts_without_the_runs_timings(tmp_path, monkeypatch, capsys):
+    """One vLLM call times every prompt, so its by-category table shows counts (tau, acceptance) and leaves out the
+    tokens/s and speedup that every category would repeat; ours keeps its own per-category timings, and the JSON
+    keeps both."""
+    from decode import autoregressive_generate
+
+    tok = tiny_tokenizer()
+    target = save_and_load(tiny_model("llama", seed=0, vocab_size=len(tok)), tmp_path / "target", tok)
+    lines = TINY_TEXT.splitlines()[:2]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": text, "category": name}) + "\n"
+                                                    for text, name in zip(lines, ("code", "loops"))))
+
+    def fake_worker(python, request, timeout=None):
+        outputs = [autoregressive_generate(target, torch.tensor([ids]), max_new_tokens=request["max_new_tokens"])
+                   .new_tokens for ids in request["prompts"]]
+        counters = {"num_drafts": 2, "num_draft_tokens": 4, "num_accepted_tokens": 1,
+                    "num_accepted_tokens_per_pos": [1, 0]}
+        per_prompt = [{"histogram": [1, 0, 0], "num_draft_tokens": 2}, {"histogram": [0, 1, 0], "num_draft_tokens": 2}]
+        runs = [{**run, "outputs": outputs, "seconds": 2.0, "counters": counters, "per_prompt": per_prompt}
+                for run in request["runs"]]
+        return {"vllm_version": "fake", "plain": {"outputs": outputs, "seconds": 1.0}, "speculative": runs}
+
+    monkeypatch.setattr(vllm_engine, "run_worker", fake_worker)
+    report = eval_acceptance.main(["--target", str(tmp_path / "target"), "--draft", "prompt-lookup", "--prompts",
+                                   str(tmp_path / "prompts.jsonl"), "--gamma", "2", "--max-new-tokens", "6",
+                                   "--engine", "both", "--vllm-python", sys.executable])
+    (theirs,) = report["vllm_results"]
+    assert [theirs["by_category"][c]["mean_accepted_tokens"] for c in ("code", "loops")] == [1.0, 2.0]
+    assert {c["speedup"] for c in theirs["by_category"].values()} == {0.5}  # the JSON: the run's, as documented
+    printed = capsys.readouterr().out
+    ours_part, vllm_part = printed.split("vllm:")
+    ours_categories = ours_part.split("by category:")[1]
+    vllm_categories = vllm_part.split("are the run's):")[1].split("tau parity")[0]
+    assert "spec tok/s" in ours_categories and "speedup" in ours_categories
+    assert "tau" in vllm_categories and "code" in vllm_categories and "loops" in vllm_categories
+    assert "spec tok/s" not in vllm_categories and "speedup" not in vllm_categories
+    assert "plain tok/s" not in vllm_categories and "0.50x" in vllm_part.split("by category")[0]
+
+
 # ---- no interpreter ---------------------------------------------------------------------------------------------
 def test_without_a_vllm_interpreter_the_error_names_make_serving(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
