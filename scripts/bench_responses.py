@@ -5,6 +5,8 @@ same batch sizes (what `specdistill-data responses` and `data.target_batch_size`
     .venv/bin/python scripts/bench_responses.py --target $GGUF --prompts recipes/prompts/chat_eval.jsonl \
         --batch-sizes 1 16 64 --engines specdistill transformers vllm
 
+Ours runs on CPU with the target's linear layers oneDNN-packed (decode.loop.packed_linear), as
+`specdistill-data` does; `specdistill-f.linear` is ours with them left on F.linear.
 Prompts: the first rows of --prompts rendered with the target's chat template; batch size B answers
 max(--min-rows, B) of them (batch 1 is slow on a CPU), greedy, at most --new-tokens tokens, stopping at eos. Each
 engine and batch size runs after an untimed warm-up batch (vLLM: its own timer around `LLM.generate`, the
@@ -16,6 +18,7 @@ docs/benchmarks/responses.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -30,19 +33,27 @@ import torch  # noqa: E402
 from scripts.benchmark import code_version, command_line, load_average, machine, markdown_table  # noqa: E402
 from decode.inputs.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
+import distill.data.target_data as target_data  # noqa: E402
 from distill.data.target_data import Sampling, generate_target_data  # noqa: E402
 
-FILES = ("distill/data/target_data.py", "decode/loop/batched.py")
+FILES = ("distill/data/target_data.py", "decode/loop/batched.py", "decode/loop/packed_linear.py")
 
 
-def ours(target, tokenizer, prompts: list[list[int]], batch_size: int, new_tokens: int) -> tuple[float, list]:
-    """Seconds and responses of generate_target_data (what a run calls), after a warm-up batch."""
+def ours(target, tokenizer, prompts: list[list[int]], batch_size: int, new_tokens: int,
+         packed: bool = True) -> tuple[float, list]:
+    """Seconds and responses of generate_target_data (what a run calls), after a warm-up batch. packed=False: the
+    target's layers stay F.linear (target_data.packed_linears made a no-op), as before they were packed."""
     settings = dict(max_new_tokens=new_tokens, batch_size=batch_size, progress=False)
-    with tempfile.TemporaryDirectory(prefix="bench_responses_") as work:
-        generate_target_data(target, tokenizer, prompts[:batch_size], Path(work) / "warmup", **settings)
-        started = time.perf_counter()
-        rows = generate_target_data(target, tokenizer, prompts, Path(work) / "timed", **settings)
-        return time.perf_counter() - started, rows["response_ids"]
+    packing = target_data.packed_linears
+    target_data.packed_linears = packing if packed else (lambda *models, **kwargs: contextlib.nullcontext(0))
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_responses_") as work:
+            generate_target_data(target, tokenizer, prompts[:batch_size], Path(work) / "warmup", **settings)
+            started = time.perf_counter()
+            rows = generate_target_data(target, tokenizer, prompts, Path(work) / "timed", **settings)
+            return time.perf_counter() - started, rows["response_ids"]
+    finally:
+        target_data.packed_linears = packing
 
 
 @torch.no_grad()
@@ -87,7 +98,8 @@ def main() -> None:
     parser.add_argument("--min-rows", type=int, default=16, help="rows answered at batch sizes below this")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--engines", nargs="+", default=["specdistill", "transformers", "vllm"],
-                        choices=["specdistill", "transformers", "vllm"])
+                        choices=["specdistill", "specdistill-f.linear", "transformers", "vllm"],
+                        help="specdistill-f.linear: ours with the target's layers left on F.linear (no oneDNN packing)")
     parser.add_argument("--vllm-python", default=None)
     args = parser.parse_args()
     datasets.disable_progress_bars()
@@ -109,8 +121,9 @@ def main() -> None:
         prompts = (encoded * (1 + max(args.min_rows, batch_size) // len(encoded)))[: max(args.min_rows, batch_size)]
         reference = None
         for engine in args.engines:
-            if engine == "specdistill":
-                seconds, responses = ours(target, tokenizer, prompts, batch_size, args.new_tokens)
+            if engine.startswith("specdistill"):
+                seconds, responses = ours(target, tokenizer, prompts, batch_size, args.new_tokens,
+                                          packed=engine == "specdistill")
             elif engine == "transformers":
                 seconds, responses = transformers_generate(target, tokenizer, prompts, batch_size, args.new_tokens)
             else:

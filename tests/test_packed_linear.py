@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kinds.prompt_lookup.drafter import PromptLookupDrafter
-from decode.loop.packed_linear import (PackedLinear, faster_plain, pack_linears, packed_layers, set_plain_rows,
-                                       tune_plain_rows)
+from decode.loop.packed_linear import (PackedLinear, Packing, faster_plain, pack_linears, packed_layers, packed_linears,
+                                       set_plain_rows, tune_plain_rows)
 from decode.loop.speculative import autoregressive_generate, speculative_generate
 from decode.inputs.vocab import lm_head_rows
 from tiny import perturbed_copy, tiny_model
@@ -146,3 +146,82 @@ def test_compiled_packed_module_traces_f_linear():
     compiled = torch.compile(packed, backend="eager", fullgraph=True)  # no oneDNN op in the traced graph
     with torch.inference_mode():
         assert torch.allclose(compiled(x), linear(x), atol=1e-6)
+
+
+# ---- packed for a while: packed_linears ---------------------------------------------------------------------------
+def test_packed_linears_packs_inside_the_block_and_restores_the_same_modules_after():
+    """Inside: every linear layer packed, the same logits within float rounding; after (also on an error): the very
+    nn.Linear modules of before, with the very same parameters, and nothing packed left."""
+    model, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
+    before = {name: m for name, m in model.named_modules() if type(m) is nn.Linear}
+    params = {name: p for name, p in model.named_parameters()}
+    draft_linears = sum(type(m) is nn.Linear for m in draft.modules())
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        expected = model(ids).logits
+        with packed_linears(model, None, draft, "not a model") as packing:
+            assert packing.layers == len(before) + draft_linears
+            assert packing.plain_rows == (frozenset(), None, frozenset(), None)  # packed at every token count
+            assert all(isinstance(m, PackedLinear) for name, m in model.named_modules() if name in before)
+            got = model(ids).logits
+            assert model.lm_head.packed is not None  # the oneDNN path ran
+    assert (got - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+    after = {name: m for name, m in model.named_modules() if type(m) is nn.Linear}
+    assert after.keys() == before.keys() and all(after[name] is before[name] for name in before)
+    assert all(p is params[name] for name, p in model.named_parameters())
+    assert not packed_layers(model) and not packed_layers(draft)
+    with pytest.raises(RuntimeError, match="boom"):
+        with packed_linears(model):
+            raise RuntimeError("boom")
+    assert not packed_layers(model) and all(m is before[name] for name, m in model.named_modules() if name in before)
+
+
+def test_packed_linears_leaves_layers_packed_before_it_and_tunes_when_asked():
+    model = tiny_model("llama", seed=0)
+    pack_linears(model)
+    with packed_linears(model) as packing:
+        assert packing == Packing(0, (None,))
+    assert packed_layers(model)  # packed by the caller: still packed after the block
+    fresh = tiny_model("llama", seed=0)
+    with packed_linears(fresh, tune_rows=[1, 2]) as tuned:
+        (chosen,) = tuned.plain_rows
+        assert chosen <= {1, 2} and all(layer.plain_rows == chosen for layer in packed_layers(fresh))
+    # a later block applies a choice without timing anything
+    with packed_linears(fresh, model, tune_rows=[1, 2], plain_rows=[frozenset({3}), None]) as given:
+        assert given.plain_rows == (frozenset({3}), None)
+        assert all(layer.plain_rows == {3} for layer in packed_layers(fresh))
+
+
+def test_what_is_not_whole_or_has_hooks_stays_unpacked():
+    """A DeepSpeed ZeRO-3 partition (ds_id) or a DTensor shard holds no whole weight; a layer with a forward hook
+    (accelerate's offloading) must keep running it."""
+    partitioned, hooked, plain = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+    partitioned.weight.ds_id = 3
+    calls = []
+    hooked.register_forward_hook(lambda module, args, out: calls.append(1))
+    model = nn.Sequential(partitioned, hooked, plain)
+    with packed_linears(model) as packing:
+        assert packing.layers == 1 and type(model[0]) is nn.Linear and type(model[1]) is nn.Linear
+        assert isinstance(model[2], PackedLinear)
+        with torch.no_grad():
+            model(torch.randn(2, 8))
+    assert calls == [1]
+
+    class Shard(torch.Tensor):  # stands in for a DTensor: a tensor subclass whose values are not all here
+        pass
+
+    sharded = nn.Linear(8, 8)
+    sharded.weight = nn.Parameter(sharded.weight.detach().as_subclass(Shard))
+    assert pack_linears(nn.Sequential(sharded)) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_under_autocast_a_packed_layer_computes_as_autocast_does(dtype):
+    """CPU autocast casts inside F.linear; a packed float32 product would skip that cast and give other numbers."""
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80)
+    x = torch.randn(3, 48)
+    packed = PackedLinear(linear)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        expected, got = linear(x), packed(x)
+    assert got.dtype == expected.dtype == dtype and torch.equal(got, expected)

@@ -339,6 +339,39 @@ def test_batches_group_prompts_of_similar_length(target, tokenizer, prompts, tmp
     assert batches.lengths == [longest_first[0:3], longest_first[3:6], longest_first[6:7]]
 
 
+def test_our_decoder_generates_on_packed_layers_and_leaves_the_target_as_it_was(target, tokenizer, prompts, tmp_path,
+                                                                               monkeypatch):
+    """On CPU the target (and a draft) multiply by oneDNN-packed weights while our decoder writes the data (faster
+    than F.linear); after the run they are their own nn.Linear layers again. Another engine (vLLM) does not decode
+    with these weights: nothing is packed for it."""
+    from decode.loop.packed_linear import PackedLinear, packed_layers
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not built into torch")
+    seen = []
+    real = target_data.batched_generate
+
+    def spying(model, *args, **kwargs):
+        seen.append(isinstance(model.lm_head, PackedLinear))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(target_data, "batched_generate", spying)
+    head = target.lm_head
+    greedy = run(target, tokenizer, prompts, tmp_path / "batched", temperature=0.0, top_k=None, batch_size=3)
+    assert seen and all(seen) and target.lm_head is head and not packed_layers(target)
+    # the packed rows are plain greedy decoding of the unpacked target, batch 1
+    assert greedy["response_ids"] == [plain_greedy(target, p, NEW_TOKENS, EOS) for p in prompts]
+
+    class LookingEngine(RecordingEngine):
+        def generate_responses(self, *args):
+            seen.append(isinstance(target.lm_head, PackedLinear))
+            return super().generate_responses(*args)
+
+    seen.clear()
+    run(target, tokenizer, prompts, tmp_path / "engine", engine=LookingEngine())
+    assert seen and not any(seen)
+
+
 def test_batches_decode_with_the_target_alone(target, tokenizer, prompts, tmp_path):
     with pytest.raises(ValueError, match="1 with a draft"):
         run(target, tokenizer, prompts, tmp_path, batch_size=2, draft=perturbed_copy(target, 0.3))

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 
+import distill.data.teacher_cache as teacher_cache
 from distill.data.rows import IGNORE_INDEX, DistillCollator
 from distill.data.teacher_cache import (
     METADATA_FILE,
@@ -193,6 +194,50 @@ def test_metadata_describes_the_cache(cache_k4, rows, tokenizer):
     assert (meta["num_rows"], meta["max_length"], meta["num_positions"]) == (12, max(lengths), sum(lengths))
     assert (meta["target_id"], meta["logprob_dtype"], meta["num_shards"]) == ("tiny-target", "float16", 3)
     assert meta["bytes_on_disk"] > sum(lengths) * 4 * (4 + 2)
+
+
+def test_the_build_runs_the_target_on_packed_layers_and_restores_it(target, rows, tokenizer, tmp_path, cache_k4,
+                                                                     monkeypatch):
+    """On CPU the target's forwards over the rows multiply by oneDNN-packed weights during the build (faster than
+    F.linear); the cache holds the same top-k ids, and the target is its own nn.Linear layers again after."""
+    from decode.loop.packed_linear import PackedLinear, packed_layers
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not built into torch")
+    seen = []
+    real = teacher_cache.teacher_topk
+
+    def spying(model, *args, **kwargs):
+        seen.append(isinstance(model.lm_head, PackedLinear))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(teacher_cache, "teacher_topk", spying)
+    rebuilt = build(target, rows, tokenizer, tmp_path)
+    assert seen and all(seen) and not packed_layers(target)
+    assert rebuilt.topk(range(len(rows)))[0].tolist() == cache_k4.topk(range(len(rows)))[0].tolist()
+
+def test_the_cache_build_benchmark_turns_packing_off_and_back_on(target, rows, tokenizer, tmp_path, monkeypatch):
+    """scripts/bench_cache_builds.py times the builds with the packing made a no-op; the builds pack again after."""
+    import distill.data.row_cache as row_cache
+    from decode.loop.packed_linear import PackedLinear, packed_linears
+    from scripts import bench_cache_builds
+
+    seen = []
+    real = teacher_cache.teacher_topk
+
+    def spying(model, *args, **kwargs):
+        seen.append(isinstance(model.lm_head, PackedLinear))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(teacher_cache, "teacher_topk", spying)
+    with bench_cache_builds.linear_mode("F.linear"):
+        build(target, rows, tokenizer, tmp_path / "f_linear")
+    assert seen and not any(seen) and row_cache.packed_linears is packed_linears
+    if torch.backends.mkldnn.is_available():
+        seen.clear()
+        with bench_cache_builds.linear_mode("packed"):
+            build(target, rows, tokenizer, tmp_path / "packed")
+        assert seen and all(seen)
 
 
 # ---------------------------------------------------------------------------------------------------------------

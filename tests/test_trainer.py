@@ -263,6 +263,46 @@ def test_cost_ratios_are_measured_under_each_temperature_and_reused_on_resume(tm
                                         cfg.temperatures) is None  # T=1's are missing: measured again
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built into torch")
+def test_checkpoints_are_measured_on_packed_layers_tuned_once_per_run(monkeypatch):
+    """Eager on CPU the target and the draft decode on oneDNN-packed layers while measured (specdistill-eval's
+    default), tuned at the token counts up to the largest gamma + 1 at the first measurement only; the draft goes
+    back to training as its own nn.Linear layers. Compiled measurements keep F.linear, as --compile does."""
+    import distill.run.callbacks as callbacks
+    import decode.loop.packed_linear as packed_linear
+    from decode.loop.packed_linear import PackedLinear, packed_layers
+    from decode.loop.speedup import CostRatios
+
+    seen, tuned = [], []
+    monkeypatch.setattr(callbacks, "measure_cost_ratios", lambda *a, **k: CostRatios(0.1, 1.0))
+    real_tune = packed_linear.tune_plain_rows
+
+    def tune(model, rows, rounds=5):
+        tuned.append(list(rows))
+        return real_tune(model, rows, rounds=1)
+
+    monkeypatch.setattr(packed_linear, "tune_plain_rows", tune)
+
+    class Looking(FakeEvaluate):
+        def __call__(self, target, draft, prompts, settings, **kwargs):
+            seen.append((isinstance(target.lm_head, PackedLinear), isinstance(draft.lm_head, PackedLinear)))
+            return super().__call__(target, draft, prompts, settings, **kwargs)
+
+    target, draft = tiny_model("llama"), tiny_model("llama", layers=1).train()
+    head = draft.lm_head
+    callback = AcceptanceCallback(target=target, prompts=[torch.tensor([1, 2, 3])], cfg=EvalConfig(gammas=[1, 3]),
+                                  evaluate=Looking(), tensorboard=False)
+    callback.measure(draft)
+    callback.measure(draft)
+    assert seen == [(True, True)] * 2 and tuned == [[1, 2, 3, 4]] * 2  # target and draft, at the first one only
+    assert callback.plain_rows is not None and len(callback.plain_rows) == 2
+    assert draft.lm_head is head and not packed_layers(draft) and not packed_layers(target)
+    compiled = AcceptanceCallback(target=target, prompts=[torch.tensor([1, 2, 3])],
+                                  cfg=EvalConfig(gammas=[1], compile=True), evaluate=Looking(), tensorboard=False)
+    compiled.measure(draft)
+    assert seen[-1] == (False, False)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: one-line errors before any weights are loaded
 # ---------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +38,11 @@ CPU_LINEAR_MODES = ("auto", "packed", "plain")
 
 
 def packing_available(weight: torch.Tensor) -> bool:
-    """Whether oneDNN can pack ``weight``: a CPU tensor of a packable dtype, oneDNN built in (and bf16 support for
-    bfloat16)."""
+    """Whether oneDNN can pack ``weight``: a whole CPU tensor of a packable dtype (not a DTensor shard of FSDP2 nor a
+    DeepSpeed ZeRO-3 partition, whose values live elsewhere), oneDNN built in (and bf16 support for bfloat16)."""
     if weight.device.type != "cpu" or weight.dtype not in PACKABLE_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    if type(weight.detach()) is not torch.Tensor or hasattr(weight, "ds_id"):
         return False
     return weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
@@ -75,6 +79,8 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
+        if torch.is_autocast_enabled(x.device.type):  # autocast casts inside F.linear: keep its precision
+            return F.linear(x, self.weight, self.bias)
         if self.plain_rows and x.numel() // self.in_features in self.plain_rows:
             return F.linear(x, self.weight, self.bias)
         packed = self.packed_weight()
@@ -91,11 +97,61 @@ def pack_linears(model: nn.Module) -> int:
     """Swap every ``nn.Linear`` of ``model`` whose weight oneDNN can pack (CPU, float32 or bfloat16) for a
     ``PackedLinear`` sharing its parameters, in place; the number swapped (0 on CUDA, without oneDNN, or for a model
     already packed). For inference models only: see the module docstring."""
+    return len(_swap_in_packed(model))
+
+
+def _swap_in_packed(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """pack_linears' swaps: (parent, name, the nn.Linear replaced). A layer with forward hooks (accelerate's
+    offloading, a user's probe) stays as it is: a PackedLinear would not run them."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and packing_available(child.weight)]
+             if type(child) is nn.Linear and packing_available(child.weight) and not has_hooks(child)]
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child))
-    return len(swaps)
+    return swaps
+
+
+def has_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or getattr(module, "_hf_hook", None))
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What packed_linears did: how many layers it packed and, per model given, the token counts those layers keep on
+    F.linear (None for a model with nothing packed by the block, or not a module)."""
+
+    layers: int
+    plain_rows: tuple[frozenset[int] | None, ...]
+
+
+@contextmanager
+def packed_linears(*models: object, tune_rows: Iterable[int] = (),
+                   plain_rows: Sequence[frozenset[int] | None] | None = None) -> Iterator[Packing]:
+    """Inside the block, the linear layers of each model (None and non-modules skipped) multiply by oneDNN-packed
+    weights (pack_linears), keeping F.linear at the token counts of ``tune_rows`` where that measured faster
+    (tune_plain_rows), or, with ``plain_rows`` (one entry per model, as a previous block's Packing gave them), at
+    those token counts without timing anything. After the block (also on error) exactly the layers it packed are the
+    original ``nn.Linear`` modules again, with the same parameters, and the packed copies are freed.
+
+    For a model that generates for a while and is then used otherwise: the target writing training data or caches
+    (its forwards run without autograd), a draft measured between training steps. On SmolLM2-135M it raised batched
+    greedy decoding's tokens/s 1.1-1.55x (docs/benchmarks/responses.md) and the cache builds' 1.7-1.8x
+    (docs/benchmarks/hidden_cache.md)."""
+    swapped = [(model, _swap_in_packed(model) if isinstance(model, nn.Module) else []) for model in models]
+    try:
+        rows, chosen = list(tune_rows), []
+        for i, (model, swaps) in enumerate(swapped):
+            if not swaps:
+                chosen.append(None)
+            elif plain_rows is not None and plain_rows[i] is not None:
+                set_plain_rows(model, plain_rows[i])
+                chosen.append(frozenset(plain_rows[i]))
+            else:
+                chosen.append(tune_plain_rows(model, rows) if rows else frozenset())
+        yield Packing(sum(len(swaps) for _, swaps in swapped), tuple(chosen))
+    finally:
+        for _, swaps in swapped:
+            for parent, name, linear in swaps:
+                setattr(parent, name, linear)
 
 
 def packed_layers(model: nn.Module) -> list[PackedLinear]:

@@ -42,6 +42,7 @@ from transformers import PreTrainedTokenizerBase
 
 from decode import autoregressive_generate, speculative_generate
 from decode.loop.batched import batched_generate
+from decode.loop.packed_linear import packed_linears
 from decode.loop.sampling import SamplingConfig
 from distill.data.rows import padding_id
 from decode.serving.vllm_engine import find_vllm_python
@@ -53,6 +54,9 @@ from distill.utils import IGNORE_INDEX, eval_mode
 FORMAT_VERSION = 1
 SHARD_PROMPTS = 64  # prompts per shard by default (rounded up to a multiple of the batch size)
 METADATA_FILE = "target_data.json"
+# token counts of a forward where F.linear may beat a packed product (the last rows of a batch, one prompt at a time,
+# a verify pass at gamma <= 4): the packed layers keep F.linear there where it measures faster on this CPU
+DECODE_ROWS = range(1, 6)
 # plain names of spec keys in mismatch messages (those target data shares with a teacher cache)
 SPEC_MEANINGS = {"target_id": "target", "tokenizer_vocab_hash": "tokenizer vocabulary",
                  "format_version": "cache format version"}
@@ -260,8 +264,11 @@ def generate_target_data(
         rows = [_row(tokenizer, i, prompt_ids[i], r) for i, r in zip(indices, responses)]
         return datasets.Dataset.from_list(rows, features=FEATURES)
 
-    with eval_mode(target), tqdm(total=len(prompt_ids), desc=desc, unit="prompt",
-                                 disable=not progress) as bar:
+    # our decoder on CPU multiplies by oneDNN-packed weights meanwhile (1.1-1.55x F.linear's tokens/s on SmolLM2,
+    # docs/benchmarks/responses.md)
+    decoding = (target, draft) if isinstance(engine, DecoderEngine) else ()
+    with eval_mode(target), packed_linears(*decoding, tune_rows=DECODE_ROWS), \
+            tqdm(total=len(prompt_ids), desc=desc, unit="prompt", disable=not progress) as bar:
         store.fill(metadata, len(prompt_ids), make, bar, size_key="shard_size")
     store.finish(metadata)
     return load_target_data(store.root)

@@ -13,7 +13,9 @@ The cost ratios c and v of the cost model tau / (gamma * c + v) are measured onc
 gamma (the first time acceptance is measured, COST_REPEATS timings each, median, under that temperature's sampling;
 a resumed run reuses those of its log) and handed to
 evaluate_acceptance, which writes them and the predicted speedup into every record, next to the measured wall-clock
-speedup; distill.publish.export picks the best checkpoint from them.
+speedup; distill.publish.export picks the best checkpoint from them. Eager on CPU, target and draft are measured on
+oneDNN-packed linear layers (decode.loop.packed_linear, inside the measurement only), as `specdistill-eval` decodes
+by default (`--cpu-linear auto`): tuned at the run's first measurement, that choice kept at every later one.
 
 What is measured is what gets exported: an EAGLE-3 head is measured as the Eagle3Head itself (the trainer holds it
 inside kinds.eagle3.loss.UnrolledHead; decode's head drafter runs it), a LoRA draft as a merged copy, and under
@@ -35,6 +37,7 @@ from torch import nn
 from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from decode.loop.auto_gamma import AUTO_GAMMAS, is_auto
+from decode.loop.packed_linear import packed_linears
 from decode.measure.cost_model import measure_cost_ratios
 from decode.loop.speedup import CostRatios
 from distill.models.distributed import is_partitioned, plain_copy
@@ -103,6 +106,8 @@ class AcceptanceCallback(TrainerCallback):
         self._whole_target: PreTrainedModel | None = None  # ZeRO-3 / FSDP2: rank 0's gathered copy (CPU), made once
         self._target_gathered = False  # on every rank: whether that (collective) gathering has happened
         self.cost_ratios: dict[CostKey, CostRatios] | None = None  # (temperature, gamma) -> c, v: once per run
+        # (target, draft): the token counts their packed layers keep on F.linear, tuned at the first measurement
+        self.plain_rows: tuple[frozenset[int] | None, ...] | None = None
 
     # ---- Trainer events ---------------------------------------------------------------------------------------
 
@@ -225,22 +230,28 @@ class AcceptanceCallback(TrainerCallback):
                 raise RuntimeError("the sharded target was not gathered before measuring (see _measure_on_rank_zero)")
             target = self._whole_target.to(device)
             draft = draft.to(device)
+        # eager on CPU: both models on oneDNN-packed layers while measured, as specdistill-eval decodes by default
+        # (--cpu-linear auto): tuned at the first measurement of the run, that choice kept at every later one
+        models = () if self.cfg.compile else (target, draft)
+        tune_rows = range(1, max(cost_gammas(self.cfg.gammas)) + 2)
         try:
-            if self.cost_ratios is None:  # architectures, hardware and sampling: the same at every checkpoint
-                prompt = self.prompts[0].view(1, -1).to(next(target.parameters()).device)
-                self.cost_ratios = {
-                    (t, g): measure_cost_ratios(target, draft, prompt, g, repeats=COST_REPEATS,
-                                                compile=self.cfg.compile, new_tokens=self.cfg.max_new_tokens,
-                                                sampling=self.cfg.decoder_settings(t).sampling)
-                    for t in self.cfg.temperatures for g in cost_gammas(self.cfg.gammas)}
-            results = []
-            for temperature in self.cfg.temperatures:
-                settings = self.cfg.decoder_settings(temperature)
-                by_category = {"categories": self.categories} if self.categories else {}
-                costs = {g: ratios for (t, g), ratios in self.cost_ratios.items() if t == temperature}
-                with eval_mode(draft):
-                    results += self.evaluate(target, draft, self.prompts, settings, progress=False,
-                                             cost_ratios=costs, **by_category)
+            with packed_linears(*models, tune_rows=tune_rows, plain_rows=self.plain_rows) as packing:
+                self.plain_rows = packing.plain_rows
+                if self.cost_ratios is None:  # architectures, hardware and sampling: the same at every checkpoint
+                    prompt = self.prompts[0].view(1, -1).to(next(target.parameters()).device)
+                    self.cost_ratios = {
+                        (t, g): measure_cost_ratios(target, draft, prompt, g, repeats=COST_REPEATS,
+                                                    compile=self.cfg.compile, new_tokens=self.cfg.max_new_tokens,
+                                                    sampling=self.cfg.decoder_settings(t).sampling)
+                        for t in self.cfg.temperatures for g in cost_gammas(self.cfg.gammas)}
+                results = []
+                for temperature in self.cfg.temperatures:
+                    settings = self.cfg.decoder_settings(temperature)
+                    by_category = {"categories": self.categories} if self.categories else {}
+                    costs = {g: ratios for (t, g), ratios in self.cost_ratios.items() if t == temperature}
+                    with eval_mode(draft):
+                        results += self.evaluate(target, draft, self.prompts, settings, progress=False,
+                                                 cost_ratios=costs, **by_category)
             return results
         finally:
             if target is not self.target:
