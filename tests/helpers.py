@@ -136,3 +136,19 @@ def learnt_tiny_pair(root: Path) -> Path:
     tokenizer.save_pretrained(root / "target")
     (root / "code.txt").write_text(TINY_TEXT)
     return root
+
+
+def record_packing(monkeypatch, module, name: str) -> list[bool]:
+    """Wrap the function ``module.name`` (first argument: a model) so that each call records whether that model's
+    lm_head is a oneDNN-packed layer at that moment; returns the list the records go to."""
+    from decode.loop.packed_linear import PackedLinear
+
+    seen: list[bool] = []
+    real = getattr(module, name)
+
+    def recording(model, *args, **kwargs):
+        seen.append(isinstance(model.lm_head, PackedLinear))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, recording)
+    return seen

@@ -21,7 +21,7 @@ from distill.data.target_data import (
     to_training_rows,
 )
 from distill.data.teacher_cache import CacheMismatchError
-from helpers import CHILD_ENV, ROOT
+from helpers import CHILD_ENV, ROOT, record_packing
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_config, tiny_model, tiny_tokenizer
 
 EOS = 2
@@ -348,14 +348,7 @@ def test_our_decoder_generates_on_packed_layers_and_leaves_the_target_as_it_was(
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN is not built into torch")
-    seen = []
-    real = target_data.batched_generate
-
-    def spying(model, *args, **kwargs):
-        seen.append(isinstance(model.lm_head, PackedLinear))
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(target_data, "batched_generate", spying)
+    seen = record_packing(monkeypatch, target_data, "batched_generate")
     head = target.lm_head
     greedy = run(target, tokenizer, prompts, tmp_path / "batched", temperature=0.0, top_k=None, batch_size=3)
     assert seen and all(seen) and target.lm_head is head and not packed_layers(target)

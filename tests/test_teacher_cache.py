@@ -23,7 +23,7 @@ from distill.data.teacher_cache import (
     with_teacher_columns,
 )
 from distill.losses.distill_loss import chunked_distill_loss
-from helpers import ForwardCounter
+from helpers import ForwardCounter, record_packing
 from tiny import perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 VOCAB = 96
@@ -200,36 +200,23 @@ def test_the_build_runs_the_target_on_packed_layers_and_restores_it(target, rows
                                                                      monkeypatch):
     """On CPU the target's forwards over the rows multiply by oneDNN-packed weights during the build (faster than
     F.linear); the cache holds the same top-k ids, and the target is its own nn.Linear layers again after."""
-    from decode.loop.packed_linear import PackedLinear, packed_layers
+    from decode.loop.packed_linear import packed_layers
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN is not built into torch")
-    seen = []
-    real = teacher_cache.teacher_topk
-
-    def spying(model, *args, **kwargs):
-        seen.append(isinstance(model.lm_head, PackedLinear))
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(teacher_cache, "teacher_topk", spying)
+    seen = record_packing(monkeypatch, teacher_cache, "teacher_topk")
     rebuilt = build(target, rows, tokenizer, tmp_path)
     assert seen and all(seen) and not packed_layers(target)
     assert rebuilt.topk(range(len(rows)))[0].tolist() == cache_k4.topk(range(len(rows)))[0].tolist()
 
+
 def test_the_cache_build_benchmark_turns_packing_off_and_back_on(target, rows, tokenizer, tmp_path, monkeypatch):
     """scripts/bench_cache_builds.py times the builds with the packing made a no-op; the builds pack again after."""
     import distill.data.row_cache as row_cache
-    from decode.loop.packed_linear import PackedLinear, packed_linears
+    from decode.loop.packed_linear import packed_linears
     from scripts import bench_cache_builds
 
-    seen = []
-    real = teacher_cache.teacher_topk
-
-    def spying(model, *args, **kwargs):
-        seen.append(isinstance(model.lm_head, PackedLinear))
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(teacher_cache, "teacher_topk", spying)
+    seen = record_packing(monkeypatch, teacher_cache, "teacher_topk")
     with bench_cache_builds.linear_mode("F.linear"):
         build(target, rows, tokenizer, tmp_path / "f_linear")
     assert seen and not any(seen) and row_cache.packed_linears is packed_linears
