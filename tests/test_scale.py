@@ -425,7 +425,7 @@ ZERO3_ON_CPU = textwrap.dedent("""
         assert sum(p.ds_tensor.numel() for p in target.parameters()) < 0.6 * whole
         return target
     load.load_target = checked
-    train.main(sys.argv[1:])
+    train.cli(sys.argv[1:])  # as scripts/train.py: a finished process leaves before the teardown (launch.py)
 """)
 
 ZERO3_RUN = ("data.dataset={chat}", "data.format=chat", "data.max_length=48", "data.num_eval_prompts=2",

@@ -475,7 +475,7 @@ config = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "
 distill.recipe.train_config.TrainingArguments = functools.partial(
     distill.recipe.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
 from distill.cli import train
-train.main(sys.argv[1:])
+train.cli(sys.argv[1:])  # as scripts/train.py: a finished process leaves before the teardown (launch.py)
 """
 
 
