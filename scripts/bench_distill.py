@@ -184,7 +184,7 @@ def training_log(output_dir: Path) -> dict:
     states = sorted(output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name[11:]))
     logs = json.loads(states[-1].read_text())["log_history"] if states else []
     speeds = [entry["tokens_per_s"] for entry in logs if "tokens_per_s" in entry]
-    last = next((entry for entry in reversed(logs) if "kd" in entry), {})
+    last = next((entry for entry in reversed(logs) if "ce" in entry), {})  # a training log (kd: a teacher's loss)
     return {"tokens_per_s": sum(speeds) / len(speeds) if speeds else None, "kd": last.get("kd"),
             "ce": last.get("ce")}
 

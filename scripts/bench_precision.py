@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import subprocess
@@ -71,9 +72,9 @@ def main(argv: list[str] | None = None) -> dict:
     for name, by_step in steps.items():
         speed = statistics.median(by_step[i]["tokens_per_s"] for i in timed)
         last = by_step[max(by_step)]
-        result[name] = {"tokens_per_s": speed, "loss": last["loss"], "kd": last["kd"], "tv": last["tv"]}
+        result[name] = {"tokens_per_s": speed, **{key: last.get(key, math.nan) for key in ("loss", "kd", "tv")}}
         rows.append([name, f"{speed:.0f}", f"{ratio if name != 'float32' else 1.0:.2f}x",
-                     *(f"{last[key]:.4f}" for key in ("loss", "kd", "tv"))])
+                     *(f"{last.get(key, math.nan):.4f}" for key in ("loss", "kd", "tv"))])
     text = "\n".join([
         f"`scripts/bench_precision.py {' '.join([args.recipe, *args.overrides])}`, {args.steps} steps "
         f"(medians over steps {args.warmup + 1}..{args.steps}, paired by step)",

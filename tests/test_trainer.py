@@ -456,7 +456,8 @@ def test_cross_entropy_only_never_runs_the_target(workdir, monkeypatch):
     out = run(workdir, "ce_only", "distill.loss=ce", "model.draft_config={}", "data.num_eval_prompts=0",
               "train.max_steps=2", "train.logging_steps=1", "train.report_to=[]")
     logs = [e for e in checkpoint_state(out / "checkpoint-2")["log_history"] if "loss" in e]
-    assert all(e["kd"] == 0.0 and e["tv"] == 0.0 and e["loss"] == pytest.approx(e["ce"], rel=1e-5) for e in logs)
+    assert logs and all(e["loss"] == pytest.approx(e["ce"], rel=1e-5) for e in logs)
+    assert not any("kd" in e or "tv" in e for e in logs)  # no distribution to compare with: not logged as a 0
     results = json.loads((out / "train_results.json").read_text())
     assert results["best"]["checkpoint"] == "final"
     assert results["deploy_check"]["passed"] is True, results["deploy_check"]  # specdistill-check on the export

@@ -13,7 +13,7 @@ Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
                         (1/P) sum_p sum_g grad(S_pg * P / N) = grad(sum_pg S_pg) / N: the per-token mean over the
                         whole optimizer batch, identical for (P processes x G micro-batches) = (1 x P*G).
   log                -> loss (per token), kd (per-token divergence), tv (per-token total variation of the batch at
-                        temperature 1), ce, tokens_per_s (all processes' input tokens per second of training
+                        temperature 1; kd and tv only when the loss has a divergence term), ce, tokens_per_s (all processes' input tokens per second of training
                         steps), on_policy (share of rows that were the draft's samples, when on); with a combination
                         of losses (distill.losses.loss_mix) also loss/<name> (each term's per-token mean) and
                         weight/<name> (its scheduled weight); learning_rate and grad_norm come from Trainer.
@@ -294,7 +294,9 @@ class DistillTrainer(Trainer):
         if "loss" in logs:
             sums = self._log_sums.take(self.accelerator)
             loss_tokens = max(sums["loss_tokens"], 1)
-            logs.update(kd=sums["kd"] / loss_tokens, tv=sums["tv"] / loss_tokens, ce=sums["ce"] / loss_tokens,
+            if self.distill.needs_teacher:  # loss ce alone: no distribution to compare with, kd and tv not logged
+                logs.update(kd=sums["kd"] / loss_tokens, tv=sums["tv"] / loss_tokens)
+            logs.update(ce=sums["ce"] / loss_tokens,
                         tokens_per_s=sums["input_tokens"] / max(self._step_timer.seconds, 1e-9))
             if self.on_policy is not None:
                 logs["on_policy"] = sums["on_policy_rows"] / max(sums["rows"], 1)

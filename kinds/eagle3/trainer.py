@@ -108,6 +108,7 @@ class HeadTrainer(DistillTrainer):
             totals = self._ttt_sums.take(self.accelerator)
             for step in range(self.distill.ttt_steps):
                 tokens = max(totals[f"step{step}_tokens"], 1)
-                logs[f"ttt/step{step}_kd"] = totals[f"step{step}_kd"] / tokens
-                logs[f"ttt/step{step}_tv"] = totals[f"step{step}_tv"] / tokens
+                if self.distill.needs_teacher:  # loss ce alone: no distribution to compare with
+                    logs[f"ttt/step{step}_kd"] = totals[f"step{step}_kd"] / tokens
+                    logs[f"ttt/step{step}_tv"] = totals[f"step{step}_tv"] / tokens
         super().log(logs, start_time)
