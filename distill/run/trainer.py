@@ -13,10 +13,11 @@ Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
                         (1/P) sum_p sum_g grad(S_pg * P / N) = grad(sum_pg S_pg) / N: the per-token mean over the
                         whole optimizer batch, identical for (P processes x G micro-batches) = (1 x P*G).
   log                -> loss (per token), kd (per-token divergence), tv (per-token total variation of the batch at
-                        temperature 1; kd and tv only when the loss has a divergence term), ce, tokens_per_s (all processes' input tokens per second of training
-                        steps), on_policy (share of rows that were the draft's samples, when on); with a combination
-                        of losses (distill.losses.loss_mix) also loss/<name> (each term's per-token mean) and
-                        weight/<name> (its scheduled weight); learning_rate and grad_norm come from Trainer.
+                        temperature 1; kd and tv only when the loss has a divergence term), ce, tokens_per_s (all
+                        processes' input tokens per second of training steps), on_policy (share of rows that
+                        were the draft's samples, when on); with a combination of losses (distill.losses.loss_mix)
+                        also loss/<name> (each term's per-token mean) and weight/<name> (its scheduled weight);
+                        learning_rate and grad_norm come from Trainer.
 
 The target is never wrapped by the Trainer or trained: it is frozen and used under no_grad, a replica on this
 process's device (single process, DDP, ZeRO-1/2) or sharded for inference (ZeRO-3, FSDP2: every rank runs every
