@@ -250,16 +250,23 @@ def test_bf16_on_cpu_puts_the_loss_heads_under_autocast(workdir, monkeypatch, bf
 
 @pytest.mark.integration
 def test_the_precision_benchmark_pairs_the_same_steps_of_both_runs(workdir, tmp_path, capsys):
-    """scripts/bench_precision.py: two runs of the recipe, float32 then bfloat16 autocast, compared step by step."""
+    """scripts/bench_precision.py: runs of the recipe, float32 then bfloat16 autocast, compared step by step; with
+    --repeats the pair runs again, alternating, and every repeat's ratio is kept."""
     from scripts import bench_precision
     result = bench_precision.main([HEAD_RECIPE, f"model.target={workdir / 'target'}",
                                    f"data.dataset={workdir / 'code.txt'}", "--steps", "4", "--warmup", "1",
-                                   "--out", str(tmp_path)])
-    assert result["steps"] == 3 and result["ratio"] > 0
+                                   "--repeats", "2", "--out", str(tmp_path)])
+    assert result["steps"] == 3 and result["ratio"] > 0 and len(result["ratios"]) == 2
+    assert min(result["ratios"]) <= result["ratio"] <= max(result["ratios"])  # the median of both repeats' pairs
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["bfloat16-1", "bfloat16-2", "float32-1", "float32-2"]
     fp32, bf16 = result["float32"], result["bfloat16"]
     assert bf16["kd"] == pytest.approx(fp32["kd"], rel=0.05) and bf16["kd"] != fp32["kd"]  # bf16 ran, and trains alike
     table = capsys.readouterr().out
     assert "| bfloat16" in table and "speed vs float32" in table
+    assert "2 repeats of the pair; each repeat's ratio" in table
+    with pytest.raises(SystemExit):
+        bench_precision.main([HEAD_RECIPE, "--repeats", "0"])
+    assert "--repeats must be at least 1 (got 0)" in capsys.readouterr().err
 
 
 @pytest.mark.integration
