@@ -259,6 +259,7 @@ def test_the_precision_benchmark_pairs_the_same_steps_of_both_runs(workdir, tmp_
     assert result["steps"] == 3 and result["ratio"] > 0 and len(result["ratios"]) == 2
     assert min(result["ratios"]) <= result["ratio"] <= max(result["ratios"])  # the median of both repeats' pairs
     assert sorted(f.name for f in tmp_path.iterdir()) == ["bfloat16-1", "bfloat16-2", "float32-1", "float32-2"]
+    assert bench_precision.run_folder(tmp_path, "float32", 0, 1) == tmp_path / "float32"  # one pair: no suffix
     fp32, bf16 = result["float32"], result["bfloat16"]
     assert bf16["kd"] == pytest.approx(fp32["kd"], rel=0.05) and bf16["kd"] != fp32["kd"]  # bf16 ran, and trains alike
     table = capsys.readouterr().out
