@@ -64,3 +64,35 @@ def test_cuda_graph_bf16_compiled_runs_measures_and_never_recompiles():
     results = evaluate_acceptance(target, draft, prompts, settings, progress=False)
     assert counters["stats"]["unique_graphs"] == before and results[0]["compile_seconds"] == 0.0
     assert all(r["speedup"] > 0 and 0.0 <= r["acceptance_rate"] <= 1.0 for r in results)
+
+
+# ---- a round synchronises once: the counted read of the accepted tokens (decode.loop.speculative.read_step) -------
+def eagle3_head(target: torch.nn.Module) -> torch.nn.Module:
+    from kinds.eagle3.model import Eagle3Head, head_config
+
+    torch.manual_seed(1)
+    return Eagle3Head(head_config(target.config)).bind_embeddings(target.get_input_embeddings()).eval()
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_the_loop_synchronises_only_for_its_counted_read(kind, temperature, compile):
+    target = tiny_model("llama", seed=0, layers=4).cuda()
+    draft = (perturbed_copy(target.cpu(), 0.15) if kind == "standalone" else eagle3_head(target.cpu())).cuda()
+    target = target.cuda()
+    ids = PROMPT.cuda()
+
+    def generate(new_tokens: int):
+        return speculative_generate(target, draft, ids, max_new_tokens=new_tokens, gamma=3, temperature=temperature,
+                                    generator=torch.Generator(device="cuda").manual_seed(0), compile=compile)
+
+    generate(8)  # allocations and compilation happen once, before the checked run
+    torch.cuda.set_sync_debug_mode("error")  # any synchronisation but HostReads.read raises
+    try:
+        out = generate(40)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out.stats.host_reads == out.stats.target_calls and len(out.new_tokens) == 40
+    if temperature == 0.0:
+        assert out.new_tokens == autoregressive_generate(target, ids, max_new_tokens=40).new_tokens

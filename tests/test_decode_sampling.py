@@ -39,7 +39,7 @@ def accept_always(target_logits, drafts, q, cfg, generator):
     """A wrong rule: keep every draft token, then a bonus from p. Its output follows q, not p."""
     k = drafts.numel()
     bonus = spec.draw(probs_from_logits(target_logits[k:], cfg), cfg, generator)
-    return spec.StepResult(k, int(bonus), [1.0] * k)
+    return spec.Verdict(torch.tensor(k), torch.cat([drafts, bonus]), torch.ones(k))
 
 
 # ---- the rule alone, on fixed distributions ----------------------------------------------------------------------
@@ -51,7 +51,7 @@ def first_token_counts(rule, cfg: SamplingConfig, trials: int, seed: int = 0) ->
     counts = torch.zeros(VOCAB, dtype=torch.long)
     for _ in range(trials):
         drafts = torch.multinomial(q, 1, generator=g).squeeze(-1)
-        step = rule(target_logits, drafts, q, cfg, g)
+        step = spec.read_step(rule(target_logits, drafts, q, cfg, g))
         counts[int(drafts[0]) if step.num_accepted >= 1 else step.next_token] += 1
     return counts, probs_from_logits(target_logits[0], cfg)
 

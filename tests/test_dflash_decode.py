@@ -129,6 +129,8 @@ def test_cached_context_after_rejections_equals_a_fresh_pass(trained, monkeypatc
     target, draft = trained
     seen = []
     original = DFlashDrafter.propose
+    # the committed ids on the host, which the decoder hands only to a drafter that asks (decode.loop.drafters)
+    monkeypatch.setattr(DFlashDrafter, "host_history", True, raising=False)
 
     def recording(self, history, cur, gamma, cfg, generator):
         drafts, q = original(self, history, cur, gamma, cfg, generator)

@@ -98,6 +98,8 @@ def record_proposals(monkeypatch) -> list:
     """(history, drafted tokens) of every HeadDrafter.propose call made while the test runs."""
     seen = []
     original = HeadDrafter.propose
+    # the committed ids on the host, which the decoder hands only to a drafter that asks (decode.loop.drafters)
+    monkeypatch.setattr(HeadDrafter, "host_history", True, raising=False)
 
     def recording(self, history, cur, gamma, cfg, generator):
         drafts, q = original(self, history, cur, gamma, cfg, generator)

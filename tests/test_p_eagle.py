@@ -173,6 +173,8 @@ def test_cached_proposals_after_rejections_equal_a_fresh_pass(trained, monkeypat
     target, head = trained
     seen = []
     original = ParallelHeadDrafter.propose
+    # the committed ids on the host, which the decoder hands only to a drafter that asks (decode.loop.drafters)
+    monkeypatch.setattr(ParallelHeadDrafter, "host_history", True, raising=False)
 
     def recording(self, history, cur, gamma, cfg, generator):
         drafts, q = original(self, history, cur, gamma, cfg, generator)

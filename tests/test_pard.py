@@ -137,6 +137,8 @@ def test_cached_proposals_after_rejections_equal_a_fresh_pass(trained, monkeypat
     target, draft = trained
     seen = []
     original = ParallelDrafter.propose
+    # the committed ids on the host, which the decoder hands only to a drafter that asks (decode.loop.drafters)
+    monkeypatch.setattr(ParallelDrafter, "host_history", True, raising=False)
 
     def recording(self, history, cur, gamma, cfg, generator):
         drafts, q = original(self, history, cur, gamma, cfg, generator)

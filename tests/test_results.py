@@ -16,13 +16,15 @@ from decode.measure.tally import Tally
 DOCUMENTED = {"gamma", "temperature", "num_prompts", "new_tokens", "acceptance_rate", "draft_acceptance_rate",
               "mean_accepted_tokens", "per_position_acceptance", "target_tokens_per_s", "speculative_tokens_per_s",
               "speedup", "predicted_speedup", "draft_cost_ratio", "verify_cost_ratio", "greedy_match", "compiled",
-              "compile_seconds", "stats", "mean_gamma", "hf_assisted_tokens_per_s", "by_category", "concurrency"}
+              "compile_seconds", "stats", "mean_gamma", "hf_assisted_tokens_per_s", "by_category", "concurrency",
+              "host_reads_per_step"}
 
 
 def tally(gamma: int = 2) -> Tally:
     stats = SpecStats(gamma)
     stats.record_step(drafted=2, accepted=2, min_pq=[0.9, 0.8], produced=3)
     stats.record_step(drafted=2, accepted=0, min_pq=[0.5], produced=1)
+    stats.host_reads = 2  # one read per verify pass (decode.loop.speculative.read_step)
     t = Tally(gamma)
     t.add(stats, spec_s=1.0, plain_s=2.0, hf_s=0.5, new_tokens=4, match=True)
     return t
@@ -31,7 +33,7 @@ def tally(gamma: int = 2) -> Tally:
 def test_record_fields_are_the_documented_result_keys():
     assert set(REQUIRED_KEYS) | set(OPTIONAL_KEYS) == DOCUMENTED
     assert set(OPTIONAL_KEYS) == {"compile_seconds", "mean_gamma", "hf_assisted_tokens_per_s", "by_category",
-                                  "concurrency"}
+                                  "concurrency", "host_reads_per_step"}
 
 
 def test_summarize_builds_the_record_and_its_dict_round_trips():
@@ -41,7 +43,9 @@ def test_summarize_builds_the_record_and_its_dict_round_trips():
     assert result.mean_accepted_tokens == 2.0 and result.predicted_speedup == pytest.approx(2 / 1.4)
     assert result.speedup == 2.0 and result.hf_assisted_tokens_per_s == 8.0 and result.greedy_match == 1.0
     data = result.to_dict()
-    assert set(data) == set(REQUIRED_KEYS) | {"hf_assisted_tokens_per_s"}  # unset optional keys are not written
+    assert result.host_reads_per_step == 1.0
+    # unset optional keys are not written; our decoder's results always carry host_reads_per_step
+    assert set(data) == set(REQUIRED_KEYS) | {"hf_assisted_tokens_per_s", "host_reads_per_step"}
     assert Result.from_dict(json.loads(json.dumps(data))) == result
     result.by_category = {"code": summarize(tally(), EvalSettings(gammas=[2]), CostRatios(0.1, 1.2))}
     nested = Result.from_dict(result.to_dict())

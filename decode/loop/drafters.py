@@ -7,7 +7,13 @@ next ``propose``.
 Each kind of draft has its drafter in its own folder (kinds/<kind>/drafter.py). A drafter that reads the target's
 hidden states (an EAGLE-3 head, a DFlash draft) names their layers in ``aux_layers``; the target's prefill and verify
 passes then return them (no second target pass), and the loop hands over those of the committed tokens with
-``target_features`` (after ``start`` and after each ``commit``).
+``target_features`` (after ``start`` and after each ``commit``), with the token that follows each of them.
+
+Everything a drafter is handed and returns stays on the target's device (``cur``, the drafts, q, the features and
+their tokens): a drafter reads nothing back to the host, so the decoder's one read per round is the only one.
+``history`` (the committed ids as a host list, the decoder's own copy of what it read) serves drafters that are
+host by nature, such as prompt lookup's n-gram search: a drafter that sets ``host_history = True`` gets it (the
+decoder then reads the prompt once, at the start); every other drafter gets an empty list.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from decode.loop.sampling import SamplingConfig
 class Drafter(Protocol):
     aux_layers: tuple[int, ...]  # target layer ids whose hidden states the drafter reads; () for none
     # (optional) one_pass = True: one draft forward per step whatever gamma is (gamma "auto" costs it per step)
+    # (optional) host_history = True: ``propose`` reads ``history``, the committed ids on the host
 
     def start(self, prefix: torch.Tensor, target_vocab_size: int) -> None:
         """Begin a sequence whose committed tokens, all but the newest, are ``prefix`` [1, L]."""
@@ -34,6 +41,7 @@ class Drafter(Protocol):
     def commit(self, num_accepted: int) -> None:
         """The target kept the first ``num_accepted`` proposed tokens."""
 
-    def target_features(self, aux: torch.Tensor) -> None:
+    def target_features(self, aux: torch.Tensor, tokens: torch.Tensor) -> None:
         """(Only with ``aux_layers``.) The target's hidden states [T, len(aux_layers) * H] at ``aux_layers`` of the
-        next T committed tokens: the prefix after ``start``; cur, d_1..d_n after ``commit(n)``."""
+        next T committed tokens: the prefix after ``start``; cur, d_1..d_n after ``commit(n)``; and ``tokens`` [T],
+        the committed token that follows each of them (on the device)."""

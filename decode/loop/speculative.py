@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from decode.loop.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
 from decode.loop.cache import CachedLM
@@ -83,26 +84,38 @@ def check_gamma(gamma: int | str) -> tuple[int, ...]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the accept step: maths of one verify pass
+# the accept step: maths of one verify pass, on the device
 # ----------------------------------------------------------------------------------------------------------------
 @dataclass
+class Verdict:
+    """One verify pass's outcome, still on the device (nothing read): the round's only host read is ``read_step``."""
+
+    num_accepted: torch.Tensor    # [] long: n, the first n draft tokens are kept
+    emitted: torch.Tensor         # [k + 1] long: emitted[:n] = d_1..d_n, emitted[n] = the resampled or bonus token
+    overlap: torch.Tensor | None  # [k] sum_x min(p_i, q_i); None when greedy (one-hot: 1 while accepted, then 0)
+
+
+@dataclass
 class StepResult:
-    num_accepted: int        # n: the first n draft tokens are kept
-    next_token: int          # resampled at the first rejection, or the bonus token
-    min_pq: list[float]      # sum_x min(p_i, q_i) for the verified positions i = 0..min(n, k - 1)
+    """A Verdict read to the host: what the step commits, before the stop-token and length cut."""
+
+    num_accepted: int   # n
+    tokens: list[int]   # the n + 1 committed tokens: d_1..d_n, then the resampled or bonus token
+    min_pq: list[float]  # sum_x min(p_i, q_i) for the verified positions i = 0..min(n, k - 1)
+
+    @property
+    def next_token(self) -> int:
+        return self.tokens[-1]
 
 
-def accept_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> StepResult:
+def accept_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> Verdict:
     """Greedy verification: keep drafts while they equal the target's argmax; then emit the target's argmax.
 
-    target_logits [k + 1, V], drafts [k]."""
+    target_logits [k + 1, V], drafts [k]. The kept drafts equal the argmax, so the committed tokens are best[:n + 1]."""
     best = target_logits.argmax(dim=-1)  # [k + 1]
     k = drafts.numel()
-    matches = (best[:k] == drafts).long()  # [k]
-    n = int(matches.cumprod(0).sum()) if k else 0
-    # p and q are one-hot, so sum_x min(p, q) is 1 on agreement and 0 otherwise
-    verified = min(n + 1, k)
-    return StepResult(n, int(best[n]), [1.0] * min(n, verified) + [0.0] * (verified - n))
+    n = (best[:k] == drafts).long().cumprod(0).sum()  # [] the length of the agreeing prefix
+    return Verdict(n, best, None)
 
 
 def accept_sampled(
@@ -111,8 +124,8 @@ def accept_sampled(
     q: torch.Tensor | None,
     cfg: SamplingConfig,
     generator: torch.Generator | None,
-) -> StepResult:
-    """Speculative sampling's acceptance rule for one verify pass.
+) -> Verdict:
+    """Speculative sampling's acceptance rule for one verify pass, all on the device.
 
     target_logits [k + 1, V]; drafts [k]; q [k, V] the distributions the drafts were drawn from
     (None: one-hot drafts, as from prompt lookup)."""
@@ -124,21 +137,54 @@ def accept_sampled(
     p_d, q_d = p[rows, drafts], q[rows, drafts]  # [k]
     # accept d_i  iff  u_i < p_i(d_i) / q_i(d_i)   (u_i ~ U[0, 1); q_i(d_i) > 0 since d_i ~ q_i)
     u = torch.rand(k, device=p.device, generator=generator)
-    accepted = (u * q_d < p_d).long()
+    n = (u * q_d < p_d).long().cumprod(0).sum()  # [] the first rejection's index, k if none
     # residual_i = norm(max(0, p_i - q_i)); q_{k+1} = 0, so the last row is p_{k+1}, the bonus distribution
     q_ext = torch.cat([q, torch.zeros_like(p[:1])])  # [k + 1, V]
     residual = (p - q_ext).clamp_min_(0.0)
     mass = residual.sum(dim=-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)  # p_i == q_i: never rejected anyway
     candidates = draw(residual, cfg, generator)  # [k + 1]: one candidate per place the step can end
+    # emitted[i] = d_{i+1} for i < n, the candidate at i = n (later slots are never read)
+    emitted = torch.where(torch.arange(k + 1, device=p.device) < n, F.pad(drafts, (0, 1)), candidates)
     overlap = torch.minimum(p[:k], q).sum(dim=-1)  # [k]: sum_x min(p_i, q_i)
-    # one host transfer per step
-    host = torch.cat([accepted.double(), candidates.double(), overlap.double()]).tolist()
-    n = 0
-    while n < k and host[n] == 1.0:
-        n += 1
-    verified = min(n + 1, k)
-    return StepResult(n, int(host[k + n]), host[2 * k + 1: 2 * k + 1 + verified])
+    return Verdict(n, emitted, overlap)
+
+
+@dataclass
+class HostReads:
+    """Device-to-host reads the decoder made (``speculative_generate`` counts them into SpecStats.host_reads)."""
+
+    count: int = 0
+
+    def read(self, values: torch.Tensor) -> list:
+        """``values`` as a Python list: one read (a synchronisation on a GPU, the one this counter allows: under
+        ``torch.cuda.set_sync_debug_mode("error")`` any other synchronisation of the loop raises)."""
+        self.count += 1
+        if values.device.type != "cuda":
+            return values.tolist()
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return values.tolist()
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+
+
+def read_step(verdict: Verdict, reads: HostReads | None = None) -> StepResult:
+    """The step's host side in ONE read: n, the emitted tokens and (sampled) the overlaps, read together."""
+    k = verdict.emitted.numel() - 1
+    parts = [verdict.num_accepted.view(1).double(), verdict.emitted.double()]  # ids < 2^53: exact in float64
+    if verdict.overlap is not None:
+        parts.append(verdict.overlap.double())
+    packed = torch.cat(parts)
+    host = (reads or HostReads()).read(packed)
+    n = int(host[0])
+    verified = min(n + 1, k)  # the accepted positions and the first rejected one, when there is one
+    if verdict.overlap is None:  # one-hot p and q: sum_x min(p, q) is 1 on agreement and 0 otherwise
+        min_pq = [1.0] * min(n, verified) + [0.0] * (verified - n)
+    else:
+        min_pq = host[k + 2: k + 2 + verified]
+    return StepResult(n, [int(t) for t in host[1: n + 2]], min_pq)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -150,8 +196,8 @@ def prefill(target: CachedLM | StaticLM, drafter: Drafter, input_ids: torch.Tens
     if prefix.shape[1] > 0:
         target.forward(prefix, last_only=True)
     drafter.start(prefix, target.vocab_size)
-    if drafter.aux_layers and prefix.shape[1] > 0:
-        drafter.target_features(target.aux)  # the prefix's hidden states, from the same pass
+    if drafter.aux_layers and prefix.shape[1] > 0:  # the prefix's hidden states, from the same pass, and the
+        drafter.target_features(target.aux, input_ids[0, 1:])  # token that follows each of them
     return cur
 
 
@@ -180,10 +226,15 @@ def speculative_generate(
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, L] with ``draft`` proposing ``gamma`` tokens
     per target pass (``"auto"``: chosen at every step, decode.loop.auto_gamma). Greedy (temperature 0) output equals the
     target's own greedy decoding; sampled output is distributed exactly as the target's warped distribution.
-    ``compile``: static KV caches and torch.compiled steps (decode.loop.static), else eager with dynamic caches.
-    ``clock``: records each step's drafting and remaining time (the cost model's measurement, decode.measure.cost_model).
-    ``draft_past_end``: draft ``gamma`` tokens at every step, as vLLM does, instead of at most what is left; tokens
-    past ``max_new_tokens`` are then dropped but counted as accepted (vLLM's counting; same output).
+    ``compile``: static KV caches and torch.compiled steps (decode.loop.static), else eager with position-indexed
+    caches (decode.loop.cache). ``clock``: records each step's drafting, verifying and remaining time (the cost
+    model's measurement, decode.measure.cost_model). ``draft_past_end``: draft ``gamma`` tokens at every step, as vLLM
+    does, instead of at most what is left; tokens past ``max_new_tokens`` are then dropped but counted as accepted
+    (vLLM's counting; same output).
+
+    A round keeps its state on the device: the drafts, the acceptance rule, the next round's input; caches roll
+    back by moving a length; the host reads once per round (read_step: the accepted count and the tokens together),
+    counted in ``stats.host_reads`` (with, for a drafter that searches the ids on the host, one read of the prompt).
 
     Raises ValueError for a batch > 1, an empty prompt, a gamma that is neither >= 1 nor "auto", or models on
     different devices."""
@@ -198,9 +249,12 @@ def speculative_generate(
     chooser = GammaChooser(gammas, one_pass=getattr(drafter, "one_pass", False)) if is_auto(gamma) else None
     device = input_ids.device
     timed = chooser is not None or clock is not None
+    reads = HostReads()
 
-    history = input_ids[0].tolist()
+    host_history = getattr(drafter, "host_history", False)  # only a drafter that searches the ids on the host
+    history = reads.read(input_ids[0]) if host_history else []  # (prompt lookup) reads the prompt, once
     new: list[int] = []
+    committed = [input_ids[0]]  # the sequence, as device tensors (the output is assembled on the device)
     cur = prefill(target_lm, drafter, input_ids)
     while len(new) < max_new_tokens:
         step_gamma = chooser.choose() if chooser else gammas[0]
@@ -212,29 +266,32 @@ def speculative_generate(
             synchronize(device)
             drafted_at = timing.now()
         logits = verify(target_lm, cur, drafts)
-        if cfg.greedy:
-            step = accept_greedy(logits, drafts)
-        else:
-            step = accept_sampled(logits, drafts, q, cfg, generator)
+        if clock is not None:
+            synchronize(device)
+            verified_at = timing.now()
+        verdict = accept_greedy(logits, drafts) if cfg.greedy else accept_sampled(logits, drafts, q, cfg, generator)
+        step = read_step(verdict, reads)
         k, n = drafts.numel(), step.num_accepted
         if chooser:
             chooser.observe(step_gamma, k, step.min_pq, drafted_at - started, timing.now() - drafted_at)
         # roll back: the target keeps cur, d_1..d_n; the drafter likewise
         target_lm.rollback(k - n)
         drafter.commit(n)
-        if drafter.aux_layers:  # the verify pass's hidden states of cur, d_1..d_n
-            drafter.target_features(target_lm.aux[: n + 1])
-        produced = cut_at_eos(drafts[:n].tolist() + [step.next_token], stop)[:left]
+        if drafter.aux_layers:  # the verify pass's hidden states of cur, d_1..d_n, and the tokens after each
+            drafter.target_features(target_lm.aux[: n + 1], verdict.emitted[: n + 1])
+        produced = cut_at_eos(step.tokens, stop)[:left]
         stats.record_step(k, n, step.min_pq, len(produced))  # tokens after an eos are never emitted: not counted
         new += produced
-        history += produced
-        cur = torch.tensor([[step.next_token]], dtype=torch.long, device=device)
+        committed.append(verdict.emitted[: len(produced)])
+        if host_history:
+            history += produced
+        cur = verdict.emitted[n: n + 1].view(1, 1)  # stays on the device
         if clock is not None:
-            clock.record(k_max, started, drafted_at)
+            clock.record(k_max, started, drafted_at, verified_at)
         if produced[-1] in stop:
             break
-    out = torch.cat([input_ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
-    return GenerateOutput(sequences=out, stats=stats, new_tokens=new, chosen_gammas=chooser.chosen if chooser else [])
+    stats.host_reads += reads.count
+    return GenerateOutput(sequences=torch.cat(committed).view(1, -1), stats=stats, new_tokens=new, chosen_gammas=chooser.chosen if chooser else [])
 
 
 @torch.inference_mode()

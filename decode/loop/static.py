@@ -263,9 +263,9 @@ def cached_lm(model: torch.nn.Module, compile: bool, role: str, capacity: int,
     """A ``StaticLM`` when ``compile`` (falling back, with a warning, to the eager ``CachedLM`` for a model whose
     cache cannot be static), else a ``CachedLM``; both leave ``aux`` after each forward when given ``aux_layers``."""
     if not compile:
-        return CachedLM(model, aux_layers)
+        return CachedLM(model, aux_layers, capacity)
     try:
         return StaticLM(model, role, capacity, lengths, aux_layers)
     except StaticCacheUnsupported as err:
         warnings.warn(f"{err}: no static cache, decoding it eagerly", RuntimeWarning, stacklevel=2)
-        return CachedLM(model, aux_layers)
+        return CachedLM(model, aux_layers, capacity)

@@ -6,6 +6,7 @@ draft_acceptance_rate = accepted draft tokens / drafted tokens
 mean_accepted_tokens  = tau = new tokens / target verify passes (the bonus or resampled token included);
                         also called block efficiency
 per_position_acceptance[i] = P(draft token i accepted | tokens 0..i-1 accepted) = accepted[i] / verified[i]
+host_reads_per_step   = device-to-host reads of the decoder / target verify passes (1: one read a round)
 
 The same summaries as an `evaluate` metric (installed with the package, loads offline):
 
@@ -31,6 +32,7 @@ class SpecStats:
     per_position_verified: list[int] = field(default_factory=list)      # [gamma]: compared with the target
     per_position_accepted: list[int] = field(default_factory=list)      # [gamma]
     per_position_min_pq_sum: list[float] = field(default_factory=list)  # [gamma]: sum over verified of sum_x min(p, q)
+    host_reads: int = 0            # device-to-host reads the decoder made (one per verify pass: the accepted tokens)
 
     def __post_init__(self) -> None:
         g = self.gamma
@@ -82,6 +84,10 @@ class SpecStats:
     @property
     def mean_accepted_tokens(self) -> float:
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def host_reads_per_step(self) -> float:
+        return self.host_reads / self.target_calls if self.target_calls else 0.0
 
     @property
     def per_position_acceptance(self) -> list[float]:

@@ -254,4 +254,5 @@ def summarize(tally: Tally, settings: EvalSettings, costs: CostRatios, mean_gamm
         stats=stats.to_dict(),
         mean_gamma=mean_gamma if is_auto(gamma) else None,
         hf_assisted_tokens_per_s=(new_tokens / hf_s if hf_s else 0.0) if settings.compare_hf else None,
+        host_reads_per_step=stats.host_reads_per_step,
     )

@@ -48,6 +48,7 @@ class Result:
     hf_assisted_tokens_per_s: float | None = None
     by_category: dict[str, Result] | None = None
     concurrency: int | None = None
+    host_reads_per_step: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: every required key, the optional ones only when set."""
@@ -78,7 +79,8 @@ class Result:
 
 
 ALL_KEYS = tuple(f.name for f in fields(Result))
-OPTIONAL_KEYS = ("compile_seconds", "mean_gamma", "hf_assisted_tokens_per_s", "by_category", "concurrency")
+OPTIONAL_KEYS = ("compile_seconds", "mean_gamma", "hf_assisted_tokens_per_s", "by_category", "concurrency",
+                 "host_reads_per_step")
 REQUIRED_KEYS = tuple(k for k in ALL_KEYS if k not in OPTIONAL_KEYS)
 
 
@@ -234,6 +236,10 @@ RESULT_KEYS: dict[str, Key] = {
                                  "(and for vLLM, so are tokens/s and speedup: one call times every prompt)."),
     "concurrency": Key("sequences", "Only with `--concurrency` (vLLM): the row's max_num_seqs, every prompt "
                                     "submitted at once."),
+    "host_reads_per_step": Key("reads per target pass", "Device-to-host reads our decoder made / verify passes: 1 "
+                                                        "(the accepted count and tokens, read together), a little "
+                                                        "more for prompt lookup, which reads each prompt once for "
+                                                        "its n-gram search; absent from vLLM results."),
 }
 
 STATS_KEYS: dict[str, Key] = {  # decode.loop.stats.SpecStats
@@ -252,6 +258,8 @@ STATS_KEYS: dict[str, Key] = {  # decode.loop.stats.SpecStats
                                                          "position i."),
     "per_position_min_pq_sum": Key("list of gamma sums of probabilities", "Entry i: sum over the passes that "
                                                                           "verified position i of sum_x min(p, q)."),
+    "host_reads": Key("reads", "Device-to-host reads the decoder made (decode.loop.speculative.read_step: one per "
+                               "verify pass; prompt lookup also reads each prompt once)."),
 }
 
 VLLM_STATS_KEYS: dict[str, Key] = {  # decode.serving.counters.SpecCounters, vLLM's vllm:spec_decode_* counters

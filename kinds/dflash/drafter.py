@@ -105,8 +105,9 @@ class DFlashDrafter:
         self.cache = ContextCache(self.draft, max(self.capacity, prefix.shape[1] + 1))
         self.features = []
 
-    def target_features(self, aux: torch.Tensor) -> None:
-        """The target's hidden states [T, k * H] of the next T committed tokens (those it processed last)."""
+    def target_features(self, aux: torch.Tensor, tokens: torch.Tensor | None = None) -> None:
+        """The target's hidden states [T, k * H] of the next T committed tokens (those it processed last); the
+        tokens that follow them are not needed (the block starts from cur)."""
         self.features.append(aux)
 
     def propose(self, history, cur, gamma, cfg: SamplingConfig, generator: torch.Generator | None):
@@ -118,7 +119,7 @@ class DFlashDrafter:
             self.cache.extend(torch.cat(self.features))
             self.features = []
         m = self.cache.length
-        assert len(history) == m + 1, "the committed tokens and the target's hidden states disagree"
+        assert not history or len(history) == m + 1, "the committed tokens and the target's hidden states disagree"
         # the block: cur at position M, then gamma mask tokens at M+1..M+gamma
         block = torch.cat([cur.view(1, 1), cur.new_full((1, gamma), self.draft.mask_token_id)], dim=1)
         positions = torch.arange(m, m + gamma + 1, device=cur.device).view(1, -1)

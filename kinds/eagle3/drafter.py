@@ -172,6 +172,7 @@ class HeadDrafter:
         self.compile, self.capacity, self.max_gamma = compile, capacity, max_gamma
         self.cache: HeadCache | None = None
         self.features: list[torch.Tensor] = []  # target features [T, k * H] of positions not yet in the cache
+        self.next_tokens: list[torch.Tensor] = []  # [T] the committed token after each of those positions
         self.drafted = 0                         # head positions of the last proposal beyond the target's
         self.vocab_size = 0
 
@@ -181,15 +182,17 @@ class HeadDrafter:
             raise ValueError(f"the head's vocab_size {head_vocab} exceeds the target's {target_vocab_size} rows")
         self.vocab_size = target_vocab_size
         self.cache = self.new_cache(max(self.capacity, prefix.shape[1] + 1))
-        self.features, self.drafted = [], 0
+        self.features, self.next_tokens, self.drafted = [], [], 0
 
     def new_cache(self, capacity: int) -> HeadCache:
         """The head's empty cache for one generation of up to ``capacity`` committed positions."""
         return head_cache(self.head, capacity, self.compile, self.max_gamma)
 
-    def target_features(self, aux: torch.Tensor) -> None:
-        """The target's aux hidden states [T, k * H] of the next T committed tokens (those it processed last)."""
+    def target_features(self, aux: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The target's aux hidden states [T, k * H] of the next T committed tokens (those it processed last), and
+        ``tokens`` [T], the committed token after each (position p reads x_{p+1} with h_p), on the device."""
         self.features.append(aux)
+        self.next_tokens.append(tokens)
 
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [1, V_draft] -> target-vocabulary logits [1, V] (-inf outside the draft vocab)."""
@@ -198,25 +201,24 @@ class HeadDrafter:
             logits = F.pad(logits, (0, self.vocab_size - logits.shape[-1]), value=float("-inf"))
         return logits
 
-    def pending_positions(self, history: list[int]) -> tuple[list[int], torch.Tensor] | None:
-        """The target-feature positions P..M-1 the cache has not seen: their tokens x_{P+1}..x_M (x_M = cur =
-        history[-1]) and fused features fc(h_P)..fc(h_{M-1}) [T, H], taken (features cleared); None without any."""
+    def pending_positions(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The target-feature positions P..M-1 the cache has not seen: their tokens x_{P+1}..x_M [1, T] (x_M = cur)
+        and fused features fc(h_P)..fc(h_{M-1}) [T, H], taken (features cleared); None without any. All on the
+        device: nothing is read back to the host."""
         if not self.features:  # no target feature yet (a one-token prompt)
             return None
-        pending = torch.cat(self.features)  # [T, k * H]
-        first, new = self.cache.length, pending.shape[0]
-        assert len(history) == first + new + 1, "the committed tokens and the target's features disagree"
-        self.features = []
-        return history[first + 1: first + 1 + new], self.head.fuse(pending.to(self.head.fc.weight.dtype))
+        pending, tokens = torch.cat(self.features), torch.cat(self.next_tokens)  # [T, k * H], [T]
+        assert pending.shape[0] == tokens.shape[0], "the target's features and their tokens disagree"
+        self.features, self.next_tokens = [], []
+        return tokens.view(1, -1), self.head.fuse(pending.to(self.head.fc.weight.dtype))
 
     def propose(self, history, cur, gamma, cfg, generator):
         assert self.cache is not None, "start() first"
-        positions = self.pending_positions(history) if gamma else None
+        positions = self.pending_positions() if gamma else None
         if positions is None:  # nothing to draft, or no target feature yet
             self.drafted = 0
             return cur.new_empty(0), None
         tokens, hidden = positions
-        tokens = torch.tensor([tokens], dtype=torch.long, device=cur.device)
         logits, prenorm = self.cache.step(tokens, hidden.unsqueeze(0))
         drafts, rows = [], []
         for j in range(gamma):

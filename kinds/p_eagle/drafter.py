@@ -38,13 +38,13 @@ class ParallelHeadDrafter(HeadDrafter):
 
     def propose(self, history, cur, gamma, cfg, generator):
         assert self.cache is not None, "start() first"
-        positions = self.pending_positions(history) if gamma else None
+        positions = self.pending_positions() if gamma else None
         if positions is None:  # nothing to draft, or no target feature yet
             self.drafted = 0
             return cur.new_empty(0), None
         tokens, fused = positions  # positions P..M-1 (x_{P+1}..x_M with fc(h_P)..fc(h_{M-1})); then the mask slots
         slots = gamma - 1
-        tokens = torch.tensor([tokens + [self.mask_token] * slots], dtype=torch.long, device=cur.device)
+        tokens = torch.cat([tokens, tokens.new_full((1, slots), self.mask_token)], dim=1)  # [1, T + slots]
         hidden = torch.cat([fused, self.head.mask_input().expand(slots, -1)]).unsqueeze(0)  # [1, T + slots, H]
         logits, _ = self.cache.step(tokens, hidden)
         self.drafted = slots

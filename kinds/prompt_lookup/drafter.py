@@ -14,6 +14,7 @@ class PromptLookupDrafter:
     """
 
     aux_layers: tuple[int, ...] = ()
+    host_history = True  # the n-gram search runs on the committed ids, on the host (decode.loop.drafters)
 
     def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 1, earliest: bool = False) -> None:
         if not 1 <= min_ngram_size <= max_ngram_size:

@@ -54,11 +54,12 @@ class SubsetHeadLM(torch.nn.Module):
         return self  # its .weight is the rows read out: lm_head_rows() counts |ids|
 
     def forward(self, input_ids: torch.Tensor, past_key_values: object = None, use_cache: bool = True,
-                logits_to_keep: int = 0, output_hidden_states: bool = False) -> CausalLMOutputWithPast:
+                logits_to_keep: int = 0, output_hidden_states: bool = False,
+                attention_mask: torch.Tensor | None = None) -> CausalLMOutputWithPast:
         # the KV cache comes as past_key_values (decode.loop.cache.cache_keyword of this forward) and is handed on
-        # under the decoder's own keyword
+        # under the decoder's own keyword; a 4-D causal mask (decode.loop.cache.CachedLM.causal_mask) as it came
         out = self.decoder(input_ids=input_ids, use_cache=use_cache, output_hidden_states=output_hidden_states,
-                           **{self.cache_keyword: past_key_values})
+                           attention_mask=attention_mask, **{self.cache_keyword: past_key_values})
         hidden = out.last_hidden_state
         hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         return CausalLMOutputWithPast(logits=F.linear(hidden, self.weight, self.bias),
@@ -114,7 +115,8 @@ class ModelDrafter:
         lm = readout_lm(self.model, self.vocab, target_vocab_size)
         if self.vocab is not None:
             self.ids = lm.ids
-        self.lm = cached_lm(lm, self.compile, "draft", capacity, (1,))
+        # compiled steps of 1 token (a draft step) and 2 (the catch-up after a round that kept every draft: d_k, cur)
+        self.lm = cached_lm(lm, self.compile, "draft", capacity, (1, 2))
         # A padded lm_head (Qwen-style 151936 vs 152064) is harmless: both sides work on the shared ids.
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
         self.pad_to = target_vocab_size
@@ -133,9 +135,6 @@ class ModelDrafter:
         # the draft's proposals can suffer from it, and the target verifies every proposal.
         feed = torch.cat([*self.pending, cur], dim=1).clamp_max(self.embed_size - 1)  # [1, 1 or 2]
         self.pending = []
-        if isinstance(self.lm, StaticLM) and feed.shape[1] > 1:  # one compiled shape: pending tokens go in alone
-            self.lm.forward(feed[:, :-1], last_only=True)
-            feed = feed[:, -1:]
         tokens, rows = [], []
         for _ in range(gamma):
             logits = self.lm.forward(feed, last_only=True)[-1:, : self.shared_vocab]  # [1, V_shared] or [1, |vocab|]

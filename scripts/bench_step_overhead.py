@@ -1,0 +1,169 @@
+"""Benchmark: the decoder's own work in a speculative round, on a pair where nothing else can hide it.
+
+    .venv/bin/python scripts/bench_step_overhead.py                                  # CPU, eager and compiled
+    .venv/bin/python scripts/bench_step_overhead.py --device cuda --dtype bfloat16   # a GPU (CUDA graphs compiled)
+    .venv/bin/python scripts/bench_step_overhead.py --json docs/benchmarks/step_overhead_cpu.json \
+        --doc docs/benchmarks/decode.md                                              # the page's table, from the JSON
+
+The pair is host-bound on purpose: a random Llama (2 layers, width 64, a 4096-token vocabulary) drafting for itself,
+greedy, so every draft token is accepted (tau = gamma + 1) and a (gamma + 1)-token verify pass costs about what a
+1-token step costs. A round is then gamma + 1 forwards for gamma + 1 tokens, as many as plain decoding needs, and a
+decoder with no work of its own runs 1.0x: whatever a row falls short of that is the decoder's (or the machine's, when
+a longer pass costs more than a 1-token one: the split says which).
+
+Eager on a CPU, the linear layers multiply by oneDNN-packed weights as ``specdistill-eval --cpu-linear auto`` does
+(decode.loop.packed_linear). Per path (eager, compiled) it prints, from one run:
+  * speculative / plain tokens/s from the project's eval (decode.measure.evaluate: side by side, per-prompt medians),
+    c and v (decode.measure.cost_model) and host reads per verify pass (decode.loop.stats.SpecStats.host_reads);
+  * one round's time split (decode.loop.timing.StepClock.split, medians over every full round of --repeats clocked
+    generations) into drafting, the verify pass and the decoder's own work, each in plain decoding steps (the same
+    runs time plain decoding per token), and the speedup a decoder with no own work would reach with these forwards:
+    tau / (drafting + verify pass).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python scripts/bench_step_overhead.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from decode.inputs.loading import resolve_device, resolve_dtype  # noqa: E402
+from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows  # noqa: E402
+from decode.loop.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+from decode.loop.timing import StepClock, timed_call  # noqa: E402
+from decode.measure.evaluate import EvalSettings, evaluate_acceptance  # noqa: E402
+from scripts import benchmark  # noqa: E402
+
+SCRIPT = "bench_step_overhead"
+CODE = ["decode/loop/speculative.py", "decode/loop/cache.py", "decode/loop/static.py",
+        "kinds/standalone/drafter.py"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per prompt, alternating speculative / plain")
+    p.add_argument("--paths", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    p.add_argument("--cpu-linear", default="auto", choices=CPU_LINEAR_MODES,
+                   help="eager on CPU, as specdistill-eval: oneDNN-packed weights (tuned per token count with auto)")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--json", type=Path, help="write the raw results here")
+    p.add_argument("--doc", type=Path, help="write the table into this page between the script's markers")
+    p.add_argument("--from-json", type=Path, help="measure nothing: the table of this JSON (with --doc)")
+    return p.parse_args(argv)
+
+
+def host_bound_pair(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
+    """The random Llama (it drafts for itself) and the prompts: random ids, fixed seeds."""
+    model = benchmark.random_llama(args.hidden, args.layers, seed=0, vocab=args.vocab).eval().to(device, dtype)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, args.vocab, (args.prompt_len,), generator=g) for _ in range(args.num_prompts)]
+    return model, prompts
+
+
+def round_split(model, prompts: list[torch.Tensor], gamma: int, new_tokens: int, compile: bool,
+                repeats: int) -> dict:
+    """One round's drafting, verify pass and own work in plain decoding steps (medians over every full round), and
+    the speedup without the own work, from ``repeats`` clocked speculative generations and plain ones per prompt."""
+    device = next(model.parameters()).device
+    rounds, per_token, tau = [], [], []
+    for _ in range(repeats):
+        for prompt in prompts:
+            prompt = prompt.view(1, -1).to(device)
+            clock = StepClock(device)
+            out = speculative_generate(model, model, prompt, max_new_tokens=new_tokens, gamma=gamma, clock=clock,
+                                       compile=compile)
+            rounds += clock.split(gamma)
+            tau.append(out.stats.mean_accepted_tokens)
+            _, seconds = timed_call(lambda: autoregressive_generate(model, prompt, max_new_tokens=new_tokens,
+                                                                    compile=compile), device)
+            _, first = timed_call(lambda: autoregressive_generate(model, prompt, max_new_tokens=1, compile=compile),
+                                  device)
+            per_token.append((seconds - first) / (new_tokens - 1))  # the prefill and the first token cancel
+    step = statistics.median(per_token)
+    draft, verify, own = (statistics.median(r[i] for r in rounds) / step for i in range(3))
+    tau = statistics.mean(tau)
+    return {"rounds": len(rounds), "plain_step_s": step, "draft_steps": draft, "verify_steps": verify,
+            "own_steps": own, "tau": tau, "without_own_work": tau / (draft + verify),
+            "from_split": tau / (draft + verify + own)}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    model, prompts = host_bound_pair(args, device, dtype)
+    linear = "plain"
+    if device.type == "cpu" and args.cpu_linear != "plain" and pack_linears(model):  # as specdistill-eval does
+        plain_rows = tune_plain_rows(model, range(1, args.gamma + 2)) if args.cpu_linear == "auto" else ()
+        linear = f"packed (F.linear at {sorted(plain_rows)} tokens)" if plain_rows else "packed"
+    rows = []
+    for path in args.paths:
+        compile = path == "compiled"
+        settings = EvalSettings(gammas=[args.gamma], max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                                compile=compile)
+        [result] = evaluate_acceptance(model, model, prompts, settings, progress=False)
+        split = round_split(model, prompts, args.gamma, args.max_new_tokens, compile, max(1, args.repeats // 2))
+        rows.append({"path": path, "result": result, "split": split})
+        print(f"{path}: speculative/plain {result['speedup']:.3f}x, tau {result['mean_accepted_tokens']:.2f}, "
+              f"host reads per step {result['host_reads_per_step']:.2f}, round = draft {split['draft_steps']:.2f} "
+              f"+ verify {split['verify_steps']:.2f} + own work {split['own_steps']:.2f} plain steps; "
+              f"without own work {split['without_own_work']:.3f}x", flush=True)
+    pair = (f"random Llama {args.hidden}x{args.layers} (vocab {args.vocab}) drafting for itself, "
+            f"{args.num_prompts} prompts of {args.prompt_len} tokens, {args.max_new_tokens} new, greedy")
+    return {"pair": pair, "machine": benchmark.machine(device.type), "dtype": str(dtype).replace("torch.", ""),
+            "cpu_linear": linear,
+            "gamma": args.gamma, "command": benchmark.command_line(__file__), "rows": rows}
+
+
+def table(report: dict) -> str:
+    """The page's block: what ran where, and one row per path."""
+    headers = ["path", "gamma", "tau", "host reads / step", "plain tok/s", "speculative tok/s", "speedup", "c", "v",
+               "draft", "verify", "own work", "without own work"]
+    body = []
+    for row in report["rows"]:
+        r, s = row["result"], row["split"]
+        body.append([row["path"], r["gamma"], f"{r['mean_accepted_tokens']:.2f}", f"{r['host_reads_per_step']:.2f}",
+                     f"{r['target_tokens_per_s']:.0f}", f"{r['speculative_tokens_per_s']:.0f}",
+                     f"**{r['speedup']:.2f}x**", f"{r['draft_cost_ratio']:.2f}", f"{r['verify_cost_ratio']:.2f}",
+                     f"{s['draft_steps']:.2f}", f"{s['verify_steps']:.2f}", f"{s['own_steps']:.2f}",
+                     f"{s['without_own_work']:.2f}x"])
+    lines = [f"Pair: {report['pair']}; {report['dtype']}; eager linear layers {report['cpu_linear']}.", "", f"Machine: {report['machine']}.", "",
+             f"Command: `{report['command']}`", "", *benchmark.markdown_table(headers, body), "",
+             "draft, verify and own work: one full round's drafting, verify pass and the decoder's own work, in plain "
+             "decoding steps; without own work: tau / (draft + verify).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.doc:
+        benchmark.check_doc(args.doc, SCRIPT)
+    if args.from_json:
+        report = json.loads(args.from_json.read_text())
+    else:
+        report = measure(args)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+    text = table(report)
+    print(text)
+    if args.doc:
+        benchmark.write_doc(args.doc, text, SCRIPT)
+    return report
+
+
+if __name__ == "__main__":
+    main()
