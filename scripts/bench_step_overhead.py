@@ -2,8 +2,8 @@
 
     .venv/bin/python scripts/bench_step_overhead.py                                  # CPU, eager and compiled
     .venv/bin/python scripts/bench_step_overhead.py --device cuda --dtype bfloat16   # a GPU (CUDA graphs compiled)
-    .venv/bin/python scripts/bench_step_overhead.py --json docs/benchmarks/step_overhead_cpu.json \
-        --doc docs/benchmarks/decode.md                                              # the page's table, from the JSON
+    .venv/bin/python scripts/bench_step_overhead.py --json docs/benchmarks/step_overhead/cpu.json \
+        --doc docs/benchmarks/decode.md --plot docs/benchmarks/step_overhead/cpu.png   # the page's table and plot
 
 The pair is host-bound on purpose: a random Llama (2 layers, width 64, a 4096-token vocabulary) drafting for itself,
 greedy, so every draft token is accepted (tau = gamma + 1) and a (gamma + 1)-token verify pass costs about what a
@@ -16,9 +16,9 @@ Eager on a CPU, the linear layers multiply by oneDNN-packed weights as ``specdis
   * speculative / plain tokens/s from the project's eval (decode.measure.evaluate: side by side, per-prompt medians),
     c and v (decode.measure.cost_model) and host reads per verify pass (decode.loop.stats.SpecStats.host_reads);
   * one round's time split (decode.loop.timing.StepClock.split, medians over every full round of --repeats clocked
-    generations) into drafting, the verify pass and the decoder's own work, each in plain decoding steps (the same
-    runs time plain decoding per token), and the speedup a decoder with no own work would reach with these forwards:
-    tau / (drafting + verify pass).
+    generations per prompt, each beside plain generations of that prompt) into drafting, the verify pass and the
+    decoder's own work, each in plain decoding steps, the speedup of those same runs, and the speedup a decoder with
+    no own work would reach with these forwards: tau / (drafting + verify pass).
 """
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--json", type=Path, help="write the raw results here")
     p.add_argument("--doc", type=Path, help="write the table into this page between the script's markers")
-    p.add_argument("--from-json", type=Path, help="measure nothing: the table of this JSON (with --doc)")
+    p.add_argument("--from-json", type=Path, help="measure nothing: the table (and plot) of this JSON")
+    p.add_argument("--plot", type=Path, help="write the round split as a PNG here (matplotlib)")
     return p.parse_args(argv)
 
 
@@ -76,20 +77,26 @@ def host_bound_pair(args: argparse.Namespace, device: torch.device, dtype: torch
 
 def round_split(model, prompts: list[torch.Tensor], gamma: int, new_tokens: int, compile: bool,
                 repeats: int) -> dict:
-    """One round's drafting, verify pass and own work in plain decoding steps (medians over every full round), and
-    the speedup without the own work, from ``repeats`` clocked speculative generations and plain ones per prompt."""
+    """One round's drafting, verify pass and own work in plain decoding steps (medians over every full round), from
+    ``repeats`` clocked speculative generations per prompt, each beside plain generations of the same prompt (of
+    ``new_tokens`` and of 1 token: a plain step is their difference per token, the prefill cancels). Also the
+    speedup of those same runs (summed plain seconds / summed speculative seconds) and the one a decoder without own
+    work would reach: tau / (draft + verify)."""
     device = next(model.parameters()).device
-    rounds, per_token, tau = [], [], []
+    rounds, per_token, tau, spec_s, plain_s = [], [], [], 0.0, 0.0
     for _ in range(repeats):
         for prompt in prompts:
             prompt = prompt.view(1, -1).to(device)
             clock = StepClock(device)
-            out = speculative_generate(model, model, prompt, max_new_tokens=new_tokens, gamma=gamma, clock=clock,
-                                       compile=compile)
+            out, seconds = timed_call(lambda: speculative_generate(model, model, prompt, max_new_tokens=new_tokens,
+                                                                   gamma=gamma, clock=clock, compile=compile),
+                                      device)
+            spec_s += seconds
             rounds += clock.split(gamma)
             tau.append(out.stats.mean_accepted_tokens)
             _, seconds = timed_call(lambda: autoregressive_generate(model, prompt, max_new_tokens=new_tokens,
                                                                     compile=compile), device)
+            plain_s += seconds
             _, first = timed_call(lambda: autoregressive_generate(model, prompt, max_new_tokens=1, compile=compile),
                                   device)
             per_token.append((seconds - first) / (new_tokens - 1))  # the prefill and the first token cancel
@@ -97,7 +104,7 @@ def round_split(model, prompts: list[torch.Tensor], gamma: int, new_tokens: int,
     draft, verify, own = (statistics.median(r[i] for r in rounds) / step for i in range(3))
     tau = statistics.mean(tau)
     return {"rounds": len(rounds), "plain_step_s": step, "draft_steps": draft, "verify_steps": verify,
-            "own_steps": own, "tau": tau, "without_own_work": tau / (draft + verify),
+            "own_steps": own, "tau": tau, "speedup": plain_s / spec_s, "without_own_work": tau / (draft + verify),
             "from_split": tau / (draft + verify + own)}
 
 
@@ -115,12 +122,12 @@ def measure(args: argparse.Namespace) -> dict:
         settings = EvalSettings(gammas=[args.gamma], max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                                 compile=compile)
         [result] = evaluate_acceptance(model, model, prompts, settings, progress=False)
-        split = round_split(model, prompts, args.gamma, args.max_new_tokens, compile, max(1, args.repeats // 2))
+        split = round_split(model, prompts, args.gamma, args.max_new_tokens, compile, args.repeats)
         rows.append({"path": path, "result": result, "split": split})
         print(f"{path}: speculative/plain {result['speedup']:.3f}x, tau {result['mean_accepted_tokens']:.2f}, "
-              f"host reads per step {result['host_reads_per_step']:.2f}, round = draft {split['draft_steps']:.2f} "
-              f"+ verify {split['verify_steps']:.2f} + own work {split['own_steps']:.2f} plain steps; "
-              f"without own work {split['without_own_work']:.3f}x", flush=True)
+              f"host reads per step {result['host_reads_per_step']:.2f}; clocked runs {split['speedup']:.3f}x, round = "
+              f"draft {split['draft_steps']:.2f} + verify {split['verify_steps']:.2f} + own work "
+              f"{split['own_steps']:.2f} plain steps; without own work {split['without_own_work']:.3f}x", flush=True)
     pair = (f"random Llama {args.hidden}x{args.layers} (vocab {args.vocab}) drafting for itself, "
             f"{args.num_prompts} prompts of {args.prompt_len} tokens, {args.max_new_tokens} new, greedy")
     return {"pair": pair, "machine": benchmark.machine(device.type), "dtype": str(dtype).replace("torch.", ""),
@@ -131,20 +138,47 @@ def measure(args: argparse.Namespace) -> dict:
 def table(report: dict) -> str:
     """The page's block: what ran where, and one row per path."""
     headers = ["path", "gamma", "tau", "host reads / step", "plain tok/s", "speculative tok/s", "speedup", "c", "v",
-               "draft", "verify", "own work", "without own work"]
+               "clocked runs", "draft", "verify", "own work", "without own work"]
     body = []
     for row in report["rows"]:
         r, s = row["result"], row["split"]
         body.append([row["path"], r["gamma"], f"{r['mean_accepted_tokens']:.2f}", f"{r['host_reads_per_step']:.2f}",
                      f"{r['target_tokens_per_s']:.0f}", f"{r['speculative_tokens_per_s']:.0f}",
                      f"**{r['speedup']:.2f}x**", f"{r['draft_cost_ratio']:.2f}", f"{r['verify_cost_ratio']:.2f}",
-                     f"{s['draft_steps']:.2f}", f"{s['verify_steps']:.2f}", f"{s['own_steps']:.2f}",
+                     f"{s['speedup']:.2f}x", f"{s['draft_steps']:.2f}", f"{s['verify_steps']:.2f}", f"{s['own_steps']:.2f}",
                      f"{s['without_own_work']:.2f}x"])
     lines = [f"Pair: {report['pair']}; {report['dtype']}; eager linear layers {report['cpu_linear']}.", "", f"Machine: {report['machine']}.", "",
              f"Command: `{report['command']}`", "", *benchmark.markdown_table(headers, body), "",
-             "draft, verify and own work: one full round's drafting, verify pass and the decoder's own work, in plain "
-             "decoding steps; without own work: tau / (draft + verify).", ""]
+             "speedup, c, v: the project's eval (decode.measure.evaluate); clocked runs: the speedup of the runs the "
+             "split comes from; draft, verify and own work: one full round's drafting, verify pass and the decoder's "
+             "own work, in plain decoding steps (medians); without own work: tau / (draft + verify).", ""]
     return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    """One stacked bar per path: a round's drafting, verify pass and own work in plain decoding steps, beside the
+    tau plain steps the round's tokens cost plain decoding (the bar a 1.0x decoder matches)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.0), dpi=100, layout="tight")
+    ax = fig.add_subplot()
+    names = [row["path"] for row in report["rows"]]
+    bottom = [0.0] * len(names)
+    for part, colour in (("draft_steps", "#4c72b0"), ("verify_steps", "#dd8452"), ("own_steps", "#c44e52")):
+        heights = [row["split"][part] for row in report["rows"]]
+        ax.bar(names, heights, bottom=bottom, width=0.5, color=colour, label=part.replace("_steps", "").replace(
+            "own", "decoder's own work").replace("verify", "verify pass").replace("draft", "drafting"))
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    for x, row in enumerate(report["rows"]):
+        tau = row["split"]["tau"]
+        ax.hlines(tau, x - 0.35, x + 0.35, colors="black", linestyles="dashed")
+        ax.text(x, bottom[x] + 0.05, f"{row['split']['speedup']:.2f}x plain", ha="center", va="bottom")
+    ax.set(ylabel="plain decoding steps per round", title=f"A round at gamma {report['gamma']}; dashed: tau = "
+           f"{report['rows'][0]['split']['tau']:.1f}, plain decoding's cost", ylim=(0, 6.8))
+    ax.legend(loc="lower right")
+    ax.grid(axis="y", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -160,6 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
             args.json.write_text(json.dumps(report, indent=2) + "\n")
     text = table(report)
     print(text)
+    if args.plot:
+        plot(report, args.plot)
     if args.doc:
         benchmark.write_doc(args.doc, text, SCRIPT)
     return report

@@ -3,6 +3,9 @@
 #
 #   scripts/gpu_check.sh OUT_DIR tests            # tests/test_decode_gpu.py (greedy equality, bf16/fp16, CUDA graphs)
 #   scripts/gpu_check.sh OUT_DIR decode           # scripts/bench_decode.py in bf16, eager and compiled (CUDA graphs)
+#   scripts/gpu_check.sh OUT_DIR overhead         # scripts/bench_step_overhead.py in bf16, eager and compiled: the
+#                                                 # self-drafting host-bound pair, the round split into drafting,
+#                                                 # verifying and the decoder's own work, host reads per step
 #   scripts/gpu_check.sh OUT_DIR head TARGET HEAD # specdistill-eval of an EAGLE-3 head on its real target, bf16:
 #                                                 # greedy gamma 2 4 6, prompt lookup, T=1, compiled
 #                                                 # (RUNS="compiled greedy" picks and orders them)
@@ -13,7 +16,8 @@
 #                                                 # step); the head lands in RUN (default OUT_DIR/head_run), ready
 #                                                 # for the head step
 #
-# Durations on an H100/H200 (torch 2.11): tests 70-100 s, decode ~140-220 s (compile included); train's data
+# Durations on an H100/H200 (torch 2.11): tests 70-100 s, decode ~140-220 s (compile included), overhead not timed
+# yet (about 40 s on a 2-core CPU); train's data
 # ~4 min for NUM=4096 on an H200 (prompts 115 s, answers 76 s, two model loads), its training not timed yet. head
 # runs transformers' eager forward at ~50 tokens/s for SmolLM2-135M (launch-bound), so each eval of PROMPTS=8 (one
 # per category) x NEW=64 tokens takes ~40 s per gamma; the default limit of a step is LIMIT=240 s.
@@ -21,7 +25,8 @@
 # PYTHON (default python3) is the interpreter; the repository is put on PYTHONPATH, nothing is installed: a
 # dependency of pyproject.toml that the interpreter lacks stops the script before any step, naming it.
 set -u
-OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR tests|decode|head|train ...}; STEP=${2:?step: tests, decode, head or train}
+OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR tests|decode|overhead|head|train ...}
+STEP=${2:?step: tests, decode, overhead, head or train}
 PY=${PYTHON:-python3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
@@ -75,6 +80,11 @@ decode)
         --gamma ${GAMMAS:-2 4} --num-prompts 4 --max-new-tokens 128 --repeats 3 \
         --markdown "$OUT/decode.md" --json "$OUT/decode.json" 2>&1 | tee -a "$OUT/decode.log"
     ;;
+overhead)
+    machine | tee "$OUT/overhead.log"
+    timeout "${LIMIT:-240}" $PY scripts/bench_step_overhead.py --device cuda --dtype bfloat16 \
+        --repeats "${REPEATS:-3}" --json "$OUT/step_overhead_gpu.json" 2>&1 | tee -a "$OUT/overhead.log"
+    ;;
 head)
     TARGET=${3:?head needs TARGET (folder or .gguf)}; HEAD=${4:?head needs the head folder}
     machine | tee "$OUT/head.log"
@@ -125,5 +135,5 @@ train)
         ${PRECISION-model.target_dtype=bfloat16 train.bf16=true} 2>&1 | tee -a "$OUT/train.log"
     ;;
 *)
-    echo "gpu_check.sh: unknown step '$STEP' (tests, decode, head or train)" >&2; exit 2 ;;
+    echo "gpu_check.sh: unknown step '$STEP' (tests, decode, overhead, head or train)" >&2; exit 2 ;;
 esac

@@ -118,6 +118,36 @@ def test_the_compiled_path_reads_the_host_once_per_round(kind, target, monkeypat
         out = speculative_generate(target, draft, PROMPT, max_new_tokens=24, gamma=3, compile=True)
     assert counter.count == out.stats.target_calls == out.stats.host_reads, counter.where
     assert out.new_tokens == autoregressive_generate(target, PROMPT, max_new_tokens=24).new_tokens
+    if kind == "standalone":  # its greedy rounds ran as one compiled chain of 3 draft steps (Session.chain)
+        chains = [key for key in static.session(draft, "draft").steps if isinstance(key, tuple)]
+        assert sorted(key[2:] for key in chains) == [(1, 3), (2, 3)]
+
+
+def test_a_compiled_chain_of_draft_steps_proposes_what_the_steps_propose(target, monkeypatch):
+    """Session.chain (one compiled call for a round's gamma draft steps) against the same steps called one by one."""
+    from kinds.standalone.drafter import ModelDrafter
+
+    monkeypatch.setattr(static, "BACKEND", "aot_eager")
+    draft = DRAFTS["standalone"](target)
+    proposals = {}
+    for chained in (True, False):
+        drafter = ModelDrafter(draft, compile=True, capacity=64, max_gamma=4 if chained else 5)  # 5: no chain at 4
+        cur, seen = PROMPT[:, -1:], []
+        with torch.inference_mode():
+            drafter.start(PROMPT[:, :-1], target.config.vocab_size)
+            for accepted in (4, 1, 0, 4):
+                drafts, _ = drafter.propose([], cur, 4, spec_greedy(), None)
+                seen.append(drafts.tolist())
+                drafter.commit(accepted)
+                cur = drafts[accepted - 1:accepted].view(1, 1) if accepted else torch.tensor([[7]])
+        proposals[chained] = seen
+    assert proposals[True] == proposals[False]
+
+
+def spec_greedy():
+    from decode.loop.sampling import SamplingConfig
+
+    return SamplingConfig(0.0)
 
 
 def test_the_counter_sees_a_read_the_decoder_would_add(target, monkeypatch):
@@ -137,3 +167,41 @@ def test_the_counter_sees_a_read_the_decoder_would_add(target, monkeypatch):
         counter = ReadCounter(patch, OURS + (__file__,))
         out = speculative_generate(target, draft, PROMPT, max_new_tokens=24, gamma=3)
     assert counter.count == 2 * out.stats.target_calls
+
+
+def test_the_step_overhead_benchmark_splits_a_round_and_writes_its_table(tmp_path):
+    """scripts/bench_step_overhead.py on a short run: the self-drafting pair accepts every draft, reads the host once
+    per round, and its round split adds up; the page's block is the JSON's table, rewritten from the JSON alone."""
+    from scripts import bench_step_overhead as bench
+
+    page = tmp_path / "page.md"
+    begin, end = bench.benchmark.doc_markers(bench.SCRIPT)
+    page.write_text(f"# A page\n\n{begin}\nold\n{end}\n\nkept\n")
+    json_path = tmp_path / "overhead.json"
+    report = bench.main(["--paths", "eager", "--repeats", "1", "--num-prompts", "2", "--max-new-tokens", "21",
+                         "--gamma", "4", "--json", str(json_path), "--doc", str(page)])
+    [row] = report["rows"]
+    result, split = row["result"], row["split"]
+    assert result["mean_accepted_tokens"] == 21 / 5 and result["greedy_match"] == 1.0  # 4 rounds of 5, then 1
+    assert result["host_reads_per_step"] == 1.0
+    assert split["rounds"] == 2 * 4 and min(split["draft_steps"], split["verify_steps"], split["own_steps"]) > 0
+    assert split["without_own_work"] > split["from_split"]
+    text = page.read_text()
+    assert "old" not in text and text.endswith("kept\n") and "| eager " in text
+    page.write_text(f"{begin}\n{end}\n")
+    bench.main(["--from-json", str(json_path), "--doc", str(page)])
+    assert page.read_text().split(begin)[1] == text.split(begin)[1].split(end)[0] + end + "\n"
+
+
+def test_the_decode_page_quotes_the_committed_step_overhead_json():
+    """docs/benchmarks/decode.md's block is the table of the committed JSON, to the digit."""
+    import json
+
+    from scripts import bench_step_overhead as bench
+
+    begin, end = bench.benchmark.doc_markers(bench.SCRIPT)
+    page = (ROOT / "docs" / "benchmarks" / "decode.md").read_text()
+    block = page.split(begin, 1)[1].split(end, 1)[0]
+    report = json.loads((ROOT / "docs" / "benchmarks" / "step_overhead" / "cpu_zen4.json").read_text())
+    assert block == "\n" + bench.table(report)
+    assert (ROOT / "docs" / "benchmarks" / "step_overhead" / "cpu_zen4.png").is_file()

@@ -31,4 +31,4 @@ def test_missing_packages_stop_the_script_before_any_step(tmp_path):
 def test_an_interpreter_with_every_package_passes_the_check(tmp_path):
     done = run(sys.executable, tmp_path, "nonsense")  # the project's venv: the check passes, the step is refused
     assert done.returncode == 2
-    assert done.stderr.strip() == "gpu_check.sh: unknown step 'nonsense' (tests, decode, head or train)"
+    assert done.stderr.strip() == "gpu_check.sh: unknown step 'nonsense' (tests, decode, overhead, head or train)"

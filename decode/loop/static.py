@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch.utils._pytree import tree_map
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
@@ -125,8 +126,33 @@ class Session:
             self.steps[length] = self.first_call(length)
         return self.steps[length]
 
+    def chain(self, length: int, steps: int, choose: Callable[[torch.Tensor], torch.Tensor], name: str
+              ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A drafter's whole round as ONE compiled call (one CUDA graph with reduce-overhead, as SGLang captures its
+        multi-step draft): a forward over ``length`` tokens, then ``steps - 1`` one-token forwards, each fed the token
+        ``choose`` picked from the last row of the logits before it (logits [1, V] -> token [1]); returns the
+        ``steps`` picked tokens [steps], the cache advanced by length + steps - 1. ``name`` keys ``choose`` (one
+        compiled chain per name, length and steps, reused across prompts). None when the session runs eagerly."""
+        key = ("chain", name, length, steps)
+        if self.eager:
+            return None
+        if key not in self.steps:
+            def draft(tokens: torch.Tensor) -> torch.Tensor:
+                logits, _ = self.eager_step(tokens)
+                picked = [choose(logits[-1:])]
+                for _ in range(steps - 1):
+                    logits, _ = self.eager_step(picked[-1].view(1, 1))
+                    picked.append(choose(logits))
+                return torch.cat(picked)
+
+            self.steps[key] = self.first_call(length, draft, key)
+        return None if self.eager else self.steps[key]
+
     @torch.inference_mode()
-    def first_call(self, length: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]:
+    def first_call(self, length: int, function: Callable | None = None, key: object = None) -> Callable:
+        """``function`` (default ``eager_step``) of a [1, length] token input, compiled at its first call (which
+        also runs it): stored as ``steps[key]`` (default ``length``)."""
+        function, key = function or self.eager_step, length if key is None else key
         device = next(self.model.parameters()).device
         options = compile_options(device)
         graphs = options.get("mode") == "reduce-overhead"
@@ -135,21 +161,20 @@ class Session:
         torch._dynamo.mark_static_address(buffer)
         compiled: list[Callable] = []
 
-        def run(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def run(tokens: torch.Tensor):
             buffer.copy_(tokens)
             if graphs:  # CUDA graphs reuse their output buffers: copy the outputs out
                 torch.compiler.cudagraph_mark_step_begin()
-                logits, aux = compiled[0](buffer)
-                return logits.clone(), None if aux is None else aux.clone()
+                return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, compiled[0](buffer))
             return compiled[0](buffer)
 
-        def warm(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def warm(tokens: torch.Tensor):
             start = time.perf_counter()
             position = int(self.cache.layers[0].cumulative_length)
             try:
-                compiled.append(torch.compile(self.eager_step, **options))
+                compiled.append(torch.compile(function, **options))
                 outputs = run(tokens)
-                self.steps[length] = run
+                self.steps[key] = run
             except Exception as err:  # noqa: BLE001 - any compiler failure means: use the eager path
                 reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 warnings.warn(f"torch.compile failed for {type(self.model).__name__} ({type(err).__name__}: "
@@ -157,7 +182,7 @@ class Session:
                               stacklevel=2)
                 self.eager = True
                 self.set_position(position)
-                outputs = self.eager_step(tokens)
+                outputs = function(tokens)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             self.compile_seconds += time.perf_counter() - start
@@ -248,6 +273,32 @@ class StaticLM:
         if padded != n:
             self.session.set_position(self.length)
         return logits[-1:] if last_only else logits[-keep:] if keep else logits
+
+    @torch.inference_mode()
+    def precompile_chain(self, lengths: tuple[int, ...], steps: int, choose: Callable[[torch.Tensor], torch.Tensor],
+                         name: str) -> None:
+        """Compile Session.chain for each of ``lengths`` now (before the sequence starts), so that none compiles
+        mid-generation."""
+        device = next(self.model.parameters()).device
+        for length in lengths:
+            if ("chain", name, length, steps) not in self.session.steps and length + steps <= self.session.capacity:
+                self.session.set_position(0)
+                run = self.session.chain(length, steps, choose, name)
+                if run is not None:
+                    run(torch.zeros(1, length, dtype=torch.long, device=device))
+        self.session.set_position(self.length)
+
+    def chain(self, tokens: torch.Tensor, steps: int, choose: Callable[[torch.Tensor], torch.Tensor],
+              name: str) -> torch.Tensor | None:
+        """Session.chain over ``tokens`` [1, T]: the ``steps`` picked tokens [steps] in one compiled call, the cache
+        advanced by T + steps - 1; None (nothing run) when the session runs eagerly or that would outrun the cache."""
+        grown = self.length + tokens.shape[1] + steps - 1
+        run = self.session.chain(tokens.shape[1], steps, choose, name) if grown <= self.session.capacity else None
+        if run is None:
+            return None
+        picked = run(tokens)
+        self.length = grown
+        return picked
 
     def rollback(self, num_tokens: int) -> None:
         """Forget the last ``num_tokens`` tokens: move the write position back."""

@@ -6,7 +6,7 @@ average (mean_accepted_tokens), and plain decoding commits one token per target 
     predicted speedup = tau / (gamma * c + v)
     c = (draft seconds per drafted token in a speculative step) / t_target
     v = (seconds of the rest of a speculative step: the (gamma + 1)-token verify pass, acceptance, the rollbacks of
-         both caches, the drafter's commit, host syncs and bookkeeping) / t_target
+         both caches, the drafter's commit, the host read and bookkeeping) / t_target
     t_target = seconds per token of plain decoding (one 1-token target step, sampling and the loop around it)
 
 Every quantity is timed on the code that decodes (``speculative_generate`` with a ``StepClock``,

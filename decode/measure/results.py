@@ -217,7 +217,7 @@ RESULT_KEYS: dict[str, Key] = {
                                              "token, timed on the decoder's own loops under the row's sampling settings "
                                              "(decode.measure.cost_model); null from vLLM (0 in the batch form)."),
     "verify_cost_ratio": Key("ratio or null", "v: the rest of a speculative step (the pass over gamma + 1 tokens, "
-                                              "acceptance, cache rollbacks, the drafter's commit, host syncs) / "
+                                              "acceptance, cache rollbacks, the drafter's commit, the host read) / "
                                               "seconds per plain-decoding token; null from vLLM, except v_N of the "
                                               "batch form (an engine step carrying the drafted tokens / a plain one "
                                               "at the same level)."),

@@ -51,7 +51,8 @@ class StandaloneKind(Kind):
 
         if isinstance(draft, ModelDrafter):
             return draft
-        return ModelDrafter(draft, compile=compile, capacity=capacity, vocab=getattr(draft, "draft_vocab_ids", None))
+        return ModelDrafter(draft, compile=compile, capacity=capacity, vocab=getattr(draft, "draft_vocab_ids", None),
+                            max_gamma=max_gamma)
 
     def reserve(self, draft, target, capacity, max_gamma):
         """The static cache of what the drafter runs: the model, or its SubsetHeadLM when it has a draft vocabulary."""

@@ -92,17 +92,28 @@ def readout_lm(model: torch.nn.Module, vocab: torch.Tensor | None, target_vocab_
     return subset_lm(model, vocab)
 
 
+def greedy_pick(shared_vocab: int, ids: torch.Tensor | None):
+    """The greedy draft token of a row of logits [1, V_draft] -> [1], as a target id (``ids`` maps a draft
+    vocabulary's ids back to the target's; None: the same ids). A plain function of tensors, so a compiled chain of
+    draft steps (decode.loop.static.Session.chain) runs it inside its graph."""
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        token = logits[:, :shared_vocab].argmax(dim=-1)
+        return token if ids is None else ids[token]
+    return pick
+
+
 class ModelDrafter:
-    """A small causal LM as the draft, with its own KV cache (static, with a compiled 1-token step, when
-    ``compile``; ``capacity`` positions are then preallocated). ``vocab``: a draft vocabulary [k] (ascending target
+    """A small causal LM as the draft, with its own KV cache (static when ``compile``, ``capacity`` positions then
+    preallocated, with compiled steps of 1 and 2 tokens and, greedy, the round's gamma steps as one compiled call:
+    decode.loop.static.Session.chain). ``vocab``: a draft vocabulary [k] (ascending target
     ids, kinds/draft_vocab.py): only those lm_head rows are read out and only those tokens proposed; None: all."""
 
     aux_layers: tuple[int, ...] = ()
 
     def __init__(self, model: torch.nn.Module, compile: bool = False, capacity: int = 0,
-                 vocab: torch.Tensor | None = None) -> None:
+                 vocab: torch.Tensor | None = None, max_gamma: int = 0) -> None:
         self.model = model
-        self.compile, self.capacity = compile, capacity
+        self.compile, self.capacity, self.max_gamma = compile, capacity, max_gamma
         self.vocab = vocab
         self.lm: CachedLM | StaticLM | None = None
         self.pending: list[torch.Tensor] = []  # committed tokens not yet in the cache, each [1, 1]
@@ -117,6 +128,12 @@ class ModelDrafter:
             self.ids = lm.ids
         # compiled steps of 1 token (a draft step) and 2 (the catch-up after a round that kept every draft: d_k, cur)
         self.lm = cached_lm(lm, self.compile, "draft", capacity, (1, 2))
+        self.pick = greedy_pick(min(self.lm.vocab_size, target_vocab_size), self.ids if self.vocab is not None
+                                else None)
+        self.pick_name = f"greedy/{min(self.lm.vocab_size, target_vocab_size)}/" + \
+            ("all" if self.vocab is None else str(id(self.ids)))
+        if isinstance(self.lm, StaticLM) and self.max_gamma > 1:  # greedy rounds of max_gamma drafts: one call each
+            self.lm.precompile_chain((1, 2), self.max_gamma, self.pick, self.pick_name)
         # A padded lm_head (Qwen-style 151936 vs 152064) is harmless: both sides work on the shared ids.
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
         self.pad_to = target_vocab_size
@@ -135,6 +152,11 @@ class ModelDrafter:
         # the draft's proposals can suffer from it, and the target verifies every proposal.
         feed = torch.cat([*self.pending, cur], dim=1).clamp_max(self.embed_size - 1)  # [1, 1 or 2]
         self.pending = []
+        if cfg.greedy and isinstance(self.lm, StaticLM) and gamma == self.max_gamma > 1:  # one compiled call (start)
+            chained = self.lm.chain(feed, gamma, self.pick, self.pick_name)
+            if chained is not None:
+                self.proposed = chained
+                return chained, None
         tokens, rows = [], []
         for _ in range(gamma):
             logits = self.lm.forward(feed, last_only=True)[-1:, : self.shared_vocab]  # [1, V_shared] or [1, |vocab|]
