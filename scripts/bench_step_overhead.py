@@ -145,9 +145,10 @@ def table(report: dict) -> str:
         body.append([row["path"], r["gamma"], f"{r['mean_accepted_tokens']:.2f}", f"{r['host_reads_per_step']:.2f}",
                      f"{r['target_tokens_per_s']:.0f}", f"{r['speculative_tokens_per_s']:.0f}",
                      f"**{r['speedup']:.2f}x**", f"{r['draft_cost_ratio']:.2f}", f"{r['verify_cost_ratio']:.2f}",
-                     f"{s['speedup']:.2f}x", f"{s['draft_steps']:.2f}", f"{s['verify_steps']:.2f}", f"{s['own_steps']:.2f}",
-                     f"{s['without_own_work']:.2f}x"])
-    lines = [f"Pair: {report['pair']}; {report['dtype']}; eager linear layers {report['cpu_linear']}.", "", f"Machine: {report['machine']}.", "",
+                     f"{s['speedup']:.2f}x", f"{s['draft_steps']:.2f}", f"{s['verify_steps']:.2f}",
+                     f"{s['own_steps']:.2f}", f"{s['without_own_work']:.2f}x"])
+    lines = [f"Pair: {report['pair']}; {report['dtype']}; eager linear layers {report['cpu_linear']}.", "",
+             f"Machine: {report['machine']}.", "",
              f"Command: `{report['command']}`", "", *benchmark.markdown_table(headers, body), "",
              "speedup, c, v: the project's eval (decode.measure.evaluate); clocked runs: the speedup of the runs the "
              "split comes from; draft, verify and own work: one full round's drafting, verify pass and the decoder's "

@@ -291,7 +291,8 @@ def speculative_generate(
         if produced[-1] in stop:
             break
     stats.host_reads += reads.count
-    return GenerateOutput(sequences=torch.cat(committed).view(1, -1), stats=stats, new_tokens=new, chosen_gammas=chooser.chosen if chooser else [])
+    return GenerateOutput(sequences=torch.cat(committed).view(1, -1), stats=stats, new_tokens=new,
+                          chosen_gammas=chooser.chosen if chooser else [])
 
 
 @torch.inference_mode()

@@ -128,14 +128,13 @@ class ModelDrafter:
             self.ids = lm.ids
         # compiled steps of 1 token (a draft step) and 2 (the catch-up after a round that kept every draft: d_k, cur)
         self.lm = cached_lm(lm, self.compile, "draft", capacity, (1, 2))
-        self.pick = greedy_pick(min(self.lm.vocab_size, target_vocab_size), self.ids if self.vocab is not None
-                                else None)
-        self.pick_name = f"greedy/{min(self.lm.vocab_size, target_vocab_size)}/" + \
-            ("all" if self.vocab is None else str(id(self.ids)))
-        if isinstance(self.lm, StaticLM) and self.max_gamma > 1:  # greedy rounds of max_gamma drafts: one call each
-            self.lm.precompile_chain((1, 2), self.max_gamma, self.pick, self.pick_name)
         # A padded lm_head (Qwen-style 151936 vs 152064) is harmless: both sides work on the shared ids.
         self.shared_vocab = min(self.lm.vocab_size, target_vocab_size)
+        ids = self.ids if self.vocab is not None else None
+        self.pick = greedy_pick(self.shared_vocab, ids)
+        self.pick_name = f"greedy/{self.shared_vocab}/{'all' if ids is None else id(ids)}"
+        if isinstance(self.lm, StaticLM) and self.max_gamma > 1:  # greedy rounds of max_gamma drafts: one call each
+            self.lm.precompile_chain((1, 2), self.max_gamma, self.pick, self.pick_name)
         self.pad_to = target_vocab_size
         self.embed_size = self.model.get_input_embeddings().weight.shape[0]
         self.pending = []
