@@ -12,7 +12,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install serving test test-fast quickstart bench docs docs-build clean
+.PHONY: install serving test test-fast lint quickstart bench docs docs-build clean
 
 install: $(STAMP)
 
@@ -53,6 +53,10 @@ test: install
 
 test-fast: install
 	$(PYTEST) tests -m "not integration"
+
+# ruff (pyproject.toml [tool.ruff]): pycodestyle, pyflakes, import order, pyupgrade, bugbear
+lint: install
+	$(BIN)/ruff check .
 
 quickstart: install
 	$(BIN)/python scripts/quickstart.py

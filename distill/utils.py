@@ -111,7 +111,8 @@ INTERRUPTED_TWICE_EXIT = 130
 
 KILL_ENV = "SPECDISTILL_KILL_AT"
 SIGNAL_ENV = "SPECDISTILL_KILL_SIGNAL"
-RANK_ENV = "SPECDISTILL_KILL_RANK"  # the kill and full-disk hooks act in the process of this RANK only; unset: every one
+# the kill and full-disk hooks act in the process of this RANK only; unset: every one
+RANK_ENV = "SPECDISTILL_KILL_RANK"
 _crash_counts: dict[str, int] = {}
 
 

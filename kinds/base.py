@@ -2,43 +2,39 @@
 
 A kind lives in one folder (kinds/<name>/): its `__init__.py` holds its `Kind` subclass, which knows everything
 that differs between kinds and imports its heavy modules (torch, its model, drafter, trainer, checks) only inside
-its methods, so the registry (kinds/__init__.py) is cheap to import. Everything outside kinds/ asks the kind:
+its methods, so the registry (kinds/__init__.py) is cheap to import. The top floor (specdistill/) chooses a kind
+and hands it down; each floor below asks it only what its own protocol says, and `Kind` implements them all:
 
-    decoding     recognises / holds          is a --draft value / an object in memory of this kind?
-                 fit_problem                 why it cannot run next to a target, from configs, before any weight loads
-                 load / drafter / reserve    the draft in memory, the Drafter our decoder runs, its static caches
-                 assisted_generate / save    transformers' assisted generation through it; its served folder
-    deployment   deploy_check / serving_commands / card          checks, copy-paste commands, model-card text
-    recipes      model_options / distill_options                 the recipe keys only this kind takes (pydantic)
+    registry     recognises / holds          is a --draft value / an object in memory of this kind?
+                 fit_problem / load          why it cannot run next to a target (configs only); the draft in memory
+    decoding     drafter / reserve           the Drafter our decoder runs, its static caches      (DraftingKind,
+                 assisted_generate           transformers' assisted generation through it          decode.loop.drafters)
+    serving      vllm_method / vllm_options  vLLM's speculative method and keys       (ServingKind, decode.serving)
+    deployment   deploy_check / serving_commands     checks, copy-paste commands  (DeployingKind, decode.deploy)
+    recipes      model_options / distill_options     the recipe keys only this kind takes (pydantic)
                  defaults                    recipe keys that work for this kind, used where the recipe is silent
-                 check_model / check_recipe  what it cannot combine with (one line through schema.require)
-    training     check_plan / build / prepare / trainer          from configs, the trainable module, after the rows,
-                 unwrap / from_checkpoint / check_resume         the Trainer's class; the served draft of a trained
-                                                                 module and of a checkpoint folder
+                 check_model / check_recipe  what it cannot combine with           (RecipeKind, distill.recipe)
+    training     check_plan / build / prepare / trainer      from configs, the trainable module, after the rows,
+                 unwrap / from_checkpoint / check_resume     the Trainer's class; the served draft of a trained
+                                                             module and of a checkpoint folder
+                                                                                   (TrainingKind, distill.models)
+    publishing   save / card                 its served folder; the model card's text
+                                                                                   (PublishingKind, distill.publish)
 
 Defaults here are those of a kind that does not train and needs nothing special; a kind overrides what differs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+
+from distill.publish.card_text import CardText
 
 if TYPE_CHECKING:
     import torch
 
     from decode.deploy.deploy_check import DeployReport
     from decode.loop.drafters import Drafter
-
-
-@dataclass(frozen=True)
-class CardText:
-    """What a draft's model card says of its kind (distill.publish.model_card)."""
-
-    intro: str                                      # the opening sentence; {target} is the target's reference
-    describe: Callable[[dict], list[str]]           # config.json -> the parts of the "Draft:" line
-    usage: Callable[[str, str, int | None], str]    # (target, repo_id, gamma) -> '## Usage'
-    tags: tuple[str, ...] = ()                      # added to the card's tags
 
 
 class Kind:

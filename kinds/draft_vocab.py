@@ -16,8 +16,8 @@ them wherever the target would.
     ids = read_draft_vocab(folder, vocab_size)              # None when the folder has none; DraftVocabError if bad
 
 In memory a standalone draft carries its vocabulary as ``draft_vocab_ids`` (on the base model under LoRA): set by the
-trainer (kinds/standalone/build.py) or by loading a folder, handed on to whole copies (``kinds.carry_draft_vocab``: merged,
-gathered, read back from a checkpoint), read by the drafter and written by the export.
+trainer (kinds/standalone/build.py) or by loading a folder, handed on to whole copies (``kinds.carry_draft_vocab``:
+merged, gathered, read back from a checkpoint), read by the drafter and written by the export.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class DraftVocabError(ValueError):
     """A draft_vocab.json that cannot be used (unreadable, malformed, or ids outside the vocabulary)."""
 
 
-def label_token_counts(rows: "datasets.Dataset", vocab_size: int, batch_size: int = 1024) -> torch.Tensor:
+def label_token_counts(rows: datasets.Dataset, vocab_size: int, batch_size: int = 1024) -> torch.Tensor:
     """How often each target id is a label (loss) token of `rows`: [V] long. Label ids are those of `labels`
     other than -100."""
     counts = np.zeros(vocab_size, dtype=np.int64)
@@ -59,7 +59,7 @@ def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
     return torch.sort(ids[order[:size]]).values
 
 
-def frequent_label_tokens(rows: "datasets.Dataset", vocab_size: int, size: int) -> torch.Tensor:
+def frequent_label_tokens(rows: datasets.Dataset, vocab_size: int, size: int) -> torch.Tensor:
     """The `size` most frequent label tokens of `rows` [size] (ascending ids), counted on the main process and
     broadcast, so every process holds the same."""
     from accelerate import PartialState

@@ -3,7 +3,8 @@ recipe keys they cannot combine with, and the plan check of ZeRO-3 / FSDP2 (they
 cache only, so no training step runs the sharded target)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from distill.recipe.schema import require
 

@@ -46,5 +46,5 @@ class SharedEmbedding(list):
     """Holds the target's input embedding for a head without registering it as a submodule; a deep copy of the head
     (a checkpoint's copy, a sharded head's whole copy) reads the same embedding instead of copying the target's."""
 
-    def __deepcopy__(self, memo: dict) -> "SharedEmbedding":
+    def __deepcopy__(self, memo: dict) -> SharedEmbedding:
         return self

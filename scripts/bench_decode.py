@@ -3,7 +3,8 @@
     python scripts/bench_decode.py                                  # synthetic pair built here (no download)
     python scripts/bench_decode.py --target T --draft D --prompts prompts.jsonl --device cuda --dtype bfloat16
     python scripts/bench_decode.py --markdown docs/benchmarks/decode.md   # append the table to a file
-    python scripts/bench_decode.py --compile --gamma 2 4 auto       # eager rows, then compiled rows (decode.loop.static)
+    python scripts/bench_decode.py --compile --gamma 2 4 auto       # eager rows, then compiled
+                                                                    # rows (decode.loop.static)
 
 The synthetic pair gives real partial acceptance at realistic cost ratios: a random Llama target whose deeper
 layers write only small updates into the residual stream (``--depth-scale``), and a draft made of its first
@@ -25,14 +26,16 @@ if __package__ in (None, ""):  # `python scripts/bench_decode.py`: make the repo
 
 import torch  # noqa: E402
 
-from decode.measure.evaluate import EvalSettings, evaluate_acceptance  # noqa: E402
 from decode.inputs.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
 from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
+from decode.measure.settings import EvalSettings  # noqa: E402
 from decode.measure.table import format_table  # noqa: E402
 from scripts import benchmark  # noqa: E402
-from decode.cli.eval import gamma_value  # noqa: E402
+from specdistill.cli.eval import gamma_value  # noqa: E402
+from specdistill.drafts import evaluate_acceptance  # noqa: E402
 
-CODE = ["decode/loop/speculative.py", "decode/loop/static.py", "decode/measure/cost_model.py", "decode/measure/evaluate.py"]
+CODE = ["decode/loop/speculative.py", "decode/loop/static.py", "decode/measure/cost_model.py",
+        "decode/measure/evaluate.py"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

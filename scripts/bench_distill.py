@@ -50,8 +50,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from scripts.bench_distill_rows import (PAIRS, ROWS, SEEDS, Pair, Sizes, draft_overrides, over_seeds,  # noqa: E402
-                                        row_key, target_converged, target_overrides, top_rows)
+from scripts.bench_distill_rows import (  # noqa: E402
+    PAIRS,
+    ROWS,
+    SEEDS,
+    Pair,
+    Sizes,
+    draft_overrides,
+    over_seeds,
+    row_key,
+    target_converged,
+    target_overrides,
+    top_rows,
+)
 
 RECIPES = ROOT / "recipes" / "quickstart"
 THREADS = 1
@@ -224,11 +235,13 @@ def teacher_forced(target, draft, blocks) -> dict:
 
 
 def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eos: int, seed: int = 0) -> dict:
-    """Teacher-forced numbers and decode.measure.evaluate's gamma-4 results, greedy and at temperature 1 (sampling seed)."""
+    """Teacher-forced numbers and decode.measure.evaluate's gamma-4 results, greedy and
+    at temperature 1 (sampling seed)."""
     from transformers import AutoModelForCausalLM
 
+    from decode.measure.settings import EvalSettings
     from kinds import kind_of_source
-    from decode.measure.evaluate import EvalSettings, evaluate_acceptance
+    from specdistill.drafts import evaluate_acceptance
 
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     kind = kind_of_source(draft_dir)
@@ -253,8 +266,8 @@ def measure(target_dir: Path, draft_dir: Path, prompts, blocks, sizes: Sizes, eo
 def write_doc(path: Path, out: Path, results: dict[str, dict[str, dict]], sizes: Sizes, command: str,
               targets: dict[str, dict]) -> None:
     """docs/benchmarks/distill.md: one table per pair and the winner per decoding mode."""
-    from scripts.benchmark import machine
     from scripts.bench_distill_rows import budget_line, format_pair_table, target_lines, winners
+    from scripts.benchmark import machine
 
     lines = ["# Distillation benchmark: which objective the target accepts most", "",
              "```", command, "```", "",

@@ -36,9 +36,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from decode.measure.table import markdown_table  # noqa: E402
-from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
 from distill.outputs.run_folder import RECIPE_FILE  # noqa: E402
-from distill.recipe.loader import load_recipe  # noqa: E402
+from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
+from specdistill.recipes import load_recipe  # noqa: E402
 
 RECIPES = ROOT / "recipes" / "quickstart"
 ROWS = {  # row -> (recipe, extra overrides)

@@ -33,8 +33,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from scripts.benchmark import load_average, machine  # noqa: E402
 from decode.measure.table import markdown_table  # noqa: E402
+from scripts.benchmark import load_average, machine  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
 from decode.measure.table import markdown_table  # noqa: E402
+from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
 
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
 SECTIONS = ("gammas", "sampled", "compiled", "curve")
@@ -48,7 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm", action="store_true", help="vLLM's tau beside ours in the gammas section")
     p.add_argument("--out", type=Path, default=ROOT / "bench_real_out")
     p.add_argument("--doc", type=Path, default=None,
-                   help="write the tables here: a new file, or a page between its BEGIN / END bench_real_target markers")
+                   help="write the tables here: a new file, or a page between its BEGIN / END bench_real_target "
+                        "markers")
     return p.parse_args(argv)
 
 
@@ -59,7 +60,7 @@ def drafters(specs: list[str]) -> dict[str, str]:
 
 def evaluate(args: argparse.Namespace, name: str, draft: str, *extra: str, prompts: int) -> dict:
     """One specdistill-eval run (reused from --out): its report."""
-    from decode.cli.eval import main as eval_main
+    from specdistill.cli.eval import main as eval_main
 
     result = args.out / f"{name}.json"
     if not result.is_file():

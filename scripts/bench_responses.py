@@ -30,11 +30,11 @@ if __package__ in (None, ""):  # `python scripts/bench_responses.py`: make the r
 import datasets  # noqa: E402
 import torch  # noqa: E402
 
-from scripts.benchmark import code_version, command_line, load_average, machine, markdown_table  # noqa: E402
+import distill.data.target_data as target_data  # noqa: E402
 from decode.inputs.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
-import distill.data.target_data as target_data  # noqa: E402
 from distill.data.target_data import Sampling, generate_target_data  # noqa: E402
+from scripts.benchmark import code_version, command_line, load_average, machine, markdown_table  # noqa: E402
 
 FILES = ("distill/data/target_data.py", "decode/loop/batched.py", "decode/loop/packed_linear.py")
 
@@ -142,8 +142,8 @@ def main() -> None:
     print(f"Machine: {machine('cpu')}; load average before / after: {load_before} / "
           f"{load_average()}\n")
     print(f"Code (sha256): {code_version(FILES)}\n")
-    print(f"Target: {Path(args.target).name} (SmolLM2-135M-Instruct), float32 on the CPU. Prompts: {args.prompts} (chat template), greedy, "
-          f"at most {args.new_tokens} new tokens, stopping at eos.\n")
+    print(f"Target: {Path(args.target).name} (SmolLM2-135M-Instruct), float32 on the CPU. Prompts: {args.prompts} "
+          f"(chat template), greedy, at most {args.new_tokens} new tokens, stopping at eos.\n")
     headers = ["engine", "batch size", "rows", "responses/s", "new tokens/s", "rows equal to the first engine's"]
     print("\n".join(markdown_table(headers, table)))
 

@@ -35,10 +35,14 @@ import torch  # noqa: E402
 
 from decode.inputs.loading import resolve_device, resolve_dtype  # noqa: E402
 from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows  # noqa: E402
-from decode.loop.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+from decode.loop.speculative import autoregressive_generate  # noqa: E402
 from decode.loop.timing import StepClock, timed_call  # noqa: E402
-from decode.measure.evaluate import EvalSettings, evaluate_acceptance  # noqa: E402
+from decode.measure.settings import EvalSettings  # noqa: E402
 from scripts import benchmark  # noqa: E402
+from specdistill.drafts import (
+    evaluate_acceptance,  # noqa: E402
+    speculative_generate,  # noqa: E402
+)
 
 SCRIPT = "bench_step_overhead"
 CODE = ["decode/loop/speculative.py", "decode/loop/cache.py", "decode/loop/static.py",

@@ -39,8 +39,20 @@ from distill.data.teacher_cache import (  # noqa: E402
     with_teacher_columns,
 )
 from distill.losses.distill_loss import chunked_distill_loss  # noqa: E402
-from scripts.benchmark import (arguments, command_line, current_memory_mib, header, markdown_table,  # noqa: E402
-                               peak_memory_mib, random_llama, random_rows, run_worker, sharpen, timed, worker_args)
+from scripts.benchmark import (  # noqa: E402
+    arguments,
+    command_line,
+    current_memory_mib,
+    header,
+    markdown_table,
+    peak_memory_mib,
+    random_llama,
+    random_rows,
+    run_worker,
+    sharpen,
+    timed,
+    worker_args,
+)
 
 VOCAB = 4096
 SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM

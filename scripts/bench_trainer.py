@@ -58,6 +58,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
+import distill.run.trainer as distill_trainer  # noqa: E402
 from distill.data.rows import DistillCollator  # noqa: E402
 from distill.data.teacher_cache import (  # noqa: E402
     TeacherCollator,
@@ -66,13 +67,31 @@ from distill.data.teacher_cache import (  # noqa: E402
     with_teacher_columns,
 )
 from distill.models.load import freeze  # noqa: E402
-from distill.recipe.sections import DistillConfig, TrainConfig  # noqa: E402
 from distill.recipe.train_config import training_arguments  # noqa: E402
-import distill.run.trainer as distill_trainer  # noqa: E402
 from distill.run.trainer import DistillTrainer  # noqa: E402
-from scripts.benchmark import (BOS, EOS, PAD, ProfileSteps, StepTimer, TensorMemoryProbe, arguments,  # noqa: E402
-                               command_line, header, labelled, load_average, markdown_table, peak_memory_mib,
-                               random_llama, random_rows, run_worker, sharpen, sync, worker_args, write_result)
+from scripts.benchmark import (  # noqa: E402
+    BOS,
+    EOS,
+    PAD,
+    ProfileSteps,
+    StepTimer,
+    TensorMemoryProbe,
+    arguments,
+    command_line,
+    header,
+    labelled,
+    load_average,
+    markdown_table,
+    peak_memory_mib,
+    random_llama,
+    random_rows,
+    run_worker,
+    sharpen,
+    sync,
+    worker_args,
+    write_result,
+)
+from specdistill.recipes import DistillConfig, TrainConfig  # noqa: E402
 
 MODES = ("gkd", "online", "cached")
 VOCAB = 4096

@@ -8,10 +8,10 @@ A configuration is a dtype (float32, bfloat16), the target's linear layers (`pla
 oneDNN-packed weights, decode.loop.packed_linear; `auto`: packed, then F.linear at the step sizes, 1 and gamma + 1
 tokens, where it measured faster: specdistill-eval's default) and its KV cache (`dynamic`: the eager path's
 DynamicCache, decode.loop.cache; `static`: the compiled path's preallocated StaticCache, decode.loop.static, run
-eagerly, without torch.compile). Per configuration: the median time of a 1-token step (plain decoding's) and of a (gamma + 1)-token
-verify step on a cache of --context tokens, their ratio v, and the end-to-end speedup of speculative decoding with
-prompt lookup at --gamma over plain decoding (the first prompt of each category, rendered with the chat template,
---max-new-tokens each; summed times), and on how many prompts its greedy output equals plain decoding's.
+eagerly, without torch.compile). Per configuration: the median time of a 1-token step (plain decoding's) and of a
+(gamma + 1)-token verify step on a cache of --context tokens, their ratio v, and the end-to-end speedup of speculative
+decoding with prompt lookup at --gamma over plain decoding (the first prompt of each category, rendered with the chat
+template, --max-new-tokens each; summed times), and on how many prompts its greedy output equals plain decoding's.
 Configurations are interleaved, in a new random order every round and every prompt, so that the machine's load hits
 all of them alike.
 """
@@ -30,17 +30,18 @@ if __package__ in (None, ""):  # `python scripts/bench_verify_cost.py`: make the
 
 import torch  # noqa: E402
 
-from decode.loop import static  # noqa: E402
-from scripts import benchmark  # noqa: E402
-from kinds.prompt_lookup.drafter import PromptLookupDrafter  # noqa: E402
-from decode.measure.evaluate import time_side_by_side  # noqa: E402
 from decode.inputs.gguf import smollm2_gguf  # noqa: E402
 from decode.inputs.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
-from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows  # noqa: E402
 from decode.inputs.prompts import PromptRow, encode_prompt_rows, read_prompt_rows  # noqa: E402
-from decode.loop.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+from decode.loop import static  # noqa: E402
+from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows  # noqa: E402
+from decode.loop.speculative import autoregressive_generate  # noqa: E402
 from decode.loop.static import cached_lm  # noqa: E402
 from decode.loop.timing import timed_call  # noqa: E402
+from decode.measure.evaluate import time_side_by_side  # noqa: E402
+from kinds import kind_of_source  # noqa: E402
+from scripts import benchmark  # noqa: E402
+from specdistill.drafts import speculative_generate  # noqa: E402
 
 CODE = ["decode/loop/packed_linear.py", "decode/loop/cache.py", "decode/loop/static.py", "decode/loop/speculative.py"]
 CACHES = ("dynamic", "static")
@@ -149,8 +150,9 @@ def time_decoding(models, configs: list[Config], measured: dict[Config, Measured
                   args: argparse.Namespace, order: random.Random) -> None:
     def run(config: Config, prompt: torch.Tensor, max_new_tokens: int):
         model, compile = models[config.dtype, config.linear], config.cache == "static"
+        lookup = kind_of_source("prompt-lookup").load("prompt-lookup", model, CPU, config.dtype)
         return time_side_by_side(
-            lambda: speculative_generate(model, PromptLookupDrafter(), prompt, max_new_tokens=max_new_tokens,
+            lambda: speculative_generate(model, lookup, prompt, max_new_tokens=max_new_tokens,
                                          gamma=args.gamma, compile=compile),
             lambda n: autoregressive_generate(model, prompt, max_new_tokens=n, compile=compile), CPU, 1)
 

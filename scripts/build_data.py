@@ -1,6 +1,6 @@
 """Build training data once: `python scripts/build_data.py responses --target T --prompts P --out DIR`.
 
-Runs distill.cli.data (installed as the console command `specdistill-data`) by path, from any folder.
+Runs specdistill.cli.data (installed as the console command `specdistill-data`) by path, from any folder.
 """
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run by path: the repository's packages first, whatever the current folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distill.cli.data import cli  # noqa: E402
+from specdistill.cli.data import cli  # noqa: E402
 
 if __name__ == "__main__":
     cli()

@@ -36,10 +36,10 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
-import shutil
 import time
 from pathlib import Path
 
@@ -123,8 +123,8 @@ def measured_rows(out: Path) -> list[tuple]:
 
 def differences(out: Path, reference: Path) -> list[str]:
     """What differs between a resumed run and the reference (empty: the same run)."""
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     problems = []
     for folder in find_checkpoints(reference).complete:

@@ -114,7 +114,7 @@ train)
     data_job() {  # JOB ARGS...: specdistill-data on this machine's device, 512 prompts at once
         local job=$1; shift
         echo "== data $job: $*" | tee -a "$OUT/train.log"
-        timeout "${LIMIT:-300}" $PY -m distill.cli.data "$job" --target "$TARGET" --batch-size 512 --quiet "$@" 2>&1 \
+        timeout "${LIMIT:-300}" $PY -m specdistill.cli.data "$job" --target "$TARGET" --batch-size 512 --quiet "$@" 2>&1 \
             | tee -a "$OUT/train.log"
     }
     # CATEGORIES (default all: the held-out prompts' 8 categories in turn; "none": the bare Magpie turn)

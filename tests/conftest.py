@@ -1,6 +1,6 @@
+import os
 import sys
 from pathlib import Path
-import os
 
 import pytest
 import torch
@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def rows_seen(monkeypatch) -> list:
-    """The training rows (a datasets.Dataset) of every run made in the test, as distill.cli.train hands them to
+    """The training rows (a datasets.Dataset) of every run made in the test, as specdistill.cli.train hands them to
     DistillTrainer."""
     from distill.run.trainer import DistillTrainer
     from kinds import kind_named

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from distill.cli import train as train_script
+from specdistill.cli import train as train_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = str(ROOT / "recipes" / "tiny_distill.yaml")
@@ -26,7 +26,7 @@ CHILD_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE
 
 
 def run_train(workdir: Path, out: str, *overrides: str, target: str = "target") -> Path:
-    """distill.cli.train.main() on the tiny recipe with workdir's target and code.txt, in this process; returns the
+    """specdistill.cli.train.main() on the tiny recipe with workdir's target and code.txt, in this process; returns the
     output folder."""
     output_dir = workdir / out
     train_script.main([TINY_RECIPE, f"model.target={workdir / target}", f"data.dataset={workdir / 'code.txt'}",
@@ -118,7 +118,8 @@ class ForwardCounter:
 
 def learnt_tiny_pair(root: Path) -> Path:
     """root/target (a 4-layer tiny Llama that has learnt TINY_TEXT for 60 steps; its embedding has one spare row past
-    the tokenizer, for a mask token) and root/code.txt; returns root. The block drafters' whole-run tests train on it."""
+    the tokenizer, for a mask token) and root/code.txt; returns root. The block drafters' whole-run tests train
+    on it."""
     from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from distill.models import load
-from decode.cli import eval as eval_acceptance
-from distill.cli import push as push_to_hub
-from distill.cli import train as train_script
+from specdistill.cli import eval as eval_acceptance
+from specdistill.cli import push as push_to_hub
+from specdistill.cli import train as train_script
+
 from tiny import TINY_TEXT, save_and_load, tiny_config, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ Every file a command reads gets bytes that are not text (random binary, UTF-16 w
 case: exit 1, exactly one error line naming the file, no traceback, and no model weights loaded (the tripwire of
 tests/test_bad_inputs.py), except the late cases, whose file is only read once the models are loaded. A string key
 or flag added later fails test_every_path_key_and_flag_is_classified until it is sorted into PATH_KEYS / FLAG_KINDS
-(and, when the command reads it, given a FILE_CASES entry). Last, decode.inputs.checks.text_problem itself and a scan that
-no other code of the commands opens text files.
+(and, when the command reads it, given a FILE_CASES entry). Last, decode.inputs.checks.text_problem itself and a scan
+that no other code of the commands opens text files.
 """
 from __future__ import annotations
 
@@ -19,13 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_bad_inputs import RECIPE, no_weights, w  # noqa: F401 - fixtures (no_weights: getfixturevalue)
+from test_bad_inputs_sweep import (
+    PARSED,
+    STRING_TYPES,
+    VALID_ARGV,
+    action_name,
+    command_parser,
+    holds,
+    recipe_fields,
+    run_command,
+    value_actions,
+)
 from transformers import AutoTokenizer
 
 from decode.inputs import checks
+
 from helpers import run_train
-from test_bad_inputs import RECIPE, no_weights, w  # noqa: F401 - fixtures (no_weights: getfixturevalue)
-from test_bad_inputs_sweep import (PARSED, STRING_TYPES, VALID_ARGV, action_name, command_parser, holds,
-                                   recipe_fields, run_command, value_actions)
 from tiny import TINY_TEXT, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +52,8 @@ PATH_KEYS = {
     "distill.hidden_state_cache": "read",
     "train.output_dir": "read", "train.resume_from_checkpoint": "read",
     "model.draft_config": "name", "model.attn_implementation": "name", "data.dataset_config": "name",
-    "data.split": "name", "data.synthesize_categories": "name", "data.text_field": "name", "data.messages_field": "name", "distill.loss": "name",
+    "data.split": "name", "data.synthesize_categories": "name", "data.text_field": "name",
+    "data.messages_field": "name", "distill.loss": "name",
     "train.report_to": "name",
     "lora.target_modules": "name", "lora.modules_to_save": "name", "hub.repo_id": "name",
     "eval.vllm_python": "name",  # an interpreter we run (decode.serving), never read as text
@@ -60,7 +71,8 @@ FLAG_KINDS = {
                          "--save-outputs": "written", "--prompts-split": "name", "--prompts-config": "name",
                          "--prompt-field": "name", "--messages-field": "name", "--category-field": "name",
                          "--chat-template": "name", "--device": "name", "--dtype": "name", "--engine": "name",
-                         "--cpu-linear": "name", "--draft-vocab": "name", "--vllm-draft-sampling": "name", "--vllm-python": "name"},  # an interpreter we run
+                         "--cpu-linear": "name", "--draft-vocab": "name", "--vllm-draft-sampling": "name",
+                         "--vllm-python": "name"},  # an interpreter we run
     "specdistill-push": {"output_dir": "read", "--eval-json": "read", "--repo-id": "name", "--target": "name",
                          "--staging-dir": "name"},  # --staging-dir: accepted, never used
     "specdistill-check": {"--target": "read", "--draft": "read", "--json": "written", "--vllm-python": "name"},
@@ -298,4 +310,5 @@ def test_text_files_are_read_in_one_place():
         if relative in TEXT_READERS_ALLOWED or relative.startswith(NOT_COMMAND_CODE):
             continue
         offenders += [f"{relative}:{line}" for line in text_reads(path)]
-    assert not offenders, f"read text through decode.inputs.checks.read_text (one line naming a non-text file): {offenders}"
+    assert not offenders, ("read text through decode.inputs.checks.read_text (one line naming a non-text file): "
+                           f"{offenders}")

@@ -1,11 +1,11 @@
 """Sweeps of bad numbers over the four commands (issue 20, part 5); files: tests/test_bad_inputs_files.py.
 
-Every numeric field of every recipe section (introspected from distill.recipe.sections.SECTION_TYPES; train: every
+Every numeric field of every recipe section (introspected from specdistill.recipes.SECTION_TYPES; train: every
 TrainingArguments field a recipe may set), given as a key=value
 override and in a recipe file, and every number flag of specdistill-eval, -push and -check (introspected from the
 parsers the commands build), gets NaN, infinities and a number beyond float range. Each case: exit 1, exactly one
 error line naming the key or flag, no traceback, no model weights loaded (the tripwire of tests/test_bad_inputs.py).
-A numeric key or flag added later is swept with no change here. The umbrella `specdistill JOB` (distill.cli.main)
+A numeric key or flag added later is swept with no change here. The umbrella `specdistill JOB` (specdistill.cli.main)
 answers every number flag, and a recipe number, with the alias's line, named `specdistill JOB`.
 """
 from __future__ import annotations
@@ -19,15 +19,15 @@ from unittest import mock
 
 import pytest
 import yaml
-
-from decode.inputs import checks
-from distill.recipe.sections import SECTION_TYPES
-from decode.cli import check as check_deploy
-from decode.cli import eval as eval_acceptance
-from distill.cli import main as umbrella
-from distill.cli import push as push_to_hub
-from distill.cli import train as train_script
 from test_bad_inputs import RECIPE, no_weights, one_error_line, w  # noqa: F401 - fixtures used by name
+
+from decode.inputs import command_line
+from specdistill.cli import check as check_deploy
+from specdistill.cli import eval as eval_acceptance
+from specdistill.cli import main as umbrella
+from specdistill.cli import push as push_to_hub
+from specdistill.cli import train as train_script
+from specdistill.recipes import SECTION_TYPES
 
 COMMANDS = {"specdistill-train": train_script, "specdistill-eval": eval_acceptance,
             "specdistill-push": push_to_hub, "specdistill-check": check_deploy}
@@ -227,7 +227,7 @@ def test_flag_number_not_finite_through_the_umbrella(prog, flag, kind, w, no_wei
 
 
 def test_finite_float_is_the_float_of_every_parser():
-    """type=float is read by decode.inputs.checks.finite_float in every command's parser (one place)."""
+    """type=float is read by decode.inputs.command_line.finite_float in every command's parser (one place)."""
     for module in PARSED.values():
-        assert command_parser(module)._registry_get("type", float) is checks.finite_float
-    assert checks.finite_float("1e-3") == 1e-3 and checks.finite_float("-2") == -2.0
+        assert command_parser(module)._registry_get("type", float) is command_line.finite_float
+    assert command_line.finite_float("1e-3") == 1e-3 and command_line.finite_float("-2") == -2.0

@@ -3,7 +3,7 @@ the throughput ratio of an engine whose step time is exactly a line in the token
 import pytest
 
 from decode.measure.batch_cost import add_batch_predictions, batch_prediction, step_seconds
-from decode.measure.evaluate import EvalSettings
+from decode.measure.settings import EvalSettings
 from decode.serving.vllm_engine import vllm_results
 
 

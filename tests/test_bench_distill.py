@@ -7,9 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from distill.recipe.loader import load_recipe
-from scripts.bench_distill_rows import (PAIRS, ROWS, SEEDS, Sizes, draft_overrides, format_pair_table, over_seeds,
-                                        row_key, target_converged, target_overrides, top_rows, winners)
+from scripts.bench_distill_rows import (
+    PAIRS,
+    ROWS,
+    SEEDS,
+    Sizes,
+    draft_overrides,
+    format_pair_table,
+    over_seeds,
+    row_key,
+    target_converged,
+    target_overrides,
+    top_rows,
+    winners,
+)
+from specdistill.recipes import load_recipe
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "quickstart" / "draft_kd.yaml"
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from distill.recipe.loader import load_recipe, save_recipe
+from distill.recipe.loader import save_recipe
 from scripts import bench_heads, benchmark
+from specdistill.recipes import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 

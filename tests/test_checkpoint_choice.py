@@ -7,6 +7,7 @@ import pytest
 
 from distill.outputs.acceptance_log import best_checkpoint, cost_model_speedup
 from distill.publish.model_card import best_gamma
+
 from helpers import run_train
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 

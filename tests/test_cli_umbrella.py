@@ -1,6 +1,6 @@
-"""The umbrella command `specdistill JOB ...` (distill.cli.main): it lists every job, answers each job's help and
+"""The umbrella command `specdistill JOB ...` (specdistill.cli.main): it lists every job, answers each job's help and
 errors exactly as the job's `specdistill-JOB` alias does (its program name aside), refuses an unknown job in one
-line naming the closest, loads no torch for its own help; and docs/reference/cli.md is what distill.cli.reference
+line naming the closest, loads no torch for its own help; and docs/reference/cli.md is what specdistill.cli.reference
 generates from the same parsers."""
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import pytest
 
-from distill.cli import main as umbrella
-from distill.cli.main import JOBS, Job, job_module
-from distill.cli.reference import GENERATE, PAGE, cell, reference_markdown, subcommands
+from specdistill.cli import main as umbrella
+from specdistill.cli.main import JOBS, Job, job_module
+from specdistill.cli.reference import GENERATE, PAGE, cell, reference_markdown, subcommands
 
 tomllib = pytest.importorskip("tomllib")
 
@@ -66,7 +66,7 @@ def fixed_width(monkeypatch):
 
 def test_each_job_runs_the_module_its_alias_names():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["specdistill"] == "distill.cli.main:cli"
+    assert scripts["specdistill"] == "specdistill.cli.main:cli"
     assert {name: target for name, target in scripts.items() if name != "specdistill"} == \
         {job.alias: f"{job.module}:cli" for job in JOBS}
 
@@ -87,7 +87,8 @@ def test_version_is_the_installed_distribution(capsys):
 
 
 def test_the_top_level_help_loads_no_torch():
-    program = ("import sys\nfrom distill.cli.main import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\n"
+    program = ("import sys\nfrom specdistill.cli.main import cli\ntry:\n    cli(['--help'])\n"
+               "except SystemExit:\n    pass\n"
                "print(sorted({name.split('.')[0] for name in sys.modules} & {'torch', 'transformers', 'decode'}))")
     done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -177,8 +178,8 @@ def test_an_unknown_job_or_option_is_one_line_too(capsys):
 
 
 def test_the_umbrella_refuses_with_the_exit_status_of_the_jobs(capsys):
-    """A usage error exits as the jobs' own do (decode.inputs.checks.OneLineArgumentParser), so that `specdistill trian`
-    and `specdistill data promts` agree."""
+    """A usage error exits as the jobs' own do (decode.inputs.command_line.OneLineArgumentParser), so that
+    `specdistill trian` and `specdistill data promts` agree."""
     assert run(umbrella.cli, ["trian"], capsys).code == run(job_module(JOB["data"]).cli, ["promts"], capsys).code
 
 

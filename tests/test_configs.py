@@ -9,17 +9,31 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.recipe.loader import (load_recipe, parse_override, recipe_to_dict, reference_markdown, save_recipe,
-                                   with_overrides)
-from distill.recipe.sections import OVERRIDE_SOURCE, SECTION_TYPES, DistillConfig, Recipe, RecipeError, TrainConfig
-from distill.recipe.train_config import (LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys,
-                                         installed_names, training_arguments)
+from distill.recipe.loader import parse_override, recipe_to_dict, save_recipe, with_overrides
+from distill.recipe.train_config import (
+    LEFT_TO_OTHERS,
+    SET_BY_THE_RUN,
+    TRAINING_ARGUMENTS_CHANGES,
+    RunFolderKeys,
+    installed_names,
+    training_arguments,
+)
+from specdistill.recipes import (
+    OVERRIDE_SOURCE,
+    SECTION_TYPES,
+    DistillConfig,
+    Recipe,
+    RecipeError,
+    TrainConfig,
+    load_recipe,
+    reference_markdown,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # every training recipe, in sub-folders too (recipes/accelerate/ holds accelerate launch configs, not recipes)
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate" not in p.relative_to(ROOT).parts)
 README = ROOT / "recipes" / "README.md"
-BEGIN, END = "<!-- BEGIN RECIPE KEYS (python -m distill.recipe.loader) -->", "<!-- END RECIPE KEYS -->"
+BEGIN, END = "<!-- BEGIN RECIPE KEYS (python -m specdistill.recipes) -->", "<!-- END RECIPE KEYS -->"
 
 
 def header_command(path: Path) -> list[str]:
@@ -59,7 +73,7 @@ def test_shipped_recipe_loads_with_its_header_command(path):
 
 
 def load_recipe_from_dict(recipe: Recipe) -> Recipe:
-    from distill.recipe.loader import build_recipe
+    from specdistill.recipes import build_recipe
     return build_recipe(yaml.safe_load(yaml.safe_dump(recipe_to_dict(recipe))))
 
 
@@ -193,7 +207,7 @@ def test_readme_documents_every_key_with_its_default():
     text = README.read_text()
     assert BEGIN in text and END in text, "recipes/README.md lacks the generated key table markers"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert table == reference_markdown().strip(), "recipes/README.md is stale: paste `python -m distill.recipe.loader`"
+    assert table == reference_markdown().strip(), "recipes/README.md is stale: paste `python -m specdistill.recipes`"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -283,7 +297,7 @@ def test_sections_built_in_code_raise_recipe_errors():
 def test_eval_settings_reach_the_decoder_through_one_translation():
     """EvalConfig.decoder_settings is what the checkpoint measurements and the export's vLLM run use: every setting
     arrives, and vLLM gets the integer gammas only."""
-    from distill.recipe.sections import EvalConfig
+    from specdistill.recipes import EvalConfig
 
     cfg = EvalConfig(gammas=[2, "auto", 5], temperatures=[0.0, 1.0], max_new_tokens=17, top_k=9, top_p=0.5, seed=3,
                      repeats=2, compile=True)

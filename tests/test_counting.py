@@ -1,8 +1,10 @@
 """Counts behind mean_accepted_tokens stop at eos, and evaluate_acceptance leaves the draft's settings alone."""
 import torch
 
-from decode import autoregressive_generate, speculative_generate
-from decode.measure.evaluate import EvalSettings, evaluate_acceptance
+from decode import autoregressive_generate
+from decode.measure.settings import EvalSettings
+from specdistill.drafts import evaluate_acceptance, speculative_generate
+
 from tiny import tiny_model
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 5, 7]])

@@ -8,9 +8,18 @@ import pytest
 import torch
 
 from distill.data.dataset import build_data
-from distill.data.rows import (IGNORE_INDEX, DataError, DistillCollator, chat_example, eval_prompts,
-                          local_data_files, padding_id, read_eval_prompts)
-from distill.recipe.sections import DataConfig
+from distill.data.rows import (
+    IGNORE_INDEX,
+    DataError,
+    DistillCollator,
+    chat_example,
+    eval_prompts,
+    local_data_files,
+    padding_id,
+    read_eval_prompts,
+)
+from specdistill.recipes import DataConfig
+
 from tiny import tiny_tokenizer
 
 # A minimal chat template: <s>role\ncontent</s>\n per turn; the generation prompt is <s>assistant\n.

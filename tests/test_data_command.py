@@ -12,11 +12,12 @@ from transformers import AutoModelForCausalLM
 
 import distill.data.target_data as target_data
 from decode import autoregressive_generate
-from distill.cli import data as data_command
 from distill.data.dataset import build_data
 from distill.data.magpie import CATEGORY_OPENERS, SynthesizedPrompt
 from distill.data.rows import IGNORE_INDEX
-from distill.recipe.sections import DataConfig
+from specdistill.cli import data as data_command
+from specdistill.recipes import DataConfig
+
 from tiny import tiny_model, tiny_tokenizer
 
 VOCAB = 320
@@ -105,7 +106,7 @@ def test_an_interrupted_run_resumes_and_equals_an_uninterrupted_one(workdir, tmp
 
 
 def test_prompts_are_written_as_user_turns_a_recipe_reads_as_prompts(workdir, tmp_path, monkeypatch):
-    import distill.cli.data as command
+    import specdistill.cli.data as command
 
     monkeypatch.setattr(command, "synthesize_prompt_rows", lambda *a, **k: [
         SynthesizedPrompt("one question"), SynthesizedPrompt("another question")])
@@ -129,7 +130,7 @@ def test_prompts_are_written_as_user_turns_a_recipe_reads_as_prompts(workdir, tm
 ])
 def test_prompts_toward_categories_or_openers_carry_them_to_the_rows(workdir, tmp_path, monkeypatch, flag, given,
                                                                      expected):
-    import distill.cli.data as command
+    import specdistill.cli.data as command
 
     asked = []
 
@@ -151,7 +152,7 @@ def test_prompts_toward_categories_or_openers_carry_them_to_the_rows(workdir, tm
 
 
 def test_prompts_given_to_exclude_are_handed_to_the_synthesis(workdir, tmp_path, monkeypatch):
-    import distill.cli.data as command
+    import specdistill.cli.data as command
 
     asked = []
     monkeypatch.setattr(command, "synthesize_prompt_rows",
@@ -178,7 +179,8 @@ def test_prompts_given_to_exclude_are_handed_to_the_synthesis(workdir, tmp_path,
     (["responses", "--target", "TARGET", "--prompts", "missing.jsonl", "--out", "OUT"], "does not exist"),
     (["responses", "--target", "TARGET", "--prompts", "PROMPTS", "--out", "PROMPTS"], "is a file, not a folder"),
     (["prompts", "--target", "TARGET", "--num", "0", "--out", "OUT"], "--num must be >= 1"),
-    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--temperature", "0"], "--temperature must be > 0"),
+    (["prompts", "--target", "TARGET", "--num", "2", "--out", "OUT", "--temperature", "0"],
+     "--temperature must be > 0"),
     (["responses", "--target", "TARGET", "--prompts", "PROMPTS", "--out", "OUT", "--temperature", "-1"],
      "--temperature must be >= 0"),
     (["prompts", "--target", "nowhere/model", "--num", "2", "--out", "OUT"], "nowhere/model"),
@@ -213,7 +215,7 @@ def test_killed_with_sigkill_mid_turn_resumes_to_the_same_file(workdir, tmp_path
 
     many = tmp_path / "many.jsonl"
     many.write_text("".join(json.dumps({"prompt": f"def g{i}(y):"}) + "\n" for i in range(40)))
-    command = [sys.executable, "-m", "distill.cli.data", "responses", "--target", str(workdir / "target"),
+    command = [sys.executable, "-m", "specdistill.cli.data", "responses", "--target", str(workdir / "target"),
                "--prompts", str(many), "--max-new-tokens", "4", "--batch-size", "4", "--shard-size", "8", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", KILL_ENV: "shard-written:2",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -239,7 +241,7 @@ def test_a_signal_stops_at_a_shard_boundary_and_the_same_command_resumes(workdir
 
     many = tmp_path / "many.jsonl"
     many.write_text("".join(json.dumps({"prompt": f"def g{i}(y):"}) + "\n" for i in range(40)))
-    command = [sys.executable, "-m", "distill.cli.data", "responses", "--target", str(workdir / "target"),
+    command = [sys.executable, "-m", "specdistill.cli.data", "responses", "--target", str(workdir / "target"),
                "--prompts", str(many), "--max-new-tokens", "4", "--batch-size", "4", "--shard-size", "8", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", KILL_ENV: "shard-written:2", SIGNAL_ENV: name,
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

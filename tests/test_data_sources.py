@@ -1,7 +1,7 @@
 """Where the training rows come from: the dataset, the target's responses, the draft's own samples (on-policy), and
 the cached teacher; each end to end through scripts/train.py on tiny models, plus the bad inputs.
 
-Integration tests (marked) run distill.cli.train.main() in this process (and one 2-process launch) on a tiny Llama
+Integration tests (marked) run specdistill.cli.train.main() in this process (and one 2-process launch) on a tiny Llama
 target saved to a temporary folder; the rest are unit tests of the pieces.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 import distill.data.target_data as target_data
 from decode import autoregressive_generate
 from decode.loop.sampling import SamplingConfig
+from distill.data.dataset import build_data
 from distill.data.onpolicy import (
     OnPolicySettings,
     micro_batch_generator,
@@ -25,15 +26,14 @@ from distill.data.onpolicy import (
     sample_continuations,
     select_rows,
 )
-from distill.data.dataset import build_data
 from distill.data.rows import IGNORE_INDEX, DistillCollator
 from distill.data.sources import mix_sources
 from distill.data.target_data import load_target_data
 from distill.models import load
-from distill.recipe.loader import load_recipe
-from distill.recipe.sections import DataConfig, DistillConfig, RecipeError
 from distill.run.trainer import DistillTrainer
 from distill.utils import eval_mode
+from specdistill.recipes import DataConfig, DistillConfig, RecipeError, load_recipe
+
 from helpers import ROOT, TINY_RECIPE, accelerate_launch, cli_error
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer

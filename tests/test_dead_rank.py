@@ -15,11 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_kill_resume import (
+    RUN,
+    STEPS,
+    workdir,  # noqa: F401 - module fixture: the tiny pair
+)
 
 from distill.utils import FULL_DISK_ENV, KILL_ENV, RANK_ENV
+
 from helpers import CHILD_ENV, ROOT, TINY_RECIPE, accelerate_command
-from test_kill_resume import RUN, STEPS
-from test_kill_resume import workdir  # noqa: F401 - module fixture: the tiny pair
 
 pytestmark = pytest.mark.integration
 

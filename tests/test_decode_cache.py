@@ -7,10 +7,11 @@ from peft import LoraConfig, get_peft_model
 
 from decode.loop.batched import batched_generate
 from decode.loop.cache import CachedLM, cache_keyword
-from kinds.prompt_lookup.drafter import PromptLookupDrafter
-from kinds.standalone.drafter import ModelDrafter
 from decode.loop.sampling import SamplingConfig
 from decode.loop.static import StaticLM
+from kinds.prompt_lookup.drafter import PromptLookupDrafter
+from kinds.standalone.drafter import ModelDrafter
+
 from tiny import tiny_model
 
 GREEDY = SamplingConfig()

@@ -10,19 +10,22 @@ import json
 import warnings
 
 import pytest
+import test_decode_sampling as sampling
 import torch
+from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
 from torch._dynamo.utils import counters
 
-import decode.measure.evaluate as evaluate
 import decode.loop.speculative as spec
 import decode.loop.static as static
-import test_decode_sampling as sampling
-from decode import autoregressive_generate, speculative_generate
-from kinds.prompt_lookup.drafter import PromptLookupDrafter
+import decode.measure.evaluate as evaluate
+from decode import autoregressive_generate
 from decode.loop.auto_gamma import AUTO_GAMMAS, GammaChooser, best_gamma, expected_tokens
-from decode.measure.evaluate import EvalSettings, evaluate_acceptance
 from decode.loop.static import StaticLM
-from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
+from decode.measure.settings import EvalSettings
+from kinds import kind_of
+from kinds.prompt_lookup.drafter import PromptLookupDrafter
+from specdistill.drafts import evaluate_acceptance, speculative_generate
+
 from tiny import ARCHITECTURES, perturbed_copy, tiny_model
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 5, 7]])
@@ -182,6 +185,7 @@ def sample_compiled(target, draft, cfg, runs, seed=0):
     samples = torch.zeros(runs, 3, dtype=torch.long)
     for i in range(runs):
         out = spec.speculative_generate(target, draft, sampling.PROMPT, max_new_tokens=3, gamma=2, generator=g,
+                                        kind=kind_of(draft),
                                         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                                         compile=True)
         samples[i] = out.sequences[0, -3:]
@@ -307,7 +311,7 @@ def test_bad_gamma_is_one_clear_error():
 
 
 def test_recipe_accepts_auto_and_compile():
-    from distill.recipe.sections import EvalConfig, RecipeError
+    from specdistill.recipes import EvalConfig, RecipeError
 
     cfg = EvalConfig(gammas=[2, "auto"], compile=True)
     assert cfg.gammas == [2, "auto"] and cfg.compile

@@ -5,10 +5,12 @@ import pytest
 import torch
 
 from decode.loop import timing
-from decode.measure.cost_model import measure_cost_ratios
-from kinds.standalone.drafter import ModelDrafter
-from decode.measure.evaluate import EvalSettings, evaluate_acceptance, time_side_by_side
 from decode.loop.speculative import GenerateOutput
+from decode.measure.evaluate import time_side_by_side
+from decode.measure.settings import EvalSettings
+from kinds.standalone.drafter import ModelDrafter
+from specdistill.drafts import evaluate_acceptance, measure_cost_ratios
+
 from tiny import perturbed_copy, tiny_model
 
 GAMMA = 2

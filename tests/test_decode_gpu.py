@@ -2,8 +2,10 @@
 import pytest
 import torch
 
-from decode import autoregressive_generate, speculative_generate
-from decode.measure.evaluate import EvalSettings, evaluate_acceptance
+from decode import autoregressive_generate
+from decode.measure.settings import EvalSettings
+from specdistill.drafts import evaluate_acceptance, speculative_generate
+
 from tiny import perturbed_copy, tiny_model
 
 # a compiled test that silently fell back to eager decoding would measure nothing: the fallback warning fails it

@@ -2,8 +2,10 @@
 import pytest
 import torch
 
-from decode import autoregressive_generate, speculative_generate
+from decode import autoregressive_generate
 from kinds.prompt_lookup.drafter import PromptLookupDrafter
+from specdistill.drafts import speculative_generate
+
 from tiny import ARCHITECTURES, perturbed_copy, save_and_load, tiny_model
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 5, 7]])

@@ -15,10 +15,12 @@ import pytest
 import torch
 
 import decode.loop.static as static
-from decode import autoregressive_generate, speculative_generate
+from decode import autoregressive_generate
 from kinds.dflash.model import DFlashDraft, dflash_config_for
 from kinds.eagle3.model import Eagle3Head, head_config
 from kinds.prompt_lookup.drafter import PromptLookupDrafter
+from specdistill.drafts import speculative_generate
+
 from tiny import perturbed_copy, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,11 +7,12 @@ import itertools
 
 import pytest
 import torch
-from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import decode.loop.speculative as spec
 from decode.loop.sampling import SamplingConfig, probs_from_logits, warp_logits
+from kinds import kind_of
+
 from tiny import tiny_model
 
 VOCAB = 8
@@ -107,7 +108,8 @@ def sample_speculative(target, draft, cfg, runs, seed=0):
     samples = torch.zeros(runs, 3, dtype=torch.long)
     for i in range(runs):
         out = spec.speculative_generate(target, draft, PROMPT, max_new_tokens=3, gamma=2, generator=g,
-                                        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+                                        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                        kind=kind_of(draft))
         samples[i] = out.sequences[0, -3:]
     return samples
 

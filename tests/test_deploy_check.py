@@ -6,9 +6,10 @@ import sys
 import pytest
 import torch
 
-from decode.deploy.deploy_check import check_deploy
 from kinds.standalone.deploy import CHECKS
-from decode.cli import check as check_script
+from specdistill.cli import check as check_script
+from specdistill.drafts import check_deploy
+
 from tiny import tiny_model, tiny_tokenizer
 
 GAMMA = 3
@@ -160,8 +161,8 @@ def test_unreadable_inputs_are_one_line_errors(pair, tmp_path, capsys):
 
 
 def test_serving_commands_with_a_gamma_variable_expand_to_the_commands_with_that_gamma():
-    """decode.deploy.serving_commands: the $GAMMA form (a draft that names no gamma), expanded by the shell with GAMMA=3,
-    is exactly the command written for gamma 3."""
+    """decode.deploy.serving_commands: the $GAMMA form (a draft that names no gamma), expanded by the shell with
+    GAMMA=3, is exactly the command written for gamma 3."""
     import shlex
     import subprocess
 

@@ -8,18 +8,19 @@ partial acceptance, so rejections and resampling happen.
 import json
 
 import pytest
+import test_decode_sampling as sampling
 import torch
 import torch.nn.functional as F
 
 import decode.loop.speculative as spec
-import test_decode_sampling as sampling
-from decode import autoregressive_generate, speculative_generate
-from kinds.dflash.model import (DFlashDraft, default_target_layer_ids, dflash_config_for, fit_problems,
-                           mask_token_id_for)
+from decode import autoregressive_generate
+from decode.loop.sampling import SamplingConfig
+from kinds import kind_of, kind_of_source
 from kinds.dflash import KIND as DFLASH_KIND
 from kinds.dflash.drafter import DFlashDrafter
-from kinds import kind_of, kind_of_source
-from decode.loop.sampling import SamplingConfig
+from kinds.dflash.model import DFlashDraft, default_target_layer_ids, dflash_config_for, fit_problems, mask_token_id_for
+from specdistill.drafts import speculative_generate
+
 from tiny import save_and_load, tiny_model, tiny_tokenizer
 
 PROMPTS = [torch.tensor([[1, 5, 7, 9, 11, 5, 7]]), torch.tensor([[1]]),
@@ -267,7 +268,7 @@ def served(tmp_path_factory):
 
 def run_specdistill(argv: list[str], capsys) -> tuple[int, str]:
     """`specdistill ARGV` in process: (exit code, stderr)."""
-    from distill.cli.main import cli
+    from specdistill.cli.main import cli
 
     try:
         cli(argv)
@@ -332,7 +333,7 @@ def test_a_gamma_past_the_block_is_one_line(trained):
 def test_specdistill_check_passes_a_dflash_folder_and_prints_its_vllm_command(served, capsys):
     """The DFlash deployment checks (kinds/dflash/deploy.py) pass on the saved folder, and the commands serve it with
     vLLM's dflash method at the folder's gamma."""
-    from distill.cli.main import cli
+    from specdistill.cli.main import cli
 
     try:
         cli(["check", "--target", str(served / "target"), "--draft", str(served / "dflash")])

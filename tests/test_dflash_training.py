@@ -13,14 +13,22 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from decode.deploy.deploy_check import check_deploy
 from distill.models import load
-from distill.recipe.sections import DistillConfig
-from helpers import ROOT, cli_error, learnt_tiny_pair, train_script
 from kinds import kind_named, kind_of_source
-from kinds.dflash.loss import (BlockTraining, position_weights, sample_anchors, slot_labels, slot_sums,
-                               slot_token_counts, weighted_block_loss)
+from kinds.dflash.loss import (
+    BlockTraining,
+    position_weights,
+    sample_anchors,
+    slot_labels,
+    slot_sums,
+    slot_token_counts,
+    weighted_block_loss,
+)
 from kinds.dflash.model import DFlashDraft, dflash_config_for
+from specdistill.drafts import check_deploy
+from specdistill.recipes import DistillConfig
+
+from helpers import ROOT, cli_error, learnt_tiny_pair, train_script
 from tiny import tiny_model, tiny_tokenizer
 
 RECIPE = str(ROOT / "recipes" / "tiny_dflash.yaml")

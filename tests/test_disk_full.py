@@ -13,16 +13,17 @@ import datasets
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_integrity import tiny_cache_inputs
+from test_kill_resume import RUN, STEPS, reference, workdir  # the tiny run of those tests  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
 
 from decode.inputs.manifest import manifest_problems
 from distill.data.teacher_cache import build_teacher_cache
 from distill.outputs import acceptance_log
 from distill.outputs.checkpoints import PARTIAL_DIR
 from distill.utils import OutOfSpaceError
+from kinds import STANDALONE
+
 from helpers import TINY_RECIPE, cli_error, run_train
-from test_kill_resume import RUN, STEPS  # the tiny run of those tests
-from test_kill_resume import reference, workdir  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
-from test_integrity import tiny_cache_inputs
 
 FULL = "no space left on the device of "
 
@@ -112,13 +113,14 @@ def test_a_full_disk_during_the_export_leaves_the_output_folder_as_it_was(monkey
 
     from decode.inputs.manifest import MANIFEST
     from distill.publish.export import export_draft
+
     from tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()
     model = tiny_model("llama", vocab_size=len(tok), hidden=32, layers=1)
     out = tmp_path / "run"
     out.mkdir()
-    export_draft(out, None, model, tok, default_gamma=4)  # an earlier, complete export
+    export_draft(out, None, model, tok, default_gamma=4, kind=STANDALONE)  # an earlier, complete export
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     with torch.no_grad():
         model.model.embed_tokens.weight.add_(1.0)  # a different draft to export
@@ -130,12 +132,12 @@ def test_a_full_disk_during_the_export_leaves_the_output_folder_as_it_was(monkey
 
     monkeypatch.setattr(type(tok), "save_pretrained", save_pretrained)
     with pytest.raises(OSError) as raised:
-        export_draft(out, None, model, tok, default_gamma=4)
+        export_draft(out, None, model, tok, default_gamma=4, kind=STANDALONE)
     assert raised.value.errno == errno.ENOSPC
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert not (out / PARTIAL_DIR / "export").exists() and manifest_problems(out) == []
     monkeypatch.setattr(type(tok), "save_pretrained", real_save)
-    export_draft(out, None, model, tok, default_gamma=4)
+    export_draft(out, None, model, tok, default_gamma=4, kind=STANDALONE)
     assert manifest_problems(out) == [] and (out / MANIFEST).read_bytes() != before[MANIFEST]
     assert not (out / PARTIAL_DIR / "export").exists()
     reloaded = load_file(out / "model.safetensors")

@@ -9,20 +9,27 @@ import json
 
 import pytest
 import torch
+from test_decode_sampling import CONFIGS, VOCAB, accept_always, control_pvalues, lossless_pvalues
+from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import decode.loop.speculative as spec
 import decode.loop.static as static
 from decode.loop.sampling import SamplingConfig
 from distill.data.dataset import build_data
-from distill.recipe.loader import load_recipe
-from helpers import TINY_RECIPE, cli_error, learnt_tiny_pair, run_train
-from kinds import kind_named
-from kinds.draft_vocab import (DRAFT_VOCAB_FILE, DraftVocabError, label_token_counts, most_frequent, read_draft_vocab,
-                               write_draft_vocab)
+from kinds import kind_named, kind_of
+from kinds.draft_vocab import (
+    DRAFT_VOCAB_FILE,
+    DraftVocabError,
+    label_token_counts,
+    most_frequent,
+    read_draft_vocab,
+    write_draft_vocab,
+)
 from kinds.standalone.drafter import ModelDrafter, subset_lm
-from test_decode_sampling import CONFIGS, VOCAB, accept_always, control_pvalues, lossless_pvalues
-from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
+from specdistill.recipes import load_recipe
+
+from helpers import TINY_RECIPE, cli_error, learnt_tiny_pair, run_train
 from tiny import perturbed_copy, tiny_model
 
 STANDALONE = kind_named("standalone")
@@ -61,7 +68,7 @@ def test_greedy_output_with_a_draft_vocabulary_equals_the_target(gamma):
     draft.draft_vocab_ids = torch.arange(0, 96, 3)  # a third of the vocabulary: many proposals must be wrong
     prompt = torch.tensor([[5, 9, 13, 2, 40]])
     plain = spec.autoregressive_generate(target, prompt, max_new_tokens=24)
-    out = spec.speculative_generate(target, draft, prompt, max_new_tokens=24, gamma=gamma)
+    out = spec.speculative_generate(target, draft, prompt, max_new_tokens=24, gamma=gamma, kind=kind_of(draft))
     assert out.new_tokens == plain.new_tokens
     assert any(t % 3 for t in out.new_tokens)  # tokens outside the vocabulary still come, from the target
     assert out.stats.accepted_tokens > 0
@@ -74,7 +81,8 @@ def test_compiled_greedy_output_with_a_draft_vocabulary_equals_the_target(monkey
     prompt = torch.tensor([[5, 9, 13, 2, 40]])
     plain = spec.autoregressive_generate(target, prompt, max_new_tokens=16)
     for _ in range(2):  # the second prompt reuses the compiled steps of the same readout
-        out = spec.speculative_generate(target, draft, prompt, max_new_tokens=16, gamma=2, compile=True)
+        out = spec.speculative_generate(target, draft, prompt, max_new_tokens=16, gamma=2, compile=True,
+                                        kind=kind_of(draft))
         assert out.new_tokens == plain.new_tokens
 
 

@@ -1,4 +1,5 @@
-"""specdistill-eval (decode/cli/eval.py) end to end: valid JSON with every documented key; bad input is one line."""
+"""specdistill-eval (specdistill/cli/eval.py) end to end: valid JSON with every documented key;
+bad input is one line."""
 import json
 import subprocess
 import sys
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from decode.measure.results import Result, read_eval_json
-from decode.cli import eval as eval_acceptance
+from specdistill.cli import eval as eval_acceptance
+
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 RESULT_KEYS = {"gamma", "temperature", "num_prompts", "new_tokens", "acceptance_rate", "draft_acceptance_rate",
@@ -151,8 +153,9 @@ def test_bad_input_is_one_clear_line(case, pair, tmp_path, capsys):
 
 
 def test_batch_and_gamma_errors_in_the_library():
-    from decode import speculative_generate
     import torch
+
+    from specdistill.drafts import speculative_generate
 
     target = tiny_model("llama", seed=0)
     with pytest.raises(ValueError, match="batch size must be 1"):

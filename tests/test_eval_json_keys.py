@@ -6,12 +6,22 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from decode.cli import eval as eval_cli
-from decode.measure.results import (ALL_KEYS, ENVIRONMENT_KEYS, EVAL_JSON_KEYS, PARITY_KEYS, RESULT_KEYS, STATS_KEYS,
-                            VLLM_STATS_KEYS, environment, reference_markdown)
+from decode.loop.stats import SpecStats
+from decode.measure.results import (
+    ALL_KEYS,
+    ENVIRONMENT_KEYS,
+    EVAL_JSON_KEYS,
+    PARITY_KEYS,
+    RESULT_KEYS,
+    STATS_KEYS,
+    VLLM_STATS_KEYS,
+    environment,
+    reference_markdown,
+)
 from decode.serving.counters import SpecCounters
 from decode.serving.parity import parity_rows
-from decode.loop.stats import SpecStats
+from specdistill.cli import eval as eval_cli
+
 from tiny import perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

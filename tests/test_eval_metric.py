@@ -1,4 +1,5 @@
-"""decode/metrics/acceptance: the local `evaluate` metric loads offline and matches decode.loop.stats on the same counts."""
+"""decode/metrics/acceptance: the local `evaluate` metric loads offline and matches
+decode.loop.stats on the same counts."""
 from __future__ import annotations
 
 import socket

@@ -13,19 +13,28 @@ import sys
 import textwrap
 import types
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from distill.models.distributed import UnsupportedModeError, check_device_mode
 from distill.models.fsdp import LAYOUT, remember_layout
 from distill.outputs.acceptance_log import read_records
 from distill.outputs.checkpoints import KILL_ENV, PARTIAL_DIR
 from distill.utils import plain_class
-from helpers import (CHILD_ENV, ROOT, SMOOTH_LOSS, TINY_RECIPE, accelerate_command, accelerate_launch,
-                     assert_same_weights, run_process, run_train, torchrun)
+
+from helpers import (
+    CHILD_ENV,
+    ROOT,
+    SMOOTH_LOSS,
+    TINY_RECIPE,
+    accelerate_command,
+    accelerate_launch,
+    assert_same_weights,
+    run_process,
+    run_train,
+    torchrun,
+)
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 FSDP_CONFIG = ROOT / "recipes" / "accelerate" / "fsdp.yaml"
@@ -44,7 +53,7 @@ FSDP_ON_CPU = textwrap.dedent("""
     import distill.recipe.train_config
     distill.recipe.train_config.TrainingArguments = functools.partial(
         distill.recipe.train_config.TrainingArguments, accelerator_config={"use_configured_state": True})
-    from distill import pipeline
+    from specdistill import pipeline
     from torch.distributed.tensor import DTensor
     shard = pipeline.shard_for_inference
     def checked(target, device):
@@ -54,7 +63,7 @@ FSDP_ON_CPU = textwrap.dedent("""
         assert sum(p.to_local().numel() for p in params) < 0.6 * sum(p.numel() for p in params)
         return target
     pipeline.shard_for_inference = checked
-    from distill.cli import train
+    from specdistill.cli import train
     train.cli()
 """)
 

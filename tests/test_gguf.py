@@ -1,5 +1,5 @@
-"""GGUF files wherever a model path is taken (decode/inputs/gguf.py): converted once into a plain folder that gives the same
-logits as transformers' own GGUF loading, reused afterwards, and one clear line for a bad file.
+"""GGUF files wherever a model path is taken (decode/inputs/gguf.py): converted once into a plain folder that gives the
+same logits as transformers' own GGUF loading, reused afterwards, and one clear line for a bad file.
 
 The tiny GGUF is written here with the `gguf` package the way llama.cpp's converter writes a Llama (Q/K rows
 permuted for its rope layout, a byte-level BPE vocabulary with its merges), so the round trip is exact.
@@ -17,15 +17,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from decode.inputs import gguf as gguf_cache
-from decode.cli import check as check_cli
-from decode.cli import eval as eval_cli
 from decode.inputs.gguf import DONE_FILE, SOURCE_FILE, cache_root, smollm2_gguf
 from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_model_path
-from distill.cli import train as train_cli
 from distill.models.load import with_model_folders
-from distill.recipe.loader import load_recipe
 from distill.run.preflight import check_run
 from distill.utils import ModelSetupError
+from specdistill.cli import check as check_cli
+from specdistill.cli import eval as eval_cli
+from specdistill.cli import train as train_cli
+from specdistill.recipes import load_recipe
+
 from helpers import accelerate_launch
 from tiny import TINY_TEXT, tiny_tokenizer
 

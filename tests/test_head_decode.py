@@ -4,15 +4,17 @@ Targets are tiny Llama and Qwen2 models; heads are random or trained here for a 
 (cross-entropy on the target's argmax), which gives partial acceptance, so rollbacks of both caches happen.
 """
 import pytest
+import test_decode_sampling as sampling
 import torch
 import torch.nn.functional as F
 
 import decode.loop.speculative as spec
-import test_decode_sampling as sampling
-from decode import autoregressive_generate, speculative_generate
-from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
-from kinds.eagle3.drafter import HeadDrafter
+from decode import autoregressive_generate
 from decode.loop.sampling import SamplingConfig
+from kinds.eagle3.drafter import HeadDrafter
+from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
+from specdistill.drafts import speculative_generate
+
 from tiny import tiny_model
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 5, 7]])
@@ -149,7 +151,8 @@ def test_head_sampling_negative_control(monkeypatch):
     p1, p2, _, _ = sampling.exact_marginals(target, cfg)
     monkeypatch.setattr(spec, "accept_sampled", sampling.accept_always)
     s = sampling.sample_speculative(target, head, cfg, runs=800)
-    pvalues = [sampling.chi2_pvalue(torch.bincount(s[:, j], minlength=sampling.VOCAB), p) for j, p in enumerate([p1, p2])]
+    pvalues = [sampling.chi2_pvalue(torch.bincount(s[:, j], minlength=sampling.VOCAB), p)
+               for j, p in enumerate([p1, p2])]
     assert min(pvalues) < 1e-6
 
 

@@ -6,11 +6,12 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
-from decode.deploy.deploy_check import check_deploy
-from kinds.eagle3.model import Eagle3Head, head_config
-from kinds.eagle3.deploy import HEAD_CHECKS
 from test_deploy_check import edit_json, run_cli
+
+from kinds.eagle3.deploy import HEAD_CHECKS
+from kinds.eagle3.model import Eagle3Head, head_config
+from specdistill.drafts import check_deploy
+
 from tiny import tiny_model, tiny_tokenizer
 
 GAMMA = 3

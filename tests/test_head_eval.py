@@ -3,12 +3,14 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
-from kinds.eagle3.model import Eagle3Head, head_config
-from decode.measure.evaluate import EvalSettings, evaluate_acceptance
 from test_eval_cli import pair, run_cli  # noqa: F401 - the tiny saved pair (a module fixture) and the CLI runner
 from test_head_decode import new_head, train_head
+from transformers import AutoModelForCausalLM
+
+from decode.measure.settings import EvalSettings
+from kinds.eagle3.model import Eagle3Head, head_config
+from specdistill.drafts import evaluate_acceptance
+
 from tiny import tiny_model
 
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
-from distill.losses.divergences import DIVERGENCES
 from distill.data.hidden_cache import target_features
-from kinds.eagle3.loss import (UnrolledHead, restricted_head, step_token_counts, ttt_mask,
-                               ttt_step_sums, weighted_loss)
-from kinds.draft_vocab import label_token_counts, most_frequent
-from distill.recipe.sections import DistillConfig
+from distill.losses.divergences import DIVERGENCES
 from distill.utils import IGNORE_INDEX
+from kinds.draft_vocab import label_token_counts, most_frequent
+from kinds.eagle3.loss import UnrolledHead, restricted_head, step_token_counts, ttt_mask, ttt_step_sums, weighted_loss
+from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
+from specdistill.recipes import DistillConfig
+
 from tiny import tiny_model
 
 VOCAB = 96

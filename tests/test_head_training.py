@@ -18,17 +18,17 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from kinds.eagle3.model import Eagle3Head, is_eagle3_folder, target_aux_hidden
 from distill.data.dataset import build_data
 from distill.models import load
-from kinds.eagle3.build import build_head, head_at_checkpoint, init_from_target, plan_head
 from distill.outputs.acceptance_log import read_records
-from kinds.draft_vocab import label_token_counts, most_frequent
 from distill.outputs.checkpoints import KILL_ENV
-from distill.publish.hub import push_to_hub
-from distill.recipe.loader import load_recipe
-from distill.recipe.sections import ModelConfig
 from distill.utils import ModelSetupError
+from kinds.draft_vocab import label_token_counts, most_frequent
+from kinds.eagle3.build import build_head, head_at_checkpoint, init_from_target, plan_head
+from kinds.eagle3.model import Eagle3Head, is_eagle3_folder, target_aux_hidden
+from specdistill.drafts import push_to_hub
+from specdistill.recipes import ModelConfig, load_recipe
+
 from helpers import ROOT, accelerate_launch, cli_error, train_script
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 

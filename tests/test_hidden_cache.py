@@ -4,8 +4,8 @@ under ZeRO-3 and FSDP2 (2 CPU processes) as on one process; the recipe's refusal
 from __future__ import annotations
 
 import copy
-import sys
 import json
+import sys
 from pathlib import Path
 
 import datasets
@@ -13,17 +13,34 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from distill.data.hidden_cache import (METADATA_FILE, HiddenStateCollator, build_hidden_cache, cached_features,
-                                       load_hidden_cache, target_features, with_hidden_columns)
+from distill.data.hidden_cache import (
+    METADATA_FILE,
+    HiddenStateCollator,
+    build_hidden_cache,
+    cached_features,
+    load_hidden_cache,
+    target_features,
+    with_hidden_columns,
+)
 from distill.data.rows import IGNORE_INDEX, DistillCollator
 from distill.data.shard_store import CacheMismatchError
 from distill.fingerprints import full_weights_hash
 from distill.models import load
-from distill.recipe.sections import ModelConfig
-from kinds.eagle3 import trainer as head_trainer
 from distill.utils import ModelSetupError
-from helpers import (ROOT, ForwardCounter, TINY_RECIPE, accelerate_command, assert_same_weights, cli_error,
-                     run_process, torchrun, train_script)
+from kinds.eagle3 import trainer as head_trainer
+from specdistill.recipes import ModelConfig
+
+from helpers import (
+    ROOT,
+    TINY_RECIPE,
+    ForwardCounter,
+    accelerate_command,
+    assert_same_weights,
+    cli_error,
+    run_process,
+    torchrun,
+    train_script,
+)
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 VOCAB = 96
@@ -362,8 +379,8 @@ def test_fsdp2_head_from_the_cache_matches_one_process(workdir, one_process, tmp
 def test_the_data_command_builds_the_cache_a_later_run_reads(workdir, monkeypatch, capsys):
     """`specdistill-data hidden-states RECIPE ...` builds the cache (without touching the run's output folder);
     the run then reads it and never runs the target for it."""
-    from distill.cli import data as data_command
     from distill.data import hidden_cache
+    from specdistill.cli import data as data_command
 
     cache, out = workdir / "cache_by_command", workdir / "after_command"
     argv = [HEAD_RECIPE, f"model.target={workdir / 'target'}", f"data.dataset={workdir / 'code.txt'}",

@@ -1,5 +1,5 @@
-"""distill.publish.model_card, distill.publish.hub and specdistill-push (distill/cli/push.py): model card, upload plan,
-upload through a fake HfApi, error lines, no token."""
+"""distill.publish.model_card, distill.publish.hub and specdistill-push (specdistill/cli/push.py): model card, upload
+plan, upload through a fake HfApi, error lines, no token."""
 from __future__ import annotations
 
 import fnmatch
@@ -12,10 +12,11 @@ import pytest
 import yaml
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from distill.cli.push import main
 import distill.publish.hub as hub
-from distill.publish.hub import HubError, push_to_hub, upload_plan, write_card
-from distill.publish.model_card import build_model_card, load_eval_results
+from distill.publish.hub import HubError, upload_plan
+from distill.publish.model_card import load_eval_results
+from specdistill.cli.push import main
+from specdistill.drafts import build_model_card, push_to_hub, write_card
 from tests.tiny import tiny_model
 
 SECRET = "hf_secretvalue"

@@ -1,6 +1,6 @@
-"""What `pip install .` installs: the packages decode, distill and kinds and the console commands inside them (each job's
-`specdistill-JOB` and the umbrella `specdistill`), never a top-level `scripts` (issue 20, part 2); and the entry files
-in scripts/ run the same commands by path from any folder.
+"""What `pip install .` installs: the packages decode, distill and kinds and the console commands inside them (each
+job's `specdistill-JOB` and the umbrella `specdistill`), never a top-level `scripts` (issue 20, part 2); and the entry
+files in scripts/ run the same commands by path from any folder.
 
 The fast tests read pyproject.toml. The integration tests build a wheel from a copy of the sources, install it with
 --no-deps into a fresh venv of this interpreter (torch and the other dependencies come from this interpreter's
@@ -26,15 +26,16 @@ from tiny import save_and_load, tiny_model, tiny_tokenizer
 tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"decode", "distill", "kinds"}
+PACKAGES = {"decode", "distill", "kinds", "specdistill"}
 COMMANDS = {  # console command -> (the module pyproject.toml names, the entry file in scripts/ that runs it by path)
-    "specdistill-eval": ("decode.cli.eval", "eval_acceptance.py"),
-    "specdistill-check": ("decode.cli.check", "check_deploy.py"),
-    "specdistill-train": ("distill.cli.train", "train.py"),
-    "specdistill-push": ("distill.cli.push", "push_to_hub.py"),
-    "specdistill-data": ("distill.cli.data", "build_data.py"),
+    "specdistill-eval": ("specdistill.cli.eval", "eval_acceptance.py"),
+    "specdistill-check": ("specdistill.cli.check", "check_deploy.py"),
+    "specdistill-train": ("specdistill.cli.train", "train.py"),
+    "specdistill-push": ("specdistill.cli.push", "push_to_hub.py"),
+    "specdistill-data": ("specdistill.cli.data", "build_data.py"),
 }
-UMBRELLA = ("specdistill", "distill.cli.main")  # `specdistill JOB ...` runs the commands above (no entry file: python -m)
+# `specdistill JOB ...` runs the commands above (no entry file: python -m)
+UMBRELLA = ("specdistill", "specdistill.cli.main")
 
 
 def pyproject() -> dict:
@@ -77,7 +78,7 @@ def test_only_decode_distill_and_kinds_are_found():
     include = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
     found = find_packages(where=str(ROOT), include=include)
     assert {name.split(".")[0] for name in found} == PACKAGES, found
-    assert {"decode.cli", "distill.cli", "decode.serving", "decode.loop", "kinds.eagle3", "kinds.dflash"} <= set(found)
+    assert {"specdistill.cli", "decode.serving", "decode.loop", "kinds.eagle3", "kinds.dflash"} <= set(found)
     subpackages = {path.parent.relative_to(ROOT).as_posix().replace("/", ".")
                    for path in (ROOT / "distill").glob("*/__init__.py")}
     assert subpackages >= {"distill.losses", "distill.recipe", "distill.models", "distill.data", "distill.run"}
@@ -97,7 +98,7 @@ def installed(tmp_path_factory) -> Path:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("decode", "distill", "kinds", "scripts"):
+    for folder in ("decode", "distill", "kinds", "specdistill", "scripts"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     # built by this interpreter: --no-build-isolation builds with the setuptools and wheel of the interpreter that
     # builds, and the fresh venv has neither (nothing is fetched)

@@ -12,14 +12,14 @@ from pathlib import Path
 import datasets
 import torch
 from safetensors.torch import load_file
+from test_kill_resume import RUN, STEPS, reference, workdir  # the tiny run of those tests  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
 
-from decode.deploy.deploy_check import check_deploy
 from decode.inputs.manifest import MANIFEST, manifest_problems, write_manifest
 from distill.data.teacher_cache import build_teacher_cache
 from distill.utils import IGNORE_INDEX
+from specdistill.drafts import check_deploy
+
 from helpers import cli_error, run_train
-from test_kill_resume import RUN, STEPS  # the tiny run of those tests
-from test_kill_resume import reference, workdir  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
 from tiny import save_and_load, tiny_model, tiny_tokenizer
 
 

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from distill.outputs.acceptance_log import read_records
 from distill.outputs.checkpoints import KILL_ENV, PARTIAL_DIR
 from distill.run.trainer import DistillTrainer
+
 from helpers import TINY_RECIPE, run_train
 from tiny import TINY_TEXT, save_and_load, tiny_model, tiny_tokenizer
 
@@ -173,7 +174,7 @@ def test_resume_picks_the_latest_complete_checkpoint(tmp_path, caplog):
 
 
 def test_a_used_output_folder_is_refused_and_overwrite_replaces_it(workdir, capsys):
-    from distill.recipe.sections import RecipeError
+    from specdistill.recipes import RecipeError
 
     out = run_train(workdir, "used", "train.max_steps=2", "train.save_steps=2", "data.num_eval_prompts=0",
                     "train.report_to=[]")

@@ -23,7 +23,8 @@ import pytest
 import torch
 import yaml
 
-from distill.cli.launch import CPU_LAUNCH
+from specdistill.cli.launch import CPU_LAUNCH
+
 from helpers import CHILD_ENV, ROOT
 from tiny import TINY_TEXT, save_and_load, tiny_model, tiny_tokenizer
 

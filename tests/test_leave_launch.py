@@ -1,4 +1,4 @@
-"""distill.cli.launch.leave_launch_directly: a process of a multi-process launch ends with its status and everything
+"""specdistill.cli.launch.leave_launch_directly: a process of a multi-process launch ends with its status and everything
 it printed or logged, without the interpreter's teardown (where a gloo worker thread can abort the process after
 the run is done); a single process ends as usual."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from helpers import CHILD_ENV, ROOT
 
 BODY = textwrap.dedent("""
     import atexit, logging, sys
-    from distill.cli.launch import leave_launch_directly
+    from specdistill.cli.launch import leave_launch_directly
     atexit.register(lambda: print("teardown ran", flush=True))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with leave_launch_directly(statuses=(0, 75)):

@@ -13,9 +13,9 @@ from distill.data.onpolicy import OnPolicySettings
 from distill.data.rows import IGNORE_INDEX, DistillCollator
 from distill.losses.distill_loss import distill_loss
 from distill.losses.loss_mix import LinearWeight, LossMix, LossSpecError
-from distill.recipe.loader import load_recipe
-from distill.recipe.sections import DistillConfig, RecipeError
 from distill.run.trainer import DistillTrainer
+from specdistill.recipes import DistillConfig, RecipeError, load_recipe
+
 from helpers import cli_error
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
@@ -62,7 +62,8 @@ def test_a_plain_name_is_unchanged():
     ("distill.loss={}", "distill.loss: got {}; allowed: a loss name or a mapping"),
     ("distill.loss={tv: 0, ce: 0.0}", "distill.loss: got {'tv': 0, 'ce': 0.0}; allowed: at least one weight > 0"),
     ("distill.loss=[ce, tv]", "distill.loss: got ['ce', 'tv'] (list); allowed: one of 'forward_kl'"),
-    ("distill.loss=tvd", "distill.loss: got 'tvd'; allowed: one of 'forward_kl', 'reverse_kl', 'jsd', 'tv', 'nla', 'lk_hybrid'"),
+    ("distill.loss=tvd",
+     "distill.loss: got 'tvd'; allowed: one of 'forward_kl', 'reverse_kl', 'jsd', 'tv', 'nla', 'lk_hybrid'"),
 ])
 def test_bad_combinations_are_one_line_errors_naming_the_key(tmp_path, override, message):
     path = tmp_path / "recipe.yaml"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import ROOT, cli_error
 from kinds.dflash.model import zero_mask_row
+
+from helpers import ROOT, cli_error
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
 
@@ -50,7 +51,7 @@ def test_a_mask_token_with_a_zero_row_is_refused_in_one_line(monkeypatch, capsys
 
 def test_an_empty_eval_prompts_placeholder_holds_out_rows(tmp_path):
     from distill.data.dataset import build_data
-    from distill.recipe.loader import load_recipe
+    from specdistill.recipes import load_recipe
 
     (tmp_path / "code.txt").write_text(TINY_TEXT)
     recipe = load_recipe(ROOT / "recipes" / "tiny_distill.yaml",

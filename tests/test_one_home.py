@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("decode", "distill", "kinds", "scripts")
+PACKAGES = ("decode", "distill", "kinds", "specdistill", "scripts")
 
 
 def sources() -> dict[str, ast.Module]:
@@ -143,11 +143,11 @@ CONCEPTS: dict[str, tuple[Callable[[], list[str]], bool]] = {
     "how a prompt file is read (decode/inputs/prompts.py)": (prompt_file_readers, True),
     "functions named read_prompt_file": (lambda: defined(ast.FunctionDef, lambda n: n == "read_prompt_file"), True),
     "classes named StepClock": (lambda: defined(ast.ClassDef, lambda n: n == "StepClock"), True),
-    "reading a file as text (decode.inputs.checks.read_text)": (lambda: defined(ast.FunctionDef, lambda n: n == "read_text"),
-                                                         True),
+    "reading a file as text (decode.inputs.checks.read_text)": (
+        lambda: defined(ast.FunctionDef, lambda n: n == "read_text"), True),
     "refusing NaN/inf in recipes (recipe_schema.Section: pydantic's allow_inf_nan=False)": (
         lambda: homes(lambda n: isinstance(n, ast.keyword) and n.arg == "allow_inf_nan"), True),
-    "refusing NaN/inf in flags (checks.finite_float)": (
+    "refusing NaN/inf in flags (command_line.finite_float)": (
         lambda: defined(ast.FunctionDef, lambda n: n == "finite_float"), True),
     "gamma: auto -> a gamma": (auto_gamma_to_gamma, True),
     "the cost-model speedup tau / (gamma c + v)": (cost_model_speedup, True),
@@ -268,8 +268,8 @@ def test_the_kind_branch_detector_finds_each_pattern():
     snippets = ["if isinstance(draft, Eagle3Head): pass", "ok = isinstance(d, (torch.nn.Module, PromptLookupDrafter))",
                 "if isinstance(model, UnrolledHead): pass", "if isinstance(draft, DFlashDraft): pass",
                 "wrapped = isinstance(model, BlockTraining)",
-                "head = is_eagle3_folder(path)", "block = is_dflash_folder(path)", "if args.draft == PROMPT_LOOKUP: pass",
-                "lookup = draft != 'prompt-lookup'", "skip = method == 'ngram'",
+                "head = is_eagle3_folder(path)", "block = is_dflash_folder(path)",
+                "if args.draft == PROMPT_LOOKUP: pass", "lookup = draft != 'prompt-lookup'", "skip = method == 'ngram'",
                 "if recipe.model.draft_kind == 'eagle3': pass", "if kind in ('dflash', 'standalone'): pass",
                 "TRAINERS = {'standalone': DistillTrainer, 'eagle3': HeadTrainer}",
                 "CARD_TEXTS = {'dflash': CardText('...')}"]

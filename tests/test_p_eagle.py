@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import test_decode_sampling as sampling
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -22,14 +23,10 @@ from transformers import TrainingArguments
 
 import decode.loop.speculative as spec
 import decode.loop.static as static
-import test_decode_sampling as sampling
-from decode import autoregressive_generate, speculative_generate
-from decode.deploy.deploy_check import check_deploy
+from decode import autoregressive_generate
 from decode.loop.sampling import SamplingConfig
 from distill.data.rows import DistillCollator
 from distill.models import load
-from distill.recipe.sections import DistillConfig
-from helpers import ROOT, cli_error, learnt_tiny_pair, train_script
 from kinds import kind_named, kind_of, kind_of_source
 from kinds.eagle3 import KIND as EAGLE3
 from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
@@ -39,6 +36,10 @@ from kinds.p_eagle.loss import ParallelHead, head_anchors, slot_labels
 from kinds.p_eagle.trainer import PEagleTrainer
 from kinds.pard.drafter import feed_lengths
 from kinds.pard.loss import slot_weights
+from specdistill.drafts import check_deploy, speculative_generate
+from specdistill.recipes import DistillConfig
+
+from helpers import ROOT, cli_error, learnt_tiny_pair, train_script
 from tiny import tiny_model, tiny_tokenizer
 
 RECIPE = str(ROOT / "recipes" / "tiny_p_eagle.yaml")

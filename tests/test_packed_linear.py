@@ -6,11 +6,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kinds.prompt_lookup.drafter import PromptLookupDrafter
-from decode.loop.packed_linear import (PackedLinear, Packing, faster_plain, pack_linears, packed_layers, packed_linears,
-                                       set_plain_rows, tune_plain_rows)
-from decode.loop.speculative import autoregressive_generate, speculative_generate
 from decode.inputs.vocab import lm_head_rows
+from decode.loop.packed_linear import (
+    PackedLinear,
+    Packing,
+    faster_plain,
+    pack_linears,
+    packed_layers,
+    packed_linears,
+    set_plain_rows,
+    tune_plain_rows,
+)
+from decode.loop.speculative import autoregressive_generate
+from kinds.prompt_lookup.drafter import PromptLookupDrafter
+from specdistill.drafts import speculative_generate
+
 from tiny import perturbed_copy, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built into torch")

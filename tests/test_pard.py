@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import test_decode_sampling as sampling
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -21,20 +22,23 @@ from transformers import TrainingArguments
 
 import decode.loop.speculative as spec
 import decode.loop.static as static
-import test_decode_sampling as sampling
-from decode import autoregressive_generate, speculative_generate
-from decode.deploy.deploy_check import check_deploy
+from decode import autoregressive_generate
 from decode.loop.auto_gamma import GammaChooser, best_gamma
 from decode.loop.sampling import SamplingConfig
 from distill.data.rows import DistillCollator
 from distill.models import load
-from distill.recipe.sections import DistillConfig
-from helpers import ROOT, cli_error, learnt_tiny_pair, train_script
 from kinds import kind_named, kind_of, kind_of_source
+from kinds.p_eagle.options import KEYS as P_EAGLE_KEYS
+from kinds.parallel_drafting import gamma_problems, token_problems
 from kinds.pard import KIND as PARD
 from kinds.pard.drafter import ParallelDrafter, feed_lengths
 from kinds.pard.loss import block_attention, block_inputs, pard_anchors, slot_labels, slot_weights
+from kinds.pard.options import KEYS as PARD_KEYS
 from kinds.pard.trainer import PardTrainer
+from specdistill.drafts import check_deploy, speculative_generate
+from specdistill.recipes import DistillConfig
+
+from helpers import ROOT, cli_error, learnt_tiny_pair, train_script
 from tiny import tiny_model, tiny_tokenizer
 
 RECIPE = str(ROOT / "recipes" / "tiny_pard.yaml")
@@ -476,3 +480,16 @@ def test_standalone_recipes_refuse_pard_keys(monkeypatch, capsys, no_weights):
                         "data.dataset=x.txt", "model.pard_gamma=6")
     assert "model.pard_gamma: got 6; allowed: 8 with model.draft_kind standalone (it is a key of PARD drafts" \
         in message
+
+
+@pytest.mark.parametrize("keys, check, trained", [
+    (PARD_KEYS, "pard_token", "the draft was trained for at most 4 tokens per forward"),
+    (P_EAGLE_KEYS, "ptd_token", "the head was trained for at most 4 tokens per pass"),
+])
+def test_the_shared_parallel_drafting_checks_speak_each_kinds_names(keys, check, trained):
+    """kinds/parallel_drafting.py writes the mask-token and gamma checks once; each kind's keys name its own fields."""
+    config = {keys.token: 5000, keys.gamma: 4, "vocab_size": 321}
+    assert f"config.json has {keys.token}=5000" in token_problems(config, keys)[check]
+    assert token_problems({**config, keys.token: 320}, keys) == {}
+    assert trained in gamma_problems(config, keys, 6)["gamma"]
+    assert gamma_problems(config, keys, 4) == {} == gamma_problems(config, keys, None)

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_kill_resume import RUN, STEPS, reference, workdir  # the tiny run of those tests  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
 
 from distill.outputs.acceptance_log import read_records
 from distill.run.preemption import PREEMPTED_EXIT, STOP_FILE
 from distill.utils import KILL_ENV, SIGNAL_ENV
-from test_kill_resume import RUN, STEPS  # the tiny run of those tests
-from test_kill_resume import reference, workdir  # noqa: F401 - module fixtures: the tiny pair, the uninterrupted run
+
 from helpers import TINY_RECIPE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def test_a_signal_while_a_command_loads_is_one_line_and_the_handlers_are_restore
     the process's own handlers are back."""
     import importlib
 
-    command_module = importlib.import_module(f"distill.cli.{module}")
+    command_module = importlib.import_module(f"specdistill.cli.{module}")
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
 
     def loading(*_args, **_kwargs):

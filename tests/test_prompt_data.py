@@ -10,14 +10,23 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from decode import autoregressive_generate
-from distill.data.magpie import (CATEGORY_OPENERS, Synthesis, SynthesisError, SynthesizedPrompt, category_openers,
-                                 synthesize_prompt_rows, synthesize_prompts, user_turn_prefix)
 from distill.data.dataset import build_data
+from distill.data.magpie import (
+    CATEGORY_OPENERS,
+    Synthesis,
+    SynthesisError,
+    SynthesizedPrompt,
+    category_openers,
+    synthesize_prompt_rows,
+    synthesize_prompts,
+    user_turn_prefix,
+)
 from distill.data.rows import IGNORE_INDEX, DataError
 from distill.data.shard_store import CacheMismatchError
 from distill.data.target_data import load_target_data
 from distill.recipe.data_config import PROMPT_CATEGORIES
-from distill.recipe.sections import DataConfig, RecipeError
+from specdistill.recipes import DataConfig, RecipeError
+
 from helpers import cli_error
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer

@@ -1,4 +1,5 @@
-"""decode.inputs.prompts: chat-template rendering (single and multi-turn), categories, and prompts from dataset folders."""
+"""decode.inputs.prompts: chat-template rendering (single and multi-turn), categories, and prompts from
+dataset folders."""
 import json
 
 import datasets
@@ -7,6 +8,7 @@ import pytest
 from decode.inputs.loading import LoadError
 from decode.inputs.prompts import PromptFields, PromptRow, encode_prompt_rows, read_prompt_rows, render_prompt
 from scripts.quickstart_tokenizer import CHAT_TEMPLATE
+
 from tiny import tiny_tokenizer
 
 

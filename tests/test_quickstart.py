@@ -1,5 +1,6 @@
 """The real-model quickstart's wiring without its work: the commands each step runs, reuse of what a run left, the
-engine choice, --tiny, and the summary line (scripts/quickstart.py; the tiny pair's is tests/test_quickstart_tiny.py)."""
+engine choice, --tiny, and the summary line (scripts/quickstart.py;
+the tiny pair's is tests/test_quickstart_tiny.py)."""
 from __future__ import annotations
 
 import json
@@ -68,7 +69,7 @@ def test_data_steps_reuse_their_results(commands, tmp_path):
 
 
 def test_eval_runs_every_drafter_on_held_out_chat_prompts_and_reuses_it(tmp_path, monkeypatch):
-    import decode.cli.eval as eval_cli
+    import specdistill.cli.eval as eval_cli
 
     seen: list[list[str]] = []
 

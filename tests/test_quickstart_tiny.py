@@ -69,7 +69,7 @@ def test_run_names_keep_the_recipe_seed_in_the_old_folder():
 
 def test_an_eval_on_other_prompts_is_measured_again(tmp_path, monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr("decode.cli.eval.main", lambda argv: ran.append(argv))
+    monkeypatch.setattr("specdistill.cli.eval.main", lambda argv: ran.append(argv))
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "draft_ce.json").write_text(json.dumps({"results": [{"num_prompts": 16}]}))
     quickstart.evaluate(tmp_path, str(tmp_path / "draft_ce"), "draft_ce", tmp_path / "p.jsonl", fast=False)

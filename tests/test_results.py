@@ -1,15 +1,16 @@
-"""decode.measure.results (the typed result record, the eval JSON's writer and reader) and decode.measure.table (the one table
-formatter): fast, no model."""
+"""decode.measure.results (the typed result record, the eval JSON's writer and reader) and decode.measure.table (the one
+table formatter): fast, no model."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from decode.measure.evaluate import EvalSettings, summarize
-from decode.measure.results import OPTIONAL_KEYS, REQUIRED_KEYS, Result, read_eval_json, write_eval_json
 from decode.loop.speedup import CostRatios
 from decode.loop.stats import SpecStats
+from decode.measure.evaluate import summarize
+from decode.measure.results import OPTIONAL_KEYS, REQUIRED_KEYS, Result, read_eval_json, write_eval_json
+from decode.measure.settings import EvalSettings
 from decode.measure.table import CARD_COLUMNS, DECODE_COLUMNS, format_table, markdown_table, render
 from decode.measure.tally import Tally
 

@@ -1,7 +1,7 @@
 """Scaling the training: LoRA drafts (peft), mixed precision and gradient checkpointing keys, the accelerate launch
 configs, and DeepSpeed ZeRO-3 with a sharded target.
 
-Integration tests (marked) run distill.cli.train.main() in this process on tiny models saved to a temporary folder,
+Integration tests (marked) run specdistill.cli.train.main() in this process on tiny models saved to a temporary folder,
 and one 2-process ZeRO-3 launch (gloo on CPU). The ZeRO-2 = DDP = one-process equivalence lives in
 tests/test_trainer.py.
 """
@@ -20,17 +20,19 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, TrainingArguments
+from transformers import AutoModelForCausalLM
 from transformers.models.llama import modeling_llama
 
-from distill.cli import train as train_script
 from distill.models import load
 from distill.models.distributed import UnsupportedModeError, check_device_mode, plain_copy, zero3_inference_config
 from distill.models.load import ModelSetupError
 from distill.models.lora import apply_lora, is_lora
 from distill.publish.export import export_draft
-from distill.recipe.loader import load_recipe
-from distill.recipe.sections import LoraConfig, RecipeError, TrainConfig, check_precision
+from distill.recipe.sections import check_precision
+from kinds import STANDALONE
+from specdistill.cli import train as train_script
+from specdistill.recipes import LoraConfig, RecipeError, TrainConfig, load_recipe
+
 from helpers import ROOT, SMOOTH_LOSS, TINY_RECIPE, assert_same_weights, run_process, run_train, torchrun
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
@@ -72,7 +74,7 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def run(workdir: Path, out: str, *overrides: str) -> Path:
-    """distill.cli.train.main() on the tiny recipe with the pre-trained draft, in this process."""
+    """specdistill.cli.train.main() on the tiny recipe with the pre-trained draft, in this process."""
     return run_train(workdir, out, "model.draft_config=null", f"model.draft={workdir / 'draft'}", *overrides)
 
 
@@ -122,7 +124,8 @@ def test_lora_on_a_draft_from_scratch_is_refused_naming_the_file(tmp_path):
                            "lora: {enabled: true}\n")
     with pytest.raises(RecipeError) as err:
         load_recipe(path)
-    assert str(err.value).startswith(f"{path}:3: lora.enabled") and "model.draft or model.draft_layers" in str(err.value)
+    assert (str(err.value).startswith(f"{path}:3: lora.enabled")
+            and "model.draft or model.draft_layers" in str(err.value))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -297,7 +300,7 @@ def test_lora_run_resumes_from_its_adapter_checkpoint(workdir):
 
 def test_export_of_a_final_lora_draft_is_merged(tmp_path):
     draft = apply_lora(tiny_model("llama", vocab_size=VOCAB, layers=1), LoraConfig(enabled=True, r=2))
-    summary = export_draft(tmp_path, None, draft, tiny_tokenizer(VOCAB), default_gamma=3)
+    summary = export_draft(tmp_path, None, draft, tiny_tokenizer(VOCAB), default_gamma=3, kind=STANDALONE)
     assert summary == {"checkpoint": "final", "step": None, "gamma": 3}
     assert not (tmp_path / "adapter_config.json").exists() and is_lora(draft)
     exported = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -415,7 +418,7 @@ ZERO3_ON_CPU = textwrap.dedent("""
     distill.recipe.train_config.TrainingArguments = functools.partial(
         distill.recipe.train_config.TrainingArguments, accelerator_config={"use_configured_state": True},
         deepspeed=config)
-    from distill.cli import train
+    from specdistill.cli import train
     from distill.models import load
     loaded = load.load_target
     def checked(cfg):  # every process holds only its partition of the target

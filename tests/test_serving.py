@@ -1,6 +1,7 @@
 """The vLLM engine without vLLM: counters, counting on one basis, parity, the request, the missing interpreter.
 
 (tests/test_serving_vllm.py runs vLLM itself, as an integration test.)"""
+import functools
 import importlib.util
 import json
 import sys
@@ -9,19 +10,29 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kinds.prompt_lookup.drafter import PromptLookupDrafter
-from decode.measure.evaluate import EvalSettings
+from decode.loop.stats import SpecStats
 from decode.measure.results import Result
+from decode.measure.settings import EvalSettings
+from decode.measure.table import format_table
 from decode.serving import vllm_engine
 from decode.serving.counters import SpecCounters
 from decode.serving.parity import PARITY_COLUMNS, aligned_inputs, out_of_tolerance, parity_columns, parity_rows
-from decode.serving.vllm_engine import (ServingError, build_request, find_vllm_python, plain_outputs, vllm_method,
-                                        vllm_outputs, vllm_results)
-from decode.measure.table import format_table
-from decode.loop.speculative import speculative_generate
-from decode.loop.stats import SpecStats
-from decode.cli import eval as eval_acceptance
+from decode.serving.vllm_engine import (
+    ServingError,
+    build_request,
+    find_vllm_python,
+    plain_outputs,
+    vllm_outputs,
+    vllm_results,
+)
+from kinds import STANDALONE
+from kinds.prompt_lookup.drafter import PromptLookupDrafter
+from specdistill.cli import eval as eval_acceptance
+from specdistill.drafts import speculative_generate, vllm_method
+
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
+
+request_of = functools.partial(build_request, kind=STANDALONE)  # the worker's request for a standalone draft
 
 
 def load_worker():
@@ -110,7 +121,7 @@ def test_aligned_inputs_start_from_vllms_prefill_token():
 def test_request_carries_our_token_ids_so_no_bos_is_added_or_lost(tmp_path):
     """Difference 4: vLLM gets our ids (BOS once, template applied by us), never text it would tokenise again."""
     prompts = [torch.tensor([1, 40, 41]), torch.tensor([1, 50])]  # 1 = BOS
-    request = build_request(str(tmp_path), str(tmp_path), prompts, EvalSettings(gammas=[2, 4], max_new_tokens=8))
+    request = request_of(str(tmp_path), str(tmp_path), prompts, EvalSettings(gammas=[2, 4], max_new_tokens=8))
     assert request["prompts"] == [[1, 40, 41], [1, 50]]
     assert [(r["method"], r["gamma"]) for r in request["runs"]] == [("draft_model", 2), ("draft_model", 4)]
     assert request["stop_token_ids"] is None and request["max_model_len"] >= 3 + 8 + 4
@@ -120,16 +131,16 @@ def test_request_carries_our_token_ids_so_no_bos_is_added_or_lost(tmp_path):
 def test_draft_sampling_as_ours_is_asked_for_by_name(tmp_path):
     """Difference 6: at T > 0 vLLM drafts argmax tokens by default; --engine both asks for probabilistic drafts."""
     prompts, settings = [torch.tensor([1, 40])], EvalSettings(gammas=[2], temperature=1.0)
-    request = build_request(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="probabilistic")
+    request = request_of(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="probabilistic")
     worker = load_worker()
     assert worker.speculative_config(request["runs"][0]) == {
         "method": "draft_model", "num_speculative_tokens": 2, "model": str(tmp_path.resolve()),
         "draft_sample_method": "probabilistic"}
     assert "draft_sample_method" not in worker.speculative_config({**request["runs"][0], "draft_sample_method": None})
     with pytest.raises(ServingError, match="draft sample method"):
-        build_request(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="top1")
+        request_of(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="top1")
     with pytest.raises(ServingError, match="integer gammas"):
-        build_request(str(tmp_path), str(tmp_path), prompts, EvalSettings(gammas=["auto"]))
+        request_of(str(tmp_path), str(tmp_path), prompts, EvalSettings(gammas=["auto"]))
 
 
 def test_prompt_lookup_earliest_occurrence_as_vllm_ngram():
@@ -207,11 +218,11 @@ LEVELS = {"vllm_version": "0.32.0", "levels": [level(1, 2.0, 1.0, [3, 1]), level
 
 def test_concurrency_levels_are_asked_for_and_checked(tmp_path):
     prompts, settings = [torch.tensor([1, 40])], EvalSettings(gammas=[2], max_new_tokens=4)
-    assert build_request(str(tmp_path), str(tmp_path), prompts, settings, concurrency=[1, 4])["concurrency"] == [1, 4]
-    assert "concurrency" not in build_request(str(tmp_path), str(tmp_path), prompts, settings)  # as before
+    assert request_of(str(tmp_path), str(tmp_path), prompts, settings, concurrency=[1, 4])["concurrency"] == [1, 4]
+    assert "concurrency" not in request_of(str(tmp_path), str(tmp_path), prompts, settings)  # as before
     for bad in ([0], [4, -1], []):
         with pytest.raises(ServingError, match="concurrency levels must be >= 1"):
-            build_request(str(tmp_path), str(tmp_path), prompts, settings, concurrency=bad)
+            request_of(str(tmp_path), str(tmp_path), prompts, settings, concurrency=bad)
 
 
 def test_each_level_gives_throughputs_and_their_ratio():
@@ -343,7 +354,7 @@ def test_without_a_vllm_interpreter_the_error_names_make_serving(tmp_path, monke
 
 # ---- the trainer: eval.serving_engine ---------------------------------------------------------------------------
 def test_serving_engine_needs_an_integer_gamma():
-    from distill.recipe.sections import EvalConfig, RecipeError
+    from specdistill.recipes import EvalConfig, RecipeError
 
     assert EvalConfig(gammas=[2, "auto"], serving_engine="vllm").serving_engine == "vllm"
     with pytest.raises(RecipeError, match="serving_engine"):
@@ -353,7 +364,7 @@ def test_serving_engine_needs_an_integer_gamma():
 def test_export_without_vllm_records_the_error_and_the_card_says_so(tmp_path, monkeypatch):
     from distill.publish.export import serving_check, vllm_tau
     from distill.publish.model_card import serving_section
-    from distill.recipe.sections import DataConfig, EvalConfig, ModelConfig, Recipe, TrainConfig
+    from specdistill.recipes import DataConfig, EvalConfig, ModelConfig, Recipe, TrainConfig
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(vllm_engine.VLLM_PYTHON_ENV, raising=False)

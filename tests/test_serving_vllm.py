@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from decode import autoregressive_generate
+from decode.serving.counters import SpecCounters
 from decode.serving.parity import DEFAULT_TOLERANCE
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from decode.serving.vllm_worker import IN_PROCESS_ENV
-from decode.serving.counters import SpecCounters
-from decode.cli import eval as eval_acceptance
+from specdistill.cli import eval as eval_acceptance
+
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.integration
@@ -157,10 +158,9 @@ def test_vllm_runs_our_pard_export_in_parallel_with_our_tau(pair):
     import copy
 
     from test_pard import as_pard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kinds import kind_named
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval()
     kind_named("pard").save(as_pard(copy.deepcopy(target), 3, 4), pair / "pard", gamma=3)
@@ -180,10 +180,9 @@ def test_vllm_runs_our_p_eagle_export_in_parallel_with_our_tau(pair):
     from config.json's ptd_token_id, the mask slots' hidden state from the weights' mask_hidden): vLLM's speculative
     greedy output equals its plain output, tau is within the tolerance and the accepted counts agree step by step."""
     from test_p_eagle import new_head, train_head
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kinds import kind_named
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(pair / "target")
@@ -205,11 +204,10 @@ def test_vllm_runs_our_dflash_export_with_our_tau(pair):
     token), saved as our export writes it, runs in vLLM's CPU build (`"method": "dflash"`: its CPU attention backend
     is non-causal-capable): vLLM's speculative greedy output equals its plain output, tau within the tolerance."""
     from test_dflash_decode import train_draft
+    from transformers import AutoModelForCausalLM
 
     from kinds import kind_named
     from kinds.dflash.model import DFlashDraft, dflash_config_for
-
-    from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval().requires_grad_(False)
     torch.manual_seed(0)

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import distill.data.target_data as target_data
+from distill.data.shard_store import CacheMismatchError
 from distill.data.target_data import (
     IGNORE_INDEX,
     generate_target_data,
@@ -20,7 +21,8 @@ from distill.data.target_data import (
     prompts_from_rows,
     to_training_rows,
 )
-from distill.data.teacher_cache import CacheMismatchError
+from kinds import STANDALONE
+
 from helpers import CHILD_ENV, ROOT, record_packing
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_config, tiny_model, tiny_tokenizer
 
@@ -107,7 +109,7 @@ def test_rows_hold_prompts_responses_and_their_text(sampled, prompts, tokenizer)
 def test_greedy_responses_equal_plain_greedy_decoding_of_the_target(target, tokenizer, prompts, tmp_path,
                                                                     use_draft):
     draft = perturbed_copy(target, 0.3) if use_draft else None
-    ds = run(target, tokenizer, prompts, tmp_path, temperature=0.0, top_k=None, draft=draft)
+    ds = run(target, tokenizer, prompts, tmp_path, temperature=0.0, top_k=None, draft=draft, draft_kind=STANDALONE)
     for row, prompt in zip(ds, prompts):
         assert row["response_ids"] == plain_greedy(target, prompt, NEW_TOKENS, EOS)
 

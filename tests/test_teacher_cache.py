@@ -12,10 +12,10 @@ from transformers import Trainer, TrainingArguments
 
 import distill.data.teacher_cache as teacher_cache
 from distill.data.rows import IGNORE_INDEX, DistillCollator
+from distill.data.shard_store import CacheMismatchError
 from distill.data.teacher_cache import (
     METADATA_FILE,
     TEACHER_COLUMNS,
-    CacheMismatchError,
     TeacherCollator,
     build_teacher_cache,
     load_teacher_cache,
@@ -23,6 +23,7 @@ from distill.data.teacher_cache import (
     with_teacher_columns,
 )
 from distill.losses.distill_loss import chunked_distill_loss
+
 from helpers import ForwardCounter, record_packing
 from tiny import perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 

@@ -9,7 +9,8 @@ from tokenizers import processors
 from distill.data import text_files
 from distill.data.dataset import build_data
 from distill.data.rows import DataError
-from distill.recipe.sections import DataConfig, RecipeError
+from specdistill.recipes import DataConfig, RecipeError
+
 from tiny import TINY_TEXT, tiny_tokenizer
 
 # line breaks, blank lines, indentation, trailing spaces and a final line without a newline: all must survive

@@ -21,12 +21,12 @@ from distill.models import load
 from distill.models.load import ModelSetupError, check_model_plan, draft_from_layers, load_draft, load_target
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG, read_records
 from distill.publish.export import best_record
-from distill.recipe.loader import load_recipe
-from distill.recipe.sections import EvalConfig, ModelConfig
 from distill.run.callbacks import AcceptanceCallback
 from distill.run.trainer import DistillTrainer
-from helpers import (ROOT, SMOOTH_LOSS, TINY_RECIPE, accelerate_launch, assert_same_weights, cli_error,
-                     torchrun)
+from kinds import STANDALONE
+from specdistill.recipes import EvalConfig, ModelConfig, load_recipe
+
+from helpers import ROOT, SMOOTH_LOSS, TINY_RECIPE, accelerate_launch, assert_same_weights, cli_error, torchrun
 from helpers import run_train as run
 from tiny import TINY_TEXT, tiny_model, tiny_tokenizer
 
@@ -171,7 +171,8 @@ def test_incompatible_draft_tokenizer_is_refused(workdir, tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 
 class FakeEvaluate:
-    """Stands in for decode.measure.evaluate.evaluate_acceptance: scores rise with each call; records the draft's mode."""
+    """Stands in for decode.measure.evaluate.evaluate_acceptance: scores rise with each call;
+    records the draft's mode."""
 
     def __init__(self):
         self.calls, self.modes = 0, []
@@ -194,7 +195,7 @@ def test_callback_records_each_checkpoint_and_protects_the_best(tmp_path):
     cfg = EvalConfig(gammas=[1, 2], temperatures=[0.0, 1.0])
     draft = tiny_model("llama", layers=1).train()
     callback = AcceptanceCallback(target=tiny_model("llama"), prompts=[torch.tensor([1, 2, 3])], cfg=cfg,
-                                  evaluate=evaluate)
+                                  kind=STANDALONE, evaluate=evaluate)
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(args, state, control)
@@ -225,7 +226,7 @@ def test_callback_records_each_checkpoint_and_protects_the_best(tmp_path):
     assert "acceptance/temperature0.0/gamma2/acceptance_rate" in events.Tags()["scalars"]
     assert evaluate.by_category == {}  # no prompt has a category: evaluate is called as before
     categorized = AcceptanceCallback(target=tiny_model("llama"), prompts=[torch.tensor([1, 2])] * 2, cfg=cfg,
-                                     evaluate=evaluate, tensorboard=False, categories=["code", None])
+                                     kind=STANDALONE, evaluate=evaluate, tensorboard=False, categories=["code", None])
     categorized.measure(draft)
     assert evaluate.by_category == {"categories": ["code", None]}
     # a resumed run at step 2 forgets what an abandoned later part of the run measured
@@ -249,7 +250,7 @@ def test_cost_ratios_are_measured_under_each_temperature_and_reused_on_resume(tm
     monkeypatch.setattr(callbacks, "measure_cost_ratios", fake_measure)
     cfg = EvalConfig(gammas=[1, 2], temperatures=[0.0, 1.0], top_k=5)
     callback = AcceptanceCallback(target=tiny_model("llama"), prompts=[torch.tensor([1, 2, 3])], cfg=cfg,
-                                  evaluate=FakeEvaluate(), tensorboard=False)
+                                  kind=STANDALONE, evaluate=FakeEvaluate(), tensorboard=False)
     records = callback.measure(tiny_model("llama", layers=1))
     assert sorted(calls) == [(0.0, 5, 1), (0.0, 5, 2), (1.0, 5, 1), (1.0, 5, 2)]
     assert {(r["temperature"], r["gamma"], r["verify_cost_ratio"]) for r in records} == {
@@ -268,8 +269,8 @@ def test_checkpoints_are_measured_on_packed_layers_tuned_once_per_run(monkeypatc
     """Eager on CPU the target and the draft decode on oneDNN-packed layers while measured (specdistill-eval's
     default), tuned at the token counts up to the largest gamma + 1 at the first measurement only; the draft goes
     back to training as its own nn.Linear layers. Compiled measurements keep F.linear, as --compile does."""
-    import distill.run.callbacks as callbacks
     import decode.loop.packed_linear as packed_linear
+    import distill.run.callbacks as callbacks
     from decode.loop.packed_linear import PackedLinear, packed_layers
     from decode.loop.speedup import CostRatios
 
@@ -291,14 +292,15 @@ def test_checkpoints_are_measured_on_packed_layers_tuned_once_per_run(monkeypatc
     target, draft = tiny_model("llama"), tiny_model("llama", layers=1).train()
     head = draft.lm_head
     callback = AcceptanceCallback(target=target, prompts=[torch.tensor([1, 2, 3])], cfg=EvalConfig(gammas=[1, 3]),
-                                  evaluate=Looking(), tensorboard=False)
+                                  kind=STANDALONE, evaluate=Looking(), tensorboard=False)
     callback.measure(draft)
     callback.measure(draft)
     assert seen == [(True, True)] * 2 and tuned == [[1, 2, 3, 4]] * 2  # target and draft, at the first one only
     assert callback.plain_rows is not None and len(callback.plain_rows) == 2
     assert draft.lm_head is head and not packed_layers(draft) and not packed_layers(target)
     compiled = AcceptanceCallback(target=target, prompts=[torch.tensor([1, 2, 3])],
-                                  cfg=EvalConfig(gammas=[1], compile=True), evaluate=Looking(), tensorboard=False)
+                                  cfg=EvalConfig(gammas=[1], compile=True), kind=STANDALONE, evaluate=Looking(),
+                                  tensorboard=False)
     compiled.measure(draft)
     assert seen[-1] == (False, False)
 
@@ -445,7 +447,10 @@ def test_push_to_hub_gets_the_exported_folder(workdir, monkeypatch):
     monkeypatch.setattr(distill.publish.hub, "push_to_hub", lambda folder, **kwargs: pushed.append((folder, kwargs)))
     out = run(workdir, "pushed", "train.max_steps=2", "train.save_steps=2", "data.num_eval_prompts=1",
               "eval.gammas=[2]", "hub.push_to_hub=true", "hub.repo_id=someone/tiny-draft", "hub.private=false")
-    assert pushed == [(out, {"repo_id": "someone/tiny-draft", "private": False, "step": 2})]
+    [(folder, kwargs)] = pushed
+    assert (folder, {key: value for key, value in kwargs.items() if key != "card"}) == (
+        out, {"repo_id": "someone/tiny-draft", "private": False, "step": 2})
+    assert kwargs["card"] == STANDALONE.card  # the card text of the recipe's kind, handed down
 
 
 @pytest.mark.integration
@@ -475,7 +480,7 @@ config = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "
           "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
 distill.recipe.train_config.TrainingArguments = functools.partial(
     distill.recipe.train_config.TrainingArguments, accelerator_config={"use_configured_state": True}, deepspeed=config)
-from distill.cli import train
+from specdistill.cli import train
 train.cli(sys.argv[1:])  # as scripts/train.py: a finished process leaves before the teardown (launch.py)
 """
 

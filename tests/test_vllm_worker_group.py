@@ -4,7 +4,6 @@ SIGTERM to the command, a worker that ignores SIGTERM and a worker that ends lea
 every process of the worker's group gone."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 
 from decode.serving import vllm_engine
 from decode.serving.vllm_engine import ServingError, run_worker
+
 from helpers import CHILD_ENV, ROOT
 
 

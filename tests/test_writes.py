@@ -1,4 +1,4 @@
-"""The one atomic writer (decode.inputs.checks.write_atomic): a temporary file of its own per write, fsync of the
+"""The one atomic writer (decode.inputs.writes.write_atomic): a temporary file of its own per write, fsync of the
 file and of its folder, the old content intact and nothing left behind when a write fails (a full disk), concurrent
 writers never mixing, and the eval JSON written through it."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-import decode.inputs.checks as checks
+import decode.inputs.writes as writes
 import decode.measure.results as results
-from decode.inputs.checks import write_atomic
+from decode.inputs.writes import write_atomic
 
 
 def test_the_file_and_its_folder_are_fsynced(tmp_path, monkeypatch):
@@ -24,7 +24,7 @@ def test_the_file_and_its_folder_are_fsynced(tmp_path, monkeypatch):
         synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
         real_fsync(fd)
 
-    monkeypatch.setattr(checks.os, "fsync", recording)
+    monkeypatch.setattr(writes.os, "fsync", recording)
     write_atomic(tmp_path / "result.json", '{"tau": 1.5}\n')
     assert synced == ["file", "folder"]
     assert (tmp_path / "result.json").read_text() == '{"tau": 1.5}\n'
@@ -39,11 +39,11 @@ def test_a_full_disk_leaves_the_old_content_and_no_temporary_file(tmp_path, monk
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if failing == "write":
-        monkeypatch.setattr(checks.os, "fdopen", lambda fd, mode: _FailingFile(fd))
+        monkeypatch.setattr(writes.os, "fdopen", lambda fd, mode: _FailingFile(fd))
     elif failing == "fsync":
-        monkeypatch.setattr(checks.os, "fsync", full)
+        monkeypatch.setattr(writes.os, "fsync", full)
     else:
-        monkeypatch.setattr(checks.os, "replace", full)
+        monkeypatch.setattr(writes.os, "replace", full)
     with pytest.raises(OSError) as err:
         write_atomic(path, "new\n" * 1000)
     assert err.value.errno == errno.ENOSPC
@@ -72,14 +72,14 @@ def test_concurrent_writers_each_use_their_own_temporary_file(tmp_path, monkeypa
     half-written file); 8 threads x 25 writes end with one whole content and nothing else in the folder."""
     path = tmp_path / "acceptance.jsonl"
     names = set()
-    real_mkstemp = checks.tempfile.mkstemp
+    real_mkstemp = writes.tempfile.mkstemp
 
     def recording(*args, **kwargs):
         fd, name = real_mkstemp(*args, **kwargs)
         names.add(name)
         return fd, name
 
-    monkeypatch.setattr(checks.tempfile, "mkstemp", recording)
+    monkeypatch.setattr(writes.tempfile, "mkstemp", recording)
     contents = [json.dumps({"writer": w, "rows": list(range(2000))}) + "\n" for w in range(8)]
     errors = []
 

@@ -1,7 +1,7 @@
 """Will an exported draft serve next to its target? The checks serving stacks need, one line per problem.
 
-    report = check_deploy("Qwen/Qwen2.5-7B-Instruct", "outputs/qwen2.5-7b-to-0.5b")
-    print("\\n".join(report.lines())); print(serving_commands(report))
+    report = check_deploy("Qwen/Qwen2.5-7B-Instruct", "outputs/qwen2.5-7b-to-0.5b", kind)
+    print("\\n".join(report.lines())); print(kind.serving_commands(report))
 
 Checks (each failure is one line naming the check, what was found and what to do):
 - safetensors: the draft folder holds *.safetensors weights (vLLM and SGLang load them; .bin is legacy);
@@ -18,12 +18,12 @@ Checks (each failure is one line naming the check, what was found and what to do
   with the fix, not a failure; the serving commands then use a GAMMA placeholder instead of claiming one.
 - manifest (a folder with specdistill-manifest.json, as every export has, of every kind): each served file has the
   size and sha256 it was exported with (a corrupted download or copy fails here, before anything loads it);
-- serve (only with ``serve=``, `specdistill-check --serve`): vLLM loads the pair and its speculative greedy output
-  equals its plain output (decode.serving.vllm_engine).
+- serve (`specdistill-check --serve`, decode/deploy/serve_check.py): vLLM loads the pair and its speculative greedy
+  output equals its plain output (decode.serving.vllm_engine).
 The target can be a local folder or a hub id (its config and tokenizer are read); the draft is a local folder.
-The checks and commands are those of the draft's kind (kinds.kind_of_source; each kind's deploy.py): an EAGLE-3
-head or a DFlash folder (its config's architectures) gets its own checks and serving commands; this module holds the
-checks they share, the report and the --serve check.
+The checks and commands are those of the draft's kind, handed in (``DeployingKind``; each kind's deploy.py): an
+EAGLE-3 head or a DFlash folder gets its own checks and serving commands; this module holds the checks they share
+and the report. The top floor finds the kind of a --draft folder (specdistill.drafts.check_deploy).
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from decode.inputs.checks import FileProblem, check_json_files_text, read_text, safetensors_header
-from kinds import kind_named, kind_of_source
 from decode.inputs.loading import LoadError, first_line
 from decode.inputs.manifest import manifest_problems
 from decode.inputs.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
@@ -45,14 +45,14 @@ DEFAULT_GAMMA = 4  # shown in the commands when the draft's generation_config na
 @dataclass
 class DeployReport:
     """What check_deploy found: ``problems`` maps a check to its one-line failure; ``gamma`` is the draft's
-    generation_config.num_assistant_tokens (None when unset); ``kind`` is the draft's kind (kinds: "standalone",
-    "eagle3", ...), whose ``checks`` were run (kinds/<kind>/deploy.py)."""
+    generation_config.num_assistant_tokens (None when unset); ``kind`` is the name of the draft's kind, whose
+    ``checks`` were run (kinds/<kind>/deploy.py)."""
 
     target: str
     draft: str
     gamma: int | None = None
     problems: dict[str, str] = field(default_factory=dict)
-    kind: str = "standalone"
+    kind: str = ""
     checks: tuple[str, ...] = ()
     warnings: dict[str, str] = field(default_factory=dict)   # a check that passes with advice (no gamma named)
     serve: dict | None = None                                # vLLM's result with --serve (decode.serving)
@@ -76,8 +76,8 @@ class DeployReport:
 # ---------------------------------------------------------------------------------------------------------------
 
 def draft_tensors(draft_dir: Path) -> dict:
-    """{tensor name: {"dtype", "shape", ...}} of the folder's *.safetensors files (decode.inputs.checks.safetensors_header);
-    LoadError naming a file whose header cannot be read."""
+    """{tensor name: {"dtype", "shape", ...}} of the folder's *.safetensors files
+    (decode.inputs.checks.safetensors_header); LoadError naming a file whose header cannot be read."""
     tensors: dict = {}
     try:
         for path in sorted(draft_dir.glob("*.safetensors")):
@@ -225,17 +225,27 @@ def check_generation_config(draft_dir: Path) -> tuple[str | None, str | None, in
 # All checks, and the commands that serve the pair
 # ---------------------------------------------------------------------------------------------------------------
 
-def check_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
-    """Run every check of the module docstring. Raises LoadError (one line) when the draft folder or its config,
-    or the target's config or tokenizer, cannot be read, FileProblem when a JSON file of either folder is not text;
-    every other finding is a problem in the report. The checks are those of the draft's kind (kinds):
-    a standalone model's (check_model_deploy) or an EAGLE-3 head's (check_head_deploy)."""
+class DeployingKind(Protocol):
+    """What deployment asks of a draft's kind (kinds.base.Kind implements it)."""
+
+    def deploy_check(self, target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
+        """The kind's checks of a served folder next to ``target``."""
+
+    def serving_commands(self, report: DeployReport) -> str:
+        """Copy-paste commands that serve the checked pair (decode.deploy.serving_commands writes each line)."""
+
+
+def check_deploy(target: str, draft: str | Path, kind: DeployingKind, trust_remote_code: bool = False
+                 ) -> DeployReport:
+    """Run every check of the module docstring, those of the draft's ``kind``. Raises LoadError (one line) when the
+    draft folder or its config, or the target's config or tokenizer, cannot be read, FileProblem when a JSON file of
+    either folder is not text; every other finding is a problem in the report."""
     draft_dir = Path(draft)
     if not (draft_dir / "config.json").is_file():
         raise LoadError(f"draft {str(draft)!r} is not a model folder with a config.json (give the exported folder)")
     check_json_files_text(draft_dir, "draft")
     check_json_files_text(target, "target")
-    report = kind_of_source(draft_dir).deploy_check(target, draft, trust_remote_code)
+    report = kind.deploy_check(target, draft, trust_remote_code)
     return with_manifest_check(report, draft_dir)
 
 
@@ -248,42 +258,3 @@ def with_manifest_check(report: DeployReport, draft_dir: Path) -> DeployReport:
     found = {"manifest": f"{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; "
                          "download or copy the folder again"} if problems else {}
     return replace(report, checks=(*report.checks, "manifest"), problems={**report.problems, **found})
-
-
-def serving_commands(report: DeployReport) -> str:
-    """Copy-paste commands serving the pair, those of the draft's kind (kinds): for a standalone draft
-    transformers (assistant_model), vLLM (draft_model) and SGLang (STANDALONE); for a head specdistill-eval, vLLM
-    (eagle3) and SGLang (EAGLE3). With no gamma in the folder they use $GAMMA, set first."""
-    return kind_named(report.kind).serving_commands(report)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# --serve: the pair inside vLLM
-# ---------------------------------------------------------------------------------------------------------------
-SERVE_PROMPTS = ("def fibonacci(n):", "The three most common sorting algorithms are",
-                 "Explain what a hash table is to a new programmer.")
-
-
-def check_serve(report: DeployReport, python: Path, max_new_tokens: int = 64,
-                prompts: tuple[str, ...] = SERVE_PROMPTS) -> DeployReport:
-    """Load the pair in vLLM (decode.serving.vllm_engine) at the report's gamma (DEFAULT_GAMMA when the folder
-    names none), greedy: a 'serve' problem when vLLM fails or its speculative output differs from its plain one.
-    ``report.serve`` gets vLLM's result. Raises ServingError when there is no vLLM interpreter."""
-    from decode.measure.evaluate import EvalSettings
-    from decode.inputs.loading import load_tokenizer
-    from decode.inputs.prompts import PromptRow, encode_prompt_rows
-    from decode.serving.vllm_engine import ServingError, evaluate_in_vllm
-
-    tokenizer = load_tokenizer(report.target)
-    prompt_ids = encode_prompt_rows(tokenizer, [PromptRow(text=p) for p in prompts], "auto")
-    settings = EvalSettings(gammas=[report.gamma or DEFAULT_GAMMA], max_new_tokens=max_new_tokens)
-    try:
-        [result], response = evaluate_in_vllm(python, report.target, report.draft, prompt_ids, settings)
-    except ServingError as err:
-        report.problems["serve"] = f"vLLM could not serve the pair: {err}"
-        return report
-    report.serve = {"vllm_version": response["vllm_version"], **result}
-    if result["greedy_match"] != 1.0:
-        report.problems["serve"] = (f"vLLM's speculative greedy output differs from its plain output on "
-                                    f"{1 - result['greedy_match']:.0%} of the prompts: the draft loads wrong")
-    return report

@@ -33,5 +33,6 @@ def sglang_launch(target: str, draft: str, algorithm: str, gamma: int | str) -> 
     STANDALONE for a draft model, EAGLE3 for a head."""
     draft_tokens = gamma + 1 if isinstance(gamma, int) else f"$(({gamma.lstrip('$')} + 1))"
     return (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {algorithm} \\\n"
-            f"    --speculative-draft-model-path {draft} --speculative-num-steps {gamma} --speculative-eagle-topk 1 \\\n"
+            f"    --speculative-draft-model-path {draft} --speculative-num-steps {gamma} "
+            f"--speculative-eagle-topk 1 \\\n"
             f"    --speculative-num-draft-tokens {draft_tokens}")

@@ -1,21 +1,18 @@
 """Input checks made before anything heavy runs: outputs that can be written, weights and tokenizers that are whole,
-files that are text, and number flags that are finite.
+files that are text, and the architectures a model folder's config names.
 
 Each check raises FileProblem (a ValueError) whose message names the path (and the flag or recipe key given as
 `what`), so command-line tools can print it as one line. Every file the commands read as text goes through
 `read_text` (or `check_text_file` where a library reads it): bytes that are not UTF-8 text (binary, UTF-16, an
 image renamed .txt) are one line naming the file, never a UnicodeDecodeError. Files that must never be seen half
-written go through `write_atomic`.
+written go through decode.inputs.writes.write_atomic; command-line parsers are decode.inputs.command_line's.
 """
 from __future__ import annotations
 
-import argparse
 import codecs
 import json
-import math
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,39 +155,6 @@ def read_text(path: str | Path, what: str | None = None) -> str:
     return Path(path).read_text(encoding="utf-8")
 
 
-def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Replace the file at `path` with `data` (text as UTF-8) all at once, the one atomic writer of results: a
-    temporary file of its own beside it (`.<name>.<random>.tmp`, so two writers never share one), flushed and
-    fsynced, renamed over `path`, and the folder fsynced so the rename survives a power loss. A reader, a kill or a
-    failed write (a full disk) finds the old content or the new, and no temporary file is left behind."""
-    path = Path(path)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    fsync_folder(path.parent)
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename inside `folder` durable (a no-op where folders cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse to fsync a folder; the rename itself is still atomic
-    finally:
-        os.close(fd)
-
-
 def check_json_files_text(folder: str | Path, what: str) -> None:
     """Every *.json file of a local model folder (config, tokenizer, generation config) is text."""
     folder = Path(folder)
@@ -198,10 +162,6 @@ def check_json_files_text(folder: str | Path, what: str) -> None:
         for file in sorted(folder.glob("*.json")):
             check_text_file(file, what)
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Command-line flags
-# ---------------------------------------------------------------------------------------------------------------
 
 def architectures(config) -> list[str]:
     """The `architectures` a model config names: a config.json dict or a loaded config ([] when it names none)."""
@@ -219,30 +179,3 @@ def folder_architectures(path: str | Path) -> list[str]:
         return architectures(json.loads(read_text(config_file)))
     except ValueError:  # not JSON, or not text (FileProblem)
         return []
-
-
-def finite_float(text: str) -> float:
-    """argparse type of every number flag (OneLineArgumentParser uses it for type=float): NaN and infinities are
-    refused, since no flag of ours means anything with them."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
-class OneLineArgumentParser:
-    """Mixin for argparse.ArgumentParser: a usage error is one line `PROG: error: ...` and exit status 1
-    (argparse prints the usage block and exits 2), and `type=float` flags are read by `finite_float`."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.register("type", float, finite_float)  # argparse looks a flag's type up in this registry first
-
-    def error(self, message: str):  # noqa: D102 - argparse's hook
-        import sys
-
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(1)

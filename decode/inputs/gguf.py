@@ -4,8 +4,8 @@ training and vLLM load.
 
     folder = gguf_folder(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))   # converted once (~20 s per 100 MB), then reused
 
-Model paths reach this module through decode.inputs.loading.resolve_model_path, which sends a .gguf here, passes any other
-path or hub id on unchanged, and turns a GGUFProblem into its one-line LoadError.
+Model paths reach this module through decode.inputs.loading.resolve_model_path, which sends a .gguf here, passes any
+other path or hub id on unchanged, and turns a GGUFProblem into its one-line LoadError.
 
 The cache: $SPECDISTILL_CACHE/gguf/<sha256 of the file's content>/ (default ~/.cache/specdistill/gguf/...), so a
 renamed or copied file is converted once and a changed file again. A folder is built under a temporary sibling

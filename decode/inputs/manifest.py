@@ -14,7 +14,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from decode.inputs.checks import FileProblem, read_text, write_atomic
+from decode.inputs.checks import FileProblem, read_text
+from decode.inputs.writes import write_atomic
 
 MANIFEST = "specdistill-manifest.json"
 CHUNK = 1 << 20

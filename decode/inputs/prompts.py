@@ -20,9 +20,10 @@ contents joined by blank lines); ``auto`` is ``on`` for a conversation when the 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

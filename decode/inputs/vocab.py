@@ -43,7 +43,8 @@ def check_tokenizers_compatible(target_tokenizer, draft_tokenizer) -> None:
         only_draft = [tok for tok in draft_vocab if tok not in target_vocab]
         example = differing[:3] or only_draft[:3]
         raise TokenizerMismatchError(
-            f"draft tokenizer {describe(draft_tokenizer)} does not match target tokenizer {describe(target_tokenizer)}: "
+            f"draft tokenizer {describe(draft_tokenizer)} does not match target tokenizer "
+            f"{describe(target_tokenizer)}: "
             f"{len(differing)} target tokens have another id or are missing in the draft, {len(only_draft)} draft "
             f"tokens are unknown to the target (e.g. {example!r}); speculative decoding needs one shared vocabulary"
         )

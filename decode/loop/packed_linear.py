@@ -2,17 +2,15 @@
 
 ``F.linear`` on CPU multiplies by the weight as stored (row-major [out, in]) at every call; oneDNN can reorder a
 weight once into its own blocked layout and multiply by that. A 1-token step costs about the same either way, but a
-few-token product gets much cheaper: on SmolLM2-135M (float32, one thread) a 5-token verify pass drops from about
-1.7 to about 0.9 times a 1-token step, and speculative decoding with prompt lookup from about 1.0x to about 1.3x
-plain decoding (docs/benchmarks/verify_cost.md).
+few-token product gets much cheaper, so a verify pass costs little more than a 1-token step (what it costs, per CPU,
+and what that does to speculative decoding: docs/benchmarks/verify_cost.md).
 
     n = pack_linears(model)   # after loading, before decoding; 0 on CUDA, without oneDNN, or when already packed
     tune_plain_rows(model, range(1, 6))   # optional: F.linear at the row counts where it measured faster
 
-Which kernel is faster depends on the CPU. On a Zen 4 EPYC a packed 1-row product costs what F.linear's does; on an
-Intel Xeon (AVX-512) measured here, packed products of 1 and 3 rows of SmolLM2 took 1.3-1.4x F.linear's and a 5-row
-product 0.8x. ``tune_plain_rows`` times both on the model's own layers at each row count (a decoder's 1-token step,
-its gamma + 1-token verify pass) and keeps F.linear where it was faster (``specdistill-eval --cpu-linear auto``).
+Which kernel is faster depends on the CPU and the row count (on some CPUs F.linear wins at 1-3 rows).
+``tune_plain_rows`` times both on the model's own layers at each row count (a decoder's 1-token step, its
+gamma + 1-token verify pass) and keeps F.linear where it was faster (``specdistill-eval --cpu-linear auto``).
 
 A ``PackedLinear`` keeps the original ``weight`` and ``bias`` parameters (state_dict, tied embeddings and code
 reading ``model.lm_head.weight`` are unchanged) and a packed copy of the weight beside them, repacked if the weight
@@ -133,9 +131,8 @@ def packed_linears(*models: object, tune_rows: Iterable[int] = (),
     original ``nn.Linear`` modules again, with the same parameters, and the packed copies are freed.
 
     For a model that generates for a while and is then used otherwise: the target writing training data or caches
-    (its forwards run without autograd), a draft measured between training steps. On SmolLM2-135M it raised batched
-    greedy decoding's tokens/s 1.1-1.55x (docs/benchmarks/responses.md) and the cache builds' 1.7-1.8x
-    (docs/benchmarks/hidden_cache.md)."""
+    (its forwards run without autograd), a draft measured between training steps (what it gains:
+    docs/benchmarks/responses.md, docs/benchmarks/hidden_cache.md)."""
     swapped = [(model, _swap_in_packed(model) if isinstance(model, nn.Module) else []) for model in models]
     try:
         rows, chosen = list(tune_rows), []

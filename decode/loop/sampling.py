@@ -32,7 +32,8 @@ class SamplingConfig:
 
 
 def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Apply temperature, top-k and top-p to ``logits`` [..., V]; returns float32 logits with -inf outside the support."""
+    """Apply temperature, top-k and top-p to ``logits`` [..., V]; returns float32 logits with -inf outside
+    the support."""
     logits = logits.float() / cfg.temperature
     vocab = logits.shape[-1]
     if cfg.top_k is not None and cfg.top_k < vocab:
@@ -75,7 +76,7 @@ def draw(probs: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | 
 
     Sampled: the inverse CDF, one uniform per row. torch.multinomial draws a random number per vocabulary entry
     instead (49152 per row on SmolLM2), paid at every plain token, every sampled draft token and every row of a
-    verify step: on a 2-core CPU PARD at gamma 4, T=1, ran 39.5 -> 46.3 tokens/s with this draw."""
+    verify step (scripts/bench_sampling.py measures both draws)."""
     if cfg.greedy:
         return probs.argmax(dim=-1)
     u = torch.rand(probs.shape[:-1], device=probs.device, generator=generator)

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+import decode.loop.timing as timing
 from decode.loop.auto_gamma import AUTO_GAMMAS, GammaChooser, is_auto
 from decode.loop.cache import CachedLM
-from kinds import kind_of
-from decode.loop.drafters import Drafter
+from decode.loop.drafters import Drafter, DraftingKind, is_drafter
 from decode.loop.sampling import SamplingConfig, draw, next_token, probs_from_logits
 from decode.loop.static import StaticLM, cached_lm
 from decode.loop.stats import SpecStats
-import decode.loop.timing as timing
 from decode.loop.timing import StepClock, synchronize
 
 
@@ -61,12 +60,16 @@ def cut_at_eos(tokens: list[int], stop: set[int]) -> list[int]:
     return tokens
 
 
-def as_drafter(draft: torch.nn.Module | Drafter, target: torch.nn.Module, compile: bool = False,
+def as_drafter(draft: object, target: torch.nn.Module, kind: DraftingKind | None = None, compile: bool = False,
                capacity: int = 0, max_gamma: int = 8) -> Drafter:
-    """The drafter of ``draft``, built by its kind (kinds): a causal LM (ModelDrafter), an Eagle3Head
-    (HeadDrafter; bound to the target's input embedding if it has none), or a drafter as is. TypeError for any
-    other object; ValueError when a draft model is on another device than the target."""
-    kind = kind_of(draft)
+    """The drafter of ``draft``: a drafter as it is, else the one its ``kind`` builds (a causal LM's ModelDrafter, an
+    EAGLE-3 head's HeadDrafter, ...). TypeError for a draft handed without its kind; ValueError when a draft model
+    is on another device than the target."""
+    if kind is None:
+        if is_drafter(draft):
+            return draft
+        raise TypeError(f"a {type(draft).__name__} draft needs its kind (kind=...: kinds.kind_of(draft)), or pass a "
+                        f"drafter; specdistill.speculative_generate finds the kind itself")
     if isinstance(draft, torch.nn.Module):
         target_device, draft_device = next(target.parameters()).device, next(draft.parameters()).device
         if target_device != draft_device:
@@ -209,10 +212,11 @@ def verify(target: CachedLM | StaticLM, cur: torch.Tensor, drafts: torch.Tensor)
 @torch.inference_mode()
 def speculative_generate(
     target: torch.nn.Module,
-    draft: torch.nn.Module | Drafter,
+    draft: object,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
+    kind: DraftingKind | None = None,
     gamma: int | str = 4,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -223,9 +227,10 @@ def speculative_generate(
     clock: StepClock | None = None,
     draft_past_end: bool = False,
 ) -> GenerateOutput:
-    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, L] with ``draft`` proposing ``gamma`` tokens
-    per target pass (``"auto"``: chosen at every step, decode.loop.auto_gamma). Greedy (temperature 0) output equals the
-    target's own greedy decoding; sampled output is distributed exactly as the target's warped distribution.
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, L] with ``draft`` (a drafter, or a draft in
+    memory with its ``kind``, which builds the drafter) proposing ``gamma`` tokens per target pass (``"auto"``: chosen
+    at every step, decode.loop.auto_gamma). Greedy (temperature 0) output equals the target's own greedy decoding;
+    sampled output is distributed exactly as the target's warped distribution.
     ``compile``: static KV caches and torch.compiled steps (decode.loop.static), else eager with position-indexed
     caches (decode.loop.cache). ``clock``: records each step's drafting, verifying and remaining time (the cost
     model's measurement, decode.measure.cost_model). ``draft_past_end``: draft ``gamma`` tokens at every step, as vLLM
@@ -242,7 +247,7 @@ def speculative_generate(
     check_inputs(input_ids, max_new_tokens)
     cfg = SamplingConfig(temperature, top_k, top_p)
     capacity = input_ids.shape[1] + max_new_tokens + max(gammas) + 1
-    drafter = as_drafter(draft, target, compile, capacity, max(gammas))
+    drafter = as_drafter(draft, target, kind, compile, capacity, max(gammas))
     stop = eos_set(eos_token_id)
     stats = SpecStats(max(gammas))
     target_lm = cached_lm(target, compile, "target", capacity, tuple(g + 1 for g in gammas), drafter.aux_layers)

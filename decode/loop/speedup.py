@@ -4,7 +4,8 @@
 
 tau = tokens committed per speculative step (mean_accepted_tokens), c = cost of drafting one token and v = cost of
 the rest of a step (the verify pass and per-step overheads), both in units of one plain-decoding target step
-(decode.measure.cost_model measures them). Any one unit of time works for the argmax over gamma (decode.loop.auto_gamma).
+(decode.measure.cost_model measures them). Any one unit of time works for the argmax over
+gamma (decode.loop.auto_gamma).
 """
 from __future__ import annotations
 

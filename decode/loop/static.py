@@ -22,16 +22,16 @@ import inspect
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.utils._pytree import tree_map
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
-from decode.loop.cache import CachedLM, aux_hidden, cache_keyword
 from decode.inputs.vocab import lm_head_rows
+from decode.loop.cache import CachedLM, aux_hidden, cache_keyword
 
 MIN_CAPACITY = 64
 BACKEND = "inductor"  # torch.compile backend (tests of the decode logic swap in "aot_eager": no code generation)
@@ -77,7 +77,7 @@ def bucket(length: int) -> int:
 class Session:
     """One model's static cache in one role, and its compiled steps by token count."""
 
-    model_ref: "weakref.ReferenceType[torch.nn.Module]"  # weak: the registry must not keep a model alive
+    model_ref: weakref.ReferenceType[torch.nn.Module]  # weak: the registry must not keep a model alive
     cache: StaticCache | None = None
     capacity: int = 0
     steps: dict[int, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
@@ -192,7 +192,7 @@ class Session:
 
 
 # model -> role -> Session; weak keys, so a model that is gone takes its caches and compiled steps with it
-_SESSIONS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Session]]" = weakref.WeakKeyDictionary()
+_SESSIONS: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Session]] = weakref.WeakKeyDictionary()
 
 
 def role_name(role: str, aux_layers: tuple[int, ...] = ()) -> str:

@@ -58,7 +58,7 @@ class SpecStats:
         for i in range(accepted):
             self.per_position_accepted[i] += 1
 
-    def merge(self, other: "SpecStats") -> "SpecStats":
+    def merge(self, other: SpecStats) -> SpecStats:
         """Counts of both runs (same gamma)."""
         if other.gamma != self.gamma:
             raise ValueError(f"cannot merge stats of gamma {self.gamma} and {other.gamma}")

@@ -24,7 +24,7 @@ step times.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 def step_seconds(plain_rates: Mapping[int, float]) -> Callable[[float], float]:

@@ -25,12 +25,13 @@ rounds, at least MIN_ROUNDS; the ratios are the medians over rounds.
 """
 from __future__ import annotations
 
-import statistics
 import math
+import statistics
 from dataclasses import dataclass
 
 import torch
 
+from decode.loop.drafters import DraftingKind
 from decode.loop.sampling import SamplingConfig
 from decode.loop.speculative import autoregressive_generate, speculative_generate
 from decode.loop.speedup import CostRatios
@@ -50,7 +51,8 @@ class Round:
 
 
 def measure_round(target, draft, prompt: torch.Tensor, gamma: int, new_tokens: int, compile: bool,
-                  sampling: SamplingConfig = SamplingConfig(), seed: int = 0) -> Round:
+                  sampling: SamplingConfig = SamplingConfig(), seed: int = 0, kind: DraftingKind | None = None
+                  ) -> Round:
     """Plain decoding of ``new_tokens`` and of 1 token, then a clocked speculative generation, under ``sampling``."""
     device = prompt.device
     settings = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, compile=compile)
@@ -64,7 +66,7 @@ def measure_round(target, draft, prompt: torch.Tensor, gamma: int, new_tokens: i
                                                            **settings), device)
     clock = StepClock(device)
     speculative_generate(target, draft, prompt, max_new_tokens=new_tokens, gamma=gamma, clock=clock,
-                         generator=seeded(), **settings)
+                         generator=seeded(), kind=kind, **settings)
     full = clock.full_steps(gamma)
     assert full, "new_tokens >= 2 * gamma + 2 leaves at least one full step"
     # t_target = (T(n) - T(1)) / (n - 1): the prefill and the first token cancel
@@ -75,8 +77,9 @@ def measure_round(target, draft, prompt: torch.Tensor, gamma: int, new_tokens: i
 
 @torch.inference_mode()
 def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats: int = 7, compile: bool = False,
-                        new_tokens: int = 32, sampling: SamplingConfig = SamplingConfig()) -> CostRatios:
-    """c and v of ``draft`` (a causal LM or a PromptLookupDrafter) with ``target`` at ``gamma``, measured on the
+                        new_tokens: int = 32, sampling: SamplingConfig = SamplingConfig(),
+                        kind: DraftingKind | None = None) -> CostRatios:
+    """c and v of ``draft`` (a drafter, or a draft in memory of ``kind``) with ``target`` at ``gamma``, measured on the
     decoder's loops from ``prompt`` [1, L] over ``new_tokens`` generated tokens under ``sampling`` (default greedy;
     the module docstring has the protocol); medians over rounds that time at least ``repeats`` steps, after a
     warm-up round. ``compile``: the static-cache compiled path (decode.loop.static), its steps compiled in the
@@ -84,9 +87,10 @@ def measure_cost_ratios(target, draft, prompt: torch.Tensor, gamma: int, repeats
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     new_tokens = max(new_tokens, 2 * gamma + 2)  # at least one step that drafts the full gamma
-    warm = measure_round(target, draft, prompt, gamma, new_tokens, compile, sampling)  # warm-up (and compilation)
+    # warm-up (and compilation)
+    warm = measure_round(target, draft, prompt, gamma, new_tokens, compile, sampling, kind=kind)
     num_rounds = max(MIN_ROUNDS, math.ceil(repeats / warm.steps))
-    rounds = [measure_round(target, draft, prompt, gamma, new_tokens, compile, sampling, seed=1 + r)
+    rounds = [measure_round(target, draft, prompt, gamma, new_tokens, compile, sampling, seed=1 + r, kind=kind)
               for r in range(num_rounds)]
     c = statistics.median(r.draft_s / r.target_s for r in rounds)
     v = statistics.median(r.rest_s / r.target_s for r in rounds)

@@ -22,67 +22,37 @@ models (the trainer's checkpoints). ``gamma "auto"`` (decode.loop.auto_gamma) gi
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 from decode.loop import static
 from decode.loop.auto_gamma import is_auto, resolve_gamma
-from decode.loop.sampling import SamplingConfig
-from decode.measure.cost_model import measure_cost_ratios
-from kinds import kind_of
-from decode.measure.results import Result
+from decode.loop.drafters import DraftingKind
 from decode.loop.speculative import GenerateOutput, autoregressive_generate, check_gamma, speculative_generate
 from decode.loop.speedup import CostRatios
-from decode.measure.tally import Tally, category_names, category_tallies
 from decode.loop.timing import median_time, timed_call
-
-
-@dataclass
-class EvalSettings:
-    gammas: list[int | str] = field(default_factory=lambda: [1, 2, 4])  # ints >= 1 and/or "auto"
-    temperature: float = 0.0
-    max_new_tokens: int = 64
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
-    repeats: int = 1
-    compare_hf: bool = False
-    warmup: bool = True
-    eos_token_id: int | list[int] | None = None
-    compile: bool = False
-    draft_past_end: bool = False  # draft gamma tokens up to the very end, as vLLM does (decode.serving.parity)
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_k, self.top_p)
-
-    def __post_init__(self) -> None:
-        if not self.gammas:
-            raise ValueError("gammas is empty: give integers >= 1 and/or 'auto'")
-        for gamma in self.gammas:
-            check_gamma(gamma)
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+from decode.measure.cost_model import measure_cost_ratios
+from decode.measure.results import Result
+from decode.measure.settings import EvalSettings
+from decode.measure.tally import Tally, category_names, category_tallies
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # transformers assisted generation, for comparison
 # ----------------------------------------------------------------------------------------------------------------
-def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, settings: EvalSettings):
+def hf_assisted(target, draft, prompt: torch.Tensor, n_new: int, gamma: int, settings: EvalSettings,
+                kind: DraftingKind):
     """transformers' assisted generation with a fixed gamma (confidence threshold off), exactly ``n_new`` tokens,
-    run by the draft's kind (kinds).
+    run by the draft's ``kind``.
     (transformers 5.23 refuses it with its static cache: "assisted generate is not supported with Static cache".)"""
     kwargs = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=settings.temperature > 0,
                   pad_token_id=target.config.eos_token_id if target.config.pad_token_id is None
                   else target.config.pad_token_id)
     if settings.temperature > 0:
         kwargs.update(temperature=settings.temperature, top_k=settings.top_k or 0, top_p=settings.top_p or 1.0)
-    return kind_of(draft).assisted_generate(target, draft, prompt, gamma, **kwargs)
+    return kind.assisted_generate(target, draft, prompt, gamma, **kwargs)
 
 
 def quiet_transformers(fn: Callable[[], object]) -> Callable[[], object]:
@@ -107,7 +77,8 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def warm_up(target, draft, prompts: list[torch.Tensor], settings: EvalSettings) -> None:
+def warm_up(target, draft, prompts: list[torch.Tensor], settings: EvalSettings,
+            kind: DraftingKind | None = None) -> None:
     """Size the static caches for the longest prompt and run every gamma once (compiling every step when
     ``settings.compile``), outside the timed region."""
     device = next(target.parameters()).device
@@ -117,11 +88,12 @@ def warm_up(target, draft, prompts: list[torch.Tensor], settings: EvalSettings) 
         capacity = longest.shape[1] + settings.max_new_tokens + max_gamma + 2
         with torch.inference_mode():
             static.session(target, "target").reserve(capacity)
-            kind_of(draft).reserve(draft, target, capacity, max_gamma)
+            if kind is not None:  # a drafter handed as it is sizes its own caches
+                kind.reserve(draft, target, capacity, max_gamma)
     sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
     for gamma in settings.gammas:
         speculative_generate(target, draft, longest, max_new_tokens=min(8, settings.max_new_tokens), gamma=gamma,
-                             generator=make_generator(device, 0), compile=settings.compile, **sampling)
+                             generator=make_generator(device, 0), compile=settings.compile, kind=kind, **sampling)
     autoregressive_generate(target, longest, max_new_tokens=min(8, settings.max_new_tokens),
                             generator=make_generator(device, 0), compile=settings.compile, **sampling)
 
@@ -136,6 +108,7 @@ def evaluate_acceptance(
     outputs: list[dict] | None = None,
     categories: Sequence[str | None] | None = None,
     cost_ratios: Mapping[int, CostRatios] | None = None,
+    kind: DraftingKind | None = None,
 ) -> list[dict]:
     """One result dict per gamma (keys in docs/reference/interfaces.md). ``prompts``: 1-D token id tensors.
 
@@ -143,11 +116,11 @@ def evaluate_acceptance(
     over that category's prompts (prompts without one are 'uncategorized'; cost ratios are the run's).
     If ``outputs`` is a list, per-prompt token ids of the plain and speculative continuations are appended to it.
     ``cost_ratios`` (gamma -> CostRatios) are used for predicted_speedup instead of measuring them here (the trainer
-    measures them once per run)."""
+    measures them once per run). ``draft``: a drafter, or a draft in memory with its ``kind``."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    if settings.compare_hf and kind_of(draft).assisted_refusal:
-        raise ValueError(f"--compare-hf: {kind_of(draft).assisted_refusal}")
+    if settings.compare_hf and (kind is None or kind.assisted_refusal):
+        raise ValueError(f"--compare-hf: {kind.assisted_refusal if kind else 'a drafter handed without its kind'}")
     names = category_names(categories)
     if names is not None and len(names) != len(prompts):
         raise ValueError(f"{len(names)} categories for {len(prompts)} prompts")
@@ -155,9 +128,9 @@ def evaluate_acceptance(
     prompts = [p.view(1, -1).to(device) for p in prompts]
     compiled_before = static.compile_seconds(target, draft)
     if settings.warmup or settings.compile:
-        warm_up(target, draft, prompts, settings)
+        warm_up(target, draft, prompts, settings, kind)
     bar = tqdm(total=len(settings.gammas) * len(prompts), desc="eval-acceptance", disable=not progress, leave=False)
-    results = [evaluate_gamma(target, draft, prompts, settings, gamma, bar, outputs, names, cost_ratios)
+    results = [evaluate_gamma(target, draft, prompts, settings, gamma, bar, outputs, names, cost_ratios, kind)
                for gamma in settings.gammas]
     bar.close()
     for result in results:  # the evaluation's compilation (warm-up), reported apart from every tokens/s
@@ -167,7 +140,7 @@ def evaluate_acceptance(
 
 def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSettings, gamma: int | str, bar,
                    outputs: list[dict] | None, names: list[str] | None = None,
-                   cost_ratios: Mapping[int, CostRatios] | None = None) -> dict:
+                   cost_ratios: Mapping[int, CostRatios] | None = None, kind: DraftingKind | None = None) -> dict:
     """Time plain, speculative (and transformers assisted) decoding of every prompt at one gamma; the result over
     all prompts, with ``by_category`` when the prompts have categories (``names``)."""
     device = prompts[0].device
@@ -180,7 +153,7 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
             lambda: speculative_generate(target, draft, prompt, max_new_tokens=settings.max_new_tokens,
                                          gamma=gamma, eos_token_id=settings.eos_token_id,
                                          generator=make_generator(device, seed),
-                                         draft_past_end=settings.draft_past_end, **sampling),
+                                         draft_past_end=settings.draft_past_end, kind=kind, **sampling),
             lambda n_new: autoregressive_generate(target, prompt, max_new_tokens=n_new,
                                                   generator=make_generator(device, seed), **sampling),
             device, settings.repeats)
@@ -191,7 +164,7 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
         t_hf = 0.0
         if settings.compare_hf and n_new > 0:
             _, t_hf = median_time(quiet_transformers(lambda: hf_assisted(target, draft, prompt, n_new, hf_gamma,
-                                                                           settings)),
+                                                                           settings, kind)),
                                   device, settings.repeats)
         counts = (spec.stats, t_spec, t_plain, t_hf, n_new, plain_tokens == spec.new_tokens)
         tally.add(*counts)
@@ -208,7 +181,7 @@ def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSet
         costs = cost_ratios[cost_gamma]
     else:
         costs = measure_cost_ratios(target, draft, prompts[0], cost_gamma, compile=settings.compile,
-                                    new_tokens=settings.max_new_tokens, sampling=settings.sampling)
+                                    new_tokens=settings.max_new_tokens, sampling=settings.sampling, kind=kind)
     result = summarize(tally, settings, costs, mean_gamma)
     if by_category:
         result.by_category = {name: summarize(t, settings, costs, mean_gamma) for name, t in by_category.items()}

@@ -17,8 +17,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from decode.inputs.checks import read_text, write_atomic
-from kinds import KINDS
+from decode.inputs.checks import read_text
+from decode.inputs.writes import write_atomic
 
 
 @dataclass
@@ -150,18 +150,18 @@ EVAL_JSON_KEYS: dict[str, Key] = {
     "torch_version": Key("text", "`torch.__version__` of the evaluating process."),
     "target": Key("text", "`--target` as given: a folder, a hub id or a `.gguf` file."),
     "draft": Key("text", "`--draft` as given: a folder, a hub id, a `.gguf` file or `prompt-lookup`."),
-    "draft_kind": Key("text", "The draft's kind (kinds/, the recipes' vocabulary): "
-                              + ", ".join(f"`{kind.name}`" for kind in KINDS[:-1]) + f" or `{KINDS[-1].name}`."),
+    "draft_kind": Key("text", "The draft's kind, by the name recipes give `model.draft_kind` (one folder of kinds/ "
+                              "each; prompt lookup too)."),
     "prompts": Key("text", "`--prompts` as given: a `.jsonl` or `.txt` file, a dataset folder or a hub dataset id."),
     "chat_template": Key("text", "`--chat-template`: `auto`, `on` or `off` (decode.inputs.prompts)."),
     "compiled": Key("bool", "Static KV caches and torch.compiled steps (`--compile`); false for vLLM."),
-    "cpu_linear": Key("text", "`packed` when the linear layers ran on oneDNN-packed weights (decode.loop.packed_linear: "
-                              "eager decoding on CPU), `plain` when not, or with `--cpu-linear auto` (the default) the "
-                              "token counts each model kept on F.linear, e.g. `auto: target plain at 1-3 tokens, "
-                              "draft packed`.", ("specdistill", "both")),
+    "cpu_linear": Key("text", "`packed` when the linear layers ran on oneDNN-packed weights "
+                              "(decode.loop.packed_linear: eager decoding on CPU), `plain` when not, or with "
+                              "`--cpu-linear auto` (the default) the token counts each model kept on F.linear, e.g. "
+                              "`auto: target plain at 1-3 tokens, draft packed`.", ("specdistill", "both")),
     "draft_vocab": Key("count or null", "The rows of a standalone or PARD draft's lm_head our decoder read out: its "
-                                        "draft vocabulary's size (`draft_vocab.json`, kinds/draft_vocab.py), or null for "
-                                        "every row (`--draft-vocab full`, `--engine both`, or none stored).",
+                                        "draft vocabulary's size (`draft_vocab.json`, kinds/draft_vocab.py), or null "
+                                        "for every row (`--draft-vocab full`, `--engine both`, or none stored).",
                        ("specdistill", "both")),
     "compile_seconds": Key("seconds or null", "The evaluation's compilation (its warm-up), excluded from every "
                                               "tokens/s; null with `--engine vllm`."),
@@ -214,8 +214,9 @@ RESULT_KEYS: dict[str, Key] = {
                                               "lookup at two or more `concurrency` levels: the batch form tau_all / "
                                               "v_N (decode.measure.batch_cost)."),
     "draft_cost_ratio": Key("ratio or null", "c: drafting seconds per drafted token / seconds per plain-decoding "
-                                             "token, timed on the decoder's own loops under the row's sampling settings "
-                                             "(decode.measure.cost_model); null from vLLM (0 in the batch form)."),
+                                             "token, timed on the decoder's own loops under the row's sampling "
+                                             "settings (decode.measure.cost_model); null from vLLM (0 in the batch "
+                                             "form)."),
     "verify_cost_ratio": Key("ratio or null", "v: the rest of a speculative step (the pass over gamma + 1 tokens, "
                                               "acceptance, cache rollbacks, the drafter's commit, the host read) / "
                                               "seconds per plain-decoding token; null from vLLM, except v_N of the "

@@ -10,8 +10,9 @@ Text columns (drafter, category) are left-aligned, numbers right-aligned; a miss
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from tabulate import tabulate
 

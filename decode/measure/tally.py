@@ -2,8 +2,8 @@
 prompt category (``by_category``), so every summary is derived from counts over exactly its own prompts."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from decode.loop.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.loop.stats import SpecStats

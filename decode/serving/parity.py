@@ -1,4 +1,5 @@
-"""tau measured by our engine and by vLLM on the same work, counted on the same basis (`specdistill-eval --engine both`).
+"""tau measured by our engine and by vLLM on the same work, counted on the same basis
+(`specdistill-eval --engine both`).
 
 The systematic differences between the two engines, and how each is removed here:
 
@@ -27,14 +28,14 @@ compared with our batch-1 result of its gamma, and the row names its ``concurren
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import torch
 
-from decode.measure.evaluate import EvalSettings
-from decode.serving.counters import SpecCounters
+from decode.measure.settings import EvalSettings
 from decode.measure.table import Column
+from decode.serving.counters import SpecCounters
 
 DEFAULT_TOLERANCE = 0.05
 PARITY_COLUMNS = (

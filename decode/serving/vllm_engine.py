@@ -33,19 +33,19 @@ import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Protocol
 
 import torch
 
 from decode.inputs.checks import read_text
 from decode.loop.auto_gamma import fixed_gammas
-from kinds import kind_of_source
 from decode.measure.batch_cost import add_batch_predictions
-from decode.measure.evaluate import EvalSettings
 from decode.measure.results import Result
-from decode.serving.counters import SpecCounters
+from decode.measure.settings import EvalSettings
 from decode.measure.tally import category_names
+from decode.serving.counters import SpecCounters
 
 VLLM_PYTHON_ENV = "SPECDISTILL_VLLM_PYTHON"      # an interpreter with vLLM, when --vllm-python is not given
 DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")  # what `make serving` creates
@@ -72,16 +72,22 @@ def find_vllm_python(path: str | Path | None = None) -> Path:
     return python
 
 
-def vllm_method(draft: str) -> str:
-    """vLLM's speculative method for a --draft value: its kind's (kinds): 'ngram' for prompt lookup,
-    'eagle3' for an EAGLE-3 head folder, 'draft_model' otherwise."""
-    return kind_of_source(draft).vllm_method
+class ServingKind(Protocol):
+    """What vLLM's engine asks of a draft's kind (kinds.base.Kind implements it)."""
+
+    vllm_method: str           # vLLM's speculative_config method
+    has_weights: bool          # a model folder or hub id (else the method runs no model: prompt lookup)
+    model_free_drafts: bool    # drafting runs no model: levels get the batch cost model (decode.measure.batch_cost)
+
+    def vllm_options(self) -> dict:
+        """Keys of speculative_config this kind adds to the method and gamma."""
 
 
 def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
-                  stop_token_ids: list[int] | None = None, draft_sample_method: str | None = None,
+                  kind: ServingKind, stop_token_ids: list[int] | None = None, draft_sample_method: str | None = None,
                   concurrency: Sequence[int] | None = None) -> dict:
-    """The worker's request (decode/serving/vllm_worker.py): one speculative run per gamma, prompts as token ids.
+    """The worker's request (decode/serving/vllm_worker.py): one speculative run per gamma, prompts as token ids,
+    ``draft`` served as its ``kind`` says.
     ``draft_sample_method``: one of DRAFT_SAMPLE_METHODS, None = vLLM's default (greedy). ``concurrency``: the
     max_num_seqs levels to measure at (None: one level, max_num_seqs = 1). Raises ServingError for a bad value."""
     if concurrency is not None and (not concurrency or min(concurrency) < 1):
@@ -93,7 +99,6 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
     if len(gammas) != len(settings.gammas):
         raise ServingError("--engine vllm needs integer gammas: vLLM drafts a fixed num_speculative_tokens ('auto' "
                            "is our decoder's)")
-    kind = kind_of_source(draft)
     local = lambda name: str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name  # noqa
     runs = [{"method": kind.vllm_method, "draft": local(draft) if kind.has_weights else None, "gamma": g,
              "speculative_options": kind.vllm_options(),
@@ -125,7 +130,8 @@ def run_worker(python: Path, request: dict, timeout: float | None = None) -> dic
                 except subprocess.TimeoutExpired:
                     raise ServingError(f"vLLM did not finish within {timeout:.0f} s") from None
         if returncode != 0 or not response_file.is_file():
-            raise ServingError(f"vLLM failed (exit {returncode}): {last_error(log.read_bytes().decode('utf-8', 'replace'))}")
+            raise ServingError(f"vLLM failed (exit {returncode}): "
+                               f"{last_error(log.read_bytes().decode('utf-8', 'replace'))}")
         return json.loads(read_text(response_file))
 
 
@@ -260,18 +266,19 @@ def summarize_run(run: dict, plain: dict, prompts: Sequence[int], counters: Spec
 
 
 def evaluate_in_vllm(python: Path, target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
-                     categories: Sequence[str | None] | None = None, stop_token_ids: list[int] | None = None,
-                     timeout: float | None = None, draft_sample_method: str | None = None,
-                     concurrency: Sequence[int] | None = None, free_drafts: bool = False) -> tuple[list[dict], dict]:
-    """Measure ``draft`` with ``target`` in vLLM at every gamma of ``settings``: (result dicts, the worker's
-    response). ``draft_sample_method``: see DRAFT_SAMPLE_METHODS. ``concurrency``: max_num_seqs levels, a result
-    per (level, gamma) (module docstring); ``free_drafts``: the drafter runs no model, so levels get the batch cost
-    model's prediction. Raises ServingError when vLLM cannot run or fails."""
+                     kind: ServingKind, categories: Sequence[str | None] | None = None,
+                     stop_token_ids: list[int] | None = None, timeout: float | None = None,
+                     draft_sample_method: str | None = None,
+                     concurrency: Sequence[int] | None = None) -> tuple[list[dict], dict]:
+    """Measure ``draft`` (of ``kind``) with ``target`` in vLLM at every gamma of ``settings``: (result dicts, the
+    worker's response). ``draft_sample_method``: see DRAFT_SAMPLE_METHODS. ``concurrency``: max_num_seqs levels, a
+    result per (level, gamma) (module docstring); a kind whose drafting runs no model gets the batch cost model's
+    prediction at each level. Raises ServingError when vLLM cannot run or fails."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    request = build_request(target, draft, prompts, settings, stop_token_ids, draft_sample_method, concurrency)
+    request = build_request(target, draft, prompts, settings, kind, stop_token_ids, draft_sample_method, concurrency)
     response = run_worker(python, request, timeout)
-    return vllm_results(response, settings, categories, free_drafts), response
+    return vllm_results(response, settings, categories, kind.model_free_drafts), response
 
 
 def vllm_outputs(response: dict, prompts: Sequence[torch.Tensor], settings: EvalSettings) -> list[dict]:

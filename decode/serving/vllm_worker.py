@@ -30,8 +30,8 @@ level instead (what one level holds is what the response above holds):
                                                                 {"max_num_seqs": 4, ...}]}
 
 Prompts go in as token ids (vLLM adds no BOS to them), one sequence at a time (max_num_seqs=1, as our batch-1
-decoder) unless asked for more, with the per-prompt seed ``seed + i`` as in decode.measure.evaluate. Every prompt goes to
-one ``generate`` call, so at max_num_seqs = N the scheduler runs up to N of them together: seconds are the wall
+decoder) unless asked for more, with the per-prompt seed ``seed + i`` as in decode.measure.evaluate. Every prompt goes
+to one ``generate`` call, so at max_num_seqs = N the scheduler runs up to N of them together: seconds are the wall
 clock of that call, and generated tokens / seconds is the throughput at that level. vLLM fixes max_num_seqs and
 the speculative config when an engine starts, so each (level, run) starts one engine: 1 + len(runs) per level, in
 this one process (vLLM is imported once).

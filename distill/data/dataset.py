@@ -13,10 +13,18 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from distill.data.prompt_rows import dataset_prompt_rows, holds_prompts_only, prompts_data
-from distill.data.rows import (DataError, DistillData, chat_rows, eval_prompt_set, is_text_pieces, load_rows,
-                               read_eval_prompts, resolve_format, text_rows)
+from distill.data.rows import (
+    DataError,
+    DistillData,
+    chat_rows,
+    eval_prompt_set,
+    is_text_pieces,
+    load_rows,
+    read_eval_prompts,
+    resolve_format,
+    text_rows,
+)
 from distill.recipe.sections import DataConfig
-
 
 
 def build_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0,

@@ -46,8 +46,15 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import TrainingArguments
 
-from distill.data.row_cache import (attach_columns, build_row_shards, check_row_lengths, open_complete, open_rows,
-                                    padded_batches, row_lengths)
+from distill.data.row_cache import (
+    attach_columns,
+    build_row_shards,
+    check_row_lengths,
+    open_complete,
+    open_rows,
+    padded_batches,
+    row_lengths,
+)
 from distill.data.shard_store import ShardStore
 from distill.fingerprints import config_hash, dataset_hash, full_weights_hash
 from distill.models.distributed import is_partitioned, whole_parameter

@@ -1,7 +1,7 @@
 """Prompts alone as a dataset (data.format prompts): the target writes every training row.
 
-A row is one prompt, read the way evaluation reads prompts (decode.inputs.prompts): a .txt file is one prompt per line, a
-.jsonl/.json/.parquet row or a dataset row has a 'prompt' string or a conversation whose last user turn is answered.
+A row is one prompt, read the way evaluation reads prompts (decode.inputs.prompts): a .txt file is one prompt per line,
+a .jsonl/.json/.parquet row or a dataset row has a 'prompt' string or a conversation whose last user turn is answered.
 With a chat template a plain prompt becomes one user turn (as held-out prompts do in a chat run), and each prompt is
 rendered with the template's generation prompt under eval.chat_template.
 
@@ -21,8 +21,15 @@ from transformers import PreTrainedTokenizerBase
 
 from decode.inputs.loading import LoadError
 from decode.inputs.prompts import PromptFields, PromptRow, read_prompt_file, to_prompt_row
-from distill.data.rows import (DataError, DistillData, as_prompt_row, eval_prompt_set, local_data_files, prompt_ids,
-                               read_eval_prompts)
+from distill.data.rows import (
+    DataError,
+    DistillData,
+    as_prompt_row,
+    eval_prompt_set,
+    local_data_files,
+    prompt_ids,
+    read_eval_prompts,
+)
 from distill.recipe.sections import DataConfig
 from distill.utils import IGNORE_INDEX
 

@@ -22,8 +22,8 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from decode.inputs.checks import write_atomic
 from decode.inputs.prompts import PromptRow, render_prompt, uses_template
+from decode.inputs.writes import write_atomic
 from distill.data.target_data import ResponseEngine, generate_target_data
 from distill.data.target_vllm import VLLM_SHARD_SIZE
 

@@ -70,8 +70,7 @@ def build_row_shards(store: ShardStore, metadata: dict[str, Any], dataset: datas
 
     stem = Path(store.metadata_file).stem
     started = time.perf_counter()
-    # a forward of whole rows on CPU: oneDNN-packed weights meanwhile (1.7-1.8x F.linear's tokens/s on SmolLM2,
-    # docs/benchmarks/hidden_cache.md)
+    # a forward of whole rows on CPU: oneDNN-packed weights meanwhile (docs/benchmarks/hidden_cache.md)
     with eval_mode(model), packed_linears(model), \
             tqdm(total=len(dataset), desc=desc, unit="row", disable=not progress) as bar:
         store.fill(metadata, len(dataset), make, bar)

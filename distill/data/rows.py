@@ -24,10 +24,16 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from decode.inputs.checks import FileProblem, check_text_file
-from decode.inputs.loading import LoadError
-from decode.inputs.prompts import (PromptRow, check_chat_template, prompt_messages, prompt_token_ids, read_prompt_rows,
-                            uses_template)
 from decode.inputs.data_files import DATA_FILE_BUILDERS, first_bad_json_line, first_empty_file
+from decode.inputs.loading import LoadError
+from decode.inputs.prompts import (
+    PromptRow,
+    check_chat_template,
+    prompt_messages,
+    prompt_token_ids,
+    read_prompt_rows,
+    uses_template,
+)
 from distill.data.text_files import PIECE_COLUMNS, TextFileError, load_text_files, tokenize_pieces
 from distill.recipe.sections import DataConfig
 from distill.utils import IGNORE_INDEX
@@ -46,7 +52,8 @@ class DistillData:
 
     train: datasets.Dataset
     eval_prompts: list[torch.Tensor]  # 1-D token ids, one per prompt
-    format: Literal["text", "chat", "prompts"]  # prompts: prompt-only rows the target answers (distill.data.prompt_rows)
+    # prompts: prompt-only rows the target answers (distill.data.prompt_rows)
+    format: Literal["text", "chat", "prompts"]
     eval_categories: list[str | None]  # one per eval prompt (None: no category)
 
 
@@ -249,8 +256,8 @@ def as_prompt_row(item: Any, fmt: str, category: str | None = None) -> PromptRow
 
 def prompt_ids(row: PromptRow, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
                chat_template: str = "auto") -> torch.Tensor:
-    """1-D token ids of one prompt (decode.inputs.prompts renders it): raw text keeps its first max_tokens tokens; templated
-    text keeps its last max_tokens so the generation prompt survives."""
+    """1-D token ids of one prompt (decode.inputs.prompts renders it): raw text keeps its first max_tokens tokens;
+    templated text keeps its last max_tokens so the generation prompt survives."""
     ids = prompt_token_ids(tokenizer, row, chat_template)
     kept = ids[-max_tokens:] if uses_template(tokenizer, row, chat_template) else ids[:max_tokens]
     return torch.tensor(kept, dtype=torch.long)
@@ -259,7 +266,8 @@ def prompt_ids(row: PromptRow, tokenizer: PreTrainedTokenizerBase, max_tokens: i
 def eval_prompt_set(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
                     chat_template: str = "auto",
                     categories: list[str | None] | None = None) -> tuple[list[torch.Tensor], list[str | None]]:
-    """Token-id prompts for decode.measure.evaluate.evaluate_acceptance and their categories; empty prompts are dropped."""
+    """Token-id prompts for decode.measure.evaluate.evaluate_acceptance and their categories; empty prompts
+    are dropped."""
     try:
         check_chat_template(tokenizer, chat_template, option="eval.chat_template")
     except LoadError as err:

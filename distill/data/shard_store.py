@@ -37,10 +37,18 @@ from typing import Any
 import datasets
 from tqdm.auto import tqdm
 
-from decode.inputs.checks import read_text, write_atomic
+from decode.inputs.checks import read_text
 from decode.inputs.manifest import manifest_problems, write_manifest
-from distill.utils import (INTERRUPTED_TWICE_EXIT, STOP_SIGNALS, crash_point, folder_bytes, human_bytes, no_space,
-                           out_of_space)
+from decode.inputs.writes import write_atomic
+from distill.utils import (
+    INTERRUPTED_TWICE_EXIT,
+    STOP_SIGNALS,
+    crash_point,
+    folder_bytes,
+    human_bytes,
+    no_space,
+    out_of_space,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ weight / sum of weights (seeded with train.seed) until one source runs out. Opti
 log-probabilities of the mixed rows are cached (distill.teacher_cache; for an EAGLE-3 head its hidden states,
 distill.hidden_state_cache) and travel with the rows, so that training never runs the target.
 
-training_rows (the tokenise step of a run, distill.pipeline) runs whatever uses the target on the main process
+training_rows (the tokenise step of a run, specdistill.pipeline) runs whatever uses the target on the main process
 first (TrainingArguments.main_process_first); the other processes then find the stored result complete and read it.
 Under FSDP2 the target is still whole on every process's CPU here (it is sharded after this step); the main process
 moves it to its device while it generates (distill.models.fsdp.generating_on).
@@ -18,27 +18,30 @@ moves it to its device while it generates (distill.models.fsdp.generating_on).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import datasets
 from accelerate import PartialState
 from torch import nn
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
-from decode.inputs.vocab import lm_head_rows
 from decode.inputs.prompts import PromptRow
+from decode.inputs.vocab import lm_head_rows
+from decode.loop.drafters import DraftingKind
+from distill.data.hidden_cache import with_hidden_state_cache
 from distill.data.magpie import Synthesis, SynthesisError, category_openers, prompt_texts, synthesize_prompt_rows
 from distill.data.onpolicy import OnPolicySettings
 from distill.data.prompt_rows import held_out, prompt_training_rows
 from distill.data.rows import DataError, DistillCollator, DistillData, eval_prompt_set, padding_id, read_eval_prompts
-from distill.data.hidden_cache import with_hidden_state_cache
+from distill.data.shard_store import CacheMismatchError
 from distill.data.target_data import generate_target_data, prompts_from_rows, to_training_rows
 from distill.data.target_vllm import VLLM_SHARD_SIZE
-from distill.data.teacher_cache import CacheMismatchError, TeacherCollator, build_teacher_cache, with_teacher_columns
+from distill.data.teacher_cache import TeacherCollator, build_teacher_cache, with_teacher_columns
 from distill.models.fsdp import generating_on
-from distill.recipe.sections import DataConfig, DistillConfig, Recipe
+from distill.recipe.sections import DataConfig, DistillKeys, Recipe
 from distill.utils import eval_mode
 
 logger = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ class TrainingRows:
 
 def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: nn.Module,
                   tokenizer: PreTrainedTokenizerBase, args: TrainingArguments) -> TrainingRows:
-    """The tokenise step of a run (distill.pipeline): the dataset's rows (`data`, tokenised by the check step), the
+    """The tokenise step of a run (specdistill.pipeline): the dataset's rows (`data`, tokenised by the check step), the
     target's responses (generated once, main process first) mixed in, the teacher cache attached, and the on-policy
     settings. Raises CacheMismatchError when a stored folder holds results of other inputs."""
     progress = PartialState().is_main_process
@@ -65,7 +68,7 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
         with args.main_process_first(desc="target responses"), generating_on(target, args.device):
             target_rows = target_response_rows(recipe.data, data.train, target, draft, tokenizer,
                                                target_id=recipe.model.target, progress=progress,
-                                               vllm_python=recipe.eval.vllm_python)
+                                               vllm_python=recipe.eval.vllm_python, draft_kind=recipe.model.kind)
         rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
         logger.info("%d training rows: %d of the dataset and %d target responses mixed %g : %g", len(rows),
                     len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
@@ -127,7 +130,7 @@ def with_synthesized_prompts(recipe: Recipe, data: DistillData, target: nn.Modul
 
 def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,
                          tokenizer: PreTrainedTokenizerBase, *, target_id: str, progress: bool,
-                         vllm_python: str | None = None) -> datasets.Dataset:
+                         vllm_python: str | None = None, draft_kind: DraftingKind | None = None) -> datasets.Dataset:
     """Training rows {input_ids, labels} = prompt + the target's response (labels on the response) for every row of
     `rows`; the responses are generated into cfg.target_data_dir on first use and read back afterwards.
     Raises CacheMismatchError when that folder holds responses of other inputs."""
@@ -140,7 +143,7 @@ def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Mod
             responses = generate_target_data(
                 target, tokenizer, prompts, cfg.target_data_dir, max_new_tokens=cfg.target_max_new_tokens,
                 temperature=cfg.target_temperature, top_k=cfg.target_top_k, top_p=cfg.target_top_p,
-                seed=cfg.target_seed, batch_size=cfg.target_batch_size, draft=decoder_draft,
+                seed=cfg.target_seed, batch_size=cfg.target_batch_size, draft=decoder_draft, draft_kind=draft_kind,
                 gamma=cfg.target_gamma or 1, target_id=target_id, progress=progress, engine=cfg.target_engine,
                 vllm_python=vllm_python, **shards)
     except CacheMismatchError as err:
@@ -167,7 +170,7 @@ def mix_sources(dataset_rows: datasets.Dataset, target_rows: datasets.Dataset | 
                                         seed=seed, stopping_strategy="first_exhausted")
 
 
-def with_teacher_cache(rows: datasets.Dataset, collator: Callable[[list[dict]], Any], cfg: DistillConfig,
+def with_teacher_cache(rows: datasets.Dataset, collator: Callable[[list[dict]], Any], cfg: DistillKeys,
                        target: nn.Module, tokenizer: PreTrainedTokenizerBase, *, target_id: str, batch_size: int,
                        progress: bool) -> tuple[datasets.Dataset, TeacherCollator]:
     """The rows with the target's cached top-k columns attached, and a collator that pads them; the cache is built

@@ -42,10 +42,11 @@ from transformers import PreTrainedTokenizerBase
 
 from decode import autoregressive_generate, speculative_generate
 from decode.loop.batched import batched_generate
+from decode.loop.drafters import DraftingKind
 from decode.loop.packed_linear import packed_linears
 from decode.loop.sampling import SamplingConfig
-from distill.data.rows import padding_id
 from decode.serving.vllm_engine import find_vllm_python
+from distill.data.rows import padding_id
 from distill.data.shard_store import ShardStore
 from distill.data.target_vllm import VLLMEngine
 from distill.fingerprints import config_hash, full_weights_hash, token_lists_hash, vocab_hash
@@ -136,9 +137,10 @@ def row_seed(sampling: Sampling, index: int) -> int:
 
 
 def generate_response(target: nn.Module, draft: nn.Module | Any | None, prompt: list[int], sampling: Sampling,
-                      eos_token_id: int | None, seed: int) -> list[int]:
+                      eos_token_id: int | None, seed: int, draft_kind: DraftingKind | None = None) -> list[int]:
     """The target's response to one prompt (EOS included when reached), decoded alone with a generator seeded
-    `seed`: with the speculative decoder when there is a draft, else plain decoding."""
+    `seed`: with the speculative decoder when there is a draft (a drafter, or a draft of ``draft_kind``), else plain
+    decoding."""
     device = next(target.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     input_ids = torch.tensor([prompt], dtype=torch.long, device=device)  # [1, L]
@@ -146,7 +148,7 @@ def generate_response(target: nn.Module, draft: nn.Module | Any | None, prompt: 
                   top_p=sampling.top_p, eos_token_id=eos_token_id, generator=generator)
     if draft is None:
         return autoregressive_generate(target, input_ids, **decode).new_tokens
-    return speculative_generate(target, draft, input_ids, gamma=sampling.gamma, **decode).new_tokens
+    return speculative_generate(target, draft, input_ids, gamma=sampling.gamma, kind=draft_kind, **decode).new_tokens
 
 
 def check_batch_size(batch_size: int, draft: nn.Module | Any | None) -> None:
@@ -175,12 +177,13 @@ class DecoderEngine:
     draft: nn.Module | Any | None
     eos_token_id: int | None
     pad_token_id: int
+    draft_kind: DraftingKind | None = None
 
     def generate_responses(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling,
                            batch_size: int) -> list[list[int]]:
         check_batch_size(batch_size, self.draft)
         if batch_size == 1:
-            return [generate_response(self.target, self.draft, p, sampling, self.eos_token_id, s)
+            return [generate_response(self.target, self.draft, p, sampling, self.eos_token_id, s, self.draft_kind)
                     for p, s in zip(prompts, seeds)]
         decoding = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p)
         responses: list[list[int]] = [[] for _ in prompts]
@@ -214,6 +217,7 @@ def generate_target_data(
     batch_size: int = 1,
     shard_size: int | None = None,
     draft: nn.Module | Any | None = None,
+    draft_kind: DraftingKind | None = None,
     gamma: int = 4,
     target_id: str = "",
     prompt_column: str = "prompt_ids",
@@ -227,6 +231,7 @@ def generate_target_data(
     prompt_text, response_text, stopped_at_eos.
 
     prompts: a Dataset with a `prompt_column` of token ids, or a list of token-id lists / 1-D tensors.
+    draft: decodes speculatively with the target (a drafter, or a draft of ``draft_kind``).
     batch_size: prompts decoded at once (1 = one at a time; > 1 needs draft=None). shard_size: prompts per stored
     shard (None: 64 rounded up to a multiple of batch_size); the engine is given one shard at a time, so a batch
     never spans two shards. engine: what decodes: "specdistill" (DecoderEngine: our decoder on target and draft),
@@ -250,7 +255,7 @@ def generate_target_data(
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, gamma)
     spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id, engine_name)
     if isinstance(engine, str):
-        engine = DecoderEngine(target, draft, tokenizer.eos_token_id, padding_id(tokenizer))
+        engine = DecoderEngine(target, draft, tokenizer.eos_token_id, padding_id(tokenizer), draft_kind)
     store = _store(out_dir)
     metadata = store.start(spec, num_rows=len(prompt_ids), rows_per_shard=shard_size, size_key="shard_size",
                            overwrite=overwrite)
@@ -264,8 +269,7 @@ def generate_target_data(
         rows = [_row(tokenizer, i, prompt_ids[i], r) for i, r in zip(indices, responses)]
         return datasets.Dataset.from_list(rows, features=FEATURES)
 
-    # our decoder on CPU multiplies by oneDNN-packed weights meanwhile (1.1-1.55x F.linear's tokens/s on SmolLM2,
-    # docs/benchmarks/responses.md)
+    # our decoder on CPU multiplies by oneDNN-packed weights meanwhile (docs/benchmarks/responses.md)
     decoding = (target, draft) if isinstance(engine, DecoderEngine) else ()
     with eval_mode(target), packed_linears(*decoding, tune_rows=DECODE_ROWS), \
             tqdm(total=len(prompt_ids), desc=desc, unit="prompt", disable=not progress) as bar:

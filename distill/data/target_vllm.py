@@ -10,8 +10,9 @@ float rounding, sampled ones follow the same distribution from another random st
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 VLLM_SHARD_SIZE = 4096  # prompts per shard with vLLM: each shard pays one engine start (~30 s on a 2-core CPU)
 

@@ -42,9 +42,16 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from decode.inputs.vocab import lm_head_rows
-from distill.data.row_cache import (attach_columns, build_row_shards, check_row_lengths, open_complete, open_rows,
-                                    padded_batches, row_lengths)
-from distill.data.shard_store import CacheMismatchError, ShardStore
+from distill.data.row_cache import (
+    attach_columns,
+    build_row_shards,
+    check_row_lengths,
+    open_complete,
+    open_rows,
+    padded_batches,
+    row_lengths,
+)
+from distill.data.shard_store import ShardStore
 from distill.fingerprints import config_hash, dataset_hash, full_weights_hash, vocab_hash
 from distill.losses.divergences import SparseTeacher
 

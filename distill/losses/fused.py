@@ -52,8 +52,8 @@ def fusable_head(head: nn.Module) -> bool:
     """Whether `head` is a plain linear layer with whole weights: the fused path can read W and b directly.
 
     An FSDP2-wrapped nn.Linear whose weight is whole at the moment (the draft's head, which accelerate keeps whole
-    from the forward to the backward) counts as plain. Anything else (a peft wrapper, a ZeRO-3-partitioned weight or FSDP2 shard, accelerate's offload hooks)
-    takes the checkpointed path, which calls the module itself.
+    from the forward to the backward) counts as plain. Anything else (a peft wrapper, a ZeRO-3-partitioned weight or
+    FSDP2 shard, accelerate's offload hooks) takes the checkpointed path, which calls the module itself.
     """
     return (plain_class(head) is nn.Linear and not hasattr(head.weight, "ds_id") and not hasattr(head, "_hf_hook")
             and not isinstance(head.weight, DTensor))

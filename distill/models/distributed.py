@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from accelerate import PartialState
@@ -24,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainingArguments
 from transformers.initialization import no_init_weights
 
-from distill.models.fsdp import LAYOUT, fsdp_enabled, from_layout, is_sharded, whole_copy
+from distill.models.fsdp import LAYOUT, from_layout, fsdp_enabled, is_sharded, whole_copy
 from distill.models.lora import is_lora
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from accelerate.state import AcceleratorState, is_initialized

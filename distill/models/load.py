@@ -1,6 +1,6 @@
 """The frozen target, the trainable draft, and the checks that they can work together.
 
-The draft comes from exactly one of (see ModelConfig):
+The draft comes from exactly one of (see ModelKeys):
 - `model.draft`: an existing model (local folder or hub id), fine-tuned as it is;
 - `model.draft_layers`: the target with only these decoder layers kept (embeddings, final norm, lm_head copied);
 - `model.draft_config`: a fresh model with the target's config and these keys overridden (trained from scratch).
@@ -24,19 +24,24 @@ from typing import Any
 
 import torch
 from accelerate import PartialState
-from torch import nn
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
-from transformers import PreTrainedTokenizerBase
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.initialization import no_init_weights
 
 from decode.inputs.loading import DTYPES, LoadError, resolve_model_path
 from distill.models.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
 from distill.models.fsdp import fsdp_enabled, remember_layout
 from distill.models.lora import is_lora
-from distill.recipe.sections import LoraConfig, ModelConfig
+from distill.recipe.sections import LoraConfig, ModelKeys
 from distill.utils import ModelSetupError, parameter_count
-from kinds import kind_named
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +56,9 @@ PER_LAYER_CONFIG_KEYS = ("layer_types",)
 MODEL_PATH_KEYS = ("target", "draft", "tokenizer")
 
 
-def with_model_folders(cfg: ModelConfig) -> ModelConfig:
-    """A copy of ``cfg`` whose .gguf target / draft / tokenizer name their converted folders (decode.inputs.gguf: converted
-    on first use, by the main process while the others wait, then found in the cache by them). Raises
+def with_model_folders(cfg: ModelKeys) -> ModelKeys:
+    """A copy of ``cfg`` whose .gguf target / draft / tokenizer name their converted folders (decode.inputs.gguf:
+    converted on first use, by the main process while the others wait, then found in the cache by them). Raises
     ModelSetupError naming the key for a file that is not a loadable GGUF."""
     folders: dict[str, str] = {}
     problem: LoadError | None = None
@@ -85,13 +90,13 @@ def _load(key: str, name: str, loader: Any, **kwargs: Any) -> Any:
         raise ModelSetupError(f"{key}: cannot load {name!r} (a local folder or hub id): {reason}") from None
 
 
-def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+def load_tokenizer(cfg: ModelKeys) -> PreTrainedTokenizerBase:
     """The tokenizer for training data and prompts: `model.tokenizer`, else the target's (exported unchanged)."""
     key = "model.tokenizer" if cfg.tokenizer else "model.target"
     return _load(key, cfg.tokenizer or cfg.target, AutoTokenizer, trust_remote_code=cfg.trust_remote_code)
 
 
-def load_draft_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase | None:
+def load_draft_tokenizer(cfg: ModelKeys) -> PreTrainedTokenizerBase | None:
     """The tokenizer saved with `model.draft`, or None (drafts built from the target share its tokenizer)."""
     if cfg.draft is None:
         return None
@@ -146,7 +151,7 @@ def _layer_config(target_config: PretrainedConfig, layers: list[int]) -> Pretrai
     return config
 
 
-def draft_config(cfg: ModelConfig, target_config: PretrainedConfig) -> PretrainedConfig:
+def draft_config(cfg: ModelKeys, target_config: PretrainedConfig) -> PretrainedConfig:
     """The config the draft will have (raises ModelSetupError for a bad layer list or config key)."""
     if cfg.draft is not None:
         return _load("model.draft", cfg.draft, AutoConfig, trust_remote_code=cfg.trust_remote_code)
@@ -162,7 +167,7 @@ def planned_parameter_count(config: PretrainedConfig, trust_remote_code: bool = 
     return parameter_count(model)
 
 
-def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *,
+def check_model_plan(cfg: ModelKeys, tokenizer: PreTrainedTokenizerBase, *,
                      hidden_state_cache: bool = False) -> None:
     """Everything that can be checked before loading weights (`hidden_state_cache`: the recipe sets
     distill.hidden_state_cache).
@@ -172,14 +177,14 @@ def check_model_plan(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *,
     decode.inputs.vocab.TokenizerMismatchError (the draft's tokenizer differs from the target's).
     """
     target_config = _load("model.target", cfg.target, AutoConfig, trust_remote_code=cfg.trust_remote_code)
-    kind_named(cfg.draft_kind).check_plan(cfg, target_config, tokenizer, hidden_state_cache)
+    cfg.kind.check_plan(cfg, target_config, tokenizer, hidden_state_cache)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Loading weights
 # ---------------------------------------------------------------------------------------------------------------
 
-def load_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+def load_kwargs(cfg: ModelKeys) -> dict[str, Any]:
     """from_pretrained / from_config keyword arguments of the recipe's model section (remote code, attention)."""
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation is not None:
@@ -193,7 +198,7 @@ def freeze(model: PreTrainedModel) -> PreTrainedModel:
     return model.eval()
 
 
-def load_target(cfg: ModelConfig) -> PreTrainedModel:
+def load_target(cfg: ModelKeys) -> PreTrainedModel:
     """The frozen target in `model.target_dtype` ("auto" = the dtype of its checkpoint).
 
     Under DeepSpeed ZeRO-3 it is loaded partitioned and given inference hooks (`shard_for_inference`): each process
@@ -249,7 +254,7 @@ def draft_from_layers(target: PreTrainedModel, layers: list[int], dtype: torch.d
     return draft
 
 
-def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | None = None) -> nn.Module:
+def load_draft(cfg: ModelKeys, target: PreTrainedModel, lora: LoraConfig | None = None) -> nn.Module:
     """The trainable draft in `model.draft_dtype`, in train mode: every weight trains, or with `lora.enabled` only
     the LoRA adapters (a peft PeftModel, see apply_lora); built by the draft's kind (kinds/<kind>/__init__.py,
     build): for model.draft_kind eagle3 an Eagle3Head on the target (kinds.eagle3.build).
@@ -260,11 +265,11 @@ def load_draft(cfg: ModelConfig, target: PreTrainedModel, lora: LoraConfig | Non
     if lora is not None and lora.enabled and zero3_enabled():
         raise ModelSetupError("lora.enabled: LoRA drafts are not supported under DeepSpeed ZeRO-3 (the adapters "
                               "are small: use DDP or ZeRO-2, recipes/accelerate/deepspeed_zero2.yaml)")
-    return kind_named(cfg.draft_kind).build(cfg, target, DTYPES[cfg.draft_dtype], lora)
+    return cfg.kind.build(cfg, target, DTYPES[cfg.draft_dtype], lora)
 
 
-def load_models(cfg: ModelConfig, lora: LoraConfig, device: torch.device | str) -> tuple[PreTrainedModel, nn.Module]:
-    """The load step of a run (distill.pipeline): the frozen target, then the trainable draft (built from it when
+def load_models(cfg: ModelKeys, lora: LoraConfig, device: torch.device | str) -> tuple[PreTrainedModel, nn.Module]:
+    """The load step of a run (specdistill.pipeline): the frozen target, then the trainable draft (built from it when
     `model.draft_layers` says so), then the target moved to `device`. Returns (target, draft).
 
     Under FSDP2 the target stays whole on the CPU until distill.models.fsdp.shard_for_inference shards it (after the

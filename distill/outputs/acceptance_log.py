@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
+from decode.inputs.checks import read_text
+from decode.inputs.writes import write_atomic
 from decode.loop.auto_gamma import ResolvedGamma, resolve_gamma
-from decode.inputs.checks import read_text, write_atomic
 from decode.loop.speedup import CostRatios
 from distill.utils import no_space, out_of_space
 

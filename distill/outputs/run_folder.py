@@ -17,8 +17,8 @@ from pathlib import Path
 
 from accelerate import PartialState
 
-from decode.inputs.checks import FileProblem, read_text, write_atomic
-
+from decode.inputs.checks import FileProblem, read_text
+from decode.inputs.writes import write_atomic
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG
 from distill.outputs.checkpoints import PARTIAL_DIR
 from distill.recipe.loader import save_recipe

@@ -1,12 +1,12 @@
 """The export: the best checkpoint of a run as a ready-to-use draft folder, its deployment check, its results.
 
-export_run is the last step of a run (distill.pipeline), on rank 0 while the other ranks wait:
+export_run is the last step of a run (specdistill.pipeline), on rank 0 while the other ranks wait:
   best      distill.outputs.acceptance_log.best_checkpoint at the first eval temperature (cost-model speedup
             tau / (gamma * c + v) from the measured acceptance); no measurement: the final draft
   export    that checkpoint's draft written to OUTPUT_DIR as a plain model folder (safetensors, config, tokenizer;
             a LoRA draft merged, a ZeRO-3 / FSDP2 draft read back from its checkpoint), with
-            generation_config.num_assistant_tokens = its gamma (export_draft; the served folder of its kind,
-            kinds)
+            generation_config.num_assistant_tokens = its gamma (export_draft; the served folder of its kind:
+            recipe.model.kind.save)
   check     decode.deploy.deploy_check on the folder against the target; problems are warnings, never fatal
   serving   eval.serving_engine: vllm: the folder measured inside vLLM (decode.serving) on the eval prompts;
             best.vllm_mean_accepted_tokens beside best.mean_accepted_tokens; a failure is a warning, never fatal
@@ -20,23 +20,24 @@ import copy
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from accelerate import PartialState
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from decode.inputs.checks import fsync_folder
 from decode.inputs.manifest import MANIFEST, write_manifest
-from kinds import carry_draft_vocab, kind_of, served_draft
+from decode.inputs.writes import fsync_folder
 from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
 from distill.models.fsdp import unsharded_original
 from distill.models.lora import is_lora
+from distill.models.served import carry_draft_vocab, served_draft
 from distill.outputs.acceptance_log import best_checkpoint, read_records, row_gamma
 from distill.outputs.checkpoints import crash_point, find_checkpoints, partial_folder
 from distill.outputs.run_folder import write_results
+from distill.publish.card_text import PublishingKind
 from distill.recipe.sections import Recipe
 from distill.utils import folder_bytes, no_space, out_of_space
 
@@ -57,12 +58,12 @@ def best_record(records: Sequence[dict], temperature: float) -> dict | None:
 # The draft folder
 # ---------------------------------------------------------------------------------------------------------------
 
-def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel:
+def draft_at_checkpoint(folder: Path, final_draft: nn.Module, kind: PublishingKind) -> PreTrainedModel:
     """The plain draft saved in a Trainer checkpoint folder: a whole model, or LoRA adapters (adapter_config.json)
     that are put on a copy of `final_draft` (its frozen base is the same at every step; under FSDP2 the unsharded
-    copy kept before sharding) and merged; or what the draft's kind stores its own way (an EAGLE-3 head's weights:
-    kinds/<kind>/__init__.py, from_checkpoint)."""
-    own = kind_of(served_draft(final_draft)).from_checkpoint(folder, final_draft)
+    copy kept before sharding) and merged; or what the draft's ``kind`` stores its own way (an EAGLE-3 head's
+    weights: its from_checkpoint)."""
+    own = kind.from_checkpoint(folder, final_draft)
     if own is not None:
         return own
     if (folder / "adapter_config.json").is_file():
@@ -77,7 +78,8 @@ def draft_at_checkpoint(folder: Path, final_draft: nn.Module) -> PreTrainedModel
         return AutoModelForCausalLM.from_pretrained(folder, dtype=next(final_draft.parameters()).dtype)
 
 
-def write_served_folder(output_dir: Path, draft: nn.Module, tokenizer: PreTrainedTokenizerBase, gamma: int) -> None:
+def write_served_folder(output_dir: Path, draft: nn.Module, tokenizer: PreTrainedTokenizerBase, gamma: int,
+                        kind: PublishingKind) -> None:
     """The draft's served files (its kind's layout, the tokenizer) and their manifest, staged whole in
     OUTPUT_DIR/.partial/export and then renamed into OUTPUT_DIR one by one, the manifest last: a failed write (a
     full disk) or a kill leaves OUTPUT_DIR's files as they were (the staging folder is removed, or cleared by the next
@@ -86,7 +88,7 @@ def write_served_folder(output_dir: Path, draft: nn.Module, tokenizer: PreTraine
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        kind_of(draft).save(draft, staging, gamma)  # its kind's served folder (kinds)
+        kind.save(draft, staging, gamma)  # its kind's served folder
         tokenizer.save_pretrained(staging)
         write_manifest(staging)  # the served files' sha256: specdistill check verifies a copy of the folder
     except BaseException:
@@ -102,10 +104,10 @@ def write_served_folder(output_dir: Path, draft: nn.Module, tokenizer: PreTraine
 
 
 def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Module,
-                 tokenizer: PreTrainedTokenizerBase, default_gamma: int) -> dict:
-    """Write the best draft to OUTPUT_DIR as a standard model folder (safetensors, config, generation config,
-    tokenizer) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)` load, with no peft
-    files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
+                 tokenizer: PreTrainedTokenizerBase, default_gamma: int, *, kind: PublishingKind) -> dict:
+    """Write the best draft to OUTPUT_DIR as a standard model folder (safetensors, config, generation config, tokenizer;
+    the layout of the draft's ``kind``) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)`
+    load, with no peft files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
 
     `best` is the row of distill.outputs.acceptance_log.best_checkpoint (None: export `final_draft` with
     `default_gamma`). A ZeRO-3-partitioned or FSDP2-sharded `final_draft` is read back from the last checkpoint instead
@@ -115,21 +117,21 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     output_dir = Path(output_dir)
     folder = output_dir / best["checkpoint"] if best else None
     if folder is not None and folder.is_dir():
-        draft = draft_at_checkpoint(folder, final_draft)
+        draft = draft_at_checkpoint(folder, final_draft, kind)
     elif is_partitioned(final_draft):
         last = find_checkpoints(output_dir).latest
         if last is None:
             raise RuntimeError(f"the final draft is sharded (ZeRO-3 / FSDP2) and {output_dir} holds no checkpoint to "
                                "export it from")
-        draft = draft_at_checkpoint(last, final_draft)
+        draft = draft_at_checkpoint(last, final_draft, kind)
     elif is_lora(final_draft):
         draft = plain_copy(final_draft)
     else:
         draft = final_draft
     gamma = row_gamma(best).deployed if best else default_gamma
-    draft = served_draft(draft)  # a head in training is wrapped (UnrolledHead): its head is what is served
-    carry_draft_vocab(served_draft(final_draft), draft)  # a standalone draft's vocabulary: chosen once per run
-    write_served_folder(output_dir, draft, tokenizer, gamma)
+    draft = served_draft(draft, kind)  # a head in training is wrapped (UnrolledHead): its head is what is served
+    carry_draft_vocab(served_draft(final_draft, kind), draft)  # a standalone draft's vocabulary: chosen once per run
+    write_served_folder(output_dir, draft, tokenizer, gamma, kind)
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}
     if best:
@@ -153,7 +155,7 @@ def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedToke
         best = best_record(read_records(output_dir), recipe.eval.temperatures[0])
         try:
             summary = export_draft(output_dir, best, final_draft, tokenizer,
-                                   default_gamma=max(recipe.eval.fixed_gammas, default=4))
+                                   default_gamma=max(recipe.eval.fixed_gammas, default=4), kind=recipe.model.kind)
         except OSError as err:
             if not out_of_space(err):
                 raise
@@ -180,7 +182,7 @@ def deploy_check(recipe: Recipe) -> dict:
     from decode.inputs.loading import LoadError
 
     try:
-        report = check_deploy(recipe.model.target, recipe.train.output_dir,
+        report = check_deploy(recipe.model.target, recipe.train.output_dir, recipe.model.kind,
                               trust_remote_code=recipe.model.trust_remote_code)
     except LoadError as err:
         logger.warning("deployment check could not run: %s", err)
@@ -206,7 +208,8 @@ def serving_check(recipe: Recipe, prompts: Sequence[torch.Tensor],
         if not prompts:
             raise ServingError("no eval prompts to measure")
         results, response = evaluate_in_vllm(find_vllm_python(cfg.vllm_python), recipe.model.target,
-                                             str(recipe.train.output_dir), prompts, settings, categories,
+                                             str(recipe.train.output_dir), prompts, settings, recipe.model.kind,
+                                             categories,
                                              draft_sample_method="probabilistic")  # our acceptance rule at T > 0
     except ServingError as err:
         logger.warning("eval.serving_engine vllm could not measure the exported draft: %s", err)
@@ -232,6 +235,7 @@ def push(recipe: Recipe, step: int | None) -> None:
         raise RuntimeError(f"hub.push_to_hub is true but distill.publish.hub cannot be imported: {err}") from err
     from distill.publish.hub import HubError
     try:
-        push_to_hub(Path(recipe.train.output_dir), repo_id=recipe.hub.repo_id, private=recipe.hub.private, step=step)
+        push_to_hub(Path(recipe.train.output_dir), repo_id=recipe.hub.repo_id, private=recipe.hub.private, step=step,
+                    card=recipe.model.kind.card)
     except HubError as err:
         raise PushError(f"{err} (the exported draft is in {recipe.train.output_dir})") from None

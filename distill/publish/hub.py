@@ -28,11 +28,19 @@ import httpx2  # huggingface_hub's HTTP client: its transport errors are the net
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 
-from decode.inputs.checks import check_text_file, read_text, write_atomic
+from decode.inputs.checks import check_text_file, read_text
 from decode.inputs.manifest import MANIFEST
+from decode.inputs.writes import write_atomic
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG
-from distill.publish.model_card import (CARD_TAGS, build_model_card, check_repo_id, eval_prompts, infer_target,
-                                load_eval_results)
+from distill.publish.model_card import (
+    CARD_TAGS,
+    CardText,
+    build_model_card,
+    check_repo_id,
+    eval_prompts,
+    infer_target,
+    load_eval_results,
+)
 
 __all__ = ["HubError", "UploadPlan", "check_repo_id", "describe_hub_failure", "push_to_hub", "upload_plan"]
 
@@ -166,9 +174,10 @@ def _hub_errors(action: str, repo_id: str) -> Iterator[None]:
 # Publish
 # ---------------------------------------------------------------------------------------------------------------
 
-def write_card(model_dir: Path, *, repo_id: str, eval_json: Path | None = None, target: str | None = None,
-               step: int | None = None) -> Path:
-    """Write the model card to ``model_dir/README.md`` and copy ``eval_json`` next to the weights; return the card.
+def write_card(model_dir: Path, *, repo_id: str, card: CardText, eval_json: Path | None = None,
+               target: str | None = None, step: int | None = None) -> Path:
+    """Write the model card to ``model_dir/README.md`` (``card``: what it says of the draft's kind) and copy
+    ``eval_json`` next to the weights; return the card.
 
     ``target`` defaults to the eval JSON's target, else ``model.target`` in recipe.yaml; ``step`` picks the
     acceptance.jsonl rows when no eval JSON is given (default: the exported checkpoint's, else the last step).
@@ -181,22 +190,22 @@ def write_card(model_dir: Path, *, repo_id: str, eval_json: Path | None = None, 
     results, hardware = load_eval_results(model_dir, eval_json, step=step)
     check_card_writable(model_dir)
     recipe = model_dir / "recipe.yaml"
-    card = build_model_card(model_dir, target=target, recipe_text=read_text(recipe) if recipe.is_file() else None,
-                            eval_results=results, hardware=hardware, repo_id=repo_id,
+    text = build_model_card(model_dir, target=target, recipe_text=read_text(recipe) if recipe.is_file() else None,
+                            eval_results=results, hardware=hardware, repo_id=repo_id, card=card,
                             prompts=eval_prompts(model_dir, eval_json))
     if eval_json is not None:
         copy = model_dir / eval_file_name(model_dir, eval_json)
         if not copy.exists() or not copy.samefile(eval_json):
             shutil.copyfile(eval_json, copy)
-    write_atomic(model_dir / CARD_FILE, card)
+    write_atomic(model_dir / CARD_FILE, text)
     return model_dir / CARD_FILE
 
 
-def push_to_hub(model_dir: Path, *, repo_id: str, private: bool = False, dry_run: bool = False,
+def push_to_hub(model_dir: Path, *, repo_id: str, card: CardText, private: bool = False, dry_run: bool = False,
                 eval_json: Path | None = None, target: str | None = None, step: int | None = None,
                 api: Any = None) -> UploadPlan:
-    """Write the card into ``model_dir`` (``write_card``) and upload the plan's files to the model repo
-    ``repo_id``; return the plan. ``dry_run`` writes the card and uploads nothing.
+    """Write the card into ``model_dir`` (``write_card``, ``card``: what it says of the draft's kind) and upload the
+    plan's files to the model repo ``repo_id``; return the plan. ``dry_run`` writes the card and uploads nothing.
 
     ``api`` is an ``HfApi``-like object (tests pass a fake). Raises ValueError (bad repo id, unknown target),
     FileNotFoundError (no folder or weights), FileExistsError (a README.md not ours), HubError (network/auth).
@@ -204,7 +213,7 @@ def push_to_hub(model_dir: Path, *, repo_id: str, private: bool = False, dry_run
     check_repo_id(repo_id)
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
-    write_card(model_dir, repo_id=repo_id, eval_json=eval_json, target=target, step=step)
+    write_card(model_dir, repo_id=repo_id, card=card, eval_json=eval_json, target=target, step=step)
     plan = upload_plan(model_dir, eval_json)
     if dry_run:
         return plan

@@ -22,11 +22,10 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from decode.inputs.checks import read_text
-from kinds import kind_of_source
-from kinds.base import CardText
 from decode.measure.results import read_eval_json
 from decode.measure.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
 from distill.outputs.acceptance_log import best_checkpoint, log_path, read_records
+from distill.publish.card_text import CardText
 from distill.publish.report import shown_path
 from distill.utils import saved_parameter_count
 
@@ -132,11 +131,11 @@ def eval_prompts(model_dir: Path, eval_json: Path | None = None) -> str | None:
     return str(prompts) if prompts else None
 
 
-def describe_draft(model_dir: Path) -> str:
+def describe_draft(model_dir: Path, card: CardText) -> str:
     """One line on the draft's architecture from config.json (its kind's CardText.describe) and its parameter count
     from the safetensors headers."""
     config_path = Path(model_dir) / "config.json"
-    parts = card_text(model_dir).describe(json.loads(read_text(config_path))) \
+    parts = card.describe(json.loads(read_text(config_path))) \
         if config_path.is_file() else []
     n_params = saved_parameter_count(model_dir)
     if n_params:
@@ -248,11 +247,6 @@ def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def card_text(model_dir: Path) -> CardText:
-    """What the card says of the exported draft's kind (kinds.kind_of_source(...).card)."""
-    return kind_of_source(model_dir).card
-
-
 def eval_results(results: list[dict], prompts: str | None) -> list[EvalResult]:
     """The model-index entries: one EvalResult per measured CARD_METRICS value of each (gamma, temperature)."""
     dataset = prompts or "eval prompts"
@@ -272,8 +266,9 @@ def card_metadata(target: str, repo_id: str, results: list[dict], prompts: str |
 
 
 def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, eval_results: list[dict],
-                     hardware: str, repo_id: str, prompts: str | None = None) -> str:
-    """README.md text for the draft in ``model_dir``: metadata, target, measured table, usage, recipe.
+                     hardware: str, repo_id: str, card: CardText, prompts: str | None = None) -> str:
+    """README.md text for the draft in ``model_dir``: metadata, target, measured table, usage (what ``card`` says
+    of the draft's kind), recipe.
 
     A local ``target`` (or ``prompts``) path is written relative to ``model_dir``."""
     if not is_hub_id(target):
@@ -281,8 +276,8 @@ def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, e
     if prompts is not None and not is_hub_id(prompts):
         prompts = shown_path(prompts, model_dir)
     target_ref = f"[`{target}`](https://huggingface.co/{target})" if is_hub_id(target) else f"`{target}`"
-    draft_line = describe_draft(model_dir)
-    text = card_text(model_dir)
+    draft_line = describe_draft(model_dir, card)
+    text = card
     recipe = (f"```yaml\n{recipe_text.rstrip()}\n```\n" if recipe_text
               else "No recipe.yaml was saved with this model.\n")
     sections = [

@@ -1,5 +1,5 @@
-"""Present measured results (eval JSONs via decode.measure.results, acceptance.jsonl via distill.outputs.acceptance_log) as a
-report.
+"""Present measured results (eval JSONs via decode.measure.results, acceptance.jsonl via
+distill.outputs.acceptance_log) as a report.
 
     write_report(Path("report"), runs={"kl": Path("out/kl")}, evals={"kl-draft": Path("eval.json")},
                  machine="1x H100 80GB")
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from decode.inputs.checks import write_atomic
+from decode.inputs.writes import write_atomic
 from decode.measure.results import read_eval_json
 from decode.measure.table import CATEGORY_COLUMNS, REPORT_COLUMNS, format_table
 from distill.outputs.acceptance_log import best_checkpoint, read_records
@@ -282,7 +283,8 @@ def by_seed(paths: Path | Mapping[int, Path]) -> list[tuple[int | None, Path]]:
     return list(paths.items()) if isinstance(paths, Mapping) else [(None, Path(paths))]
 
 
-def write_report(out_dir: Path, *, runs: Mapping[str, Path | Mapping[int, Path]], evals: Mapping[str, Path | Mapping[int, Path]],
+def write_report(out_dir: Path, *, runs: Mapping[str, Path | Mapping[int, Path]],
+                 evals: Mapping[str, Path | Mapping[int, Path]],
                  machine: str, gamma: int | None = None, temperature: float | None = None, root: Path | None = None,
                  margin: tuple[str, str, int] | None = None) -> Path:
     """Write ``out_dir/report.md`` and its PNG plots; return the report path.

@@ -10,8 +10,8 @@ Training a small draft for a few hundred steps is not bit-identical across CPUs,
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from decode.measure.table import Column, keyed_columns
 
@@ -92,8 +92,8 @@ class Margin:
     def sentence(self) -> str:
         """The headline as one plain sentence."""
         head = (f"{self.better} vs {self.baseline}, mean_accepted_tokens at gamma {self.gamma}, temperature "
-                f"{self.temperature:g}, mean of {self.seeds} seed(s): {self.better_tau:.2f} vs {self.baseline_tau:.2f}, "
-                f"margin {self.margin:+.2f} ({self.better_tau / self.baseline_tau:.2f}x)")
+                f"{self.temperature:g}, mean of {self.seeds} seed(s): {self.better_tau:.2f} vs "
+                f"{self.baseline_tau:.2f}, margin {self.margin:+.2f} ({self.better_tau / self.baseline_tau:.2f}x)")
         if self.seeds < 2:
             return f"{head}; one seed only, so no spread is known and no margin is claimed."
         verdict = ("the margin is larger than the spread, so it holds" if self.exceeds

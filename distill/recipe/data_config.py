@@ -7,7 +7,6 @@ from pydantic import Field, model_validator
 
 from distill.recipe.schema import Section, require
 
-
 # What data.synthesize_categories may name: the categories of recipes/prompts/chat_eval.jsonl, each with its openers
 # in distill.data.magpie.CATEGORY_OPENERS (keyed by these names, in this order).
 PROMPT_CATEGORIES = ("writing", "qa", "math", "coding", "reasoning", "advice", "summarization", "extraction")

@@ -1,10 +1,12 @@
 """Recipe files: YAML -> `section.key=value` overrides -> the pydantic sections of distill/recipe/sections.py, and back.
 
-`load_recipe(path, overrides)` reads the file (a key given twice is refused with its line), applies the overrides
-and builds the sections; every problem raises `RecipeError` naming the key, the file (or the command-line
+`load_recipe(path, overrides, schema)` reads the file (a key given twice is refused with its line), applies the
+overrides and builds the sections; every problem raises `RecipeError` naming the key, the file (or the command-line
 override), the bad value and what is allowed, before any model is loaded. An unknown key names the closest valid one.
 
-Regenerate the key reference in recipes/README.md with `python -m distill.recipe.loader`.
+The schema is a Recipe class made by distill.recipe.sections.recipe_schema for the kinds of draft handed in;
+specdistill.recipes holds the one of every registered kind (and regenerates the key reference in recipes/README.md:
+`python -m specdistill.recipes`).
 """
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ from typing import Any
 
 import yaml
 
-from decode.inputs.checks import read_text, write_atomic
+from decode.inputs.checks import read_text
+from decode.inputs.writes import write_atomic
 from distill.recipe.schema import OVERRIDE_SOURCE, RecipeError, key_error, short_type, unknown_key
-from distill.recipe.sections import SECTION_TYPES, SECTIONS, Recipe
+from distill.recipe.sections import SECTIONS, Recipe
 from distill.recipe.strict_yaml import DuplicateKeyError, key_lines, safe_load_strict
 from distill.recipe.train_config import LEFT_TO_OTHERS, SET_BY_THE_RUN, TRAINING_ARGUMENTS_CHANGES, RunFolderKeys
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Loading: file -> dict -> overrides -> sections
@@ -42,7 +44,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def _apply_override(raw: dict[str, dict], path: list[str], value: Any) -> None:
     """Set raw[path[0]][path[1]]... = value on a dict we own (never the caller's)."""
     section = path[0]
-    if section not in SECTION_TYPES:
+    if section not in SECTIONS:
         raise unknown_key(section, SECTIONS).located(OVERRIDE_SOURCE)
     if not isinstance(raw.get(section), dict):
         raw[section] = {}
@@ -61,29 +63,32 @@ def _where(err: RecipeError, source: str, override_keys: typing.Collection[str])
     return OVERRIDE_SOURCE if overridden else source
 
 
-def build_recipe(raw: dict[str, Any], source: str = "<dict>", override_keys: typing.Collection[str] = ()) -> Recipe:
-    """Recipe from a {section: {key: value}} mapping; errors name `source` (or the override that set the key)."""
+def build_recipe(raw: dict[str, Any], schema: type[Recipe], source: str = "<dict>",
+                 override_keys: typing.Collection[str] = ()) -> Recipe:
+    """A ``schema`` recipe from a {section: {key: value}} mapping; errors name `source` (or the override that set
+    the key)."""
+    section_types = schema.section_types()
     if not isinstance(raw, dict):
         raise RecipeError("<top level>", f"expected a mapping of sections {SECTIONS}, got {type(raw).__name__}",
                           source)
     for name in raw:
-        if name not in SECTION_TYPES:
+        if name not in section_types:
             raise unknown_key(str(name), SECTIONS).located(source)
     try:
-        for name, cls in SECTION_TYPES.items():  # unknown keys first, in every section, then values
+        for name, cls in section_types.items():  # unknown keys first, in every section, then values
             values = raw.get(name) or {}
             if not isinstance(values, dict):
                 raise RecipeError(name, f"expected a mapping of keys, got {values!r}")
             for key in values:
                 if key not in cls.model_fields:
                     raise key_error(cls, key)
-        return Recipe(**{name: cls(**(raw.get(name) or {})) for name, cls in SECTION_TYPES.items()})
+        return schema(**{name: cls(**(raw.get(name) or {})) for name, cls in section_types.items()})
     except RecipeError as err:
         raise err.located(_where(err, source, override_keys)) from None
 
 
-def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
-    """Read a recipe YAML file, apply `section.key=value` overrides and validate everything.
+def load_recipe(path: str | Path, overrides: typing.Sequence[str], schema: type[Recipe]) -> Recipe:
+    """Read a recipe YAML file, apply `section.key=value` overrides and validate everything against ``schema``.
 
     Raises RecipeError (a ValueError) naming key, file and value; FileNotFoundError naming the path; FileProblem
     for a file that is not text.
@@ -107,7 +112,7 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Recip
         _apply_override(raw, key_path, value)
         override_keys.append(".".join(key_path[:2]))
     try:
-        return build_recipe(raw, str(path), override_keys)
+        return build_recipe(raw, schema, str(path), override_keys)
     except RecipeError as err:
         if err.source != str(path):
             raise
@@ -125,7 +130,7 @@ def with_overrides(recipe: Recipe, overrides: typing.Sequence[str]) -> Recipe:
         key_path, value = parse_override(text)
         _apply_override(raw, key_path, value)
         keys.append(".".join(key_path[:2]))
-    return build_recipe(raw, OVERRIDE_SOURCE, keys)
+    return build_recipe(raw, type(recipe), OVERRIDE_SOURCE, keys)
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, dict[str, Any]]:
@@ -139,7 +144,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, dict[str, Any]]:
 
 
 def save_recipe(recipe: Recipe, path: str | Path) -> None:
-    """Write the resolved recipe as YAML (loads back with load_recipe)."""
+    """Write the resolved recipe as YAML (loads back with load_recipe and the recipe's schema)."""
     write_atomic(path, yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False))
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -170,10 +175,10 @@ def _train_notes(cls: type) -> list[str]:
             "Not recipe keys: " + "; ".join(f"{', '.join(names)}: {why}" for why, names in elsewhere.items()) + "."]
 
 
-def reference_markdown() -> str:
-    """A markdown table of every recipe key with its type, default and help, generated from the schema."""
+def reference_markdown(schema: type[Recipe]) -> str:
+    """A markdown table of every recipe key with its type, default and help, generated from ``schema``."""
     lines = []
-    for name, cls in SECTION_TYPES.items():
+    for name, cls in schema.section_types().items():
         lines += [f"### `{name}`", "", " ".join((cls.__doc__ or "").split()), "", "| key | type | default | meaning |",
                   "|---|---|---|---|"]
         shown = {*RunFolderKeys.model_fields, *TRAINING_ARGUMENTS_CHANGES} if name == "train" else cls.model_fields
@@ -182,6 +187,3 @@ def reference_markdown() -> str:
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
-
-if __name__ == "__main__":
-    print(reference_markdown(), end="")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from typing import Any, ClassVar, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, ValidationError

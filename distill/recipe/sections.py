@@ -5,10 +5,16 @@ rules between keys in their validators (distill/recipe/schema.py turns every pro
 the key, the bad value and what is allowed). The `train:` section is transformers.TrainingArguments' own fields
 (distill/recipe/train_config.py), `data:` is in distill/recipe/data_config.py. Reading a file, applying
 `section.key=value` overrides and writing the key reference live in distill/recipe/loader.py (`load_recipe`).
+
+The classes here hold the keys every kind of draft shares. Each kind brings its own keys (its `model_options` and
+`distill_options`); `recipe_schema(kinds, default)` mixes them into the model and distill sections of one `Recipe`
+class for the kinds handed in (the top floor hands in the registry: specdistill.recipes). A recipe then holds its
+kind as a value, `recipe.model.kind`, which the rest of distill/ asks (the kind is never looked up by name here).
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from annotated_types import Ge, Gt, MinLen
 from pydantic import Field, JsonValue, PrivateAttr, field_validator, model_validator
@@ -19,17 +25,28 @@ from distill.losses.loss_mix import LossMix, LossSpecError, teacher_divergences
 from distill.recipe.data_config import DataConfig
 from distill.recipe.schema import OVERRIDE_SOURCE, RecipeError, Section, require, rule_error
 from distill.recipe.train_config import TrainConfig, check_precision
-from kinds import KINDS, kind_named, trainable
 
 SECTIONS = ("model", "lora", "data", "distill", "train", "eval", "hub")
 
-__all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTION_TYPES", "SECTIONS", "ModelConfig", "LoraConfig",
-           "DataConfig", "DistillConfig", "TrainConfig", "EvalConfig", "HubConfig", "check_precision"]
+__all__ = ["OVERRIDE_SOURCE", "RecipeError", "Recipe", "SECTIONS", "ModelKeys", "LoraConfig", "DataConfig",
+           "DistillKeys", "TrainConfig", "EvalConfig", "HubConfig", "RecipeKind", "check_precision", "recipe_schema"]
 
-# Each kind of draft brings its own keys (kinds/<kind>/options.py), mixed into the model and distill sections
-# (the base classes of a pydantic model contribute their fields last first: the shared keys come first, then the kinds'
-# in registry order). A kind whose options extend another kind's (a PARD draft takes the standalone draft's keys)
-# brings them through its own class.
+
+class RecipeKind(Protocol):
+    """What a recipe asks of its kind of draft (kinds.base.Kind implements it)."""
+
+    name: str                          # model.draft_kind's value
+    aliases: tuple[str, ...]           # former names, still read
+    title: str                         # plural, in messages ("EAGLE-3 heads")
+    summary: str                       # one line of model.draft_kind's description
+    trains: bool                       # model.draft_kind may name it
+    defaults: dict[str, Any]           # "section.key" -> value where the recipe is silent
+    model_options: type | None         # a Section of its own model keys
+    distill_options: type | None       # a Section of its own distill keys
+
+    def check_model(self, model: Any) -> None: ...
+
+    def check_recipe(self, recipe: Any) -> None: ...
 
 
 def mixins(options: list[type | None]) -> tuple[type, ...]:
@@ -38,15 +55,18 @@ def mixins(options: list[type | None]) -> tuple[type, ...]:
     return tuple(o for o in present if not any(other is not o and issubclass(other, o) for other in present))
 
 
-MODEL_OPTIONS = mixins([kind.model_options for kind in reversed(KINDS)])
-DISTILL_OPTIONS = mixins([kind.distill_options for kind in reversed(KINDS)])
+def kind_called(kinds: Sequence[RecipeKind], name: str) -> RecipeKind:
+    """The kind of ``kinds`` called ``name`` (or one of its former names)."""
+    for kind in kinds:
+        if name == kind.name or name in kind.aliases:
+            return kind
+    raise ValueError(f"unknown draft kind {name!r}; the kinds are {', '.join(kind.name for kind in kinds)}")
 
 
-def other_kinds_keys_unset(section: Section, chosen: str) -> None:
+def other_kinds_keys_unset(section: Section, kinds: Sequence[RecipeKind], own: RecipeKind) -> None:
     """A key that only another kind of draft takes keeps its default (one RecipeError naming it and its kind)."""
-    own = kind_named(chosen)
     mine = {**getattr(own.model_options, "model_fields", {}), **getattr(own.distill_options, "model_fields", {})}
-    for kind in KINDS:
+    for kind in kinds:
         for options in (kind.model_options, kind.distill_options):
             for key, field in getattr(options, "model_fields", {}).items():
                 if kind is own or key in mine or key not in type(section).model_fields:
@@ -55,18 +75,19 @@ def other_kinds_keys_unset(section: Section, chosen: str) -> None:
                     continue  # a key this kind takes from another's options (a P-EAGLE head's aux_layers): named there
                 value = getattr(section, key)
                 require(value == field.default, f"{section.section}.{key}", value,
-                        f"{field.default if field.default is not None else 'null'} with model.draft_kind {chosen} "
+                        f"{field.default if field.default is not None else 'null'} with model.draft_kind {own.name} "
                         f"(it is a key of {kind.title}: model.draft_kind {kind.name})", ["model.draft_kind"])
 
 
 class ModelKeys(Section):
-    """The model section's keys that every kind of draft shares (ModelConfig adds each kind's own)."""
+    """The model section's keys that every kind of draft shares (recipe_schema adds each kind's own, and
+    model.draft_kind's choices)."""
 
     section = "model"
+    kinds: ClassVar[tuple[RecipeKind, ...]] = ()   # the kinds recipe_schema was handed
 
     target: str = Field(min_length=1, description="Target LLM: local folder or hub id (required).")
-    draft_kind: Literal[trainable()] = Field(
-        "standalone", description="; ".join(f"{kind.name}: {kind.summary}" for kind in KINDS if kind.trains) + ".")
+    draft_kind: str = Field(min_length=1, description="The kind of draft to train.")
     target_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype the frozen target is loaded in; auto = the dtype in its config.")
     draft_dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -75,20 +96,22 @@ class ModelKeys(Section):
     trust_remote_code: bool = Field(False, description="Allow model code from the hub (only for repos you trust).")
     attn_implementation: str | None = Field(None, description="eager, sdpa, flash_attention_2, ...; null = "
                                                               "transformers' pick.")
+    _kind: Any = PrivateAttr(None)
 
-
-class ModelConfig(*MODEL_OPTIONS, ModelKeys):
-    """Which target to distil from and how the draft is made: its kind (model.draft_kind, kinds/) and that kind's
-    keys: a standalone model (exactly one of draft, draft_layers, draft_config), an EAGLE-3 head on the target's
-    hidden states (aux_layers, draft_vocab_size, ...), a P-EAGLE head (an EAGLE-3 head's keys and ptd_*), a DFlash
-    block drafter (dflash_*), a PARD draft (a standalone draft's keys and pard_*)."""
+    @property
+    def kind(self) -> Any:
+        """The kind model.draft_kind names (kinds.base.Kind: training, publishing, ... as well as recipes)."""
+        if self._kind is None:
+            self._kind = kind_called(type(self).kinds, self.draft_kind)
+        return self._kind
 
     @model_validator(mode="after")
-    def _rules(self) -> ModelConfig:
+    def _rules(self) -> ModelKeys:
         """The kind's own rules (e.g. a standalone draft comes from exactly one of draft, draft_layers,
         draft_config); the other kinds' keys stay unset."""
-        other_kinds_keys_unset(self, self.draft_kind)
-        kind_named(self.draft_kind).check_model(self)
+        if type(self).kinds:
+            other_kinds_keys_unset(self, type(self).kinds, self.kind)
+            self.kind.check_model(self)
         return self
 
 
@@ -115,8 +138,8 @@ class LoraConfig(Section):
 
 
 class DistillKeys(Section):
-    """The distill keys every kind shares. The per-token objective: a divergence between target and draft next-token distributions, plus optional CE,
-    or a weighted combination of such losses (distill.losses.loss_mix)."""
+    """The distill keys every kind shares. The per-token objective: a divergence between target and draft next-token
+    distributions, plus optional CE, or a weighted combination of such losses (distill.losses.loss_mix)."""
 
     section = "distill"
 
@@ -175,7 +198,7 @@ class DistillKeys(Section):
         return loss
 
     @model_validator(mode="after")
-    def _rules(self) -> DistillConfig:
+    def _rules(self) -> DistillKeys:
         """What the loss, the cached teacher and on-policy rows need from each other."""
         teacher_terms = teacher_divergences(self.loss)
         if isinstance(self.loss, dict):
@@ -202,11 +225,6 @@ class DistillKeys(Section):
     def loss_at(self, step: int, total_steps: int) -> str | dict[str, float]:
         """distill_loss's `loss` at optimizer step `step` of total_steps: the name, or the combination's weights."""
         return self.loss if isinstance(self.loss, str) else LossMix.parse(self.loss).at(step, total_steps)
-
-
-class DistillConfig(*DISTILL_OPTIONS, DistillKeys):
-    """The distill section: the shared keys (DistillKeys) and each kind's own (ttt_* of EAGLE-3 heads, dflash_* of
-    DFlash drafts, pard_* of PARD drafts and P-EAGLE heads)."""
 
 
 class EvalConfig(Section):
@@ -248,10 +266,10 @@ class EvalConfig(Section):
         return fixed_gammas(self.gammas)
 
     def decoder_settings(self, temperature: float, fixed_gammas_only: bool = False):
-        """These settings as the decoder's decode.measure.evaluate.EvalSettings at one temperature: the one translation,
+        """These settings as the decoder's decode.measure.settings.EvalSettings at one temperature: the one translation,
         used by the checkpoint measurements and the export's vLLM measurement alike (``fixed_gammas_only``: vLLM
         drafts a fixed number of tokens)."""
-        from decode.measure.evaluate import EvalSettings  # torch: only when a measurement is made
+        from decode.measure.settings import EvalSettings
 
         return EvalSettings(gammas=self.fixed_gammas if fixed_gammas_only else list(self.gammas),
                             temperature=temperature, max_new_tokens=self.max_new_tokens, top_k=self.top_k,
@@ -283,23 +301,18 @@ class HubConfig(Section):
         return self
 
 
-SECTION_TYPES: dict[str, type[Section]] = {
-    "model": ModelConfig, "lora": LoraConfig, "data": DataConfig, "distill": DistillConfig,
-    "train": TrainConfig, "eval": EvalConfig, "hub": HubConfig,
-}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The whole recipe, and the rules between its sections
 # ---------------------------------------------------------------------------------------------------------------
 
 class Recipe(Section):
-    """A whole training run; each attribute is one section of the YAML file."""
+    """A whole training run; each attribute is one section of the YAML file. This class holds the shared keys;
+    recipe_schema(kinds, default) makes the one a recipe file is read with."""
 
-    model: ModelConfig
+    model: ModelKeys
     data: DataConfig
     lora: LoraConfig = Field(default_factory=LoraConfig)
-    distill: DistillConfig = Field(default_factory=DistillConfig)
+    distill: DistillKeys = Field(default_factory=DistillKeys)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
@@ -310,12 +323,17 @@ class Recipe(Section):
         """The keys (section.key -> value) this recipe took from its draft kind's defaults (kinds/<kind>)."""
         return dict(self._kind_defaults)
 
+    @classmethod
+    def section_types(cls) -> dict[str, type[Section]]:
+        """Each section's name -> its class, in the order of SECTIONS."""
+        return {name: cls.model_fields[name].annotation for name in SECTIONS}
+
     @model_validator(mode="after")
     def _kind_supplies_its_defaults(self) -> Recipe:
         """Each key of the kind's defaults that the recipe does not set takes the kind's value (then counts as set,
         so a saved recipe.yaml holds it). What works for a kind of draft, where the recipe is silent; an explicit
         value always wins, and the run log names what the kind supplied."""
-        for key, value in kind_named(self.model.draft_kind).defaults.items():
+        for key, value in self.model.kind.defaults.items():
             section_name, name = key.split(".")
             section = getattr(self, section_name)
             if name not in section.model_fields_set:
@@ -326,6 +344,35 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _across_sections(self) -> Recipe:
         """Rules that involve two sections (each section has already checked its own keys)."""
-        other_kinds_keys_unset(self.distill, self.model.draft_kind)
-        kind_named(self.model.draft_kind).check_recipe(self)  # what the kind cannot combine with
+        other_kinds_keys_unset(self.distill, type(self.model).kinds, self.model.kind)
+        self.model.kind.check_recipe(self)  # what the kind cannot combine with
         return self
+
+
+def recipe_schema(kinds: Sequence[RecipeKind], default: RecipeKind) -> type[Recipe]:
+    """The Recipe class for ``kinds``: model.draft_kind names one of those that train (``default`` where a recipe
+    is silent), and the model and distill sections hold each kind's own keys besides the shared ones (the base
+    classes of a pydantic model contribute their fields last first: the shared keys come first, then the kinds' in
+    the order given; a kind whose options extend another's, as a PARD draft takes the standalone draft's keys,
+    brings them through its own class)."""
+    trainable = tuple(kind.name for kind in kinds if kind.trains)
+    if default.name not in trainable:
+        raise ValueError(f"the default kind {default.name!r} does not train")
+    model = type("ModelConfig", (*mixins([kind.model_options for kind in reversed(kinds)]), ModelKeys), {
+        "__module__": __name__, "kinds": tuple(kinds),
+        "__doc__": "Which target to distil from and how the draft is made: its kind (model.draft_kind, kinds/) and "
+                   "that kind's keys: " + "; ".join(f"{kind.name}: {kind.summary}" for kind in kinds
+                                                    if kind.trains) + ".",
+        "__annotations__": {"draft_kind": Literal[trainable]},
+        "draft_kind": Field(default.name, description="; ".join(
+            f"{kind.name}: {kind.summary}" for kind in kinds if kind.trains) + "."),
+    })
+    distill = type("DistillConfig", (*mixins([kind.distill_options for kind in reversed(kinds)]), DistillKeys), {
+        "__module__": __name__,
+        "__doc__": "The distill section: the shared keys (DistillKeys) and each kind's own.",
+    })
+    return type("Recipe", (Recipe,), {
+        "__module__": __name__, "__doc__": Recipe.__doc__.split(" This class")[0],
+        "__annotations__": {"model": model, "distill": distill},
+        "distill": Field(default_factory=distill),
+    })

@@ -65,7 +65,8 @@ TRAINING_ARGUMENTS_CHANGES: dict[str, FieldInfo] = {
 }
 ALSO_ALLOWED = {"resume_from_checkpoint": Literal[True],  # read by distill.run.preflight.plan_run, not by the Trainer
                 "dataloader_pin_memory": types.NoneType}  # null: decided by training_arguments on this machine
-NOT_PASSED = ("resume_from_checkpoint", "overwrite_output_dir", "preemption_grace_s")  # the run folder's keys: Trainer.train gets resume
+# the run folder's keys: Trainer.train gets resume
+NOT_PASSED = ("resume_from_checkpoint", "overwrite_output_dir", "preemption_grace_s")
 SET_BY_THE_RUN: dict[str, tuple[Any, str]] = {  # name -> (value, why)
     "eval_strategy": ("no", "acceptance is measured at every checkpoint (the eval: section); the Trainer has no "
                             "evaluation set"),
@@ -143,7 +144,7 @@ def _as_yaml_type(hint: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         has_enum = any(isinstance(a, type) and issubclass(a, enum.Enum) for a in args)
         kept = [_as_yaml_type(a) for a in args if not (has_enum and a is str)]
-        return typing.Union[tuple(kept)]
+        return typing.Union[tuple(kept)]  # noqa: UP007 (built from a tuple; X | Y may give a types.UnionType instead)
     if origin is list:
         return list[_as_yaml_type(args[0])] if args else list[JsonValue]
     if hint is dict or (origin is dict and args[1] is Any):
@@ -164,7 +165,7 @@ def schema_fields(arguments: type = TrainingArguments) -> dict[str, tuple[Any, F
             continue
         hint, change = _as_yaml_type(hints[f.name]), TRAINING_ARGUMENTS_CHANGES.get(name, Field())
         if f.name in ALSO_ALLOWED:
-            hint = typing.Union[hint, ALSO_ALLOWED[f.name]]
+            hint = typing.Union[hint, ALSO_ALLOWED[f.name]]  # noqa: UP007 (X | Y may give a types.UnionType instead)
         if change.default_factory is not None:  # ours replaces transformers' default
             default = {}
         else:

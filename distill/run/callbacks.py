@@ -1,4 +1,4 @@
-"""Acceptance measured at every checkpoint: AcceptanceCallback (the measure step of a run, distill.pipeline).
+"""Acceptance measured at every checkpoint: AcceptanceCallback (the measure step of a run, specdistill.pipeline).
 
 AcceptanceCallback runs decode.measure.evaluate.evaluate_acceptance on rank 0 at every save; the other ranks wait at a
 barrier that every rank reaches, so no collective is ever called from one rank alone. Each result becomes one line
@@ -25,11 +25,12 @@ the last step is always saved as a checkpoint, so the export reads whole weights
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 from accelerate import PartialState
@@ -38,11 +39,11 @@ from transformers import PreTrainedModel, TrainerCallback, TrainerControl, Train
 
 from decode.loop.auto_gamma import AUTO_GAMMAS, is_auto
 from decode.loop.packed_linear import packed_linears
-from decode.measure.cost_model import measure_cost_ratios
 from decode.loop.speedup import CostRatios
+from decode.measure.cost_model import measure_cost_ratios
 from distill.models.distributed import is_partitioned, plain_copy
-from kinds import carry_draft_vocab, served_draft
 from distill.models.lora import is_lora
+from distill.models.served import TrainingKind, carry_draft_vocab, served_draft
 from distill.outputs.acceptance_log import append_records, complete_steps, read_records, rewrite_records
 from distill.outputs.checkpoints import checkpoint_step, crash_point, find_checkpoints
 from distill.publish.export import best_record, draft_at_checkpoint
@@ -52,7 +53,8 @@ from distill.utils import eval_mode
 logger = logging.getLogger(__name__)
 
 COST_REPEATS = 31  # timings per cost ratio, measured once per run: enough for a stable median
-# (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.measure.evaluate.evaluate_acceptance or a fake
+# (target, draft, prompts, EvalSettings) -> one result dict per gamma; decode.measure.evaluate.evaluate_acceptance
+# or a fake
 Evaluate = Callable[..., list[dict]]
 
 
@@ -75,9 +77,10 @@ def logged_cost_ratios(records: Sequence[dict], gammas: Sequence[int | str],
     return found if all(key in found for key in needed) else None
 
 
-def _default_evaluate() -> Evaluate:
+def _default_evaluate(kind: TrainingKind) -> Evaluate:
+    """decode.measure.evaluate.evaluate_acceptance for drafts of ``kind``."""
     from decode.measure.evaluate import evaluate_acceptance
-    return evaluate_acceptance
+    return functools.partial(evaluate_acceptance, kind=kind)
 
 
 def on_schedule(step: int, args: TrainingArguments, max_steps: int) -> bool:
@@ -93,13 +96,13 @@ def on_schedule(step: int, args: TrainingArguments, max_steps: int) -> bool:
 class AcceptanceCallback(TrainerCallback):
     """Measures acceptance of the draft against the target on rank 0 at every checkpoint; see module docstring."""
 
-    def __init__(self, target: PreTrainedModel, prompts: list[torch.Tensor], cfg: EvalConfig,
+    def __init__(self, target: PreTrainedModel, prompts: list[torch.Tensor], cfg: EvalConfig, *, kind: TrainingKind,
                  evaluate: Evaluate | None = None, tensorboard: bool = True,
                  categories: list[str | None] | None = None):
-        self.target, self.prompts, self.cfg = target, prompts, cfg
+        self.target, self.prompts, self.cfg, self.kind = target, prompts, cfg, kind
         # one per prompt: each record then holds by_category (passed on only when some prompt has a category)
         self.categories = categories if categories and any(c is not None for c in categories) else None
-        self.evaluate = evaluate or _default_evaluate()
+        self.evaluate = evaluate or _default_evaluate(kind)
         self.tensorboard = tensorboard
         self._writer = None
         self.measured_steps: set[int] = set()
@@ -115,7 +118,7 @@ class AcceptanceCallback(TrainerCallback):
                        model: PreTrainedModel | None = None, **kwargs):
         """Keep the complete measurements of steps this run has already done (resume), drop those of an abandoned
         future and any interrupted one, then measure every saved checkpoint that still lacks its lines."""
-        model = served_draft(model)
+        model = served_draft(model, self.kind)
         if state.is_world_process_zero:
             records = read_records(args.output_dir)
             done = complete_steps(records, self.cfg.gammas, self.cfg.temperatures)
@@ -141,9 +144,10 @@ class AcceptanceCallback(TrainerCallback):
         if control.should_training_stop and state.global_step < state.max_steps:
             return
         if self.cfg.at_checkpoints:
-            self._measure_on_rank_zero(args, state, served_draft(model), f"checkpoint-{state.global_step}")
+            self._measure_on_rank_zero(args, state, served_draft(model, self.kind),
+                                       f"checkpoint-{state.global_step}")
 
-    # ---- after training (distill.pipeline's measure step) -------------------------------------------------------
+    # ---- after training (specdistill.pipeline's measure step) -------------------------------------------------------
 
     def measure_remaining(self, args: TrainingArguments, state: TrainerState, model: nn.Module | None) -> None:
         """Measure every checkpoint up to state.global_step that still lacks its lines, then the final step unless
@@ -211,7 +215,7 @@ class AcceptanceCallback(TrainerCallback):
         if state.is_world_process_zero:
             for folder in missing:
                 logger.info("measuring acceptance of %s (saved before an interruption, not measured yet)", folder)
-                draft = draft_at_checkpoint(Path(folder), model).to(args.device)
+                draft = draft_at_checkpoint(Path(folder), model, self.kind).to(args.device)
                 self._record(args, state, checkpoint_step(folder), Path(folder).name, draft)
         steps = [checkpoint_step(folder) for folder in missing]
         self.measured_steps.update(steps)
@@ -242,7 +246,7 @@ class AcceptanceCallback(TrainerCallback):
                     self.cost_ratios = {
                         (t, g): measure_cost_ratios(target, draft, prompt, g, repeats=COST_REPEATS,
                                                     compile=self.cfg.compile, new_tokens=self.cfg.max_new_tokens,
-                                                    sampling=self.cfg.decoder_settings(t).sampling)
+                                                    sampling=self.cfg.decoder_settings(t).sampling, kind=self.kind)
                         for t in self.cfg.temperatures for g in cost_gammas(self.cfg.gammas)}
                 results = []
                 for temperature in self.cfg.temperatures:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from decode.inputs.checks import write_atomic
+from decode.inputs.writes import write_atomic
 from distill.outputs.run_folder import RECIPE_FILE
 from distill.utils import INTERRUPTED_TWICE_EXIT, PREEMPTED_EXIT, STOP_SIGNALS, crash_point  # noqa: F401
 
@@ -141,7 +141,7 @@ class PreemptionCallback(TrainerCallback):
         logging.shutdown()
         os._exit(PREEMPTED_EXIT)
 
-    # ---- the Trainer's events -----------------------------------------------------------------------------------------
+    # ---- the Trainer's events -------------------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.install()

@@ -1,4 +1,4 @@
-"""The check step of a run (distill.pipeline): everything that can fail is checked before a weight is loaded.
+"""The check step of a run (specdistill.pipeline): everything that can fail is checked before a weight is loaded.
 
 check_run goes through, in order: the hub settings and trackers transformers would refuse late (RecipeError), the
 precision for this machine, the output folder and where training starts (plan_run), transformers' own checks of
@@ -16,25 +16,36 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from accelerate import PartialState
 from transformers import AutoConfig, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
-from decode.inputs.checks import (FileProblem, check_json_files_text, check_safetensors_whole, check_tokenizer_files,
-                           check_writable_folder, read_text)
+from decode.inputs.checks import (
+    FileProblem,
+    check_json_files_text,
+    check_safetensors_whole,
+    check_tokenizer_files,
+    check_writable_folder,
+    read_text,
+)
 from distill.data.dataset import build_data
 from distill.data.rows import DistillData
 from distill.models.distributed import check_device_mode, check_fsdp_devices
 from distill.models.load import ModelSetupError, check_model_plan, load_tokenizer, with_model_folders
-from distill.outputs.checkpoints import (Checkpoints, corruption, find_checkpoints, finished_step, report_incomplete,
-                                         verified_latest)
+from distill.outputs.checkpoints import (
+    Checkpoints,
+    corruption,
+    find_checkpoints,
+    finished_step,
+    report_incomplete,
+    verified_latest,
+)
 from distill.outputs.run_folder import RECIPE_FILE, previous_run_files, read_results
 from distill.recipe.sections import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
 from distill.recipe.train_config import training_arguments
-from kinds import kind_named
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +121,10 @@ def check_hub_settings(recipe: Recipe, source: str) -> None:
 
 def check_trackers(recipe: Recipe, source: str) -> None:
     """train.report_to names trackers transformers has, and that are installed."""
-    from transformers.integrations.integration_utils import (INTEGRATION_TO_CALLBACK,
-                                                             get_available_reporting_integrations)
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
 
     report_to = recipe.train.report_to
     available = get_available_reporting_integrations()
@@ -269,4 +282,4 @@ def check_resume_shape(recipe: Recipe, resume: str | None) -> None:
     """The checkpoint to resume from holds a draft of the recipe's shape (else loading it fails with a trace): its
     kind's check (kinds/<kind>/__init__.py, check_resume)."""
     if resume is not None:
-        kind_named(recipe.model.draft_kind).check_resume(recipe, resume)
+        recipe.model.kind.check_resume(recipe, resume)

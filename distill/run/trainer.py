@@ -4,7 +4,7 @@ Lifecycle of one optimizer step (per process p, micro-batches g = 1..G):
   get_batch_samples  -> the G micro-batches, with on-policy rows (distill.data.onpolicy) put in first when
                         distill.on_policy_fraction > 0, and N = number of loss tokens of those rows summed over all
                         processes and micro-batches
-  compute_loss       -> the loss's weights at this optimizer step (DistillConfig.loss_at); draft and target final
+  compute_loss       -> the loss's weights at this optimizer step (DistillKeys.loss_at); draft and target final
                         hidden states (or the cached top-k teacher of the batch, when the rows carry one: the
                         target is then not run); chunked_distill_loss gives S_pg (a sum over
                         tokens); the returned loss is S_pg * P / N; all of it under bfloat16 autocast with
@@ -32,29 +32,29 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-from accelerate import PartialState
 from torch import nn
-from transformers import (PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainerControl,
-                          TrainerState, TrainingArguments)
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from decode.inputs.manifest import write_manifest
 from decode.loop.batched import accepts_logits_to_keep
 from distill.data.onpolicy import OnPolicySettings, micro_batch_generator, on_policy_batch
-from distill.data.sources import TrainingRows
 from distill.data.teacher_cache import TEACHER_COLUMNS, sparse_teacher_from_batch
 from distill.losses.distill_loss import LossSums, chunked_distill_loss
 from distill.models.distributed import is_partitioned
 from distill.models.fsdp import is_sharded, local_copy, whole_head
 from distill.outputs.checkpoints import clear_partial, find_checkpoints, partial_folder, publish
-from distill.outputs.run_folder import start_run_folder
-from distill.publish.export import draft_at_checkpoint
-from distill.recipe.sections import DistillConfig, Recipe
+from distill.recipe.sections import DistillKeys
 from distill.utils import IGNORE_INDEX, fault_point, folder_bytes, human_bytes, no_space, out_of_space
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class DistillTrainer(Trainer):
         model: PreTrainedModel,
         target: PreTrainedModel,
         args: TrainingArguments,
-        distill: DistillConfig,
+        distill: DistillKeys,
         train_dataset: Any,
         data_collator: Any,
         processing_class: PreTrainedTokenizerBase | None = None,
@@ -313,54 +313,3 @@ class DistillTrainer(Trainer):
         for name, total in self._term_sums.take(self.accelerator).items():
             logs[f"loss/{name}"] = total / loss_tokens
             logs[f"weight/{name}"] = weights[name]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The distil step of a run
-# ---------------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Distilled:
-    """The outcome of the distil step: the draft as trained (plain, a peft model, or ZeRO-3-partitioned) with the
-    Trainer's final state and metrics; `trainer` is None for a run that had already reached its last step."""
-
-    draft: nn.Module
-    state: TrainerState
-    metrics: dict
-    trainer: DistillTrainer | None = None
-
-    def end(self) -> None:
-        """Every process leaves together (accelerate's end_training: trackers closed, process group destroyed)."""
-        if self.trainer is not None:
-            self.trainer.accelerator.end_training()
-
-
-def distil(recipe: Recipe, args: TrainingArguments, target: PreTrainedModel, draft: nn.Module, rows: TrainingRows,
-           tokenizer: PreTrainedTokenizerBase, callbacks: list[TrainerCallback], *, resume: str | None,
-           finished_at: int | None, trainer_class: type[DistillTrainer] = DistillTrainer) -> Distilled:
-    """Open the run folder (distill.outputs.run_folder), then train `draft` with `trainer_class` (DistillTrainer, or a
-    subclass for another kind of draft: distill.pipeline.TRAINERS) from `resume` (a checkpoint folder or None).
-    A run that already reached its last step (`finished_at`; killed while measuring or exporting) trains nothing:
-    its last checkpoint's draft is read back and the callbacks see the run begin at that step."""
-    start_run_folder(recipe)
-    if finished_at is not None:
-        return _already_trained(args, draft, callbacks, resume, finished_at)
-    trainer = trainer_class(model=draft, target=target, args=args, distill=recipe.distill,
-                            train_dataset=rows.rows, data_collator=rows.collator, processing_class=tokenizer,
-                            callbacks=callbacks, on_policy=rows.on_policy)
-    metrics = trainer.train(resume_from_checkpoint=resume).metrics
-    return Distilled(trainer.trained_draft(), trainer.state, metrics, trainer)
-
-
-def _already_trained(args: TrainingArguments, draft: nn.Module, callbacks: list[TrainerCallback], resume: str,
-                     finished_at: int) -> Distilled:
-    """The last checkpoint's draft and a state at its step; on_train_begin lets AcceptanceCallback measure the
-    checkpoints that lack their lines (no step is trained, nothing rotates)."""
-    logger.info("%s already reached step %d: nothing to train; measuring what is missing and exporting", resume,
-                finished_at)
-    final_draft = draft_at_checkpoint(Path(resume), draft).to(args.device)
-    state = TrainerState(global_step=finished_at, max_steps=finished_at,
-                         is_world_process_zero=PartialState().is_main_process)
-    for callback in callbacks:
-        callback.on_train_begin(args, state, TrainerControl(), model=final_draft)
-    return Distilled(final_draft, state, {})

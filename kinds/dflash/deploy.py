@@ -15,8 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config,
-                                        check_safetensors, draft_tensors, load_target_config)
+from decode.deploy.deploy_check import (
+    DEFAULT_GAMMA,
+    DeployReport,
+    check_dtype,
+    check_generation_config,
+    check_safetensors,
+    draft_tensors,
+    load_target_config,
+)
 from decode.deploy.serving_commands import vllm_serve, vllm_speculative_config
 from kinds.dflash.model import DFlashDraft, fit_problems, read_config
 

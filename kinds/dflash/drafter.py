@@ -19,13 +19,11 @@ to them and to the block. Drafting is eager (with --compile the target's steps a
 """
 from __future__ import annotations
 
-
 import torch
-
-from kinds.dflash.model import DFlashDraft
 
 from decode.loop.sampling import SamplingConfig, draw, probs_from_logits
 from decode.loop.static import bucket
+from kinds.dflash.model import DFlashDraft
 
 
 def check_block(draft: DFlashDraft, gamma: int) -> None:

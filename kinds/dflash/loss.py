@@ -33,7 +33,7 @@ from distill.utils import IGNORE_INDEX
 from kinds.dflash.model import DFlashDraft
 
 if TYPE_CHECKING:  # the recipe section, for annotations only
-    from distill.recipe.sections import DistillConfig
+    from distill.recipe.sections import DistillKeys
 
 
 class BlockTraining(nn.Module):
@@ -130,7 +130,7 @@ def slot_token_counts(labels: torch.Tensor) -> torch.Tensor:
 
 
 def slot_sums(hidden: torch.Tensor, final: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor,
-              anchors: torch.Tensor, distill: DistillConfig, loss: str | dict | None = None) -> list[LossSums]:
+              anchors: torch.Tensor, distill: DistillKeys, loss: str | dict | None = None) -> list[LossSums]:
     """The loss sums S_k of every slot k = 1..S-1: hidden [B, n, S, H] (BlockTraining), final the target's normed
     hidden states [B, T, H'], lm_head the target's (the draft's read-out and the teacher's), labels from
     slot_labels."""

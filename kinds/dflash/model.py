@@ -90,9 +90,8 @@ def zero_mask_row(weight: torch.Tensor, token: int) -> str | None:
     """Why `token` cannot be a mask token of a draft embedded with `weight` [V, H], or None. Its row must carry a
     signal: a row of zeros (a padding token's: transformers zeroes the embedding's padding_idx row and nn.Embedding
     never updates it) gives every mask slot the same zero input, so the slots of a block differ only through
-    attention, and a one-layer draft's zero query attends uniformly (measured on the 6-layer pair, mask id 0 =
-    <|pad|>: every DFlash slot at total variation 0.76 to the target, tau 1.11; docs/benchmarks/heads.md). A row
-    sharded away (ZeRO-3: numel 0) is not checked."""
+    attention, and a one-layer draft's zero query attends uniformly (every slot then drafts alike: the cost is
+    measured in docs/benchmarks/heads.md). A row sharded away (ZeRO-3: numel 0) is not checked."""
     if weight.dim() != 2 or weight.shape[0] <= token or weight[token].count_nonzero() > 0:
         return None
     return (f"token {token}'s embedding row is all zeros (a padding token's row never trains): every mask slot would "
@@ -268,7 +267,7 @@ class DFlashDraft(nn.Module):
         """context_layers as the hidden-state cache and the target's verify pass name them."""
         return list(self.context_layers)
 
-    def bind_target(self, target: nn.Module) -> "DFlashDraft":
+    def bind_target(self, target: nn.Module) -> DFlashDraft:
         """Use the target's input embedding and lm_head (shared and frozen). Returns self."""
         self._target = SharedEmbedding([target.get_input_embeddings(), target.get_output_embeddings()])
         return self
@@ -348,7 +347,7 @@ class DFlashDraft(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, target: nn.Module | None = None,
-                        dtype: torch.dtype = torch.float32) -> "DFlashDraft":
+                        dtype: torch.dtype = torch.float32) -> DFlashDraft:
         """Load a draft saved by `save_pretrained` (or any folder in vLLM's dflash layout with the weights named as
         here), bound to `target` when given (then checked against it first, and in its dtype). Raises ValueError
         for a folder that is not a DFlash draft, does not fit the target, ships a mask_embedding.pt, or misses

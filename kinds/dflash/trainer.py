@@ -16,15 +16,23 @@ What changes from a standalone draft, one optimizer step (the rest of DistillTra
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from distill.data.hidden_cache import cached_features, target_features
 from distill.run.trainer import DistillTrainer, LogSums
-from kinds.dflash.loss import (BlockTraining, position_weights, sample_anchors, slot_labels, slot_sums,
-                               slot_token_counts, weighted_block_loss)
+from kinds.dflash.loss import (
+    BlockTraining,
+    position_weights,
+    sample_anchors,
+    slot_labels,
+    slot_sums,
+    slot_token_counts,
+    weighted_block_loss,
+)
 from kinds.dflash.model import DFlashDraft
 
 ANCHORS, KEPT = "dflash_anchors", "dflash_kept"  # what get_batch_samples adds to each micro-batch

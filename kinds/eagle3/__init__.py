@@ -76,9 +76,9 @@ class Eagle3Kind(Kind):
         head_cache(bound_head(draft, target), capacity, True, max_gamma)
 
     def save(self, draft, folder: str | Path, gamma: int) -> None:
-        """The served folder: Eagle3Head.save_pretrained (config.json for vLLM's and SGLang's eagle3,
-        model.safetensors without the shared embedding) and generation_config.json drafting `gamma` tokens
-        (constant, threshold 0: the same rule as standalone drafts, kinds.standalone.drafter.set_assisted_generation)."""
+        """The served folder: Eagle3Head.save_pretrained (config.json for vLLM's and SGLang's eagle3, model.safetensors
+        without the shared embedding) and generation_config.json drafting `gamma` tokens (constant, threshold 0: the
+        same rule as standalone drafts, kinds.standalone.drafter.set_assisted_generation)."""
         from transformers import GenerationConfig
 
         draft.save_pretrained(folder)

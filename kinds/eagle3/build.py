@@ -1,10 +1,9 @@
 """EAGLE-3 heads in a run (model.draft_kind eagle3): the plan from configs, the head built from the target, the
 draft vocabulary from the training rows, and the head read back from a checkpoint (its served folder:
-kinds.eagle3.drafter.HeadKind.save).
+kinds.eagle3.Eagle3Kind.save).
 
 The head itself (its maths, files and vLLM semantics) is kinds/eagle3/model.py; its training-time test is
-kinds/eagle3/loss.py; DistillTrainer trains it through kinds.eagle3.loss.UnrolledHead
-(kinds/eagle3/trainer.py).
+kinds/eagle3/loss.py; HeadTrainer (kinds/eagle3/trainer.py) trains it through kinds.eagle3.loss.UnrolledHead.
 
 Under ZeRO-3 and FSDP2 (where heads train from the hidden-state cache) a head reads a whole copy of the target's
 input embedding (`head_embedding`) and its teacher is a whole copy of the target's lm_head (`teacher_lm_head`): no
@@ -27,21 +26,21 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from decode.inputs.checks import safetensors_header
 from distill.models.distributed import gathered, is_partitioned, whole_parameter, zero3_enabled
 from distill.models.fsdp import fsdp_enabled
-from distill.recipe.sections import ModelConfig
-from kinds.eagle3.loss import UnrolledHead
-from kinds.draft_vocab import frequent_label_tokens
-from kinds.eagle3.model import Eagle3Head, head_config
+from distill.recipe.sections import ModelKeys
 from distill.utils import ModelSetupError
+from kinds.draft_vocab import frequent_label_tokens
+from kinds.eagle3.loss import UnrolledHead
+from kinds.eagle3.model import Eagle3Head, head_config
 
 MAX_DEFAULT_DRAFT_VOCAB = 32768  # model.draft_vocab_size null: the whole vocabulary up to this size
 
 
-def draft_vocab_size(cfg: ModelConfig, vocab_size: int) -> int:
+def draft_vocab_size(cfg: ModelKeys, vocab_size: int) -> int:
     """model.draft_vocab_size, or its default: the whole vocabulary when it is <= 32768 tokens, else 32768."""
     return cfg.draft_vocab_size if cfg.draft_vocab_size is not None else min(vocab_size, MAX_DEFAULT_DRAFT_VOCAB)
 
 
-def plan_head(cfg: ModelConfig, target_config: PretrainedConfig) -> PretrainedConfig:
+def plan_head(cfg: ModelKeys, target_config: PretrainedConfig) -> PretrainedConfig:
     """The head's config from the target's (configs only, no weights). Raises ModelSetupError for an aux layer id
     the target does not have or a draft vocabulary larger than the target's."""
     vocab = target_config.get_text_config().vocab_size
@@ -99,7 +98,7 @@ def teacher_lm_head(target: PreTrainedModel) -> nn.Module:
     return linear.requires_grad_(False)
 
 
-def build_head(cfg: ModelConfig, target: PreTrainedModel, dtype: torch.dtype,
+def build_head(cfg: ModelKeys, target: PreTrainedModel, dtype: torch.dtype,
                config: PretrainedConfig | None = None) -> Eagle3Head:
     """A fresh, trainable head on `target` (its input embedding shared and frozen: head_embedding), in train mode,
     of `config` (default: plan_head's). Its vocabulary is the first draft_vocab_size ids until set_draft_vocabulary."""

@@ -1,5 +1,6 @@
-"""The deployment checks of an EAGLE-3 head folder (kinds/eagle3/model.py), next to its target (decode/deploy/deploy_check.py
-runs them when the draft folder's config names the head's architecture), and the commands that serve it.
+"""The deployment checks of an EAGLE-3 head folder (kinds/eagle3/model.py), next to its target
+(decode/deploy/deploy_check.py runs them when the draft folder's config names the head's architecture), and the commands
+that serve it.
 
 Checks (each failure is one line naming what was found and what to do):
 - safetensors: the folder holds *.safetensors weights;
@@ -20,9 +21,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from decode.deploy.deploy_check import (
+    DEFAULT_GAMMA,
+    DeployReport,
+    check_dtype,
+    check_generation_config,
+    check_safetensors,
+    draft_tensors,
+    load_target_config,
+)
 from decode.deploy.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
-from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config,
-                                        check_safetensors, draft_tensors, load_target_config)
 from kinds.eagle3.model import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
 
 HEAD_CHECKS = ("safetensors", "aux_layers", "hidden_size", "vocab", "lm_head", "d2t", "dtype", "generation_config")

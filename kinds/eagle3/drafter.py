@@ -16,14 +16,15 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from kinds.eagle3.model import Eagle3Head
 from decode.loop.sampling import SamplingConfig, draw, probs_from_logits
 from decode.loop.static import bucket, compile_options, register
+from kinds.eagle3.model import Eagle3Head
+
 
 class HeadCache:
     """The head's keys and values [1, nkv, capacity, d], one slot per head position (slot p = position p), and

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from kinds.eagle3.model import Eagle3Head
 from distill.losses.distill_loss import LossSums, chunked_distill_loss
 from distill.utils import IGNORE_INDEX
+from kinds.eagle3.model import Eagle3Head
 
 if TYPE_CHECKING:  # the recipe section, for annotations only: recipe/ itself imports losses/
-    from distill.recipe.sections import DistillConfig
+    from distill.recipe.sections import DistillKeys
 
 
 class UnrolledHead(nn.Module):
@@ -126,11 +126,11 @@ def restricted_head(target_head: nn.Module, head: Eagle3Head) -> nn.Module:
 
 def ttt_step_sums(head: Eagle3Head, outputs: list[torch.Tensor], teacher_hidden: torch.Tensor,
                   teacher_head: nn.Module, labels: torch.Tensor, attention_mask: torch.Tensor,
-                  distill: DistillConfig, loss: str | Mapping[str, float] | None = None) -> list[LossSums]:
+                  distill: DistillKeys, loss: str | Mapping[str, float] | None = None) -> list[LossSums]:
     """Loss sums of every step: outputs (from unroll) K x [B, T, H], teacher_hidden the target's final normed
     hidden states [B, T, H'], teacher_head from restricted_head, labels and attention_mask [B, T]; the loss
     settings are the recipe's distill section (beta, temperature, ce_weight, chunk_size) and `loss`, a loss name or
-    a combination's weights at this step (DistillConfig.loss_at; None: distill.loss)."""
+    a combination's weights at this step (DistillKeys.loss_at; None: distill.loss)."""
     ids = draft_labels(labels, attention_mask, head)  # [B, T]
     length, sums = labels.shape[1], []
     for step, normed in enumerate(outputs):
@@ -143,7 +143,8 @@ def ttt_step_sums(head: Eagle3Head, outputs: list[torch.Tensor], teacher_hidden:
         sums.append(chunked_distill_loss(
             normed[:, :n], head.lm_head, teacher_hidden[:, 1 + step:1 + step + n].detach(), step_labels,
             step_labels != IGNORE_INDEX, teacher_head=teacher_head, chunk_size=distill.chunk_size,
-            loss=distill.loss if loss is None else loss, beta=distill.beta, temperature=distill.temperature, ce_weight=distill.ce_weight))
+            loss=distill.loss if loss is None else loss, beta=distill.beta, temperature=distill.temperature,
+            ce_weight=distill.ce_weight))
     return sums
 
 

@@ -169,7 +169,7 @@ class Eagle3Head(nn.Module):
         self._embed = SharedEmbedding()  # not a submodule: the target's, never saved, not copied
 
     # -- wiring ---------------------------------------------------------------------------------------------------
-    def bind_embeddings(self, embed_tokens: nn.Module) -> "Eagle3Head":
+    def bind_embeddings(self, embed_tokens: nn.Module) -> Eagle3Head:
         """Use the target's input embedding (shared and frozen). Returns self."""
         self._embed = SharedEmbedding([embed_tokens])
         return self
@@ -295,7 +295,7 @@ class Eagle3Head(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, embed_tokens: nn.Module | None = None,
-                        dtype: torch.dtype = torch.float32) -> "Eagle3Head":
+                        dtype: torch.dtype = torch.float32) -> Eagle3Head:
         """Load a head saved by `save_pretrained` (or any folder in vLLM's eagle3 layout whose weights are named
         midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d). Raises ValueError for a folder that is not
         an EAGLE-3 head or misses weights."""

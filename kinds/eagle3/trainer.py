@@ -19,17 +19,17 @@ export writes.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-from kinds.eagle3.model import Eagle3Head
 from distill.data.hidden_cache import cached_features, target_features
-from kinds.eagle3.loss import (UnrolledHead, restricted_head, step_token_counts, ttt_step_sums,
-                                      weighted_loss)
-from kinds.eagle3.build import teacher_lm_head
 from distill.run.trainer import DistillTrainer, LogSums
+from kinds.eagle3.build import teacher_lm_head
+from kinds.eagle3.loss import UnrolledHead, restricted_head, step_token_counts, ttt_step_sums, weighted_loss
+from kinds.eagle3.model import Eagle3Head
 
 
 class HeadTrainer(DistillTrainer):

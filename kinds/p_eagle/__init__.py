@@ -1,7 +1,8 @@
 """A P-EAGLE head (parallel EAGLE, AWS): an EAGLE-3 head that drafts all gamma tokens in ONE pass, its mask slots
 reading a mask token (`ptd_token_id`) and a learned hidden state (`mask_hidden`); vLLM's eagle3 with
 parallel_drafting. Built and served as an EAGLE-3 head (kinds/eagle3) with those two additions; trained on the row
-(slot 0, the head's own first step) plus blocks of mask slots at random anchors, as a PARD draft is.
+(slot 0, the head's own first step) plus blocks of mask slots at random anchors, as a PARD draft is. What the two share
+(parallel drafting) is written once in kinds/parallel_drafting.py, under P-EAGLE's names.
 
     options.py   its recipe keys: an EAGLE-3 head's, model.ptd_gamma, ptd_token_id; distill.pard_blocks,
                  pard_position_decay
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kinds.eagle3 import Eagle3Kind
-from kinds.p_eagle.options import PEagleDistillOptions, PEagleModelOptions
+from kinds.p_eagle.options import KEYS, PEagleDistillOptions, PEagleModelOptions
 
 
 class PEagleKind(Eagle3Kind):
@@ -67,7 +68,7 @@ class PEagleKind(Eagle3Kind):
         ParallelHeadDrafter(bound_head(draft, target), compile=True, max_gamma=max_gamma).new_cache(capacity)
 
     def vllm_options(self) -> dict:
-        from kinds.p_eagle.deploy import VLLM_OPTIONS
+        from kinds.parallel_drafting import VLLM_OPTIONS
 
         return dict(VLLM_OPTIONS)
 
@@ -93,15 +94,13 @@ class PEagleKind(Eagle3Kind):
         """The EAGLE-3 head's rules; no training-time test (ttt_steps 1); the measured gammas within the trained
         ones (gamma <= model.ptd_gamma)."""
         from distill.recipe.schema import require
+        from kinds.parallel_drafting import check_trained_gammas
 
         super().check_recipe(recipe)
         require(recipe.distill.ttt_steps == 1, "distill.ttt_steps", recipe.distill.ttt_steps,
                 "1 with model.draft_kind p_eagle (its mask slots draft the later tokens: the decoder never feeds the "
                 "head its own outputs)", ["model.draft_kind"])
-        largest = recipe.model.ptd_gamma
-        require(all(g <= largest for g in recipe.eval.fixed_gammas), "eval.gammas", recipe.eval.gammas,
-                f"gammas <= {largest} with model.ptd_gamma {largest} (slots past it are never trained)",
-                ["model.ptd_gamma"])
+        check_trained_gammas(recipe, KEYS)
 
     # -- training ---------------------------------------------------------------------------------------------------
     def check_plan(self, cfg, target_config, tokenizer, hidden_state_cache):

@@ -1,6 +1,6 @@
 """The deployment checks of a P-EAGLE head folder next to its target, and the commands that serve it.
 
-Checks: an EAGLE-3 head's (kinds/eagle3/deploy.py), and
+Checks: an EAGLE-3 head's (kinds/eagle3/deploy.py), a parallel draft's (kinds/parallel_drafting.py) and its own:
 - ptd_token: config.json names the mask token as vLLM reads it (`ptd_token_id`, an id of the target's embedding);
 - mask_hidden: the weights hold `mask_hidden` of k * target_hidden_size values (vLLM refuses a parallel-drafting
   eagle3 head without it);
@@ -14,37 +14,32 @@ from dataclasses import replace
 from pathlib import Path
 
 from decode.deploy.deploy_check import DEFAULT_GAMMA, DeployReport, draft_tensors
-from decode.deploy.serving_commands import vllm_serve, vllm_speculative_config
 from kinds.eagle3.deploy import HEAD_CHECKS, check_head_deploy
 from kinds.eagle3.model import aux_layer_ids, read_config
+from kinds.p_eagle.options import KEYS
+from kinds.parallel_drafting import gamma_problems, parallel_commands, token_problems
 
 P_EAGLE_CHECKS = (*HEAD_CHECKS, "ptd_token", "mask_hidden", "gamma")
-VLLM_OPTIONS = {"parallel_drafting": True}  # vLLM's eagle3 proposer drafting all gamma tokens in one pass
+
+
+def mask_hidden_problems(config: dict, tensors: dict) -> dict[str, str]:
+    """The mask_hidden check on the head's config.json (a dict) and its tensors' header."""
+    want = len(aux_layer_ids(config)) * (config.get("target_hidden_size") or config.get("hidden_size") or 0)
+    shape = tensors.get("mask_hidden", {}).get("shape")
+    if shape is None:
+        return {"mask_hidden": ("the weights have no mask_hidden (the hidden state of the mask slots): vLLM refuses a "
+                                "parallel-drafting eagle3 head without it; train with model.draft_kind p_eagle")}
+    if math.prod(shape) != want:
+        return {"mask_hidden": (f"mask_hidden has shape {list(shape)}, {math.prod(shape)} values; the head reads "
+                                f"{want} (3 aux hidden states of target_hidden_size)")}
+    return {}
 
 
 def p_eagle_problems(config: dict, tensors: dict, gamma: int | None) -> dict[str, str]:
     """The ptd_token, mask_hidden and gamma checks on the head's config.json (a dict), its tensors' header and its
     served gamma."""
-    problems = {}
-    token, vocab = config.get("ptd_token_id"), config.get("vocab_size")
-    if not isinstance(token, int) or (isinstance(vocab, int) and not 0 <= token < vocab):
-        problems["ptd_token"] = (f"config.json has ptd_token_id={token!r}; vLLM's parallel drafting needs the mask "
-                                 f"token's id there (0..{vocab - 1 if isinstance(vocab, int) else 'vocab_size - 1'})"
-                                 ": re-export with specdistill-train or add it")
-    want = len(aux_layer_ids(config)) * (config.get("target_hidden_size") or config.get("hidden_size") or 0)
-    shape = tensors.get("mask_hidden", {}).get("shape")
-    if shape is None:
-        problems["mask_hidden"] = ("the weights have no mask_hidden (the hidden state of the mask slots): vLLM "
-                                   "refuses a parallel-drafting eagle3 head without it; train with model.draft_kind "
-                                   "p_eagle")
-    elif math.prod(shape) != want:
-        problems["mask_hidden"] = (f"mask_hidden has shape {list(shape)}, {math.prod(shape)} values; the head reads "
-                                   f"{want} (3 aux hidden states of target_hidden_size)")
-    trained = config.get("ptd_gamma")
-    if isinstance(trained, int) and gamma is not None and gamma > trained:
-        problems["gamma"] = (f"generation_config.json drafts gamma={gamma}, but the head was trained for at most "
-                             f"{trained} tokens per pass: set num_assistant_tokens <= {trained}")
-    return problems
+    return {**token_problems(config, KEYS), **mask_hidden_problems(config, tensors),
+            **gamma_problems(config, KEYS, gamma)}
 
 
 def check_p_eagle_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
@@ -56,10 +51,4 @@ def check_p_eagle_deploy(target: str, draft: str | Path, trust_remote_code: bool
 
 def p_eagle_commands(report: DeployReport) -> str:
     """specdistill-eval and vLLM (eagle3 with parallel_drafting) at the folder's gamma."""
-    gamma = report.gamma or DEFAULT_GAMMA
-    spec = vllm_speculative_config("eagle3", report.draft, gamma, VLLM_OPTIONS)
-    return f"""# specdistill's own decoder (the same measurement as the trainer's)
-specdistill-eval --target {report.target} --draft {report.draft} --prompts PROMPTS --gamma {gamma}
-
-# vLLM (one head pass per step)
-{vllm_serve(report.target, spec)}"""
+    return parallel_commands(report, "eagle3", "one head pass", DEFAULT_GAMMA)

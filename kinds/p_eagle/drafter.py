@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from decode.loop.sampling import draw, probs_from_logits
 from kinds.eagle3.drafter import HeadCache, HeadDrafter, head_cache
 from kinds.eagle3.model import Eagle3Head, parallel_token
-from kinds.pard.drafter import feed_lengths
+from kinds.parallel_drafting import draw_slots, feed_lengths
 
 
 class ParallelHeadDrafter(HeadDrafter):
@@ -49,7 +48,4 @@ class ParallelHeadDrafter(HeadDrafter):
         logits, _ = self.cache.step(tokens, hidden)
         self.drafted = slots
         logits = self.target_logits(logits[-gamma:])  # [gamma, V]: d_1 from position M-1, d_{k+1} from slot k
-        if cfg.greedy:
-            return logits.argmax(dim=-1), None
-        q = probs_from_logits(logits, cfg)  # [gamma, V]: q_j, each row's own distribution (zero outside the draft vocab)
-        return draw(q, cfg, generator), q
+        return draw_slots(logits, cfg, generator)  # q_j: each row's own distribution (zero outside the draft vocab)

@@ -12,10 +12,11 @@ learned `mask_hidden`, K = model.ptd_gamma. What the decoder runs when x_{a+1} i
 
 Training runs the row once (slot 0 at every position, as an EAGLE-3 head's step 0) and appends n blocks of K - 1 mask
 slots (anchors a whose x_{a+3}, slot 1's label, is a loss token in the draft vocabulary). Block i's slot k sees the
-row's positions 0..a_i and its own slots 1..k (kinds.pard.loss.block_allowed, the same mask as a PARD draft's); the
-row never sees a slot. The loss is PARD's: each slot's per-token mean over the optimizer step, weighted
-(distill.pard_position_decay; null: all 1), L = (S_0 / N_0 + sum_k w_k S_k / N_k) / (1 + sum_k w_k), every S_k the
-recipe's per-token loss against the target's distribution restricted to the draft vocabulary (as EAGLE-3's).
+row's positions 0..a_i and its own slots 1..k (kinds.parallel_drafting.block_allowed, the same mask as a PARD
+draft's); the row never sees a slot. The loss is PARD's (kinds.parallel_drafting.step_loss): each slot's per-token
+mean over the optimizer step, weighted (distill.pard_position_decay; null: all 1),
+L = (S_0 / N_0 + sum_k w_k S_k / N_k) / (1 + sum_k w_k), every S_k the recipe's per-token loss against the target's
+distribution restricted to the draft vocabulary (as EAGLE-3's).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from kinds.dflash.loss import slot_labels as dflash_slot_labels
 from kinds.dflash.loss import teacher_rows as dflash_teacher_rows
 from kinds.eagle3.loss import UnrolledHead, shifted
 from kinds.eagle3.model import Eagle3Head
-from kinds.pard.loss import block_allowed
+from kinds.parallel_drafting import block_allowed, block_positions
 
 
 def head_anchors(ids: torch.Tensor, attention_mask: torch.Tensor, count: int,
@@ -67,12 +68,9 @@ class ParallelHead(UnrolledHead):
         the row [B, T, H] (index t predicts x_{t+2}) and of the slots [B, n, gamma - 1, H]."""
         head, (batch, length), slots = self.head, input_ids.shape, anchors.shape[1] * (self.gamma - 1)
         fused = head.fuse(aux_hidden.to(head.fc.weight.dtype))  # [B, T, H]
-        offsets = torch.arange(1, self.gamma, device=anchors.device)
         tokens = torch.cat([shifted(input_ids, 1), input_ids.new_full((batch, slots), self.token)], dim=1)
         hidden = torch.cat([fused, head.mask_input().expand(batch, slots, -1)], dim=1)
-        positions = torch.cat([torch.arange(length, device=input_ids.device).expand(batch, length),
-                               (anchors[..., None] + offsets).flatten(1)], dim=1)
-        q, k, v, residual = head.project(tokens, hidden, positions)
+        q, k, v, residual = head.project(tokens, hidden, block_positions(anchors, length, self.gamma))
         mask = block_allowed(anchors, attention_mask, self.gamma)  # [B, 1, Q, Q]
         normed, _ = head.finish(head.attend(q, k, v, mask), residual)
         return normed[:, :length], normed[:, length:].view(batch, anchors.shape[1], self.gamma - 1, -1)

@@ -1,24 +1,21 @@
 """The recipe keys of a P-EAGLE head (mixed into the recipe's model and distill sections, distill/recipe/sections.py;
-recipes/README.md, "P-EAGLE heads"): an EAGLE-3 head's keys, the mask token and the gamma it drafts in one pass, and
-the mask-slot blocks it trains on (the keys PARD drafts train with)."""
+recipes/README.md, "P-EAGLE heads"): an EAGLE-3 head's keys, the mask token and the gamma it drafts in one pass (a
+parallel draft's, kinds/parallel_drafting.py, under P-EAGLE's names: KEYS), and the mask-slot blocks it trains on
+(the keys PARD drafts train with)."""
 from __future__ import annotations
 
-from pydantic import Field
-
 from kinds.eagle3.options import Eagle3DistillOptions, Eagle3ModelOptions
+from kinds.parallel_drafting import ParallelKeys, gamma_field, token_field
 from kinds.pard.options import PardDistillOptions
+
+KEYS = ParallelKeys(kind="p_eagle", token="ptd_token_id", gamma="ptd_gamma", check="ptd_token", drafter="head",
+                    unit="pass", embedding="target's")
 
 
 class PEagleModelOptions(Eagle3ModelOptions):
-    ptd_gamma: int = Field(
-        8, ge=2, description="p_eagle: the most tokens one head pass drafts (the newest token's successor and "
-                             "ptd_gamma - 1 mask slots after it); eval gammas <= ptd_gamma.")
-    ptd_token_id: int | None = Field(
-        None, ge=0, description="p_eagle: the id of the token the mask slots read (vLLM reads `ptd_token_id` from the "
-                                "head's config.json and embeds it with the target's embedding); null = the "
-                                "tokenizer's mask token, else the first embedding row past the tokenizer; a "
-                                "vocabulary without a spare row needs an id its text never holds (e.g. a reserved "
-                                "special token).")
+    ptd_gamma: int = gamma_field(KEYS, "one head pass")
+    ptd_token_id: int | None = token_field(KEYS, "the token the mask slots read",
+                                           " and embeds it with the target's embedding")
 
 
 class PEagleDistillOptions(Eagle3DistillOptions, PardDistillOptions):

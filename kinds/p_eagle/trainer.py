@@ -13,7 +13,8 @@ What changes from an EAGLE-3 head, one optimizer step (kinds/p_eagle/loss.py has
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from kinds.eagle3.loss import draft_labels, ttt_step_sums
 from kinds.eagle3.model import Eagle3Head, parallel_token
 from kinds.eagle3.trainer import HeadTrainer
 from kinds.p_eagle.loss import ParallelHead, head_anchors, slot_labels, teacher_rows
-from kinds.pard.loss import slot_counts, slot_weights, weighted_slot_loss
+from kinds.parallel_drafting import anchor_generator, slot_weights, step_loss, step_slot_counts
 
 ANCHORS, KEPT = "p_eagle_anchors", "p_eagle_kept"  # what get_batch_samples adds to each micro-batch
 
@@ -48,9 +49,7 @@ class PEagleTrainer(HeadTrainer):
 
     def anchors(self, batch: dict[str, torch.Tensor], index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The anchors of micro-batch `index` of this step on this process (the same after a resume)."""
-        generator = torch.Generator().manual_seed(
-            (self.args.seed * 1_000_003 + self.state.global_step * 1009 + index * 31
-             + self.accelerator.process_index) % (2 ** 63))
+        generator = anchor_generator(self.args.seed, self.state.global_step, index, self.accelerator.process_index)
         ids = draft_labels(batch["labels"], batch["attention_mask"], self.head)
         return head_anchors(ids, batch["attention_mask"], self.distill.pard_blocks, generator)
 
@@ -58,15 +57,12 @@ class PEagleTrainer(HeadTrainer):
                           device: torch.device) -> tuple[list, torch.Tensor]:
         """The head's micro-batches and N_0, each micro-batch with its anchors; N_1..N_{K-1} kept."""
         batches, total = super().get_batch_samples(epoch_iterator, num_batches, device)
-        local = torch.zeros(self.gamma - 1, dtype=torch.float64)
+        labels = []
         for index, batch in enumerate(batches):
             batch[ANCHORS], batch[KEPT] = self.anchors(batch, index)
             ids = draft_labels(batch["labels"], batch["attention_mask"], self.head)
-            local += slot_counts(slot_labels(ids, batch["attention_mask"], batch[ANCHORS], batch[KEPT],
-                                             self.gamma)).double()
-        local = local.to(device)
-        self._slot_counts = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 \
-            else local
+            labels.append(slot_labels(ids, batch["attention_mask"], batch[ANCHORS], batch[KEPT], self.gamma))
+        self._slot_counts = step_slot_counts(labels, self.gamma, self.accelerator, device)
         return batches, total
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
@@ -83,15 +79,8 @@ class PEagleTrainer(HeadTrainer):
         first = ttt_step_sums(self.head, [row], final, self.teacher(), inputs["labels"], inputs["attention_mask"],
                               self.distill, loss=loss_name)[0]
         sums = self.slot_sums(slots, final, anchors, kept, inputs, loss_name)
-        if num_items_in_batch is None:
-            counts = torch.tensor([float(s.num_tokens) for s in (first, *sums)], dtype=torch.float64, device=device)
-            processes = 1
-        else:
-            counts = torch.cat([torch.as_tensor(num_items_in_batch, dtype=torch.float64, device=device).reshape(-1),
-                                self._slot_counts.to(device)])
-            processes = self.accelerator.num_processes
-        loss = weighted_slot_loss([first.loss, *(s.loss for s in sums)], counts.to(first.loss.dtype),
-                                  self.weights) * processes
+        loss = step_loss(first, sums, self.weights, num_items_in_batch, self._slot_counts,
+                         self.accelerator.num_processes)
         self._log_sums.add(kd=first.kd, tv=first.tv, ce=first.ce, loss_tokens=first.num_tokens,
                            input_tokens=inputs["attention_mask"].sum())
         self._ttt_sums.add(step0_kd=first.kd, step0_tv=first.tv, step0_tokens=first.num_tokens)

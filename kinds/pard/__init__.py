@@ -2,7 +2,8 @@
 newest token and gamma - 1 copies of a mask token (`pard_token`); vLLM's draft_model with parallel_drafting. Built
 like a standalone draft (model.draft, draft_layers or draft_config: a sequential draft converts by training) and
 trained on the row (slot 0) plus blocks of mask slots at random anchors, each slot scored against the target's
-distribution.
+distribution. What it shares with a P-EAGLE head (parallel drafting: the gamma and mask-token keys and checks, the
+slots' mask and weighted loss, the card's usage) is written once in kinds/parallel_drafting.py, under PARD's names.
 
     options.py   its recipe keys: the standalone draft's, model.pard_gamma, pard_token; distill.pard_blocks,
                  pard_position_decay
@@ -18,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kinds.base import Kind
-from kinds.pard.options import PardDistillOptions, PardModelOptions
+from kinds.pard.options import KEYS, PardDistillOptions, PardModelOptions
 from kinds.standalone import KIND as STANDALONE
 
 
@@ -38,14 +39,14 @@ class PardKind(Kind):
 
         config = Path(draft).expanduser() / "config.json"
         try:
-            return config.is_file() and "pard_token" in json.loads(config.read_text(encoding="utf-8"))
+            return config.is_file() and KEYS.token in json.loads(config.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return False  # the standalone kind's loading reports an unreadable config
 
     def holds(self, draft: object) -> bool:
         from kinds.pard.drafter import ParallelDrafter
 
-        return isinstance(draft, ParallelDrafter) or getattr(getattr(draft, "config", None), "pard_token",
+        return isinstance(draft, ParallelDrafter) or getattr(getattr(draft, "config", None), KEYS.token,
                                                              None) is not None
 
     def load(self, draft, target, device, dtype, trust_remote_code=False, earliest=False):
@@ -64,7 +65,7 @@ class PardKind(Kind):
         STANDALONE.reserve(draft, target, capacity + 2 * max_gamma, max_gamma)
 
     def vllm_options(self) -> dict:
-        from kinds.pard.deploy import VLLM_OPTIONS
+        from kinds.parallel_drafting import VLLM_OPTIONS
 
         return dict(VLLM_OPTIONS)
 
@@ -98,15 +99,13 @@ class PardKind(Kind):
         """The standalone draft's rules; no teacher cache (the slots read the target at other positions than the
         cache keeps); the measured gammas within the trained ones (gamma <= model.pard_gamma)."""
         from distill.recipe.schema import require
+        from kinds.parallel_drafting import check_trained_gammas
 
         STANDALONE.check_recipe(recipe)
         require(recipe.distill.teacher_cache is None, "distill.teacher_cache", recipe.distill.teacher_cache,
                 "null with model.draft_kind pard (its mask slots read the target's distribution at every position, "
                 "which a top-k cache does not keep)", ["model.draft_kind"])
-        largest = recipe.model.pard_gamma
-        require(all(g <= largest for g in recipe.eval.fixed_gammas), "eval.gammas", recipe.eval.gammas,
-                f"gammas <= {largest} with model.pard_gamma {largest} (slots past it are never trained)",
-                ["model.pard_gamma"])
+        check_trained_gammas(recipe, KEYS)
 
     # -- training ---------------------------------------------------------------------------------------------------
     def check_plan(self, cfg, target_config, tokenizer, hidden_state_cache):

@@ -1,39 +1,26 @@
 """What a PARD draft's model card says: its architecture line and its '## Usage' (vLLM's draft_model with parallel
-drafting, specdistill-eval)."""
+drafting, specdistill-eval), a parallel draft's (kinds/parallel_drafting.py) in PARD's words."""
 from __future__ import annotations
 
-from decode.deploy.serving_commands import vllm_speculative_config
-from distill.publish.card_usage import vllm_usage
 from kinds.base import CardText
-from kinds.pard.deploy import VLLM_OPTIONS
+from kinds.parallel_drafting import parallel_line, usage_section
+from kinds.pard.options import KEYS
 from kinds.standalone.card import describe_model
+
+ABOUT = """\
+A PARD draft is a small causal LM sharing the target's tokenizer that drafts all gamma tokens in one forward: the
+newest token and gamma - 1 copies of its mask token (`pard_token` in config.json). Its cost per step hardly grows
+with gamma. The target's output distribution is unchanged. `gamma = {g}` is {why}."""
 
 
 def describe_pard(config: dict) -> list[str]:
     """A PARD draft: the standalone draft's line, the mask token and the gamma it was trained for."""
-    return [*describe_model(config), f"parallel drafting: mask token {config.get('pard_token')}, up to "
-            f"{config.get('pard_gamma')} tokens per forward"]
+    return [*describe_model(config), parallel_line(config, KEYS)]
 
 
 def pard_usage_section(target: str, repo_id: str, gamma: int | None) -> str:
     """'## Usage' of a PARD draft: vLLM (draft_model, parallel_drafting) and specdistill-eval at ``gamma``."""
-    g = gamma if gamma is not None else 4
-    why = ("the gamma with the best cost-model speedup above" if gamma is not None
-           else "an untuned default: measure and pick your own")
-    spec = vllm_speculative_config("draft_model", repo_id, g, VLLM_OPTIONS)
-    return f"""## Usage
-
-A PARD draft is a small causal LM sharing the target's tokenizer that drafts all gamma tokens in one forward: the
-newest token and gamma - 1 copies of its mask token (`pard_token` in config.json). Its cost per step hardly grows
-with gamma. The target's output distribution is unchanged. `gamma = {g}` is {why}.
-
-{vllm_usage(target, spec)}
-### specdistill (the decoder that measured it)
-
-```bash
-specdistill-eval --target {target} --draft {repo_id} --gamma {g}
-```
-"""
+    return usage_section("draft_model", ABOUT, target, repo_id, gamma)
 
 
 CARD = CardText("A PARD draft (parallel drafting) for speculative decoding with target {target}, trained with "

@@ -10,8 +10,9 @@ not yet fed); x_M = `cur` arrives with propose.
              acceptance rule needs: the output stays the target's).
     commit(n): the gamma - 1 mask entries leave the cache; d_1..d_n are committed and become ``pending``.
 
-This is vLLM's draft_model proposer with ``parallel_drafting`` for one sequence: there the verified tokens, the
-bonus token and gamma - 1 `pard_token` slots are one query, and the next step's tokens overwrite the slots' keys.
+The round is a parallel draft's (kinds/parallel_drafting.py). This is vLLM's draft_model proposer with
+``parallel_drafting`` for one sequence: there the verified tokens, the bonus token and gamma - 1 `pard_token` slots
+are one query, and the next step's tokens overwrite the slots' keys.
 
 With a draft vocabulary (``vocab``, kinds/draft_vocab.py) every row is read out over those lm_head rows only
 (kinds.standalone.drafter.SubsetHeadLM): d_j = vocab[argmax], and q_j is zero outside the vocabulary.
@@ -22,19 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from decode.loop.cache import CachedLM
-from decode.loop.sampling import draw, probs_from_logits
 from decode.loop.static import StaticLM, cached_lm
+from kinds.parallel_drafting import draw_slots, feed_lengths
 from kinds.standalone.drafter import readout_lm
-
-
-def feed_lengths(max_gamma: int) -> tuple[int, ...]:
-    """The query lengths the compiled path compiles: powers of two up to 2 * max_gamma (a feed is the accepted drafts,
-    cur and gamma - 1 slots: 1..2 * gamma tokens), padded up to the next one."""
-    lengths, n = [], 1
-    while n < 2 * max_gamma:
-        lengths.append(n)
-        n *= 2
-    return (*lengths, 2 * max_gamma)
 
 
 class ParallelDrafter:
@@ -82,11 +73,10 @@ class ParallelDrafter:
         self.pending = []
         logits = self.lm.forward(feed, keep=gamma)[:, : self.shared_vocab]  # rows of cur and the gamma - 1 slots
         self.slots = gamma - 1
-        if cfg.greedy:
-            self.proposed = self.target_ids(logits.argmax(dim=-1))
+        drafted, q = draw_slots(logits, cfg, generator)  # q [gamma, V_shared or |vocab|]: q_j, each row's own
+        self.proposed = self.target_ids(drafted)
+        if q is None:  # greedy
             return self.proposed, None
-        q = probs_from_logits(logits, cfg)  # [gamma, V_shared or |vocab|]: q_j, each row's own distribution
-        self.proposed = self.target_ids(draw(q, cfg, generator))
         if self.ids is not None:  # q is 0 outside the vocabulary: those tokens are never proposed
             return self.proposed, q.new_zeros(q.shape[0], self.pad_to).index_copy_(1, self.ids, q)
         return self.proposed, F.pad(q, (0, self.pad_to - self.shared_vocab))

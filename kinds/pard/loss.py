@@ -11,7 +11,8 @@ K = model.pard_gamma, m = model.pard_token. What the decoder runs when x_a is th
 Training runs the row once, causally, which gives slot 0 at every position, and appends n blocks of K - 1 mask slots
 (anchors a among the positions whose x_{a+2} is a loss token: kinds.dflash.loss.sample_anchors on labels shifted by
 one). Block i's slot k sits at position a_i + k and sees the row's x_0 .. x_{a_i} and its own slots 1 .. k, nothing
-else (`block_attention`: an additive 4D mask; transformers passes a 4D mask through unchanged). The row's queries
+else (kinds.parallel_drafting.block_allowed, as `block_attention`: an additive 4D mask; transformers passes a 4D mask
+through unchanged). The row's queries
 never see a slot, so slot 0 is the standalone draft's own forward.
 
 Loss: each slot's per-token mean over the optimizer step, weighted (distill.pard_position_decay = w; null: all 1),
@@ -20,11 +21,10 @@ Loss: each slot's per-token mean over the optimizer step, weighted (distill.pard
 
 S_k = the sum over slot k's positions of the recipe's per-token loss (distill.losses.distill_loss.chunked_distill_loss:
 any divergence against p, a mix with CE, or CE on the data alone), N_k their count over the step and every process.
-Equal weights are PARD's own objective (each mask offset's copy of the data counts the same).
+Equal weights are PARD's own objective (each mask offset's copy of the data counts the same). The weights and the
+weighted loss are a parallel draft's (kinds/parallel_drafting.py: slot_weights, weighted_slot_loss, step_loss).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,8 @@ from distill.utils import IGNORE_INDEX
 from kinds.dflash.loss import sample_anchors
 from kinds.dflash.loss import slot_labels as dflash_slot_labels
 from kinds.dflash.loss import teacher_rows as dflash_teacher_rows
+from kinds.parallel_drafting import block_allowed, block_positions
+from kinds.parallel_drafting import slot_weights as slot_weights  # re-exported: the loss's w_k
 
 
 def pard_anchors(labels: torch.Tensor, attention_mask: torch.Tensor, count: int,
@@ -47,33 +49,9 @@ def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, gamma: int,
                  pard_token: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The row and its blocks' slots as one query: tokens and position ids [B, T + n * (gamma - 1)]."""
     batch, length = input_ids.shape
-    offsets = torch.arange(1, gamma, device=anchors.device)
     slots = torch.full((batch, anchors.shape[1] * (gamma - 1)), pard_token, dtype=input_ids.dtype,
                        device=input_ids.device)
-    positions = torch.cat([torch.arange(length, device=input_ids.device).expand(batch, length),
-                           (anchors[..., None] + offsets).flatten(1)], dim=1)
-    return torch.cat([input_ids, slots], dim=1), positions
-
-
-def block_allowed(anchors: torch.Tensor, attention_mask: torch.Tensor, gamma: int) -> torch.Tensor:
-    """Which keys each query may see, [B, 1, Q, Q] bool, Q = T + n * s, s = gamma - 1: a row query t sees row keys
-    j <= t that are not padding (and itself); slot k of block i sees row keys j <= a_i that are not padding and slots
-    1..k of block i."""
-    batch, count = anchors.shape
-    length, s = attention_mask.shape[1], gamma - 1
-    real = attention_mask.bool()
-    columns = torch.arange(length, device=anchors.device)
-    causal = columns[None, :] <= columns[:, None]
-    row_row = (causal[None] & real[:, None, :]) | torch.eye(length, dtype=torch.bool, device=anchors.device)[None]
-    row_slot = torch.zeros(batch, length, count * s, dtype=torch.bool, device=anchors.device)
-    slot_row = (columns[None, None, :] <= anchors[..., None]) & real[:, None, :]  # [B, n, T]
-    slot_row = slot_row[:, :, None, :].expand(batch, count, s, length).reshape(batch, count * s, length)
-    block_of = torch.arange(count * s, device=anchors.device) // s
-    slot_of = torch.arange(count * s, device=anchors.device) % s
-    slot_slot = (block_of[:, None] == block_of[None, :]) & (slot_of[None, :] <= slot_of[:, None])
-    allowed = torch.cat([torch.cat([row_row, row_slot], dim=2),
-                         torch.cat([slot_row, slot_slot.expand(batch, -1, -1)], dim=2)], dim=1)
-    return allowed[:, None]
+    return torch.cat([input_ids, slots], dim=1), block_positions(anchors, length, gamma)
 
 
 def block_attention(anchors: torch.Tensor, attention_mask: torch.Tensor, gamma: int,
@@ -96,22 +74,3 @@ def teacher_rows(final: torch.Tensor, anchors: torch.Tensor, gamma: int) -> torc
     """The target's final hidden states at a + k for mask slot k = 1..gamma-1 (p_{a+k} predicts x_{a+k+1}):
     [B, n, gamma - 1, H'] (kinds.dflash.loss.teacher_rows at anchor a + 1)."""
     return dflash_teacher_rows(final, anchors + 1, gamma)
-
-
-def slot_weights(gamma: int, decay: float | None) -> list[float]:
-    """w_k = exp(-k / decay) for mask slots k = 1..gamma-1 (all 1 without a decay); slot 0 weighs 1."""
-    return [1.0 if decay is None else math.exp(-k / decay) for k in range(1, gamma)]
-
-
-def slot_counts(labels: torch.Tensor) -> torch.Tensor:
-    """N_k of each mask slot, [gamma - 1] long, from slot_labels [B, n, gamma - 1]."""
-    return (labels != IGNORE_INDEX).sum(dim=(0, 1))
-
-
-def weighted_slot_loss(sums: list[torch.Tensor], counts: torch.Tensor, weights: list[float]) -> torch.Tensor:
-    """(sum_k w_k S_k / N_k) / sum_k w_k over slots 0..gamma-1 (w_0 = 1); `counts` [gamma] the step's N_k."""
-    weights = [1.0, *weights]
-    total = sums[0] * 0.0
-    for weight, s, n in zip(weights, sums, counts):
-        total = total + weight * s / n.clamp(min=1)
-    return total / sum(weights)

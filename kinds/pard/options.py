@@ -1,22 +1,21 @@
 """The recipe keys of a PARD draft (mixed into the recipe's model and distill sections, distill/recipe/sections.py;
 recipes/README.md, "PARD drafts"). Where the draft comes from is the standalone draft's keys (model.draft,
-draft_layers, draft_config): a PARD draft is a standalone draft that learned to draft in parallel."""
+draft_layers, draft_config): a PARD draft is a standalone draft that learned to draft in parallel. Its gamma and mask
+token are a parallel draft's (kinds/parallel_drafting.py) under PARD's names (KEYS)."""
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from kinds.parallel_drafting import ParallelKeys, gamma_field, token_field
 from kinds.standalone.options import StandaloneModelOptions
+
+KEYS = ParallelKeys(kind="pard", token="pard_token", gamma="pard_gamma", check="pard_token", drafter="draft",
+                    unit="forward", embedding="draft's")
 
 
 class PardModelOptions(StandaloneModelOptions):
-    pard_gamma: int = Field(
-        8, ge=2, description="pard: the most tokens one forward drafts (the newest token's successor and pard_gamma "
-                             "- 1 mask slots after it); eval gammas <= pard_gamma. PARD's authors train 8.")
-    pard_token: int | None = Field(
-        None, ge=0, description="pard: the id of the mask token filling the slots (vLLM reads `pard_token` from the "
-                                "draft's config.json); null = the tokenizer's mask token, else the first embedding "
-                                "row past the tokenizer; a vocabulary without a spare row needs an id its text never "
-                                "holds (e.g. a reserved special token).")
+    pard_gamma: int = gamma_field(KEYS, "one forward", " PARD's authors train 8.")
+    pard_token: int | None = token_field(KEYS, "the mask token filling the slots")
 
 
 class PardDistillOptions(BaseModel):

@@ -14,7 +14,8 @@ What changes from a standalone draft, one optimizer step (kinds/pard/loss.py has
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,8 +24,8 @@ from distill.losses.distill_loss import chunked_distill_loss
 from distill.models.fsdp import whole_head
 from distill.run.trainer import DistillTrainer, LogSums
 from distill.utils import IGNORE_INDEX
-from kinds.pard.loss import (block_attention, block_inputs, pard_anchors, slot_counts, slot_labels, slot_weights,
-                             teacher_rows, weighted_slot_loss)
+from kinds.parallel_drafting import anchor_generator, slot_weights, step_loss, step_slot_counts
+from kinds.pard.loss import block_attention, block_inputs, pard_anchors, slot_labels, teacher_rows
 
 ANCHORS, KEPT = "pard_anchors", "pard_kept"  # what get_batch_samples adds to each micro-batch
 
@@ -46,18 +47,13 @@ class PardTrainer(DistillTrainer):
                           device: torch.device) -> tuple[list, torch.Tensor]:
         """DistillTrainer's micro-batches and N_0, each micro-batch with its anchors; N_1..N_{K-1} kept."""
         batches, total = super().get_batch_samples(epoch_iterator, num_batches, device)
-        local = torch.zeros(self.gamma - 1, dtype=torch.float64)
+        labels = []
         for index, batch in enumerate(batches):
-            generator = torch.Generator().manual_seed(
-                (self.args.seed * 1_000_003 + self.state.global_step * 1009 + index * 31
-                 + self.accelerator.process_index) % (2 ** 63))
+            generator = anchor_generator(self.args.seed, self.state.global_step, index, self.accelerator.process_index)
             anchors, kept = pard_anchors(batch["labels"], batch["attention_mask"], self.distill.pard_blocks, generator)
             batch[ANCHORS], batch[KEPT] = anchors, kept
-            local += slot_counts(slot_labels(batch["labels"], batch["attention_mask"], anchors, kept,
-                                             self.gamma)).double()
-        local = local.to(device)
-        self._slot_counts = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 \
-            else local
+            labels.append(slot_labels(batch["labels"], batch["attention_mask"], anchors, kept, self.gamma))
+        self._slot_counts = step_slot_counts(labels, self.gamma, self.accelerator, device)
         return batches, total
 
     def draft_hidden_states(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -92,17 +88,8 @@ class PardTrainer(DistillTrainer):
         self._slots = {}
         first = self.distill_sums(model, inputs)  # slot 0; runs the slots' forward and the teacher
         sums = self.slot_sums(model)
-        if num_items_in_batch is None:
-            counts = torch.stack([torch.as_tensor(s.num_tokens, dtype=torch.float64, device=first.loss.device)
-                                  for s in (first, *sums)])
-            processes = 1
-        else:
-            counts = torch.cat([torch.as_tensor(num_items_in_batch, dtype=torch.float64,
-                                                device=first.loss.device).reshape(1),
-                                self._slot_counts.to(first.loss.device)])
-            processes = self.accelerator.num_processes
-        loss = weighted_slot_loss([first.loss, *(s.loss for s in sums)], counts.to(first.loss.dtype),
-                                  self.weights) * processes
+        loss = step_loss(first, sums, self.weights, num_items_in_batch, self._slot_counts,
+                         self.accelerator.num_processes)
         self._log_sums.add(kd=first.kd, tv=first.tv, ce=first.ce, loss_tokens=first.num_tokens,
                            input_tokens=inputs["attention_mask"].sum())
         self._slot_sums.add(**{f"slot{k}_{name}": value for k, s in enumerate(sums, start=1)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from kinds.base import Kind
 
-
 PROMPT_LOOKUP = "prompt-lookup"  # the --draft value that names prompt lookup
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+
 class PromptLookupDrafter:
     """Model-free drafting by n-gram lookup in the context (prompt lookup decoding).
 

@@ -98,7 +98,7 @@ class StandaloneKind(Kind):
     def serving_commands(self, report) -> str:
         from kinds.standalone.deploy import model_commands
 
-        return model_commands(report)
+        return model_commands(report, self.vllm_method)
 
     @property
     def card(self):

@@ -6,13 +6,18 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from decode.inputs.checks import check_json_files_text
 from decode.inputs.vocab import check_tokenizers_compatible, lm_head_rows
-from distill.models.load import (config_overrides, load_kwargs, draft_config, draft_from_layers,
-                                 load_draft_tokenizer, planned_parameter_count)
+from distill.models.load import (
+    config_overrides,
+    draft_config,
+    draft_from_layers,
+    load_draft_tokenizer,
+    load_kwargs,
+    planned_parameter_count,
+)
 from distill.models.lora import apply_lora
 from distill.utils import ModelSetupError
 

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from decode.deploy.deploy_check import (DEFAULT_GAMMA, DeployReport, check_dtype, check_generation_config, check_positions,
-                                 check_rope, check_safetensors, check_tokenizer, check_vocab, draft_tensors,
-                                 load_target_parts)
-from decode.inputs.loading import LoadError, first_line
+from decode.deploy.deploy_check import (
+    DEFAULT_GAMMA,
+    DeployReport,
+    check_dtype,
+    check_generation_config,
+    check_positions,
+    check_rope,
+    check_safetensors,
+    check_tokenizer,
+    check_vocab,
+    draft_tensors,
+    load_target_parts,
+)
 from decode.deploy.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
+from decode.inputs.loading import LoadError, first_line
 
 CHECKS = ("safetensors", "tokenizer", "vocab", "max_position_embeddings", "rope", "dtype", "generation_config")
 
@@ -41,17 +51,15 @@ def check_model_deploy(target: str, draft: str | Path, trust_remote_code: bool =
                         warnings={"generation_config": generation_warning} if generation_warning else {})
 
 
-def model_commands(report: DeployReport) -> str:
-    """A standalone draft's commands: transformers, vLLM, SGLang."""
-    from decode.serving.vllm_engine import vllm_method
-
+def model_commands(report: DeployReport, method: str) -> str:
+    """A standalone draft's commands: transformers, vLLM (speculative ``method``), SGLang."""
     target, draft = report.target, report.draft
     if report.gamma is not None:
         gamma, source = report.gamma, f"# gamma = {report.gamma}, from the draft's generation_config"
     else:  # a shell variable, set first
         gamma, source = "$GAMMA", (f"GAMMA={DEFAULT_GAMMA}  # the draft names no gamma: a placeholder; measure "
                                    "yours with specdistill-eval --gamma 2 4 6")
-    spec = vllm_speculative_config(vllm_method(draft), draft, gamma)
+    spec = vllm_speculative_config(method, draft, gamma)
     return f"""{source}
 
 # transformers (assisted generation, drafting exactly gamma tokens per step)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from decode.loop.cache import CachedLM, cache_keyword

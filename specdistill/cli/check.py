@@ -18,13 +18,14 @@ import json
 import sys
 from pathlib import Path
 
-from decode.inputs.checks import FileProblem, OneLineArgumentParser, write_atomic
-from decode.deploy.deploy_check import check_deploy, check_serve, serving_commands
+from decode.inputs.checks import FileProblem
+from decode.inputs.command_line import OneLineArgumentParser
 from decode.inputs.loading import LoadError, resolve_model_path
+from decode.inputs.writes import write_atomic
 from decode.serving.vllm_engine import ServingError, find_vllm_python
+from specdistill.drafts import check_deploy, check_serve, serving_commands
 
-
-PROG = "specdistill-check"  # the command's name; `specdistill check` runs the same code (distill.cli.main)
+PROG = "specdistill-check"  # the command's name; `specdistill check` runs the same code (specdistill.cli.main)
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
@@ -32,7 +33,7 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
 
 
 def build_parser(prog: str = PROG) -> ArgumentParser:
-    """The command's flags (also what distill.cli.reference documents)."""
+    """The command's flags (also what specdistill.cli.reference documents)."""
     p = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True,
                    help="target model: local folder, .gguf file (checked as its converted folder) or hub id "

@@ -1,8 +1,8 @@
 """The command-line reference page, docs/reference/cli.md, generated from the commands' own argparse parsers.
 
-    python -m distill.cli.reference > docs/reference/cli.md
+    python -m specdistill.cli.reference > docs/reference/cli.md
 
-One section per job of `specdistill` (distill.cli.main.JOBS) and per subcommand of `specdistill data`: its
+One section per job of `specdistill` (specdistill.cli.main.JOBS) and per subcommand of `specdistill data`: its
 description, its usage line and a table of its arguments (default and help, as `--help` shows them). The text does
 not depend on the terminal: usage lines wrap at WIDTH columns. tests/test_cli_umbrella.py fails when the page
 differs from what this prints.
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 
-from distill.cli.main import JOBS, build_parser, job_module
+from specdistill.cli.main import JOBS, build_parser, job_module
 
 PAGE = "docs/reference/cli.md"
 WIDTH = 100  # usage lines wrap here, whatever the terminal
-GENERATE = f"python -m distill.cli.reference > {PAGE}"
+GENERATE = f"python -m specdistill.cli.reference > {PAGE}"
 
 
 def cell(text: str) -> str:

@@ -22,25 +22,31 @@ import sys
 import time
 from pathlib import Path
 
-from decode.inputs.checks import OneLineArgumentParser, check_writable_folder, read_text
+from decode.inputs.checks import check_writable_folder, read_text
+from decode.inputs.command_line import OneLineArgumentParser
 from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.inputs.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, read_prompt_rows
 from decode.serving.vllm_engine import ServingError, find_vllm_python
-from distill.data.magpie import (CATEGORY_OPENERS, Synthesis, SynthesisError, category_openers, prompt_texts,
-                                 synthesize_prompt_rows)
+from distill.data.magpie import (
+    CATEGORY_OPENERS,
+    Synthesis,
+    SynthesisError,
+    category_openers,
+    prompt_texts,
+    synthesize_prompt_rows,
+)
 from distill.data.regenerate import Answering, answer_conversations, write_jsonl
 from distill.data.shard_store import ShardBuildStopped
-from distill.cli.train import USER_ERRORS as RUN_ERRORS
-from distill.pipeline import prepare_data
-from distill.recipe.loader import load_recipe
-from distill.recipe.sections import RecipeError
 from distill.run.preemption import StoppedOutsideTraining, stop_signals_raise
 from distill.utils import PREEMPTED_EXIT, eval_mode
+from specdistill.cli.train import USER_ERRORS as RUN_ERRORS
+from specdistill.pipeline import prepare_data
+from specdistill.recipes import RecipeError, load_recipe
 
 WORK_DIR = ".specdistill"  # inside OUT: shards and their settings (hidden: data.dataset reads OUT's .jsonl only)
 PROMPTS_FILE, RESPONSES_FILE = "prompts.jsonl", "train.jsonl"
 ENGINES = ("specdistill", "vllm")
-PROG = "specdistill-data"  # the command's name; `specdistill data` runs the same code (distill.cli.main)
+PROG = "specdistill-data"  # the command's name; `specdistill data` runs the same code (specdistill.cli.main)
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
@@ -48,7 +54,7 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
 
 
 def build_parser(prog: str = PROG) -> ArgumentParser:
-    """The command's jobs and their flags (also what distill.cli.reference documents)."""
+    """The command's jobs and their flags (also what specdistill.cli.reference documents)."""
     p = ArgumentParser(prog=prog, description=" ".join(__doc__.split(".")[0].split()) + ".")  # the first sentence
     jobs = p.add_subparsers(dest="job", required=True, metavar="{prompts,responses,hidden-states}")
     for name, text in (("prompts", "prompts written by the target (Magpie)"),

@@ -7,13 +7,13 @@ Several GPUs (DDP), the same code; FSDP2 (draft and target sharded) with recipes
 Two CPU processes (gloo), e.g. to check multi-process maths without GPUs:
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no scripts/train.py RECIPE.yaml key=value ...
-Installed: specdistill-train RECIPE.yaml key=value ...; accelerate launch ... -m distill.cli.train RECIPE.yaml ...
+Installed: specdistill-train RECIPE.yaml key=value ...; accelerate launch ... -m specdistill.cli.train RECIPE.yaml ...
 
 Training rows come from the dataset, the target's responses (data.target_weight, generated once into
 data.target_data_dir) and the draft's own samples (distill.on_policy_fraction); distill.teacher_cache caches the
 target's top-k once so that training never runs it (recipes/README.md).
 
-The run itself is distill.pipeline.run_recipe: check, load, tokenise, distil, measure, export (README, "What a run
+The run itself is specdistill.pipeline.run_recipe: check, load, tokenise, distil, measure, export (README, "What a run
 does"); this script parses the command line, loads the recipe, calls it and reports.
 
 OUTPUT_DIR (train.output_dir) ends up holding the best draft (distill.outputs.acceptance_log.best_checkpoint: cost-model
@@ -30,27 +30,26 @@ import logging
 import sys
 import time
 
-from decode.inputs.checks import FileProblem, OneLineArgumentParser
+from decode.inputs.checks import FileProblem
+from decode.inputs.command_line import OneLineArgumentParser
 from decode.inputs.vocab import TokenizerMismatchError
-from distill.cli.launch import check_launch, leave_launch_directly, print_once
 from distill.data.rows import DataError
 from distill.data.shard_store import CacheMismatchError, ShardBuildStopped
 from distill.models.distributed import UnsupportedModeError, lost_peer
 from distill.outputs.acceptance_log import AcceptanceLogError
 from distill.outputs.run_folder import RESULTS_FILE
-from distill.pipeline import run_recipe
 from distill.publish.export import PushError
-from distill.recipe.loader import load_recipe
-from distill.recipe.sections import RecipeError
-from distill.run.preemption import (PREEMPTED_EXIT, Preempted, StoppedOutsideTraining, resume_hint,
-                                    stop_signals_raise)
+from distill.run.preemption import PREEMPTED_EXIT, Preempted, StoppedOutsideTraining, resume_hint, stop_signals_raise
 from distill.utils import ModelSetupError, OutOfSpaceError
+from specdistill.cli.launch import check_launch, leave_launch_directly, print_once
+from specdistill.pipeline import run_recipe
+from specdistill.recipes import RecipeError, load_recipe
 
 # Errors in what the user gave us (or the machine: a full disk): reported as one line, exit status 1, no traceback.
 USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
                FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError, OutOfSpaceError)
 LOST_PEER_EXIT = 76  # another process of the run died or hung (distill.models.distributed.lost_peer)
-PROG = "specdistill-train"  # the command's name; `specdistill train` runs the same code (distill.cli.main)
+PROG = "specdistill-train"  # the command's name; `specdistill train` runs the same code (specdistill.cli.main)
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
@@ -58,7 +57,7 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
 
 
 def build_parser(prog: str = PROG) -> ArgumentParser:
-    """The command's help: its arguments (also what distill.cli.reference documents) and this module's docstring.
+    """The command's help: its arguments (also what specdistill.cli.reference documents) and this module's docstring.
     Only --help is read with it: the recipe loader reads the arguments themselves (every key=value checked)."""
     summary, _, details = __doc__.partition("\n\n")
     p = ArgumentParser(prog=prog, description=summary, epilog=details,
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     # ---- parse: the recipe with its key=value overrides, every key checked ------------------------------------
     recipe = load_recipe(argv[0], argv[1:])
 
-    # ---- run: check, load, tokenise, distil, measure, export (distill.pipeline) -------------------------------
+    # ---- run: check, load, tokenise, distil, measure, export (specdistill.pipeline) -------------------------------
     started = time.time()
     try:
         outcome = run_recipe(recipe, source=argv[0], overrides=argv[1:])
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-train` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
     traceback; an error every process of a launch meets alike is printed once; each process of a launch that is
-    done or preempted ends without the interpreter's teardown (distill.cli.launch)."""
+    done or preempted ends without the interpreter's teardown (specdistill.cli.launch)."""
     check_launch(prog)
     with leave_launch_directly(statuses=(0, PREEMPTED_EXIT)):
         _run_cli(argv, prog)

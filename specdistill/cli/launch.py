@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 # The launch that works on CPU processes (DDP over gloo): what the tests and docs/guides/scaling-out.md use.
 CPU_LAUNCH = ("ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 "

@@ -13,11 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from decode.inputs.checks import OneLineArgumentParser
-from distill.publish.hub import HubError, push_to_hub
+from decode.inputs.command_line import OneLineArgumentParser
+from distill.publish.hub import HubError
+from specdistill.drafts import push_to_hub
 
-
-PROG = "specdistill-push"  # the command's name; `specdistill push` runs the same code (distill.cli.main)
+PROG = "specdistill-push"  # the command's name; `specdistill push` runs the same code (specdistill.cli.main)
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
@@ -25,7 +25,7 @@ class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
 
 
 def build_parser(prog: str = PROG) -> ArgumentParser:
-    """The command's flags (also what distill.cli.reference documents)."""
+    """The command's flags (also what specdistill.cli.reference documents)."""
     parser = ArgumentParser(prog=prog, description="Upload a draft model folder with a generated model card.")
     parser.add_argument("output_dir", type=Path, help="training OUTPUT_DIR holding the exported draft")
     parser.add_argument("--repo-id", required=True, help="model repository, e.g. you/qwen2.5-0.5b-draft")

@@ -9,7 +9,8 @@
 Each job is the `cli(argv, prog)` of the module its `specdistill-JOB` alias names in pyproject.toml: the same
 parser, flags, exit codes and one-line errors, with `specdistill JOB` as the program name. The job's module is
 imported only when the job runs, so `specdistill --help` loads no torch. An unknown job is a one-line usage error
-naming the closest job (exit 1, as every usage error of these commands: decode.inputs.checks.OneLineArgumentParser).
+naming the closest job (exit 1, as every usage error of these commands:
+decode.inputs.command_line.OneLineArgumentParser).
 """
 from __future__ import annotations
 
@@ -45,17 +46,18 @@ class Job:
 
 # in the order a user meets them: data, train, measure, check, publish
 JOBS = (
-    Job("data", "distill.cli.data", "build training data once: prompts, the target's responses, hidden states"),
-    Job("train", "distill.cli.train", "distil a draft model from a recipe (RECIPE.yaml key=value ...)"),
-    Job("eval", "decode.cli.eval", "measure a draft against its target: acceptance, mean accepted tokens, speedup"),
-    Job("check", "decode.cli.check", "check that an exported draft serves next to its target; print the commands"),
-    Job("push", "distill.cli.push", "upload a draft model folder with a model card built from measured numbers"),
+    Job("data", "specdistill.cli.data", "build training data once: prompts, the target's responses, hidden states"),
+    Job("train", "specdistill.cli.train", "distil a draft model from a recipe (RECIPE.yaml key=value ...)"),
+    Job("eval", "specdistill.cli.eval",
+        "measure a draft against its target: acceptance, mean accepted tokens, speedup"),
+    Job("check", "specdistill.cli.check", "check that an exported draft serves next to its target; print the commands"),
+    Job("push", "specdistill.cli.push", "upload a draft model folder with a model card built from measured numbers"),
 )
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose usage error is one line `specdistill: error: ...` and exit status 1, as the jobs' parsers
-    (decode.inputs.checks.OneLineArgumentParser: not imported here, since any decode module loads torch)."""
+    (decode.inputs.command_line.OneLineArgumentParser: not imported here, since any decode module loads torch)."""
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)

@@ -14,7 +14,9 @@
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm \
         --concurrency 1 4 16    # vLLM throughput, plain vs speculative, at max_num_seqs 1, 4, 16
 
-The same code path (decode.measure.evaluate.evaluate_acceptance) scores every checkpoint during training.
+The same code path (decode.measure.evaluate.evaluate_acceptance) scores every checkpoint during training. This module
+is the parser and the run; the checks made before any weight loads are eval_inputs.py, what the run does to the loaded
+models (the draft vocabulary, packed linear layers on CPU) eval_models.py, the printed report eval_report.py.
 """
 from __future__ import annotations
 
@@ -25,28 +27,46 @@ from pathlib import Path
 
 import torch
 
-from decode.inputs.checks import (OneLineArgumentParser, check_json_files_text, check_safetensors_whole,
-                           check_writable_file, write_atomic)
-from kinds import DraftKind, kind_of_source
-from kinds.prompt_lookup import PROMPT_LOOKUP
-from decode.measure.evaluate import EvalSettings, evaluate_acceptance
-from decode.inputs.loading import (LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype,
-                            resolve_model_path)
-from decode.loop.auto_gamma import AUTO_GAMMAS, fixed_gammas
-from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows
-from decode.inputs.prompts import (CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, encode_prompt_rows,
-                            read_prompt_rows)
+from decode.inputs.checks import check_writable_file
+from decode.inputs.command_line import OneLineArgumentParser
+from decode.inputs.loading import (
+    LoadError,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
+from decode.inputs.prompts import (
+    CHAT_TEMPLATE_MODES,
+    PromptFields,
+    check_chat_template,
+    encode_prompt_rows,
+    read_prompt_rows,
+)
+from decode.inputs.vocab import TokenizerMismatchError
+from decode.inputs.writes import write_atomic
+from decode.loop.auto_gamma import fixed_gammas
+from decode.loop.packed_linear import CPU_LINEAR_MODES
+from decode.measure.evaluate import evaluate_acceptance
 from decode.measure.results import write_eval_json
-from decode.serving.parity import (DEFAULT_TOLERANCE, aligned_inputs, out_of_tolerance, parity_columns,
-                                   parity_rows)
-from decode.serving.vllm_engine import (DRAFT_SAMPLE_METHODS, ServingError, evaluate_in_vllm, find_vllm_python,
-                                         plain_outputs, vllm_outputs)
-from decode.measure.table import format_table
-from decode.measure.tally import category_rows
-from decode.inputs.vocab import TokenizerMismatchError, check_tokenizers_compatible
+from decode.measure.settings import EvalSettings
+from decode.serving.parity import DEFAULT_TOLERANCE, aligned_inputs, out_of_tolerance, parity_rows
+from decode.serving.vllm_engine import (
+    DRAFT_SAMPLE_METHODS,
+    ServingError,
+    evaluate_in_vllm,
+    find_vllm_python,
+    plain_outputs,
+    vllm_outputs,
+)
+from kinds import kind_of_source
+from kinds.prompt_lookup import PROMPT_LOOKUP
+from specdistill.cli.eval_inputs import check_draft_fits, check_draft_tokenizer, check_model_paths, with_model_folders
+from specdistill.cli.eval_models import pack_for_eager_cpu, use_draft_vocab
+from specdistill.cli.eval_report import describe_device, plain_match, print_report
 
 ENGINES = ("specdistill", "vllm", "both")
-PROG = "specdistill-eval"  # the command's name; `specdistill eval` runs the same code (distill.cli.main)
+PROG = "specdistill-eval"  # the command's name; `specdistill eval` runs the same code (specdistill.cli.main)
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
@@ -57,7 +77,7 @@ DRAFT_VOCAB_MODES = ("auto", "full")
 
 
 def build_parser(prog: str = PROG) -> ArgumentParser:
-    """The command's flags (also what distill.cli.reference documents)."""
+    """The command's flags (also what specdistill.cli.reference documents)."""
     p = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="target model: local folder, .gguf file or hub id")
     p.add_argument("--draft", required=True,
@@ -100,10 +120,10 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                         "auto = packed, then F.linear at the token counts (1 to gamma + 1) where it measured faster on "
                         "this CPU (a few seconds); no effect on GPU or with --compile")
     p.add_argument("--draft-vocab", default="auto", choices=DRAFT_VOCAB_MODES,
-                   help="a standalone or PARD draft with a draft vocabulary (draft_vocab.json, from model.draft_vocab_size): "
-                        "auto = our decoder reads out only those lm_head rows, except under --engine both, where both "
-                        "engines read out every row (vLLM has no such option: the same drafter on both sides); full = "
-                        "every row")
+                   help="a standalone or PARD draft with a draft vocabulary (draft_vocab.json, from "
+                        "model.draft_vocab_size): auto = our decoder reads out only those lm_head rows, except under "
+                        "--engine both, where both engines read out every row (vLLM has no such option: the same "
+                        "drafter on both sides); full = every row")
     p.add_argument("--engine", default="specdistill", choices=ENGINES,
                    help="where to measure: our decoder, vLLM's offline LLM (the serving venv), or both side by side "
                         "(tau(ours), tau(vLLM) and their ratio per gamma)")
@@ -170,48 +190,6 @@ def check_args(args: argparse.Namespace) -> None:
         check_writable_file(args.save_outputs, "--save-outputs")
 
 
-def with_model_folders(args: argparse.Namespace) -> argparse.Namespace:
-    """A copy of ``args`` whose .gguf --target / --draft name their converted folders (decode.inputs.gguf: converted on
-    first use); LoadError for a bad GGUF file."""
-    return argparse.Namespace(**{**vars(args), "target": resolve_model_path(args.target, "--target"),
-                                 "draft": resolve_model_path(args.draft, "--draft")})
-
-
-def check_model_paths(args: argparse.Namespace) -> None:
-    """Local model folders exist and hold whole weights (no weights are loaded: a bad --draft is named before a
-    large target takes minutes to load)."""
-    for flag, name in (("--target", args.target), ("--draft", args.draft)):
-        if not kind_of_source(name).has_weights:
-            continue
-        if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
-            raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
-        check_safetensors_whole(name, flag)
-        check_json_files_text(name, flag)
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer) -> None:
-    """The draft's tokenizer (when it has one) matches the target's, checked before any weights load. A local folder
-    without tokenizer files has none (a head or a DFlash draft saved alone: they use the target's vocabulary)."""
-    folder = Path(args.draft).expanduser()
-    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return
-    if kind_of_source(args.draft).has_weights:
-        draft_tokenizer = load_tokenizer(args.draft, required=False)
-        if draft_tokenizer is not None:
-            check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
-
-
-def check_draft_fits(args: argparse.Namespace, kind: DraftKind) -> None:
-    """The draft can run next to the target (an EAGLE-3 head reads its hidden states and embedding), checked on the
-    configs before any weights load."""
-    problem = kind.fit_problem(args.draft, args.target, args.trust_remote_code)
-    if problem:
-        raise LoadError(f"--draft {args.draft} ({kind.name}) does not fit --target {args.target}: {problem}")
-
-
 def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     args = parse_args(argv, prog)
     check_args(args)
@@ -226,11 +204,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     dtype = resolve_dtype(args.dtype, device)
     given = args  # the report names the models as given; a .gguf loads from its converted folder from here on
     args = with_model_folders(args)
-    check_model_paths(args)
-    kind = kind_of_source(args.draft)
+    kind = kind_of_source(args.draft)  # the draft's kind, chosen once and handed down
+    check_model_paths(args, kind)
     check_draft_fits(args, kind)
     tokenizer = load_tokenizer(args.target)
-    check_draft_tokenizer(args, tokenizer)
+    check_draft_tokenizer(args, tokenizer, kind)
     check_chat_template(tokenizer, args.chat_template)
     prompt_ids = encode_prompt_rows(tokenizer, rows, args.chat_template, args.max_prompt_tokens)
     categories = [row.category for row in rows]
@@ -248,9 +226,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     if args.engine != "specdistill":  # vLLM first: --engine both starts our side from its prefill token
         stop = [tokenizer.eos_token_id] if args.stop_at_eos else None
         sampling = args.vllm_draft_sampling or ("probabilistic" if args.engine == "both" else None)
-        vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, categories,
-                                          stop, draft_sample_method=sampling, concurrency=args.concurrency,
-                                          free_drafts=kind.model_free_drafts)
+        vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, kind,
+                                          categories, stop, draft_sample_method=sampling,
+                                          concurrency=args.concurrency)
         report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
                       vllm_cpu_expand_patched=response.get("cpu_expand_patched", False),
                       vllm_in_process=response.get("in_process", False), compile_seconds=None, results=vllm)
@@ -266,8 +244,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         draft = kind.load(args.draft, target, device, dtype, args.trust_remote_code, earliest=args.engine == "both")
         report.update(draft_vocab=use_draft_vocab(args, draft))
         report.update(cpu_linear=pack_for_eager_cpu(args, target, draft))
-        results = evaluate_acceptance(target, draft, prompt_ids, settings,
-                                      progress=not args.quiet, outputs=outputs, categories=categories)
+        results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet, outputs=outputs,
+                                      categories=categories, kind=kind)
         report.update(compile_seconds=results[0]["compile_seconds"], results=results)
         if args.engine == "both":
             report.update(vllm_results=vllm, parity_tolerance=args.parity_tolerance,
@@ -284,94 +262,6 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         write_atomic(args.save_outputs, "".join(json.dumps(o) + "\n" for o in outputs))
         print(f"wrote {args.save_outputs}")
     return report
-
-
-def use_draft_vocab(args: argparse.Namespace, draft: object) -> int | None:
-    """The draft vocabulary's size our decoder reads out (kinds/draft_vocab.py), or None for every row: a loaded
-    vocabulary is dropped with --draft-vocab full and under --engine both."""
-    ids = getattr(draft, "draft_vocab_ids", None)
-    if ids is not None and (args.draft_vocab == "full" or args.engine == "both"):
-        draft.draft_vocab_ids = ids = None
-    return None if ids is None else int(ids.numel())
-
-
-def pack_for_eager_cpu(args: argparse.Namespace, target: torch.nn.Module, draft: object) -> str:
-    """With --cpu-linear packed or auto and no --compile: the target's and the draft's (when it is a module) linear
-    layers on oneDNN-packed weights, in place (decode.loop.packed_linear; nothing on GPU); with auto, each model then
-    keeps F.linear at the token counts up to gamma + 1 where that measured faster. What the run uses: "plain" when no
-    layer was packed, "packed", or with auto e.g. "auto: target plain at 1-3 tokens, draft packed"."""
-    if args.cpu_linear == "plain" or args.compile:
-        return "plain"
-    models = {}  # the models with layers packed now, by role
-    for name, model in (("target", target), ("draft", draft)):
-        if isinstance(model, torch.nn.Module) and pack_linears(model):
-            models[name] = model
-    if not models or args.cpu_linear == "packed":
-        return "packed" if models else "plain"
-    gammas = fixed_gammas(args.gamma) + (list(AUTO_GAMMAS) if "auto" in args.gamma else [])
-    rows = range(1, max(gammas) + 2)
-    return "auto: " + ", ".join(f"{name} {describe_rows(tune_plain_rows(model, rows))}"
-                                for name, model in models.items())
-
-
-def describe_rows(plain: frozenset[int]) -> str:
-    """The report's words for the token counts a model kept on F.linear: packed (none), plain at 1-3 tokens (a run of
-    three or more), plain at 1, 3 tokens."""
-    if not plain:
-        return "packed"
-    counts = sorted(plain)
-    span = counts == list(range(counts[0], counts[-1] + 1)) and len(counts) > 2
-    if span:
-        return f"plain at {counts[0]}-{counts[-1]} tokens"
-    return f"plain at {', '.join(map(str, counts))} token{'' if counts == [1] else 's'}"
-
-
-def plain_match(response: dict, outputs: list[dict], settings: EvalSettings) -> float | None:
-    """Greedy only: the share of prompts whose vLLM plain output is our target's (vLLM's prefill token, then our
-    plain continuation): the model vLLM loaded computes what ours does."""
-    if settings.temperature > 0:
-        return None
-    ours = {o["prompt_index"]: o["plain_ids"] for o in outputs}
-    theirs = plain_outputs(response)
-    return sum(theirs[i][1:] == ours[i] for i in ours) / len(ours)
-
-
-def print_report(args: argparse.Namespace, report: dict) -> None:
-    """The results table (each engine's with --engine both), categories, and the parity table."""
-    engines = [("results", args.engine)] if args.engine != "both" else [("results", "specdistill"),
-                                                                       ("vllm_results", "vllm")]
-    for key, engine in engines:
-        results = report[key]
-        print((f"{engine}:\n" if args.engine == "both" else "") +
-              format_table([{"drafter": report["draft"], **r} for r in results]))
-        if any("by_category" in r for r in results):
-            print(category_report(results, engine))
-    if "parity" in report:
-        parity = report["parity"]
-        print(f"\ntau parity (tolerance {args.parity_tolerance}):\n" + format_table(parity, parity_columns(parity)))
-
-
-# one vLLM generate call decodes every prompt: its tokens/s and speedup belong to the run, not to a category
-RUN_TIMINGS = ("speedup", "target_tokens_per_s", "speculative_tokens_per_s")
-
-
-def category_report(results: list[dict], engine: str) -> str:
-    """The by-category table of an engine's results; vLLM's without the run's timings, which every category would
-    repeat (the eval JSON keeps them, as documented)."""
-    rows = category_rows(results)
-    if engine != "vllm":
-        return "\nby category:\n" + format_table(rows)
-    rows = [{key: value for key, value in row.items() if key not in RUN_TIMINGS} for row in rows]
-    return ("\nby category (counts only: one vLLM call times every prompt, so tokens/s and speedup are the run's):\n"
-            + format_table(rows))
-
-
-def describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:

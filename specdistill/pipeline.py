@@ -11,15 +11,15 @@
   6. export    distill.publish.export    the best checkpoint as a model folder, its deployment check,
                                          train_results.json (last), the optional hub push
 
-Every process runs every step; what only rank 0 writes is decided inside each step. distill.cli.train
+Every process runs every step; what only rank 0 writes is decided inside each step. specdistill.cli.train
 (`specdistill-train`, `scripts/train.py`) is the command line around run_recipe.
 """
 from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from accelerate import PartialState
 
@@ -29,11 +29,10 @@ from distill.models.load import load_models
 from distill.publish.export import export_run
 from distill.recipe.sections import Recipe
 from distill.run.callbacks import AcceptanceCallback
+from distill.run.distil import distil
 from distill.run.preemption import Preempted, PreemptionCallback
 from distill.run.preflight import check_run
-from distill.run.trainer import distil
 from distill.utils import crash_point
-from kinds import kind_named
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
         logger.info("model.draft_kind %s supplied %s (set a key in the recipe to override it)",
                     recipe.model.draft_kind, ", ".join(f"{k}={v}" for k, v in recipe.kind_defaults.items()))
     recipe, args, tokenizer, data = checked.recipe, checked.args, checked.tokenizer, checked.data  # .gguf: folders
-    kind = kind_named(recipe.model.draft_kind)  # kinds/<kind>/: what differs between kinds of draft
+    kind = recipe.model.kind  # kinds/<kind>/: what differs between kinds of draft, chosen by the recipe, handed down
     # 2. load
     target, draft = load_models(recipe.model, recipe.lora, args.device)
     crash_point("models-loaded")  # test hook: SPECDISTILL_KILL_AT=models-loaded with SPECDISTILL_KILL_SIGNAL=TERM
@@ -68,11 +67,11 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     if fsdp_enabled():  # FSDP2: nothing runs the target on one process alone any more: shard it over all of them
         shard_for_inference(target, args.device)
     # 4. distil
-    acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, categories=data.eval_categories,
+    acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, kind=kind, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to)
     preemption = PreemptionCallback(recipe.train.preemption_grace_s)  # SIGTERM & co: save this step, stop
     distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance, preemption],
-                       resume=checked.plan.resume, finished_at=checked.plan.finished_at, trainer_class=kind.trainer())
+                       resume=checked.plan.resume, finished_at=checked.plan.finished_at)
     try:
         preemption.finish(args.output_dir, PartialState().is_main_process)  # Preempted: steps 5 and 6 on resume
     except Preempted:

@@ -1,0 +1,53 @@
+"""`specdistill-eval`'s inputs checked before any weight loads (a bad --draft is named before a large target takes
+minutes to load): model paths, the draft's tokenizer, whether the draft fits the target, for the draft's kind."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from decode.inputs.checks import check_json_files_text, check_safetensors_whole
+from decode.inputs.loading import LoadError, load_tokenizer, resolve_model_path
+from decode.inputs.vocab import check_tokenizers_compatible
+from kinds import Kind
+
+
+def with_model_folders(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of ``args`` whose .gguf --target / --draft name their converted folders (decode.inputs.gguf: converted on
+    first use); LoadError for a bad GGUF file."""
+    return argparse.Namespace(**{**vars(args), "target": resolve_model_path(args.target, "--target"),
+                                 "draft": resolve_model_path(args.draft, "--draft")})
+
+
+def check_model_paths(args: argparse.Namespace, kind: Kind) -> None:
+    """Local model folders exist and hold whole weights (no weights are loaded: a bad --draft is named before a
+    large target takes minutes to load); a --draft of a ``kind`` without weights (prompt lookup) has none."""
+    for flag, name in (("--target", args.target), ("--draft", args.draft)):
+        if flag == "--draft" and not kind.has_weights:
+            continue
+        if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
+            raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
+        check_safetensors_whole(name, flag)
+        check_json_files_text(name, flag)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer, kind: Kind) -> None:
+    """The draft's tokenizer (when it has one) matches the target's, checked before any weights load. A local folder
+    without tokenizer files has none (a head or a DFlash draft saved alone: they use the target's vocabulary)."""
+    folder = Path(args.draft).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return
+    if kind.has_weights:
+        draft_tokenizer = load_tokenizer(args.draft, required=False)
+        if draft_tokenizer is not None:
+            check_tokenizers_compatible(target_tokenizer, draft_tokenizer)
+
+
+def check_draft_fits(args: argparse.Namespace, kind: Kind) -> None:
+    """The draft can run next to the target (an EAGLE-3 head reads its hidden states and embedding), checked on the
+    configs before any weights load."""
+    problem = kind.fit_problem(args.draft, args.target, args.trust_remote_code)
+    if problem:
+        raise LoadError(f"--draft {args.draft} ({kind.name}) does not fit --target {args.target}: {problem}")
