@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from accelerate import PartialState
 
+from distill.data.rows import held_in_prompts
 from distill.data.sources import training_rows, with_synthesized_prompts
 from distill.models.fsdp import fsdp_enabled, shard_for_inference
 from distill.models.load import load_models
@@ -67,8 +68,9 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     if fsdp_enabled():  # FSDP2: nothing runs the target on one process alone any more: shard it over all of them
         shard_for_inference(target, args.device)
     # 4. distil
+    held_in = held_in_prompts(rows.rows, recipe.eval.held_in_prompts, recipe.data.eval_prompt_tokens, recipe.train.seed)
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, kind=kind, categories=data.eval_categories,
-                                    tensorboard="tensorboard" in recipe.train.report_to)
+                                    tensorboard="tensorboard" in recipe.train.report_to, held_in=held_in)
     preemption = PreemptionCallback(recipe.train.preemption_grace_s)  # SIGTERM & co: save this step, stop
     distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance, preemption],
                        resume=checked.plan.resume, finished_at=checked.plan.finished_at)

@@ -138,6 +138,32 @@ def evaluate_acceptance(
     return results
 
 
+@torch.inference_mode()
+def acceptance_only(target: torch.nn.Module, draft, prompts: Sequence[torch.Tensor], settings: EvalSettings,
+                    kind: DraftingKind | None = None) -> list[dict]:
+    """Acceptance alone, per gamma of ``settings``: speculative decoding of every prompt (1-D token ids) with the
+    sampling seed of evaluate_acceptance, nothing timed and no plain decoding. One dict per gamma: gamma, temperature,
+    num_prompts, acceptance_rate, mean_accepted_tokens (tau). What the trainer measures on its own training prompts
+    beside the held-out ones (distill.run.callbacks), where only acceptance is compared."""
+    if not prompts:
+        raise ValueError("no prompts to measure")
+    device = next(target.parameters()).device
+    sampling = dict(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                    compile=settings.compile)
+    rows = []
+    for gamma in settings.gammas:
+        stats = None
+        for i, prompt in enumerate(prompts):
+            out = speculative_generate(target, draft, prompt.view(1, -1).to(device),
+                                       max_new_tokens=settings.max_new_tokens, gamma=gamma,
+                                       eos_token_id=settings.eos_token_id,
+                                       generator=make_generator(device, settings.seed + i), kind=kind, **sampling)
+            stats = out.stats if stats is None else stats.merge(out.stats)
+        rows.append({"gamma": gamma, "temperature": settings.temperature, "num_prompts": len(prompts),
+                     "acceptance_rate": stats.acceptance_rate, "mean_accepted_tokens": stats.mean_accepted_tokens})
+    return rows
+
+
 def evaluate_gamma(target, draft, prompts: list[torch.Tensor], settings: EvalSettings, gamma: int | str, bar,
                    outputs: list[dict] | None, names: list[str] | None = None,
                    cost_ratios: Mapping[int, CostRatios] | None = None, kind: DraftingKind | None = None) -> dict:

@@ -41,7 +41,8 @@ DECODE_COLUMNS = (
 
 # the report and the model card: the result keys themselves as headers
 _KEYED = {"num_prompts": "", "gamma": "", "temperature": "g", "acceptance_rate": ".3f",
-          "mean_accepted_tokens": ".2f", "speedup": ".2f", "predicted_speedup": ".2f"}
+          "mean_accepted_tokens": ".2f", "speedup": ".2f", "predicted_speedup": ".2f",
+          "held_in_acceptance_rate": ".3f", "held_in_mean_accepted_tokens": ".2f"}
 
 
 def keyed_columns(*keys: str) -> tuple[Column, ...]:
@@ -56,6 +57,9 @@ CATEGORY_COLUMNS = keyed_columns("drafter", "category", "num_prompts", "gamma", 
 CARD_COLUMNS = REPORT_COLUMNS[1:]  # one drafter: the card's own
 CARD_CATEGORY_COLUMNS = keyed_columns("gamma", "temperature", "category", "num_prompts", "acceptance_rate",
                                       "mean_accepted_tokens", "speedup")
+# the card's held-out acceptance beside the acceptance on the draft's own training prompts (the trainer's records)
+CARD_HELD_IN_COLUMNS = keyed_columns("gamma", "temperature", "acceptance_rate", "held_in_acceptance_rate",
+                                     "mean_accepted_tokens", "held_in_mean_accepted_tokens")
 
 
 def cell(row: Mapping[str, Any], column: Column, missing: str = "-") -> str:

@@ -284,6 +284,28 @@ def eval_prompts(items: list[Any], fmt: str, tokenizer: PreTrainedTokenizerBase,
     return eval_prompt_set(items, fmt, tokenizer, max_tokens, chat_template)[0]
 
 
+def held_in_prompts(rows: datasets.Dataset, count: int, max_tokens: int, seed: int = 0) -> list[torch.Tensor]:
+    """``count`` prompts of the training rows themselves (1-D token ids), for acceptance measured on what the draft
+    trained on beside the held-out prompts: rows drawn with ``seed``, each one's tokens before its first trained label
+    (a conversation's prompt, its last ``max_tokens`` tokens), or for a row trained from its first token (packed
+    text) its first ``max_tokens`` tokens. Rows with nothing before their labels and a single token are skipped."""
+    if count <= 0 or len(rows) == 0:
+        return []
+    rows = rows.select_columns(["input_ids", "labels"])  # not the cached teacher or hidden states
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
+    prompts = []
+    for index in order:
+        row = rows[index]
+        ids, labels = list(row["input_ids"]), list(row["labels"])
+        first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
+        prompt = ids[max(0, first - max_tokens):first] if first > 0 else ids[:min(max_tokens, len(ids) - 1)]
+        if prompt:
+            prompts.append(torch.tensor(prompt, dtype=torch.long))
+        if len(prompts) == count:
+            break
+    return prompts
+
+
 def padding_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The id that fills padded positions: pad, else eos (Llama 3 has no pad token); padding is masked anyway."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -23,7 +23,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from decode.inputs.checks import read_text
 from decode.measure.results import read_eval_json
-from decode.measure.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, format_table, markdown_table
+from decode.measure.table import CARD_CATEGORY_COLUMNS, CARD_COLUMNS, CARD_HELD_IN_COLUMNS, format_table, markdown_table
 from distill.outputs.acceptance_log import best_checkpoint, log_path, read_records
 from distill.publish.card_text import CardText
 from distill.publish.report import shown_path
@@ -192,6 +192,20 @@ def results_section(results: list[dict], hardware: str) -> str:
         "step costs.\n")
 
 
+def held_in_section(results: list[dict]) -> str:
+    """'## Held-in and held-out acceptance': the trainer's records measure a sample of the draft's own training
+    prompts beside the held-out ones (eval.held_in_prompts); '' when the results have no held-in numbers."""
+    rows = [row for row in sorted_results(results) if row.get("held_in_acceptance_rate") is not None]
+    if not rows:
+        return ""
+    return "\n".join([
+        "## Held-in and held-out acceptance", "",
+        "Acceptance on prompts the draft never saw (`acceptance_rate`, `mean_accepted_tokens`, as above) beside "
+        "acceptance on a sample of its own training prompts (`held_in_*`). A draft that accepts far more of what it "
+        "trained on than of new prompts fits its training rows; what users send is new prompts.", "",
+        format_table(rows, CARD_HELD_IN_COLUMNS, style="markdown", missing="n/a")]) + "\n"
+
+
 def category_section(results: list[dict]) -> str:
     """'## Acceptance by prompt category' with one row per (temperature, gamma, category); '' without categories."""
     rows = [{**c, "gamma": r.get("gamma"), "temperature": r.get("temperature"), "category": name}
@@ -287,7 +301,8 @@ def build_model_card(model_dir: Path, *, target: str, recipe_text: str | None, e
         f"- **Target model:** `{target}`\n"
         + (f"- **Draft:** {draft_line}\n" if draft_line else ""),
         results_section(eval_results, hardware),
-        *[section for section in (category_section(eval_results), deploy_section(model_dir),
+        *[section for section in (held_in_section(eval_results), category_section(eval_results),
+                                  deploy_section(model_dir),
                                   serving_section(model_dir, eval_results)) if section],
         text.usage(target, repo_id, best_gamma(eval_results)),
         f"## Training recipe\n\n{recipe}",

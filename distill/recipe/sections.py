@@ -245,6 +245,14 @@ class EvalConfig(Section):
     seed: int = Field(0, description="Sampling seed.")
     repeats: int = Field(1, gt=0, description="Timing repeats per prompt.")
     at_checkpoints: bool = Field(True, description="Measure at every checkpoint; false = only at the end of training.")
+    held_in_prompts: int = Field(
+        8, ge=0, description="Training prompts (a row's tokens before its first trained label, else its first "
+                             "data.eval_prompt_tokens) whose acceptance is measured beside the held-out prompts' at "
+                             "every measurement: held_in_acceptance_rate and held_in_mean_accepted_tokens in "
+                             "acceptance.jsonl, TensorBoard and the model card; 0 = none.")
+    held_in_warning: float = Field(
+        0.5, ge=0, le=1, description="Warn (one line) when held-out acceptance falls below this fraction of held-in "
+                                     "acceptance: the draft fits its training prompts, not new ones; 0 = never.")
     chat_template: Literal["auto", "on", "off"] = Field(
         "auto", description="Render acceptance prompts with the tokenizer's chat template: auto = conversations only "
                             "(in a chat-format run every prompt is a conversation); on = every prompt (error without "

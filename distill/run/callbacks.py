@@ -9,6 +9,12 @@ incomplete (the run was killed while measuring it) is measured from its folder a
 (measure_missing). After training, measure_remaining measures what is still missing and the final step if it was not
 saved.
 
+Held in beside held out: with ``held_in`` prompts (eval.held_in_prompts of the training rows' own prompts,
+distill.data.rows.held_in_prompts) every record also holds `held_in_acceptance_rate` and
+`held_in_mean_accepted_tokens` (decode.measure.evaluate.acceptance_only: acceptance alone, nothing timed), and one
+line warns when held-out acceptance falls below eval.held_in_warning of held-in: a draft that fits what it trained on
+and not what it will serve, the gap the field's drafters show when served.
+
 The cost ratios c and v of the cost model tau / (gamma * c + v) are measured once per run for each temperature and
 gamma (the first time acceptance is measured, COST_REPEATS timings each, median, under that temperature's sampling;
 a resumed run reuses those of its log) and handed to
@@ -83,6 +89,34 @@ def _default_evaluate(kind: TrainingKind) -> Evaluate:
     return functools.partial(evaluate_acceptance, kind=kind)
 
 
+def _default_acceptance(kind: TrainingKind) -> Evaluate:
+    """decode.measure.evaluate.acceptance_only for drafts of ``kind``: the held-in prompts' acceptance."""
+    from decode.measure.evaluate import acceptance_only
+    return functools.partial(acceptance_only, kind=kind)
+
+
+HELD_IN_KEYS = ("acceptance_rate", "mean_accepted_tokens")  # measured on held-in prompts as held_in_<key>
+
+
+def with_held_in(records: list[dict], held_in: list[dict]) -> list[dict]:
+    """Each held-out record with the held-in prompts' acceptance at its (gamma, temperature), as held_in_<key>."""
+    by_setting = {(row["gamma"], row["temperature"]): row for row in held_in}
+    return [{**record, **{f"held_in_{key}": by_setting[record["gamma"], record["temperature"]][key]
+                          for key in HELD_IN_KEYS}} if (record["gamma"], record["temperature"]) in by_setting
+            else record for record in records]
+
+
+def held_in_gap(record: dict, fraction: float) -> str | None:
+    """The warning for a record whose held-out acceptance is below ``fraction`` of its held-in acceptance."""
+    held_in, held_out = record.get("held_in_acceptance_rate"), record["acceptance_rate"]
+    if not held_in or fraction <= 0 or held_out >= fraction * held_in:
+        return None
+    return (f"step {record['step']} gamma {record['gamma']} temperature {record['temperature']:g}: held-out "
+            f"acceptance {held_out:.3f} is {held_out / held_in:.2f} of held-in {held_in:.3f} (below "
+            f"eval.held_in_warning {fraction:g}): the draft fits its training prompts more than new ones; more varied "
+            "rows help more than more steps")
+
+
 def on_schedule(step: int, args: TrainingArguments, max_steps: int) -> bool:
     """Whether checkpoint `step` is one the save schedule makes (every save_steps, the last step), not one a
     preemption saved off it for resume: an uninterrupted run measures only the scheduled ones, and so does a resumed
@@ -98,8 +132,11 @@ class AcceptanceCallback(TrainerCallback):
 
     def __init__(self, target: PreTrainedModel, prompts: list[torch.Tensor], cfg: EvalConfig, *, kind: TrainingKind,
                  evaluate: Evaluate | None = None, tensorboard: bool = True,
-                 categories: list[str | None] | None = None):
+                 categories: list[str | None] | None = None, held_in: list[torch.Tensor] | None = None,
+                 acceptance: Evaluate | None = None):
         self.target, self.prompts, self.cfg, self.kind = target, prompts, cfg, kind
+        self.held_in = held_in or []  # prompts of the training rows (eval.held_in_prompts), measured beside
+        self.acceptance = acceptance or _default_acceptance(kind)
         # one per prompt: each record then holds by_category (passed on only when some prompt has a category)
         self.categories = categories if categories and any(c is not None for c in categories) else None
         self.evaluate = evaluate or _default_evaluate(kind)
@@ -190,9 +227,14 @@ class AcceptanceCallback(TrainerCallback):
         append_records(args.output_dir, records)
         self._write_tensorboard(args, step, records)
         for r in records:
-            logger.info("step %d gamma %d temperature %g: acceptance_rate %.3f, mean_accepted_tokens %.2f, "
-                        "speedup %.2f", r["step"], r["gamma"], r["temperature"], r["acceptance_rate"],
-                        r["mean_accepted_tokens"], r["speedup"])
+            held_in = (f" (held-in: acceptance_rate {r['held_in_acceptance_rate']:.3f}, mean_accepted_tokens "
+                       f"{r['held_in_mean_accepted_tokens']:.2f})" if "held_in_acceptance_rate" in r else "")
+            logger.info("step %d gamma %s temperature %g: acceptance_rate %.3f, mean_accepted_tokens %.2f, "
+                        "speedup %.2f%s", r["step"], r["gamma"], r["temperature"], r["acceptance_rate"],
+                        r["mean_accepted_tokens"], r["speedup"], held_in)
+            gap = held_in_gap(r, self.cfg.held_in_warning)
+            if gap:
+                logger.warning(gap)
         self._protect_best(args, state, read_records(args.output_dir))
 
     def measure_missing(self, args: TrainingArguments, state: TrainerState, model: nn.Module | None) -> list[int]:
@@ -254,8 +296,11 @@ class AcceptanceCallback(TrainerCallback):
                     by_category = {"categories": self.categories} if self.categories else {}
                     costs = {g: ratios for (t, g), ratios in self.cost_ratios.items() if t == temperature}
                     with eval_mode(draft):
-                        results += self.evaluate(target, draft, self.prompts, settings, progress=False,
+                        measured = self.evaluate(target, draft, self.prompts, settings, progress=False,
                                                  cost_ratios=costs, **by_category)
+                        if self.held_in:
+                            measured = with_held_in(measured, self.acceptance(target, draft, self.held_in, settings))
+                    results += measured
             return results
         finally:
             if target is not self.target:

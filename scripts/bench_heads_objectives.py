@@ -1,0 +1,175 @@
+"""Heads that learn more from the same rows (docs/benchmarks/head_objectives.md): EAGLE-3 heads for
+SmolLM2-135M-Instruct trained by arms that differ in one thing, on the same rows, steps and seeds, each judged by
+specdistill-eval on the held-out chat prompts (recipes/prompts/chat_eval.jsonl).
+
+    python scripts/bench_heads_objectives.py --data quickstart_out/data --arms recipe lk_hybrid tv \
+        --seeds 0 --num-prompts 96 --gammas 2 4 --temperatures 0 1 --out bench_head_objectives_out \
+        --doc docs/benchmarks/head_objectives.md
+
+--data is a folder of `make quickstart` (its chat/ rows and hidden_cache/; `specdistill-data` builds the same):
+every arm trains on those rows from that cache. --budget quickstart trains as recipes/smollm2/eagle3.yaml does
+(256 rows, 8 epochs, no training-time test); --budget 90min as recipes/smollm2/eagle3_90min.yaml (its rows must be
+in --data). An arm is the budget's recipe with the overrides of ARMS; the first arm, `recipe`, is the recipe as it
+is. Each (arm, seed) is trained by scripts/train.py and measured by scripts/eval_acceptance.py at every
+--temperatures: tau, acceptance per position and the wall-clock speedup over plain decoding measured in the same run,
+beside the training's wall time. A trained arm and its evals are reused from --out (a folder trained with other
+settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN bench_heads_objectives
+(scripts/bench_heads_objectives.py --doc) -->` and `<!-- END bench_heads_objectives -->`, and --plot a PNG of tau per
+arm.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from decode.inputs.gguf import smollm2_gguf  # noqa: E402
+from decode.measure.table import markdown_table  # noqa: E402
+from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
+
+BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes/smollm2/
+PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
+# arm -> the overrides that make it (one change from the budget's recipe each)
+ARMS = {
+    "recipe": [],                                          # the recipe as it is: forward KL
+    "lk_hybrid": ["distill.loss=lk_hybrid"],               # acceptance-aimed: log of the acceptance + KL
+    "tv": ["distill.loss=tv"],                             # total variation: 1 - acceptance, directly
+    "nla": ["distill.loss=nla"],                           # negative log acceptance
+    "kl_tv": ["distill.loss={forward_kl: 0.5, tv: 0.5}"],  # both
+    "soft_t2": ["distill.temperature=2.0"],                # softer targets (both models' logits at T=2)
+    "ttt4": ["distill.ttt_steps=4", "distill.ttt_decay=0.8"],  # the training-time test over 4 steps
+    "vocab16k": ["model.draft_vocab_size=16384"],          # twice the draft vocabulary
+}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", default=None, help="default: the SmolLM2 GGUF that `make install` brings")
+    p.add_argument("--data", type=Path, default=ROOT / "quickstart_out" / "data",
+                   help="a folder with chat/ (training rows) and hidden_cache/ (the quickstart's)")
+    p.add_argument("--budget", choices=list(BUDGETS), default="quickstart")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--num-prompts", type=int, default=96, help="held-out prompts (of 96)")
+    p.add_argument("--gammas", nargs="+", default=["2", "4"])
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--out", type=Path, default=ROOT / "bench_head_objectives_out")
+    p.add_argument("--doc", type=Path, default=None, help="a page with BEGIN / END bench_heads_objectives markers")
+    p.add_argument("--plot", type=Path, default=None, help="a PNG of tau per arm at the largest gamma")
+    return p.parse_args(argv)
+
+
+def run(cmd: list[str]) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env=ENV, cwd=ROOT)
+
+
+def train(args: argparse.Namespace, arm: str, seed: int) -> Path:
+    """scripts/train.py for one (arm, seed): the budget's recipe on --data's rows and cache, the arm's overrides."""
+    out = args.out / f"{arm}_seed{seed}"
+    if not (out / "train_results.json").is_file():
+        recipe = ROOT / "recipes" / "smollm2" / BUDGETS[args.budget]
+        run([sys.executable, str(ROOT / "scripts" / "train.py"), str(recipe),
+             f"model.target={args.target}", f"data.dataset={args.data / 'chat'}",
+             f"distill.hidden_state_cache={args.data / 'hidden_cache'}", f"train.output_dir={out}",
+             f"train.seed={seed}", "eval.held_in_prompts=0", *ARMS[arm]])
+    return out
+
+
+def evaluate(args: argparse.Namespace, arm: str, seed: int, head: Path, temperature: float) -> dict:
+    """specdistill-eval's JSON for one trained arm at one temperature (reused when present)."""
+    path = args.out / "evals" / f"{arm}_seed{seed}_T{temperature:g}_n{args.num_prompts}.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run([sys.executable, str(ROOT / "scripts" / "eval_acceptance.py"), "--target", str(args.target),
+             "--draft", str(head), "--prompts", str(PROMPTS), "--num-prompts", str(args.num_prompts),
+             "--chat-template", "on", "--max-new-tokens", str(args.max_new_tokens), "--gamma", *args.gammas,
+             "--temperature", str(temperature), "--device", "cpu", "--dtype", "float32", "--quiet",
+             "--output", str(path)])
+    return json.loads(path.read_text())
+
+
+def train_seconds(head: Path) -> float | None:
+    return json.loads((head / "train_results.json").read_text()).get("train_runtime")
+
+
+def table_rows(measured: dict[tuple[str, int, float], dict], seconds: dict[tuple[str, int], float | None]
+               ) -> list[list[str]]:
+    """One row per (arm, seed, temperature, gamma), the arms in the order given."""
+    rows = []
+    for (arm, seed, temperature), result in measured.items():
+        for r in result["results"]:
+            rows.append([arm, str(seed), f"{temperature:g}", str(r["gamma"]), f"{r['mean_accepted_tokens']:.3f}",
+                         f"{r['acceptance_rate']:.3f}",
+                         " / ".join(f"{a:.2f}" for a in r.get("per_position_acceptance") or []),
+                         f"{r['speedup']:.2f}x", f"{seconds[arm, seed]:.0f}" if seconds[arm, seed] else "-"])
+    return rows
+
+
+def mean_tau(measured: dict, arm: str, temperature: float, gamma: str) -> float:
+    return statistics.mean(r["mean_accepted_tokens"] for (a, _, t), result in measured.items()
+                           if a == arm and t == temperature for r in result["results"] if str(r["gamma"]) == gamma)
+
+
+def plot(path: Path, measured: dict, arms: list[str], temperatures: list[float], gamma: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(temperatures)
+    for i, temperature in enumerate(temperatures):
+        taus = [mean_tau(measured, arm, temperature, gamma) for arm in arms]
+        ax.bar([x + i * width for x in range(len(arms))], taus, width, label=f"T={temperature:g}")
+    ax.set_xticks([x + width * (len(temperatures) - 1) / 2 for x in range(len(arms))], arms)
+    ax.set_ylabel(f"tau at gamma {gamma}")
+    ax.set_ylim(1.0, None)
+    ax.legend()
+    ax.set_title("EAGLE-3 heads on SmolLM2-135M-Instruct, the same rows and steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.doc:
+        check_doc(args.doc, "bench_heads_objectives")
+    args.target = args.target or str(smollm2_gguf())
+    args.out.mkdir(parents=True, exist_ok=True)
+    measured, seconds = {}, {}
+    for arm in args.arms:
+        for seed in args.seeds:
+            head = train(args, arm, seed)
+            seconds[arm, seed] = train_seconds(head)
+            for temperature in args.temperatures:
+                measured[arm, seed, temperature] = evaluate(args, arm, seed, head, temperature)
+    headers = ["arm", "seed", "T", "gamma", "tau", "acceptance", "acceptance per position", "speedup",
+               "training s"]
+    changes = "; ".join(f"`{arm}`: " + (" ".join(f"`{o}`" for o in ARMS[arm]) or "the recipe as it is")
+                        for arm in args.arms)
+    lines = [f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
+             f"Budget: `recipes/smollm2/{BUDGETS[args.budget]}` on the rows and hidden-state cache of "
+             f"`{args.data.name}/`; seeds {', '.join(map(str, args.seeds))}; {args.num_prompts} held-out chat "
+             f"prompts x {args.max_new_tokens} new tokens, eager, float32. Arms: {changes}.", "",
+             *markdown_table(headers, table_rows(measured, seconds))]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.plot:
+        plot(args.plot, measured, args.arms, args.temperatures, max(args.gammas, key=int))
+    if args.doc:
+        write_doc(args.doc, text, "bench_heads_objectives")
+
+
+if __name__ == "__main__":
+    main()
