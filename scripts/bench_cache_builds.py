@@ -25,15 +25,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_cache_builds.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import datasets  # noqa: E402
-import torch  # noqa: E402
+import datasets
+import torch
 
-import distill.data.row_cache as row_cache  # noqa: E402
-from decode.inputs.gguf import smollm2_gguf  # noqa: E402
-from decode.inputs.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from distill.data.hidden_cache import build_hidden_cache  # noqa: E402
-from distill.data.teacher_cache import build_teacher_cache  # noqa: E402
-from scripts.benchmark import command_line, header, markdown_table  # noqa: E402
+import distill.data.row_cache as row_cache
+from decode.inputs.gguf import smollm2_gguf
+from decode.inputs.loading import load_causal_lm, load_tokenizer
+from distill.data.hidden_cache import build_hidden_cache
+from distill.data.teacher_cache import build_teacher_cache
+from scripts.benchmark import command_line, header, markdown_table
 
 FILES = ("distill/data/row_cache.py", "decode/loop/packed_linear.py")
 MODES = ("packed", "F.linear")

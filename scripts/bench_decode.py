@@ -24,15 +24,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_decode.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from decode.inputs.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
-from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
-from decode.measure.settings import EvalSettings  # noqa: E402
-from decode.measure.table import format_table  # noqa: E402
-from scripts import benchmark  # noqa: E402
-from specdistill.cli.eval import gamma_value  # noqa: E402
-from specdistill.drafts import evaluate_acceptance  # noqa: E402
+from decode.inputs.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows
+from decode.measure.settings import EvalSettings
+from decode.measure.table import format_table
+from scripts import benchmark
+from specdistill.cli.eval import gamma_value
+from specdistill.drafts import evaluate_acceptance
 
 CODE = ["decode/loop/speculative.py", "decode/loop/static.py", "decode/measure/cost_model.py",
         "decode/measure/evaluate.py"]

@@ -50,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from scripts.bench_distill_rows import (  # noqa: E402
+from scripts.bench_distill_rows import (
     PAIRS,
     ROWS,
     SEEDS,

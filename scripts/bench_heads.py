@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from decode.measure.table import markdown_table  # noqa: E402
-from distill.outputs.run_folder import RECIPE_FILE  # noqa: E402
-from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
-from specdistill.recipes import load_recipe  # noqa: E402
+from decode.measure.table import markdown_table
+from distill.outputs.run_folder import RECIPE_FILE
+from scripts.benchmark import check_doc, load_average, machine, write_doc
+from specdistill.recipes import load_recipe
 
 RECIPES = ROOT / "recipes" / "quickstart"
 ROWS = {  # row -> (recipe, extra overrides)

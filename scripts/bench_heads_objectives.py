@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from decode.inputs.gguf import smollm2_gguf  # noqa: E402
-from decode.measure.table import markdown_table  # noqa: E402
-from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
+from decode.inputs.gguf import smollm2_gguf
+from decode.measure.table import markdown_table
+from scripts.benchmark import check_doc, load_average, machine, write_doc
 
 BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes/smollm2/
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"

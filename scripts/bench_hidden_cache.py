@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from decode.measure.table import markdown_table  # noqa: E402
-from scripts.benchmark import load_average, machine  # noqa: E402
+from decode.measure.table import markdown_table
+from scripts.benchmark import load_average, machine
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

@@ -36,10 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from decode.measure.table import markdown_table  # noqa: E402
-from scripts.benchmark import load_average, machine, write_result  # noqa: E402
+from decode.measure.table import markdown_table
+from scripts.benchmark import load_average, machine, write_result
 
 PRECISIONS = {"float32": [], "bfloat16": ["train.bf16=true"]}
 

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from decode.measure.table import markdown_table  # noqa: E402
-from scripts.benchmark import check_doc, load_average, machine, write_doc  # noqa: E402
+from decode.measure.table import markdown_table
+from scripts.benchmark import check_doc, load_average, machine, write_doc
 
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
 SECTIONS = ("gammas", "sampled", "compiled", "curve")

@@ -27,14 +27,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_responses.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import datasets  # noqa: E402
-import torch  # noqa: E402
+import datasets
+import torch
 
-import distill.data.target_data as target_data  # noqa: E402
-from decode.inputs.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows  # noqa: E402
-from distill.data.target_data import Sampling, generate_target_data  # noqa: E402
-from scripts.benchmark import code_version, command_line, load_average, machine, markdown_table  # noqa: E402
+import distill.data.target_data as target_data
+from decode.inputs.loading import load_causal_lm, load_tokenizer
+from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows
+from distill.data.target_data import Sampling, generate_target_data
+from scripts.benchmark import code_version, command_line, load_average, machine, markdown_table
 
 FILES = ("distill/data/target_data.py", "decode/loop/batched.py", "decode/loop/packed_linear.py")
 

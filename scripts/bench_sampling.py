@@ -21,13 +21,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_sampling.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-import decode.loop.sampling as sampling  # noqa: E402
-from decode.inputs.gguf import smollm2_gguf  # noqa: E402
-from decode.inputs.loading import load_causal_lm  # noqa: E402
-from decode.loop.batched import batched_generate  # noqa: E402
-from scripts.benchmark import command_line, header, markdown_table  # noqa: E402
+import decode.loop.sampling as sampling
+from decode.inputs.gguf import smollm2_gguf
+from decode.inputs.loading import load_causal_lm
+from decode.loop.batched import batched_generate
+from scripts.benchmark import command_line, header, markdown_table
 
 FILES = ("decode/loop/sampling.py", "decode/loop/batched.py")
 

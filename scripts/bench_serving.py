@@ -21,15 +21,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_serving.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from decode.measure.settings import EvalSettings  # noqa: E402
-from decode.serving.parity import aligned_inputs, parity_rows  # noqa: E402
-from decode.serving.vllm_engine import evaluate_in_vllm, find_vllm_python, run_worker  # noqa: E402
-from distill.data.target_data import Sampling, generate_target_data  # noqa: E402
-from distill.data.target_vllm import vllm_request  # noqa: E402
-from scripts import benchmark  # noqa: E402
-from specdistill.drafts import evaluate_acceptance  # noqa: E402
+from decode.measure.settings import EvalSettings
+from decode.serving.parity import aligned_inputs, parity_rows
+from decode.serving.vllm_engine import evaluate_in_vllm, find_vllm_python, run_worker
+from distill.data.target_data import Sampling, generate_target_data
+from distill.data.target_vllm import vllm_request
+from scripts import benchmark
+from specdistill.drafts import evaluate_acceptance
 
 CODE = ["decode/loop/speculative.py", "decode/serving/vllm_worker.py", "decode/serving/parity.py",
         "decode/serving/counters.py", "distill/data/target_vllm.py"]

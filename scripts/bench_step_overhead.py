@@ -31,18 +31,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_step_overhead.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from decode.inputs.loading import resolve_device, resolve_dtype  # noqa: E402
-from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows  # noqa: E402
-from decode.loop.speculative import autoregressive_generate  # noqa: E402
-from decode.loop.timing import StepClock, timed_call  # noqa: E402
-from decode.measure.settings import EvalSettings  # noqa: E402
-from scripts import benchmark  # noqa: E402
-from specdistill.drafts import (
-    evaluate_acceptance,  # noqa: E402
-    speculative_generate,  # noqa: E402
-)
+from decode.inputs.loading import resolve_device, resolve_dtype
+from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows
+from decode.loop.speculative import autoregressive_generate
+from decode.loop.timing import StepClock, timed_call
+from decode.measure.settings import EvalSettings
+from scripts import benchmark
+from specdistill.drafts import evaluate_acceptance, speculative_generate
 
 SCRIPT = "bench_step_overhead"
 CODE = ["decode/loop/speculative.py", "decode/loop/cache.py", "decode/loop/static.py",

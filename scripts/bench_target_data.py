@@ -26,13 +26,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_target_data.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import datasets  # noqa: E402
-import torch  # noqa: E402
-from tokenizers import Tokenizer, models  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+import datasets
+import torch
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
 
-from distill.data.target_data import generate_target_data  # noqa: E402
-from scripts.benchmark import code_version, load_average, machine, markdown_table, random_llama, sharpen  # noqa: E402
+from distill.data.target_data import generate_target_data
+from scripts.benchmark import code_version, load_average, machine, markdown_table, random_llama, sharpen
 
 VOCAB = 4096
 SHARPEN = 16.0

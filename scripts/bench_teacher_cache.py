@@ -25,21 +25,21 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_teacher_cache.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import datasets  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+import datasets
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM
 
-from distill.data.rows import DistillCollator  # noqa: E402
-from distill.data.teacher_cache import (  # noqa: E402
+from distill.data.rows import DistillCollator
+from distill.data.teacher_cache import (
     TeacherCollator,
     build_teacher_cache,
     load_teacher_cache,
     sparse_teacher_from_batch,
     with_teacher_columns,
 )
-from distill.losses.distill_loss import chunked_distill_loss  # noqa: E402
-from scripts.benchmark import (  # noqa: E402
+from distill.losses.distill_loss import chunked_distill_loss
+from scripts.benchmark import (
     arguments,
     command_line,
     current_memory_mib,

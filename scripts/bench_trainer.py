@@ -51,25 +51,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded; also sile
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import datasets  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
-from torch import nn  # noqa: E402
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+import datasets
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-import distill.run.trainer as distill_trainer  # noqa: E402
-from distill.data.rows import DistillCollator  # noqa: E402
-from distill.data.teacher_cache import (  # noqa: E402
-    TeacherCollator,
-    build_teacher_cache,
-    load_teacher_cache,
-    with_teacher_columns,
-)
-from distill.models.load import freeze  # noqa: E402
-from distill.recipe.train_config import training_arguments  # noqa: E402
-from distill.run.trainer import DistillTrainer  # noqa: E402
-from scripts.benchmark import (  # noqa: E402
+import distill.run.trainer as distill_trainer
+from distill.data.rows import DistillCollator
+from distill.data.teacher_cache import TeacherCollator, build_teacher_cache, load_teacher_cache, with_teacher_columns
+from distill.models.load import freeze
+from distill.recipe.train_config import training_arguments
+from distill.run.trainer import DistillTrainer
+from scripts.benchmark import (
     BOS,
     EOS,
     PAD,
@@ -91,7 +86,7 @@ from scripts.benchmark import (  # noqa: E402
     worker_args,
     write_result,
 )
-from specdistill.recipes import DistillConfig, TrainConfig  # noqa: E402
+from specdistill.recipes import DistillConfig, TrainConfig
 
 MODES = ("gkd", "online", "cached")
 VOCAB = 4096

@@ -28,20 +28,20 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python scripts/bench_verify_cost.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from decode.inputs.gguf import smollm2_gguf  # noqa: E402
-from decode.inputs.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
-from decode.inputs.prompts import PromptRow, encode_prompt_rows, read_prompt_rows  # noqa: E402
-from decode.loop import static  # noqa: E402
-from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows  # noqa: E402
-from decode.loop.speculative import autoregressive_generate  # noqa: E402
-from decode.loop.static import cached_lm  # noqa: E402
-from decode.loop.timing import timed_call  # noqa: E402
-from decode.measure.evaluate import time_side_by_side  # noqa: E402
-from kinds import kind_of_source  # noqa: E402
-from scripts import benchmark  # noqa: E402
-from specdistill.drafts import speculative_generate  # noqa: E402
+from decode.inputs.gguf import smollm2_gguf
+from decode.inputs.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+from decode.inputs.prompts import PromptRow, encode_prompt_rows, read_prompt_rows
+from decode.loop import static
+from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows
+from decode.loop.speculative import autoregressive_generate
+from decode.loop.static import cached_lm
+from decode.loop.timing import timed_call
+from decode.measure.evaluate import time_side_by_side
+from kinds import kind_of_source
+from scripts import benchmark
+from specdistill.drafts import speculative_generate
 
 CODE = ["decode/loop/packed_linear.py", "decode/loop/cache.py", "decode/loop/static.py", "decode/loop/speculative.py"]
 CACHES = ("dynamic", "static")

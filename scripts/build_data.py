@@ -8,7 +8,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run by path: the repository's packages first, whatever the current folder
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdistill.cli.data import cli  # noqa: E402
+from specdistill.cli.data import cli
 
 if __name__ == "__main__":
     cli()

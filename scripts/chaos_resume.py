@@ -46,8 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from distill.outputs.acceptance_log import complete_steps, read_records  # noqa: E402
-from distill.outputs.checkpoints import PARTIAL_DIR, find_checkpoints  # noqa: E402
+from distill.outputs.acceptance_log import complete_steps, read_records
+from distill.outputs.checkpoints import PARTIAL_DIR, find_checkpoints
 
 RECIPE = ROOT / "recipes" / "tiny_distill.yaml"
 RUN = ("train.max_steps=12", "train.save_steps=4", "train.save_total_limit=null", "train.logging_steps=4",

@@ -49,8 +49,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from scripts.quickstart_corpus import CorpusPaths, build_corpus  # noqa: E402
-from scripts.quickstart_tokenizer import train_tokenizer  # noqa: E402
+from scripts.quickstart_corpus import CorpusPaths, build_corpus
+from scripts.quickstart_tokenizer import train_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

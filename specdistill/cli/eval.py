@@ -29,13 +29,7 @@ import torch
 
 from decode.inputs.checks import check_writable_file
 from decode.inputs.command_line import OneLineArgumentParser
-from decode.inputs.loading import (
-    LoadError,
-    load_causal_lm,
-    load_tokenizer,
-    resolve_device,
-    resolve_dtype,
-)
+from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.inputs.prompts import (
     CHAT_TEMPLATE_MODES,
     PromptFields,
