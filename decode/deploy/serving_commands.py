@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+from decode.deploy.speculators import folder_speculators_type
+
 
 def vllm_speculative_config(method: str, draft: str, gamma: int | str, options: dict | None = None) -> str:
     """vLLM's --speculative-config JSON, with a kind's ``options`` after the gamma (e.g. parallel_drafting); a
@@ -26,6 +28,15 @@ def vllm_serve(target: str, spec: str, expand: bool = False) -> str:
     must ``expand`` a variable inside it ($GAMMA)."""
     quoted = '"' + spec.replace('"', '\\"') + '"' if expand else f"'{spec}'"
     return f"vllm serve {target} --speculative-config {quoted}"
+
+
+def serve_alone_line(draft: str) -> str:
+    """`vllm serve DRAFT` and a comment line, for a draft folder in the speculators format (its config.json names the
+    target and gamma: decode.deploy.speculators); "" for any other draft."""
+    if folder_speculators_type(draft) is None:
+        return ""
+    return (f"vllm serve {draft}   # the draft's config.json names its target and gamma (speculators format)\n"
+            "# or, naming both:\n")
 
 
 def sglang_launch(target: str, draft: str, algorithm: str, gamma: int | str) -> str:

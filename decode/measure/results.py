@@ -145,8 +145,8 @@ EVAL_JSON_KEYS: dict[str, Key] = {
                           "`both` (ours, next to vLLM's: `vllm_results`, `parity`)."),
     "device": Key("text", "The GPU's name, or `cpu (<processor>, <N> threads)`; with `--engine vllm` followed by "
                           "`, vLLM <version>`."),
-    "dtype": Key("text", "The dtype the models ran in (`float32`, `bfloat16`, `float16`); `float32` with "
-                         "`--engine vllm`."),
+    "dtype": Key("text", "The dtype the models ran in (`float32`, `bfloat16`, `float16`): `--dtype`, or with "
+                         "`--engine vllm` vLLM's, `vllm_dtype`."),
     "torch_version": Key("text", "`torch.__version__` of the evaluating process."),
     "target": Key("text", "`--target` as given: a folder, a hub id or a `.gguf` file."),
     "draft": Key("text", "`--draft` as given: a folder, a hub id, a `.gguf` file or `prompt-lookup`."),
@@ -170,6 +170,8 @@ EVAL_JSON_KEYS: dict[str, Key] = {
     "environment": Key("object", "Where the numbers were made, evaluate.save's record: "
                                  "[`environment`](#environment)."),
     "vllm_version": Key("text", "The vLLM version that ran.", ("vllm", "both")),
+    "vllm_dtype": Key("text", "The dtype vLLM ran the target and the draft in (`float32`, `bfloat16`, `float16`); "
+                              "`--vllm-dtype`, `auto` resolved by the device.", ("vllm", "both")),
     "vllm_draft_sampling": Key("text", "How vLLM sampled draft tokens at temperature > 0: `greedy` (argmax drafts, "
                                        "accepted with p(d)) or `probabilistic` (d ~ q, accepted with min(1, p/q), "
                                        "as ours); `--vllm-draft-sampling`.", ("vllm", "both")),

@@ -53,6 +53,9 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 # vLLM's draft_sample_method: "greedy" (its default) drafts argmax tokens and accepts d with probability p(d) (q taken
 # as one-hot); "probabilistic" samples d ~ q and accepts with min(1, p(d) / q(d)), as our decoder does. Same at T=0.
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+# vLLM's dtype for the target and the draft (LLM(dtype=...)): float32 by default, so CPU results match our float32 run;
+# the eval command turns "auto" into one of these by the one dtype rule (decode.inputs.loading.resolve_dtype)
+VLLM_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ServingError(ValueError):
@@ -85,13 +88,16 @@ class ServingKind(Protocol):
 
 def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
                   kind: ServingKind, stop_token_ids: list[int] | None = None, draft_sample_method: str | None = None,
-                  concurrency: Sequence[int] | None = None) -> dict:
+                  concurrency: Sequence[int] | None = None, dtype: str = "float32") -> dict:
     """The worker's request (decode/serving/vllm_worker.py): one speculative run per gamma, prompts as token ids,
     ``draft`` served as its ``kind`` says.
     ``draft_sample_method``: one of DRAFT_SAMPLE_METHODS, None = vLLM's default (greedy). ``concurrency``: the
-    max_num_seqs levels to measure at (None: one level, max_num_seqs = 1). Raises ServingError for a bad value."""
+    max_num_seqs levels to measure at (None: one level, max_num_seqs = 1). ``dtype``: one of VLLM_DTYPES, the
+    target's and the draft's. Raises ServingError for a bad value."""
     if concurrency is not None and (not concurrency or min(concurrency) < 1):
         raise ServingError(f"concurrency levels must be >= 1, got {list(concurrency)}")
+    if dtype not in VLLM_DTYPES:
+        raise ServingError(f"vLLM dtype must be one of {', '.join(VLLM_DTYPES)}, got {dtype!r}")
     if draft_sample_method not in (None, *DRAFT_SAMPLE_METHODS):
         raise ServingError(f"draft sample method must be one of {', '.join(DRAFT_SAMPLE_METHODS)}, got "
                            f"{draft_sample_method!r}")
@@ -107,7 +113,7 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
     levels = {"concurrency": list(concurrency)} if concurrency is not None else {}
     return {"target": local(target), "prompts": [p.view(-1).tolist() for p in prompts],
             "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_k": settings.top_k,
-            "top_p": settings.top_p, "seed": settings.seed, "stop_token_ids": stop_token_ids, "dtype": "float32",
+            "top_p": settings.top_p, "seed": settings.seed, "stop_token_ids": stop_token_ids, "dtype": dtype,
             "max_model_len": longest + settings.max_new_tokens + max(gammas) + 8, "runs": runs, **levels}
 
 
@@ -268,15 +274,16 @@ def summarize_run(run: dict, plain: dict, prompts: Sequence[int], counters: Spec
 def evaluate_in_vllm(python: Path, target: str, draft: str, prompts: Sequence[torch.Tensor], settings: EvalSettings,
                      kind: ServingKind, categories: Sequence[str | None] | None = None,
                      stop_token_ids: list[int] | None = None, timeout: float | None = None,
-                     draft_sample_method: str | None = None,
-                     concurrency: Sequence[int] | None = None) -> tuple[list[dict], dict]:
+                     draft_sample_method: str | None = None, concurrency: Sequence[int] | None = None,
+                     dtype: str = "float32") -> tuple[list[dict], dict]:
     """Measure ``draft`` (of ``kind``) with ``target`` in vLLM at every gamma of ``settings``: (result dicts, the
     worker's response). ``draft_sample_method``: see DRAFT_SAMPLE_METHODS. ``concurrency``: max_num_seqs levels, a
     result per (level, gamma) (module docstring); a kind whose drafting runs no model gets the batch cost model's
-    prediction at each level. Raises ServingError when vLLM cannot run or fails."""
+    prediction at each level. ``dtype``: one of VLLM_DTYPES. Raises ServingError when vLLM cannot run or fails."""
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    request = build_request(target, draft, prompts, settings, kind, stop_token_ids, draft_sample_method, concurrency)
+    request = build_request(target, draft, prompts, settings, kind, stop_token_ids, draft_sample_method, concurrency,
+                            dtype)
     response = run_worker(python, request, timeout)
     return vllm_results(response, settings, categories, kind.model_free_drafts), response
 

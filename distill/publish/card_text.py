@@ -29,6 +29,9 @@ class PublishingKind(Protocol):
     def save(self, draft: Any, folder: str | Path, gamma: int) -> None:
         """The served folder of ``draft`` (weights, config, a generation config drafting ``gamma`` tokens)."""
 
+    def speculators_fields(self, config: dict) -> dict | None:
+        """The speculators-format keys of the exported config.json ``config``; None when the kind has none."""
+
     def unwrap(self, model: object) -> object | None:
         """The served draft inside a training wrapper of this kind; None if ``model`` is no such wrapper."""
 

@@ -17,6 +17,7 @@ export_run is the last step of a run (specdistill.pipeline), on rank 0 while the
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import shutil
@@ -28,6 +29,7 @@ from accelerate import PartialState
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from decode.deploy.speculators import add_speculators_keys
 from decode.inputs.manifest import MANIFEST, write_manifest
 from decode.inputs.writes import fsync_folder
 from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
@@ -79,8 +81,9 @@ def draft_at_checkpoint(folder: Path, final_draft: nn.Module, kind: PublishingKi
 
 
 def write_served_folder(output_dir: Path, draft: nn.Module, tokenizer: PreTrainedTokenizerBase, gamma: int,
-                        kind: PublishingKind) -> None:
-    """The draft's served files (its kind's layout, the tokenizer) and their manifest, staged whole in
+                        kind: PublishingKind, verifier: str | None = None) -> None:
+    """The draft's served files (its kind's layout, with the speculators keys for the target ``verifier`` where the
+    kind has them: decode.deploy.speculators; the tokenizer) and their manifest, staged whole in
     OUTPUT_DIR/.partial/export and then renamed into OUTPUT_DIR one by one, the manifest last: a failed write (a
     full disk) or a kill leaves OUTPUT_DIR's files as they were (the staging folder is removed, or cleared by the next
     save), never a half-written model file."""
@@ -89,6 +92,7 @@ def write_served_folder(output_dir: Path, draft: nn.Module, tokenizer: PreTraine
     staging.mkdir(parents=True)
     try:
         kind.save(draft, staging, gamma)  # its kind's served folder
+        add_speculators_format(staging, kind, gamma, verifier)
         tokenizer.save_pretrained(staging)
         write_manifest(staging)  # the served files' sha256: specdistill check verifies a copy of the folder
     except BaseException:
@@ -103,8 +107,18 @@ def write_served_folder(output_dir: Path, draft: nn.Module, tokenizer: PreTraine
     shutil.rmtree(staging, ignore_errors=True)
 
 
+def add_speculators_format(folder: Path, kind: PublishingKind, gamma: int, verifier: str | None) -> None:
+    """The speculators keys in ``folder``'s config.json, so that `vllm serve FOLDER` serves ``verifier`` with the draft
+    drafting ``gamma``; nothing for a kind without that format or without a verifier."""
+    config = folder / "config.json"
+    fields = kind.speculators_fields(json.loads(config.read_text(encoding="utf-8"))) if verifier else None
+    if fields:
+        add_speculators_keys(folder, fields, gamma, verifier)
+
+
 def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Module,
-                 tokenizer: PreTrainedTokenizerBase, default_gamma: int, *, kind: PublishingKind) -> dict:
+                 tokenizer: PreTrainedTokenizerBase, default_gamma: int, *, kind: PublishingKind,
+                 verifier: str | None = None) -> dict:
     """Write the best draft to OUTPUT_DIR as a standard model folder (safetensors, config, generation config, tokenizer;
     the layout of the draft's ``kind``) that AutoModelForCausalLM and `target.generate(..., assistant_model=draft)`
     load, with no peft files: a LoRA draft (a peft model as `final_draft`, adapters in the checkpoints) is merged first.
@@ -131,7 +145,7 @@ def export_draft(output_dir: str | Path, best: dict | None, final_draft: nn.Modu
     gamma = row_gamma(best).deployed if best else default_gamma
     draft = served_draft(draft, kind)  # a head in training is wrapped (UnrolledHead): its head is what is served
     carry_draft_vocab(served_draft(final_draft, kind), draft)  # a standalone draft's vocabulary: chosen once per run
-    write_served_folder(output_dir, draft, tokenizer, gamma, kind)
+    write_served_folder(output_dir, draft, tokenizer, gamma, kind, verifier)
     summary = {"checkpoint": best["checkpoint"] if best else "final", "step": best["step"] if best else None,
                "gamma": gamma}
     if best:
@@ -155,7 +169,8 @@ def export_run(recipe: Recipe, final_draft: nn.Module, tokenizer: PreTrainedToke
         best = best_record(read_records(output_dir), recipe.eval.temperatures[0])
         try:
             summary = export_draft(output_dir, best, final_draft, tokenizer,
-                                   default_gamma=max(recipe.eval.fixed_gammas, default=4), kind=recipe.model.kind)
+                                   default_gamma=max(recipe.eval.fixed_gammas, default=4), kind=recipe.model.kind,
+                                   verifier=recipe.model.target)
         except OSError as err:
             if not out_of_space(err):
                 raise

@@ -80,6 +80,12 @@ class DFlashKind(Kind):
         set_assisted_generation(draft, gamma)
         draft.save_pretrained(folder)
 
+    def speculators_fields(self, config: dict) -> dict:
+        """dflash: the export also serves with `vllm serve FOLDER` alone."""
+        from kinds.dflash.deploy import speculators_fields
+
+        return speculators_fields(config)
+
     # -- deployment -------------------------------------------------------------------------------------------------
     def deploy_check(self, target, draft, trust_remote_code=False):
         from kinds.dflash.deploy import check_dflash_deploy

@@ -24,8 +24,8 @@ from decode.deploy.deploy_check import (
     draft_tensors,
     load_target_config,
 )
-from decode.deploy.serving_commands import vllm_serve, vllm_speculative_config
-from kinds.dflash.model import DFlashDraft, fit_problems, read_config
+from decode.deploy.serving_commands import serve_alone_line, vllm_serve, vllm_speculative_config
+from kinds.dflash.model import DEFAULT_BLOCK_SIZE, DFlashDraft, fit_problems, read_config
 
 FIT_CHECKS = ("hidden_size", "vocab", "target_layers", "mask_token", "block_size", "attention")
 DFLASH_CHECKS = ("safetensors", *FIT_CHECKS, "weights", "dtype", "generation_config")
@@ -81,4 +81,24 @@ def dflash_commands(report: DeployReport) -> str:
 specdistill-eval --target {report.target} --draft {report.draft} --prompts PROMPTS --gamma {gamma}
 
 # vLLM
-{vllm_serve(report.target, spec)}"""
+{serve_alone_line(report.draft)}{vllm_serve(report.target, spec)}"""
+
+
+DFLASH_LAYER_KEYS = ("attention_bias", "attention_dropout", "head_dim", "hidden_act", "hidden_size",
+                     "intermediate_size", "max_position_embeddings", "num_attention_heads", "num_key_value_heads",
+                     "num_hidden_layers", "rms_norm_eps", "rope_parameters", "vocab_size", "bos_token_id",
+                     "eos_token_id", "pad_token_id")
+
+
+def speculators_fields(config: dict) -> dict:
+    """The speculators keys of a DFlash draft (its config.json): dflash, the draft layers as a qwen3
+    transformer_layer_config, and the target layers as speculators counts them, one more than dflash_config's
+    target_layer_ids (vLLM reads aux_hidden_state_layer_ids - 1 back: vllm.transformers_utils.configs.speculators)."""
+    options = config.get("dflash_config") or {}
+    layer = {key: config[key] for key in DFLASH_LAYER_KEYS if key in config}
+    layer.update(model_type="qwen3", tie_word_embeddings=False)
+    return {"speculators_model_type": "dflash", "transformer_layer_config": layer,
+            "draft_vocab_size": config["vocab_size"], "block_size": config.get("block_size", DEFAULT_BLOCK_SIZE),
+            "target_hidden_size": config.get("target_hidden_size") or config["hidden_size"],
+            "aux_hidden_state_layer_ids": [int(i) + 1 for i in options.get("target_layer_ids") or []],
+            "mask_token_id": options.get("mask_token_id"), "sample_from_anchor": False}

@@ -58,7 +58,11 @@ class Eagle3Kind(Kind):
         """The head on the target's input embedding, in the target's dtype."""
         from kinds.eagle3.model import Eagle3Head
 
-        return Eagle3Head.from_pretrained(draft, target.get_input_embeddings(), dtype=target.dtype).to(device)
+        shared = target.get_input_embeddings()
+        head = Eagle3Head.from_pretrained(draft, shared, dtype=target.dtype).to(device)
+        if head.bound_embeddings is not shared:  # a speculators folder's own embedding, moved with the head
+            head.bind_embeddings(head.bound_embeddings.to(device))
+        return head
 
     def drafter(self, draft, target, compile=False, capacity=0, max_gamma=8):
         from kinds.eagle3.drafter import HeadDrafter, bound_head
@@ -87,6 +91,12 @@ class Eagle3Kind(Kind):
                          pad_token_id=config.pad_token_id, num_assistant_tokens=gamma,
                          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
                          ).save_pretrained(folder)
+
+    def speculators_fields(self, config: dict) -> dict:
+        """eagle3 (peagle for a P-EAGLE head): the export serves with `vllm serve FOLDER` alone."""
+        from kinds.eagle3.model import speculators_fields
+
+        return speculators_fields(config)
 
     # -- deployment -------------------------------------------------------------------------------------------------
     def deploy_check(self, target, draft, trust_remote_code=False):

@@ -30,7 +30,7 @@ from decode.deploy.deploy_check import (
     draft_tensors,
     load_target_config,
 )
-from decode.deploy.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
+from decode.deploy.serving_commands import serve_alone_line, sglang_launch, vllm_serve, vllm_speculative_config
 from kinds.eagle3.model import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
 
 HEAD_CHECKS = ("safetensors", "aux_layers", "hidden_size", "vocab", "lm_head", "d2t", "dtype", "generation_config")
@@ -93,13 +93,15 @@ def check_head(folder: Path, target_config, tensors: dict) -> dict[str, str | No
 
 
 def head_serving_commands(target: str, draft: str, gamma: int) -> str:
-    """vLLM and SGLang commands serving ``draft`` (an EAGLE-3 head folder) next to ``target`` with ``gamma``."""
+    """vLLM and SGLang commands serving ``draft`` (an EAGLE-3 head folder) next to ``target`` with ``gamma``; a folder
+    in the speculators format (decode.deploy.speculators) is also served by `vllm serve DRAFT` alone."""
     spec = vllm_speculative_config("eagle3", draft, gamma)
+    alone = serve_alone_line(draft)
     return f"""# specdistill's own decoder (the same measurement as the trainer's)
 specdistill-eval --target {target} --draft {draft} --prompts PROMPTS --gamma {gamma}
 
 # vLLM
-{vllm_serve(target, spec)}
+{alone}{vllm_serve(target, spec)}
 
 # SGLang
 {sglang_launch(target, draft, "EAGLE3", gamma)}"""

@@ -5,6 +5,7 @@ Semantics are those of vLLM's `llama_eagle3.py`, the file a served head runs in:
     fused   = fc(cat(h_target[l_1], h_target[l_2], h_target[l_3]))          # [T, H]   first draft step only
     x       = cat(input_layernorm(embed(token)), hidden_norm(hidden))       # [T, 2H]  hidden = fused or fed back
     r       = hidden + o_proj(attention(x))                                 #          residual = un-normed hidden
+                                                                            #  (normed: norm_before_residual)
     prenorm = r + mlp(post_attention_layernorm(r))                          # [T, H]   fed back at the next step
     logits  = lm_head(norm(prenorm))                                        # [T, V_draft]
     target id of draft id i = i + d2t[i]                                    # logits scattered into the target's V
@@ -28,6 +29,7 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from decode.deploy.speculators import folder_speculators_type, speculators_type
 from decode.inputs.checks import architectures, folder_architectures, read_text
 from kinds.on_target import SharedEmbedding, size_problems, target_layer_shape
 
@@ -53,13 +55,68 @@ def is_eagle3_config(config: dict | PretrainedConfig) -> bool:
 
 
 def is_eagle3_folder(path: str | Path) -> bool:
-    """Whether `path` is a local folder holding an EAGLE-3 head (by its config.json's architectures)."""
-    return ARCHITECTURE in folder_architectures(path)
+    """Whether `path` is a local folder holding an EAGLE-3 head: its config.json's architectures, or the speculators
+    format's eagle3 / peagle (a P-EAGLE head is an EAGLE-3 head with a mask token)."""
+    return ARCHITECTURE in folder_architectures(path) or folder_speculators_type(path) in SPECULATORS_TYPES
 
 
 def read_config(folder: str | Path) -> dict:
-    """A head folder's config.json as a dict."""
-    return json.loads(read_text(Path(folder) / "config.json"))
+    """A head folder's config.json as a dict in this layout (vLLM's eagle3 `LlamaForCausalLMEagle3`): a folder that
+    speculators wrote is read through `from_speculators`."""
+    config = json.loads(read_text(Path(folder) / "config.json"))
+    if ARCHITECTURE not in architectures(config) and speculators_type(config) in SPECULATORS_TYPES:
+        return from_speculators(config, folder)
+    return config
+
+
+# -- the speculators format (decode.deploy.speculators) ---------------------------------------------------------------
+SPECULATORS_TYPES = ("eagle3", "peagle")  # the EAGLE-3 heads vLLM reads in the speculators format
+SPECULATORS_LAYER = "layers.0."  # speculators' (and vLLM's) name of the head's decoder layer, midlayer. here
+SPECULATORS_UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")  # variants this head does not implement
+LAYER_KEYS = ("attention_bias", "attention_dropout", "head_dim", "hidden_act", "hidden_size", "intermediate_size",
+              "max_position_embeddings", "mlp_bias", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+              "rope_parameters", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def speculators_fields(config: dict) -> dict:
+    """The speculators keys of a head (its config.json in this layout): eagle3, or peagle for a P-EAGLE head, with
+    the decoder layer as `transformer_layer_config` and the residual taken before hidden_norm (this head's and
+    EAGLE-3's; vLLM reads a missing `norm_before_residual` as true)."""
+    mask = parallel_token(config)
+    layer = {key: config[key] for key in LAYER_KEYS if key in config}
+    layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
+    fields = {"speculators_model_type": "eagle3" if mask is None else "peagle", "transformer_layer_config": layer,
+              "draft_vocab_size": config.get("draft_vocab_size") or config["vocab_size"],
+              "target_hidden_size": config.get("target_hidden_size") or config["hidden_size"],
+              "eagle_aux_hidden_state_layer_ids": aux_layer_ids(config),
+              "norm_before_residual": bool(config.get("norm_before_residual", False)),
+              **dict.fromkeys(SPECULATORS_UNSUPPORTED, False)}
+    if mask is not None:
+        fields["mask_token_id"] = mask
+    return fields
+
+
+def from_speculators(config: dict, folder: str | Path = "") -> dict:
+    """A speculators eagle3 / peagle config.json (written by speculators' Eagle3SpeculatorConfig) as this layout's
+    dict, read as vLLM reads it (vllm.transformers_utils.configs.speculators.algos): the decoder layer's keys from
+    transformer_layer_config; norm_before_residual true when missing; peagle's mask_token_id as the P-EAGLE mask
+    token. Raises ValueError naming a variant this head does not implement."""
+    used = [key for key in SPECULATORS_UNSUPPORTED if config.get(key)]
+    if used:
+        raise ValueError(f"{folder}: the speculators head sets {', '.join(used)}, which specdistill's EAGLE-3 head "
+                         "does not implement (vLLM serves it; measure it with --engine vllm)")
+    layer = dict(config.get("transformer_layer_config") or {})
+    ours = {key: layer[key] for key in LAYER_KEYS if key in layer}
+    ours.update(architectures=[ARCHITECTURE], model_type="llama", num_hidden_layers=1, tie_word_embeddings=False,
+                draft_vocab_size=config.get("draft_vocab_size") or layer.get("vocab_size"),
+                target_hidden_size=config.get("target_hidden_size") or layer.get("hidden_size"),
+                norm_before_residual=bool(config.get("norm_before_residual", True)),
+                eagle_config={"eagle_aux_hidden_state_layer_ids": list(config.get("eagle_aux_hidden_state_layer_ids")
+                                                                       or []), "use_aux_hidden_state": True},
+                speculators_model_type=speculators_type(config))
+    if speculators_type(config) == "peagle":
+        ours["ptd_token_id"] = config.get("mask_token_id")
+    return ours
 
 
 def parallel_token(config: dict | PretrainedConfig) -> int | None:
@@ -168,6 +225,12 @@ class Eagle3Head(nn.Module):
             self.mask_hidden = nn.Parameter(torch.zeros(1, len(aux) * config.target_hidden_size))
         self._embed = SharedEmbedding()  # not a submodule: the target's, never saved, not copied
 
+    @property
+    def norm_before_residual(self) -> bool:
+        """The residual is hidden_norm(hidden) rather than hidden (config.norm_before_residual: a speculators head's
+        option, false for this project's heads and EAGLE-3's)."""
+        return bool(getattr(self.config, "norm_before_residual", False))
+
     # -- wiring ---------------------------------------------------------------------------------------------------
     def bind_embeddings(self, embed_tokens: nn.Module) -> Eagle3Head:
         """Use the target's input embedding (shared and frozen). Returns self."""
@@ -218,14 +281,16 @@ class Eagle3Head(nn.Module):
         """q [B, nh, T, d], k and v [B, nkv, T, d] (rope applied at `position_ids` [B, T]) and the residual [B, T, H]
         of tokens `input_ids` [B, T] read with `hidden` [B, T, H]."""
         layer, attn = self.midlayer, self.midlayer.self_attn
-        x = torch.cat([layer.input_layernorm(self.embed(input_ids)), layer.hidden_norm(hidden)], dim=-1)  # [B,T,2H]
+        normed = layer.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden  # EAGLE-3 and this head: the un-normed hidden
+        x = torch.cat([layer.input_layernorm(self.embed(input_ids)), normed], dim=-1)  # [B, T, 2H]
         b, t, _ = x.shape
         q = attn.q_proj(x).view(b, t, attn.num_heads, attn.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(b, t, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(b, t, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
         cos, sin = self.rotary(v, position_ids)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return q, k, v, hidden
+        return q, k, v, residual
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + mask) v, then o_proj: q [B, nh, Tq, d], k, v [B, nkv, Tk, d], mask bool
@@ -297,8 +362,9 @@ class Eagle3Head(nn.Module):
     def from_pretrained(cls, folder: str | Path, embed_tokens: nn.Module | None = None,
                         dtype: torch.dtype = torch.float32) -> Eagle3Head:
         """Load a head saved by `save_pretrained` (or any folder in vLLM's eagle3 layout whose weights are named
-        midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d). Raises ValueError for a folder that is not
-        an EAGLE-3 head or misses weights."""
+        midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d, or one that speculators wrote: layers.0.*, and
+        its own embed_tokens, which then replaces `embed_tokens` as it does in vLLM). Raises ValueError for a folder
+        that is not an EAGLE-3 head or misses weights."""
         folder = Path(folder)
         config_dict = read_config(folder)
         if not is_eagle3_config(config_dict):
@@ -307,8 +373,9 @@ class Eagle3Head(nn.Module):
         config = LlamaConfig(architectures=[ARCHITECTURE], **config_dict)
         config.draft_vocab_size = config_dict.get("draft_vocab_size") or config.vocab_size
         head = cls(config)
-        state = load_file(str(folder / WEIGHTS_FILE))
-        state.pop("embed_tokens.weight", None)
+        state = {name.replace(SPECULATORS_LAYER, "midlayer.", 1): tensor  # speculators names the layer layers.0
+                 for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items()}
+        own_embedding = state.pop("embed_tokens.weight", None)  # vLLM reads a folder's own embedding over the target's
         expected = set(head.state_for_export()) | {"d2t", "t2d"}
         missing = sorted(expected - set(state) - {"t2d"} - ({"d2t"} if head.full_vocab else set()))
         if missing:
@@ -319,6 +386,8 @@ class Eagle3Head(nn.Module):
             state["t2d"][torch.arange(config.draft_vocab_size) + state["d2t"]] = True
         head.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
         head = head.to(dtype)
+        if own_embedding is not None:
+            embed_tokens = nn.Embedding.from_pretrained(own_embedding.to(dtype), freeze=True)
         if embed_tokens is not None:
             head.bind_embeddings(embed_tokens)
         return head.eval()

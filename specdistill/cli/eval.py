@@ -11,6 +11,8 @@
     specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 6   # an EAGLE-3 head
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm   # inside vLLM
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both   # tau parity
+    specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both \
+        --device cuda --dtype bfloat16 --vllm-dtype bfloat16      # on a GPU: both engines in bfloat16
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm \
         --concurrency 1 4 16    # vLLM throughput, plain vs speculative, at max_num_seqs 1, 4, 16
 
@@ -47,6 +49,7 @@ from decode.measure.settings import EvalSettings
 from decode.serving.parity import DEFAULT_TOLERANCE, aligned_inputs, out_of_tolerance, parity_rows
 from decode.serving.vllm_engine import (
     DRAFT_SAMPLE_METHODS,
+    VLLM_DTYPES,
     ServingError,
     evaluate_in_vllm,
     find_vllm_python,
@@ -128,6 +131,10 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                    help="vLLM's draft_sample_method at temperature > 0: greedy (vLLM's default: argmax drafts, "
                         "accepted with p(d)) or probabilistic (d ~ q, min(1, p/q), as ours); default: vLLM's own for "
                         "--engine vllm, probabilistic for --engine both")
+    p.add_argument("--vllm-dtype", default="float32", choices=("auto", *VLLM_DTYPES),
+                   help="the dtype vLLM runs the target and the draft in (--engine vllm, or the vLLM side of --engine "
+                        "both): auto = bfloat16 when --device is CUDA, else float32 (as --dtype auto); the default, "
+                        "float32, matches our float32 run on CPU")
     p.add_argument("--concurrency", type=int, nargs="+", default=None, metavar="N",
                    help="vLLM throughput under load (--engine vllm, or the vLLM side of --engine both): at each N, "
                         "max_num_seqs = N and every prompt submitted at once; plain and speculative tokens/s and "
@@ -152,6 +159,11 @@ def gamma_value(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A resolved dtype as the JSON and vLLM name it: torch.bfloat16 -> "bfloat16"."""
+    return str(dtype).replace("torch.", "")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -210,7 +222,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats,
                             compare_hf=args.compare_hf, compile=args.compile,
                             eos_token_id=tokenizer.eos_token_id if args.stop_at_eos else None)
-    report = {"engine": args.engine, "device": describe_device(device), "dtype": str(dtype).replace("torch.", ""),
+    report = {"engine": args.engine, "device": describe_device(device), "dtype": dtype_name(dtype),
               "torch_version": torch.__version__, "target": given.target, "draft": given.draft,
               "draft_kind": kind.name, "prompts": args.prompts, "chat_template": args.chat_template,
               "compiled": args.compile}
@@ -220,15 +232,17 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     if args.engine != "specdistill":  # vLLM first: --engine both starts our side from its prefill token
         stop = [tokenizer.eos_token_id] if args.stop_at_eos else None
         sampling = args.vllm_draft_sampling or ("probabilistic" if args.engine == "both" else None)
+        vllm_dtype = dtype_name(resolve_dtype(args.vllm_dtype, device))
         vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, kind,
                                           categories, stop, draft_sample_method=sampling,
-                                          concurrency=args.concurrency)
-        report.update(vllm_version=response["vllm_version"], vllm_draft_sampling=sampling or "greedy",
+                                          concurrency=args.concurrency, dtype=vllm_dtype)
+        report.update(vllm_version=response["vllm_version"], vllm_dtype=vllm_dtype,
+                      vllm_draft_sampling=sampling or "greedy",
                       vllm_cpu_expand_patched=response.get("cpu_expand_patched", False),
                       vllm_in_process=response.get("in_process", False), compile_seconds=None, results=vllm)
         if args.engine == "vllm":
             outputs = vllm_outputs(response, prompt_ids, settings) if outputs is not None else None
-            report.update(device=f"{report['device']}, vLLM {response['vllm_version']}", dtype="float32",
+            report.update(device=f"{report['device']}, vLLM {response['vllm_version']}", dtype=vllm_dtype,
                           compiled=False)
     if args.engine != "vllm":
         if args.engine == "both":

@@ -51,6 +51,8 @@ JOBS = (
     Job("eval", "specdistill.cli.eval",
         "measure a draft against its target: acceptance, mean accepted tokens, speedup"),
     Job("check", "specdistill.cli.check", "check that an exported draft serves next to its target; print the commands"),
+    Job("bench-serve", "specdistill.cli.bench_serve",
+        "serve the target alone and with its draft, load both over HTTP: throughput, latency, ratio"),
     Job("push", "specdistill.cli.push", "upload a draft model folder with a model card built from measured numbers"),
 )
 
@@ -62,6 +64,15 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(1)
+
+
+class JobsHelpFormatter(argparse.HelpFormatter):
+    """Each job and its line on one line: argparse measures the jobs' names one indent short, so a name as long as
+    bench-serve would push its line below it."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=120)
+        self._action_max_length = max(len(job.name) for job in JOBS) + 4  # the jobs' indent
 
 
 def package_version() -> str:
@@ -76,6 +87,7 @@ def build_parser() -> ArgumentParser:
     """The umbrella's own options and its list of jobs (for --help and --version: a job's arguments are parsed by
     the job itself)."""
     p = ArgumentParser(prog=PROG, description="Train draft models for speculative decoding and measure them.",
+                       formatter_class=JobsHelpFormatter,
                        epilog=f"`{PROG} JOB --help` shows a job's flags. The {PROG}-JOB commands "
                               f"({', '.join(job.alias for job in JOBS)}) still work: they run the same code.")
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")

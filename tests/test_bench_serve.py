@@ -1,0 +1,201 @@
+"""`specdistill bench-serve` (specdistill/cli/bench_serve.py) and what it stands on: the `vllm serve` process
+(decode.serving.http_server) and GuideLLM's load (decode.serving.guidellm_load).
+
+Without vLLM: a taken port, a server that dies and a missing GuideLLM are one line each; GuideLLM's report is read
+into levels (against GuideLLM's own mock server when the serving venv has GuideLLM). With vLLM (integration): the
+command on a tiny pair with prompt lookup starts both servers over HTTP, greedy completions equal the target's, the
+report has every level and key, and both servers are gone afterwards; `vllm serve` as `specdistill check` prints it
+runs as typed.
+"""
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from decode.serving.guidellm_load import find_guidellm, guidellm_command, level_metrics, run_load, write_dataset
+from decode.serving.http_server import ServerError, port_taken, vllm_server
+from decode.serving.vllm_engine import ServingError, find_vllm_python
+from specdistill.cli import bench_serve
+
+from tiny import TINY_TEXT, save_and_load, tiny_model, tiny_tokenizer
+
+
+def serving_python():
+    try:
+        return find_vllm_python()
+    except ServingError:
+        return None
+
+
+PYTHON = serving_python()
+HAS_GUIDELLM = PYTHON is not None and (Path(PYTHON).parent / "guidellm").is_file()
+
+
+def fake_python(folder: Path, vllm_script: str | None) -> Path:
+    """An interpreter path whose venv has `vllm` = ``vllm_script`` (a shell script) and no guidellm."""
+    folder.mkdir(parents=True, exist_ok=True)
+    python = folder / "python"
+    python.symlink_to(sys.executable)
+    if vllm_script is not None:
+        (folder / "vllm").write_text("#!/bin/sh\n" + vllm_script)
+        (folder / "vllm").chmod(0o755)
+    return python
+
+
+def test_a_taken_port_is_one_line(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert port_taken(port)
+        with pytest.raises(ServerError, match=f"port {port} is taken"), \
+                vllm_server(fake_python(tmp_path / "bin", "sleep 60"), "m", port=port, log=tmp_path / "s.log"):
+            pass
+
+
+def test_a_server_that_dies_is_one_line_naming_its_log(tmp_path):
+    python = fake_python(tmp_path / "bin", 'echo "ValueError: no such model: m"; exit 3\n')
+    started = time.monotonic()
+    with pytest.raises(ServerError) as err, vllm_server(python, "m", log=tmp_path / "s.log"):
+        pass
+    line = str(err.value)
+    assert "\n" not in line and "exited with code 3" in line and "no such model" in line and "s.log" in line
+    assert time.monotonic() - started < 30  # found dead at once, not after the ready timeout
+
+
+def test_the_server_is_stopped_when_the_block_fails(tmp_path):
+    """A fake server that answers /health (python -m http.server): the block raises, the process is gone after."""
+    script = f'exec {sys.executable} -m http.server "$6" --bind 127.0.0.1 >/dev/null 2>&1\n'
+    python = fake_python(tmp_path / "bin", script)
+    (tmp_path / "health").write_text("ok")
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "models").write_text(json.dumps({"data": [{"id": "m"}]}))
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # http.server serves the current folder: /health and /v1/models answer
+    try:
+        with pytest.raises(RuntimeError, match="inside"), vllm_server(python, "m", log=tmp_path / "s.log") as server:
+            process = server.process
+            assert server.model == "m"
+            raise RuntimeError("inside the block")
+    finally:
+        os.chdir(cwd)
+    assert process.poll() is not None
+
+
+def test_missing_guidellm_is_one_line_saying_make_serving(tmp_path):
+    with pytest.raises(ServerError, match="make serving"):
+        find_guidellm(fake_python(tmp_path / "bin", None))
+
+
+def test_guidellm_command_names_levels_and_rates(tmp_path):
+    command = guidellm_command(Path("guidellm"), "http://h:1", "tok", tmp_path / "d.jsonl", tmp_path / "o.json", 8,
+                               streams=[1, 4])
+    assert command[command.index("--profile") + 1] == "kind=concurrent,streams=1"
+    assert command[command.index("--override") + 1:command.index("--override") + 3] == ["profile.streams", "1,4"]
+    assert "kind=max_requests,count=8" in command and "kind=openai_http,target=http://h:1,request_format=" \
+        "/v1/completions" in command
+    rated = guidellm_command(Path("guidellm"), "u", "tok", tmp_path / "d", tmp_path / "o", 4, rates=[0.5, 2])
+    assert rated[rated.index("--override") + 2] == "0.5,2" and "kind=constant,rate=0.5" in rated
+
+
+def stats(values: dict) -> dict:
+    return {"successful": {"total_sum": values.get("sum", 0.0), "percentiles": values.get("p", {})}}
+
+
+def test_level_metrics_reads_throughput_over_the_duration_and_percentiles():
+    benchmark = {"config": {"strategy": {"type_": "concurrent", "streams": 4}}, "duration": 8.0,
+                 "metrics": {"request_totals": {"successful": 8, "errored": 0},
+                             "output_token_count": stats({"sum": 512.0}),
+                             "time_to_first_token_ms": stats({"p": {"p50": 40.0, "p99": 90.0}}),
+                             "inter_token_latency_ms": stats({"p": {"p50": 20.0, "p99": 30.0}})}}
+    level = level_metrics(benchmark)
+    assert level["level"] == "concurrent@4" and level["streams"] == 4
+    assert level["output_tokens_per_s"] == 64.0 and level["ttft_ms_p99"] == 90.0 and level["itl_ms_p50"] == 20.0
+
+
+def test_tau_and_the_default_server_arguments():
+    assert bench_serve.tau_of({"num_drafts": 10, "num_accepted_tokens": 5}) == 1.5
+    assert bench_serve.tau_of({}) is None and bench_serve.tau_of(None) is None
+    args = bench_serve.server_args(None, 8)
+    assert args[args.index("--max-num-seqs") + 1] == "8" and "--max-model-len" in args
+    assert bench_serve.server_args("--max-num-seqs 2 --dtype float32", 8) == ["--max-num-seqs", "2", "--dtype",
+                                                                              "float32"]
+
+
+def test_bad_levels_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_serve.parse_args(["--target", "t", "--draft", "d", "--prompts", "p", "--output", "o.json",
+                                "--concurrency", "0"])
+    assert exit_.value.code == 1
+    assert "--concurrency" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAS_GUIDELLM, reason="GuideLLM is installed by `make serving`")
+def test_guidellm_load_against_its_mock_server(tmp_path):
+    """GuideLLM's own mock server (fixed TTFT and ITL, 16 tokens per request): every level comes back with its
+    requests, throughput and percentiles near the mock's settings."""
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+    guidellm = find_guidellm(PYTHON)
+    mock = subprocess.Popen([str(guidellm), "mock-server", "--port", str(number), "--ttft-ms", "50", "--itl-ms", "10",
+                             "--output-tokens", "16"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not port_taken(number):
+            time.sleep(0.5)
+        tokenizer = tmp_path / "tok"
+        tiny_tokenizer().save_pretrained(tokenizer)
+        data = write_dataset(tmp_path / "prompts.jsonl", ["def add(a, b):", "class Point:", "import os"], 16)
+        levels = run_load(guidellm, f"http://127.0.0.1:{number}", str(tokenizer), data, tmp_path / "out.json",
+                          requests=4, streams=[1, 2])
+    finally:
+        mock.terminate()
+        mock.wait(timeout=30)
+    assert [level["level"] for level in levels] == ["concurrent@1", "concurrent@2"]
+    for level in levels:
+        assert level["requests"] >= 1 and level["errored"] == 0 and level["output_tokens_per_s"] > 0
+        assert 40 <= level["ttft_ms_p50"] <= 500 and 5 <= level["itl_ms_p50"] <= 100
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-serve-pair")
+    tok = tiny_tokenizer()
+    save_and_load(tiny_model("llama", seed=0, vocab_size=len(tok), hidden=128), root / "target", tok)
+    lines = [line for line in TINY_TEXT.splitlines() if line.strip()][:4]
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines))
+    return root
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not HAS_GUIDELLM, reason="vLLM and GuideLLM are installed by `make serving`")
+def test_bench_serve_on_a_tiny_pair(pair, tmp_path):
+    """Prompt lookup beside the tiny target: two real `vllm serve` processes, HTTP completions equal token for token,
+    two concurrency levels, every reported key; no server left running."""
+    out = tmp_path / "served.json"
+    report = bench_serve.main(["--target", str(pair / "target"), "--draft", "prompt-lookup", "--prompts",
+                               str(pair / "prompts.jsonl"), "--concurrency", "1", "2", "--requests", "4",
+                               "--max-tokens", "16", "--check-prompts", "4", "--output", str(out),
+                               "--plot", str(tmp_path / "served.png"), "--vllm-python", str(PYTHON)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["greedy_equal"] == report["greedy_checked"] == 4
+    assert report["kind"] == "prompt_lookup" and report["spec_counters"]["num_drafts"] > 0 and report["tau"] >= 1
+    assert [level["streams"] for level in report["levels"]] == [1, 2]
+    for level in report["levels"]:
+        for key in ("plain_output_tokens_per_s", "speculative_output_tokens_per_s", "ratio", "plain_ttft_ms_p50",
+                    "speculative_ttft_ms_p99", "plain_itl_ms_p50", "speculative_itl_ms_p99"):
+            assert level[key] > 0, key
+    assert (tmp_path / "served.png").stat().st_size > 1000
+    logs = out.with_suffix(".logs")
+    for name in ("plain", "speculative"):
+        first = (logs / f"{name}-server.log").read_text().splitlines()[0]
+        port = int(first.split("--port ")[1].split()[0])
+        assert not port_taken(port)  # the server let go of its port: it is stopped
