@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget", choices=list(BUDGETS), default="quickstart")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--more-seeds", nargs="+", default=[], metavar="ARM=SEED[,SEED]",
+                   help="more seeds for some arms (the winners), e.g. ttt4=1,2")
     p.add_argument("--num-prompts", type=int, default=96, help="held-out prompts (of 96)")
     p.add_argument("--gammas", nargs="+", default=["2", "4"])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
@@ -148,8 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     args.target = args.target or str(smollm2_gguf())
     args.out.mkdir(parents=True, exist_ok=True)
     measured, seconds = {}, {}
+    more = {arm: [int(x) for x in seeds.split(",")] for arm, seeds in (item.split("=") for item in args.more_seeds)}
     for arm in args.arms:
-        for seed in args.seeds:
+        for seed in [*args.seeds, *more.get(arm, [])]:
             head = train(args, arm, seed)
             seconds[arm, seed] = train_seconds(head)
             for temperature in args.temperatures:
@@ -160,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
                         for arm in args.arms)
     lines = [f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
              f"Budget: `recipes/smollm2/{BUDGETS[args.budget]}` on the rows and hidden-state cache of "
-             f"`{args.data.name}/`; seeds {', '.join(map(str, args.seeds))}; {args.num_prompts} held-out chat "
+             f"`{args.data.name}/`; seeds {', '.join(map(str, args.seeds))} ({', '.join(args.more_seeds) or 'no more'}"
+             f" for the winners); {args.num_prompts} held-out chat "
              f"prompts x {args.max_new_tokens} new tokens, eager, float32. Arms: {changes}.", "",
              *markdown_table(headers, table_rows(measured, seconds))]
     text = "\n".join(lines) + "\n"

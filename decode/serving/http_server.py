@@ -42,7 +42,9 @@ def free_port() -> int:
 
 
 def port_taken(port: int) -> bool:
+    """Whether something listens on the port (one left in TIME_WAIT by closed connections is free, as for vLLM)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -123,19 +125,25 @@ def last_line(log: Path) -> str:
 
 
 def stop(process: subprocess.Popen) -> None:
-    """SIGINT to the server's process group (vLLM shuts its engine down), SIGKILL after STOP_TIMEOUT_S."""
-    if process.poll() is not None:
-        return
+    """SIGINT to the server's process group (vLLM shuts its engine down), SIGKILL after STOP_TIMEOUT_S; then whatever
+    of the group is left (an engine process holding the port) is killed, and the group waited for until it is empty."""
     for sig, wait in ((signal.SIGINT, STOP_TIMEOUT_S), (signal.SIGKILL, STOP_TIMEOUT_S)):
+        if process.poll() is not None:
+            break
         try:
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
             process.wait(timeout=wait)
-            return
+        except ProcessLookupError:
+            break
         except subprocess.TimeoutExpired:
             continue
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # the group's leader is gone: its stragglers
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.2)
 
 
 @contextmanager

@@ -81,8 +81,8 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
     p.add_argument("--gamma", type=positive_int, default=None,
                    help="draft tokens per step (default: the draft folder's, else 4)")
     p.add_argument("--server-args", default=None,
-                   help="extra `vllm serve` arguments for both servers, one string (default: --max-model-len 2048 "
-                        "--seed 0, and --enforce-eager on a machine without CUDA)")
+                   help="extra `vllm serve` arguments for both servers, one string (default: --seed 0, and "
+                        "--enforce-eager on a machine without CUDA)")
     p.add_argument("--port", type=positive_int, default=None, help="the servers' port (default: a free one)")
     p.add_argument("--vllm-python", default=None,
                    help="interpreter with vLLM and GuideLLM (default: $SPECDISTILL_VLLM_PYTHON, else "
@@ -116,7 +116,7 @@ def server_args(given: str | None, max_seqs: int) -> list[str]:
     else:
         import torch
 
-        args = ["--max-model-len", "2048", "--seed", "0"] + ([] if torch.cuda.is_available() else ["--enforce-eager"])
+        args = ["--seed", "0"] + ([] if torch.cuda.is_available() else ["--enforce-eager"])
     return args if "--max-num-seqs" in args else [*args, "--max-num-seqs", str(max_seqs)]
 
 
