@@ -124,6 +124,10 @@ def test_tau_and_the_default_server_arguments():
     assert bench_serve.tau_of({}) is None and bench_serve.tau_of(None) is None
     args = bench_serve.server_args(None, 8)
     assert args[args.index("--max-num-seqs") + 1] == "8" and "--seed" in args
+    import torch
+
+    if not torch.cuda.is_available():  # float32 on a CPU: vLLM's auto would serve a float32 model in bfloat16
+        assert args[args.index("--dtype") + 1] == "float32"
     assert bench_serve.server_args("--max-num-seqs 2 --dtype float32", 8) == ["--max-num-seqs", "2", "--dtype",
                                                                               "float32"]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -82,7 +83,7 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                    help="draft tokens per step (default: the draft folder's, else 4)")
     p.add_argument("--server-args", default=None,
                    help="extra `vllm serve` arguments for both servers, one string (default: --seed 0, and "
-                        "--enforce-eager on a machine without CUDA)")
+                        "--enforce-eager --dtype float32 on a machine without CUDA)")
     p.add_argument("--port", type=positive_int, default=None, help="the servers' port (default: a free one)")
     p.add_argument("--vllm-python", default=None,
                    help="interpreter with vLLM and GuideLLM (default: $SPECDISTILL_VLLM_PYTHON, else "
@@ -116,7 +117,9 @@ def server_args(given: str | None, max_seqs: int) -> list[str]:
     else:
         import torch
 
-        args = ["--seed", "0"] + ([] if torch.cuda.is_available() else ["--enforce-eager"])
+        # on a CPU: float32, as every measurement of ours there (vLLM's auto casts a float32 model to bfloat16, whose
+        # many-token verify rounds differently from a one-token step: greedy output is then not the target's exactly)
+        args = ["--seed", "0"] + ([] if torch.cuda.is_available() else ["--enforce-eager", "--dtype", "float32"])
     return args if "--max-num-seqs" in args else [*args, "--max-num-seqs", str(max_seqs)]
 
 
@@ -248,12 +251,15 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         plot(args.plot, report)
     if equal != len(checked):
         raise ServerError(f"speculative greedy output differs from the target's on {len(checked) - equal} of "
-                          f"{len(checked)} prompts (report: {args.output})")
+                          f"{len(checked)} prompts (report: {args.output}); in bfloat16 or float16 a many-token verify "
+                          "rounds differently from a one-token step: check losslessness with --dtype float32")
     return report
 
 
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
-    """Console entry point `specdistill-bench-serve`: user errors exit 1 with one line; Ctrl-C stops the servers."""
+    """Console entry point `specdistill-bench-serve`: user errors exit 1 with one line; Ctrl-C and SIGTERM stop the
+    servers (SIGTERM unwinds as SystemExit 143, through the blocks that stop them)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         main(argv, prog)
     except (LoadError, FileProblem, ServingError) as err:
