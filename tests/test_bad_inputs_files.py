@@ -72,7 +72,7 @@ FLAG_KINDS = {
                          "--prompt-field": "name", "--messages-field": "name", "--category-field": "name",
                          "--chat-template": "name", "--device": "name", "--dtype": "name", "--engine": "name",
                          "--cpu-linear": "name", "--draft-vocab": "name", "--vllm-draft-sampling": "name",
-                         "--vllm-python": "name"},  # an interpreter we run
+                         "--vllm-dtype": "name", "--vllm-python": "name"},  # an interpreter we run
     "specdistill-push": {"output_dir": "read", "--eval-json": "read", "--repo-id": "name", "--target": "name",
                          "--staging-dir": "name"},  # --staging-dir: accepted, never used
     "specdistill-check": {"--target": "read", "--draft": "read", "--json": "written", "--vllm-python": "name"},
@@ -281,7 +281,8 @@ def test_text_problem_positions_across_chunks(tmp_path, monkeypatch):
 # file passed check_text_file in distill.data.rows.load_rows first).
 # decode/serving/vllm_worker.py runs in vLLM's venv with the stdlib only and reads the request file we wrote.
 TEXT_READERS_ALLOWED = {"decode/inputs/checks.py", "distill/data/text_files.py", "decode/serving/vllm_worker.py"}
-NOT_COMMAND_CODE = ("scripts/bench", "scripts/quickstart", "scripts/chaos_resume", "scripts/benchmark.py")
+NOT_COMMAND_CODE = ("scripts/bench", "scripts/plot_", "scripts/quickstart", "scripts/chaos_resume",
+                    "scripts/benchmark.py")
 
 
 def text_reads(path: Path) -> list[int]:

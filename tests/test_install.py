@@ -33,6 +33,7 @@ COMMANDS = {  # console command -> (the module pyproject.toml names, the entry f
     "specdistill-train": ("specdistill.cli.train", "train.py"),
     "specdistill-push": ("specdistill.cli.push", "push_to_hub.py"),
     "specdistill-data": ("specdistill.cli.data", "build_data.py"),
+    "specdistill-bench-serve": ("specdistill.cli.bench_serve", "bench_serve.py"),
 }
 # `specdistill JOB ...` runs the commands above (no entry file: python -m)
 UMBRELLA = ("specdistill", "specdistill.cli.main")

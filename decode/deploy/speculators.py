@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from decode.inputs.checks import FileProblem, read_text
+
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose schema these keys follow
 CONFIG_FILE = "config.json"
 
@@ -42,8 +44,8 @@ def speculators_type(config: dict) -> str | None:
 def folder_speculators_type(folder: str | Path) -> str | None:
     """speculators_type of a local folder's config.json; None when there is none or it is not JSON."""
     try:
-        return speculators_type(json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError, AttributeError):
+        return speculators_type(json.loads(read_text(Path(folder) / CONFIG_FILE)))
+    except (OSError, ValueError, AttributeError, FileProblem):
         return None
 
 
@@ -64,8 +66,8 @@ def target_architectures(target: str) -> list[str]:
     """The architectures of a local target folder's config.json ([] for a hub id or an unreadable config: vLLM only
     needs the verifier's name_or_path)."""
     try:
-        return list(json.loads((Path(target) / CONFIG_FILE).read_text(encoding="utf-8")).get("architectures") or [])
-    except (OSError, ValueError, AttributeError):
+        return list(json.loads(read_text(Path(target) / CONFIG_FILE)).get("architectures") or [])
+    except (OSError, ValueError, AttributeError, FileProblem):
         return []
 
 
@@ -73,7 +75,7 @@ def add_speculators_keys(folder: str | Path, fields: dict, gamma: int, verifier:
     """Write the speculators keys into ``folder``'s config.json beside its own: ``fields`` (the kind's, with its
     `speculators_model_type`), the version and the speculators_config for ``verifier`` drafting ``gamma``."""
     path = Path(folder) / CONFIG_FILE
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = json.loads(read_text(path))
     algorithm = fields["speculators_model_type"]
     config.update(fields, speculators_version=SPECULATORS_VERSION,
                   speculators_config=speculators_block(algorithm, gamma, verifier, target_architectures(verifier)))

@@ -18,6 +18,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from decode.inputs.checks import read_text
 from decode.serving.http_server import ServerError
 
 PERCENTILES = ("p50", "p99")
@@ -82,7 +83,7 @@ def run_load(guidellm: Path, url: str, tokenizer: str, data: Path, out: Path, re
         done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=None)
     if done.returncode or not out.is_file():
         raise ServerError(f"guidellm exited with code {done.returncode} (log: {log})")
-    levels = [level_metrics(b) for b in json.loads(out.read_text())["benchmarks"]]
+    levels = [level_metrics(b) for b in json.loads(read_text(out))["benchmarks"]]
     failed = [level["level"] for level in levels if level["errored"] or not level["requests"]]
     if failed:
         raise ServerError(f"requests failed at {', '.join(failed)} (GuideLLM's report: {out}; its log: {log})")

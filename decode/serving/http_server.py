@@ -117,7 +117,8 @@ def wait_ready(server: Server, timeout: float) -> None:
 
 def last_line(log: Path) -> str:
     try:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        text = log.read_bytes().decode(errors="replace")  # a server's log: whatever bytes it wrote
+        lines = [line for line in text.splitlines() if line.strip()]
     except OSError:
         return "no log"
     errors = [line for line in lines if "Error" in line or "error:" in line]

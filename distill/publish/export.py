@@ -30,6 +30,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from decode.deploy.speculators import add_speculators_keys
+from decode.inputs.checks import read_text
 from decode.inputs.manifest import MANIFEST, write_manifest
 from decode.inputs.writes import fsync_folder
 from distill.models.distributed import is_partitioned, outside_zero3_init, plain_copy
@@ -111,7 +112,7 @@ def add_speculators_format(folder: Path, kind: PublishingKind, gamma: int, verif
     """The speculators keys in ``folder``'s config.json, so that `vllm serve FOLDER` serves ``verifier`` with the draft
     drafting ``gamma``; nothing for a kind without that format or without a verifier."""
     config = folder / "config.json"
-    fields = kind.speculators_fields(json.loads(config.read_text(encoding="utf-8"))) if verifier else None
+    fields = kind.speculators_fields(json.loads(read_text(config))) if verifier else None
     if fields:
         add_speculators_keys(folder, fields, gamma, verifier)
 
