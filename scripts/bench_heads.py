@@ -17,7 +17,10 @@ Each is measured by specdistill-eval (the same code path as the trainer) at gamm
 2..8: their draft cost does not grow with gamma), greedy and T=1: tau, acceptance, per-position acceptance, the
 draft cost ratio c, and the wall-clock speedup over plain decoding measured in the same run (eager, and compiled
 with --compile). --vllm adds tau measured inside vLLM (`--engine both`) for the head, DFlash and PARD rows.
-Every step reuses what an earlier run left in --out (a row trained there with other settings stops it).
+Every step reuses what an earlier run left in --out (a row trained there with other settings stops it). The
+tables are written from a record of what they show (the machine, the settings, each row's results), kept as --json
+(default --out/bench_heads.json); `--from-json docs/benchmarks/heads/bench_heads.json --doc docs/benchmarks/heads.md`
+writes them again from the committed record without training or measuring anything.
 --doc writes the tables into a new file, or into a page between its lines `<!-- BEGIN bench_heads
 (scripts/bench_heads.py --doc) -->` and `<!-- END bench_heads -->` (the hand-written text around them is kept); a page
 without them stops the script before it measures anything.
@@ -64,9 +67,9 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZ
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", type=Path, required=True)
-    p.add_argument("--dataset", type=Path, required=True)
-    p.add_argument("--eval-prompts", type=Path, required=True)
+    p.add_argument("--target", type=Path, help="required unless --from-json")
+    p.add_argument("--dataset", type=Path, help="required unless --from-json")
+    p.add_argument("--eval-prompts", type=Path, help="required unless --from-json")
     p.add_argument("--out", type=Path, default=ROOT / "bench_heads_out")
     p.add_argument("--steps", type=int, default=240)
     p.add_argument("--batch", type=int, default=16)
@@ -86,7 +89,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"also measure the rows {', '.join(VLLM_ROWS)} inside vLLM (make serving)")
     p.add_argument("--doc", type=Path, default=None,
                    help="write the markdown here: a new file, or a page between its BEGIN / END bench_heads markers")
-    return p.parse_args(argv)
+    p.add_argument("--json", type=Path, default=None,
+                   help="write the record the tables are written from here (default: --out/bench_heads.json)")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="train and measure nothing: the tables of this record (docs/benchmarks/heads/bench_heads.json)")
+    args = p.parse_args(argv)
+    missing = [flag for flag in ("--target", "--dataset", "--eval-prompts")
+               if getattr(args, flag[2:].replace("-", "_")) is None]
+    if missing and args.from_json is None:
+        p.error(f"the following arguments are required: {', '.join(missing)} (or --from-json)")
+    return args
 
 
 def run(cmd: list[str], check: bool = True) -> None:
@@ -166,43 +178,86 @@ def gammas_of(row: str) -> list[str]:
     return ONE_FORWARD_GAMMAS if ROWS[row][0] in ONE_FORWARD_RECIPES else GAMMAS
 
 
-def rows_of(result: dict, row: str, mode: str, tps: float | None) -> list[list]:
-    return [[row, mode, r["gamma"], f"{r['mean_accepted_tokens']:.2f}", f"{r['acceptance_rate']:.3f}",
-             " / ".join(f"{a:.2f}" for a in r.get("per_position_acceptance") or []) or "-",
-             f"{r['draft_cost_ratio']:.3f}", f"{r['speedup']:.2f}x", f"{r['predicted_speedup']:.2f}x",
-             f"{tps:.0f}" if tps else "-"] for r in result["results"]]
+RESULT_KEYS = ("num_prompts", "gamma", "temperature", "mean_accepted_tokens", "acceptance_rate",
+               "per_position_acceptance", "draft_cost_ratio", "speedup", "predicted_speedup", "greedy_match")
+PARITY_KEYS = ("gamma", "tau_specdistill", "tau_vllm", "ratio", "greedy_match_vllm")
+
+
+def kept(result: dict, keys: tuple[str, ...]) -> dict:
+    """What the record keeps of an eval result: `keys` (what the tables read, with the prompts, temperature and greedy
+    match)."""
+    return {key: result[key] for key in keys if key in result}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every row trained and measured (or reused from --out): the record the page's block is written from."""
+    rows, parity = [], []
+    for row in args.rows:
+        draft = train(args, row)
+        tps = tokens_per_s(draft)
+        for temperature in (0.0, 1.0):
+            for compiled in (False, True) if args.compile and temperature == 0.0 else (False,):
+                results = evaluate(args, row, draft, temperature, compiled)["results"]
+                rows.append({"row": row, "decoding": f"T={temperature:g}" + (", compiled" if compiled else ""),
+                             "train_tokens_per_s": tps, "results": [kept(r, RESULT_KEYS) for r in results]})
+        if args.vllm and row in VLLM_ROWS:
+            both = evaluate(args, row, draft, 0.0, False, engine="both")
+            parity += [{"row": row, **kept(p, PARITY_KEYS)} for p in both.get("parity", [])]
+    return {"machine": machine("cpu"), "load_average": load_average(), "target": args.target.name,
+            "steps": args.steps, "batch": args.batch, "overrides": args.overrides,
+            "head_overrides": args.head_overrides, "dflash_overrides": args.dflash_overrides,
+            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "rows": rows, "parity": parity}
+
+
+def doc_text(record: dict) -> str:
+    """The page's block from the record alone: the machine and settings, one table row per (row, decoding, gamma)
+    (the per-position column when the record has it), and vLLM's tau beside ours."""
+    positions = any(r.get("per_position_acceptance") for row in record["rows"] for r in row["results"])
+    table = []
+    for row in record["rows"]:
+        tps = row["train_tokens_per_s"]
+        for r in row["results"]:
+            cells = [row["row"], row["decoding"], r["gamma"], f"{r['mean_accepted_tokens']:.2f}",
+                     f"{r['acceptance_rate']:.3f}", f"{r['draft_cost_ratio']:.3f}", f"{r['speedup']:.2f}x",
+                     f"{r['predicted_speedup']:.2f}x", f"{tps:.0f}" if tps else "-"]
+            if positions:
+                cells.insert(5, " / ".join(f"{a:.2f}" for a in r.get("per_position_acceptance") or []) or "-")
+            table.append(cells)
+    headers = ["row", "decoding", "gamma", "tau", "acceptance", "c", "speedup", "predicted", "train tok/s"]
+    if positions:
+        headers.insert(5, "per-position acceptance")
+    also = [("every row also", record["overrides"]), ("EAGLE-3 rows also", record["head_overrides"]),
+            ("dflash_draft also", record["dflash_overrides"])]
+    lines = [f"Machine: {record['machine']}; load average at the end {record['load_average']}.",
+             f"Target: `{record['target']}`; {record['steps']} steps x batch {record['batch']} for every row"
+             + "".join(f"; {who} `{' '.join(overrides)}`" for who, overrides in also if overrides) + "; "
+             f"{record['num_prompts']} held-out prompts x {record['max_new_tokens']} new tokens.", "",
+             *markdown_table(headers, table)]
+    if record["parity"]:
+        parity = [[p["row"], p["gamma"], f"{p['tau_specdistill']:.3f}", f"{p['tau_vllm']:.3f}", f"{p['ratio']:.3f}",
+                   p["greedy_match_vllm"]] for p in record["parity"]]
+        lines += ["", "Inside vLLM (`--engine both`, greedy):", "",
+                  *markdown_table(["row", "gamma", "tau ours", "tau vLLM", "ratio", "vLLM greedy = plain"], parity)]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.doc:
         check_doc(args.doc, "bench_heads")
-    args.out.mkdir(parents=True, exist_ok=True)
-    table, parity = [], []
-    for row in args.rows:
-        draft = train(args, row)
-        tps = tokens_per_s(draft)
-        for temperature in (0.0, 1.0):
-            for compiled in (False, True) if args.compile and temperature == 0.0 else (False,):
-                mode = f"T={temperature:g}" + (", compiled" if compiled else "")
-                table += rows_of(evaluate(args, row, draft, temperature, compiled), row, mode, tps)
-        if args.vllm and row in VLLM_ROWS:
-            both = evaluate(args, row, draft, 0.0, False, engine="both")
-            parity += [[row, p["gamma"], f"{p['tau_specdistill']:.3f}", f"{p['tau_vllm']:.3f}",
-                        f"{p['ratio']:.3f}", p["greedy_match_vllm"]] for p in both.get("parity", [])]
-    headers = ["row", "decoding", "gamma", "tau", "acceptance", "per-position acceptance", "c", "speedup", "predicted",
-               "train tok/s"]
-    lines = [f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
-             f"Target: `{args.target.name}`; {args.steps} steps x batch {args.batch} for every row"
-             + (f"; every row also `{' '.join(args.overrides)}`" if args.overrides else "")
-             + (f"; EAGLE-3 rows also `{' '.join(args.head_overrides)}`" if args.head_overrides else "")
-             + (f"; dflash_draft also `{' '.join(args.dflash_overrides)}`" if args.dflash_overrides else "") + "; "
-             f"{args.num_prompts} held-out prompts x {args.max_new_tokens} new tokens.", "",
-             *markdown_table(headers, table)]
-    if parity:
-        lines += ["", "Inside vLLM (`--engine both`, greedy):", "",
-                  *markdown_table(["row", "gamma", "tau ours", "tau vLLM", "ratio", "vLLM greedy = plain"], parity)]
-    text = "\n".join(lines) + "\n"
+
+    # ---- the record: trained and measured into --out, or read back (--from-json) ----
+    if args.from_json:
+        record = json.loads(args.from_json.read_text(encoding="utf-8"))
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        record = measure(args)
+        written = args.json or args.out / "bench_heads.json"
+        written.parent.mkdir(parents=True, exist_ok=True)
+        written.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+    # ---- the tables ----
+    text = doc_text(record)
     print(text)
     if args.doc:
         write_doc(args.doc, text, "bench_heads")

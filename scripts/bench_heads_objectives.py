@@ -15,7 +15,9 @@ is. Each (arm, seed) is trained by scripts/train.py and measured by scripts/eval
 beside the training's wall time. A trained arm and its evals are reused from --out (a folder trained with other
 settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN bench_heads_objectives
 (scripts/bench_heads_objectives.py --doc) -->` and `<!-- END bench_heads_objectives -->`, and --plot a PNG of tau per
-arm.
+arm. Both are drawn from a record of what they show (the machine, the budget, each run's results), kept as --json;
+`--from-json docs/benchmarks/head_objectives/bench_heads_objectives.json --doc docs/benchmarks/head_objectives.md`
+draws them again from the committed record without training or measuring anything.
 """
 from __future__ import annotations
 
@@ -68,6 +70,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench_head_objectives_out")
     p.add_argument("--doc", type=Path, default=None, help="a page with BEGIN / END bench_heads_objectives markers")
     p.add_argument("--plot", type=Path, default=None, help="a PNG of tau per arm at the largest gamma")
+    p.add_argument("--json", type=Path, default=None,
+                   help="write the record the table is written from here (default: --out/bench_heads_objectives.json)")
+    p.add_argument("--add-to", type=Path, default=None,
+                   help="a record of earlier arms (the committed one): this run's arms join it (a run of the same arm, "
+                        "seed and temperature replaces its row); the budget, prompts and machine must be the record's")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="train and measure nothing: the table (and --plot) of this record "
+                        "(docs/benchmarks/head_objectives/bench_heads_objectives.json)")
     return p.parse_args(argv)
 
 
@@ -105,36 +115,124 @@ def train_seconds(head: Path) -> float | None:
     return json.loads((head / "train_results.json").read_text()).get("train_runtime")
 
 
-def table_rows(measured: dict[tuple[str, int, float], dict], seconds: dict[tuple[str, int], float | None]
-               ) -> list[list[str]]:
-    """One row per (arm, seed, temperature, gamma), the arms in the order given."""
+RESULT_KEYS = ("num_prompts", "gamma", "temperature", "mean_accepted_tokens", "acceptance_rate",
+               "per_position_acceptance", "speedup", "predicted_speedup", "greedy_match")
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every (arm, seed) trained and measured at every temperature (or reused from --out): the record the page's
+    block is written from."""
+    more = {arm: [int(x) for x in seeds.split(",")] for arm, seeds in (item.split("=") for item in args.more_seeds)}
+    runs = []
+    for arm in args.arms:
+        for seed in [*args.seeds, *more.get(arm, [])]:
+            head = train(args, arm, seed)
+            for temperature in args.temperatures:
+                results = evaluate(args, arm, seed, head, temperature)["results"]
+                runs.append({"arm": arm, "seed": seed, "temperature": temperature,
+                             "train_seconds": train_seconds(head),
+                             "results": [{k: r[k] for k in RESULT_KEYS if k in r} for r in results]})
+    return {"machine": machine("cpu"), "load_average": load_average(), "budget": BUDGETS[args.budget],
+            "data": args.data.name, "seeds": args.seeds, "more_seeds": args.more_seeds,
+            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
+            "arms": {arm: ARMS[arm] for arm in args.arms}, "runs": runs}
+
+
+SAME = ("budget", "data", "num_prompts", "max_new_tokens")  # what arms of one table must share
+
+
+def machines_of(record: dict) -> dict[str, dict]:
+    """{label: {"machine", "load_average"}}; a record of one machine is machine A."""
+    return dict(record.get("machines") or {"A": {"machine": record["machine"], "load_average": record["load_average"]}})
+
+
+def merged(earlier: dict, record: dict) -> dict:
+    """``record``'s arms added to ``earlier``'s; a run of the same (machine, arm, seed, temperature) replaces its
+    row. Rows from another machine (another CPU trains and times differently) are labelled by machine, each machine
+    with its own `recipe` row to compare against. SystemExit naming the first setting they do not share."""
+    for key in SAME:
+        if earlier.get(key) != record[key]:
+            sys.exit(f"--add-to: its {key} is {earlier.get(key)!r}, this run's {record[key]!r}: arms of one table "
+                     "share them")
+    machines = machines_of(earlier)
+    label = next((k for k, m in machines.items() if m["machine"] == record["machine"]), chr(ord("A") + len(machines)))
+    machines[label] = {"machine": record["machine"], "load_average": record["load_average"]}
+    runs_before = earlier["runs"] if "machines" in earlier else [{"machine": "A", **r} for r in earlier["runs"]]
+    added = [{"machine": label, **r} for r in record["runs"]]
+    key = lambda r: (r["machine"], r["arm"], r["seed"], r["temperature"])  # noqa: E731
+    runs = [r for r in runs_before if key(r) not in {key(r) for r in added}] + added
+    order = list(dict.fromkeys([*earlier["arms"], *record["arms"]]))
+    arms = {**earlier["arms"], **record["arms"]}
+    runs.sort(key=lambda r: (r["machine"], order.index(r["arm"]), r["seed"], r["temperature"]))
+    out = {key: value for key, value in earlier.items() if key not in ("machine", "load_average", "machines")}
+    out.update(more_seeds=list(dict.fromkeys([*earlier.get("more_seeds", []), *record["more_seeds"]])),
+               arms={arm: arms[arm] for arm in order})
+    if len(machines) == 1:
+        return {**out, **machines["A"], "runs": [{k: v for k, v in r.items() if k != "machine"} for r in runs]}
+    return {**out, "machines": machines, "runs": runs}
+
+
+def table_rows(runs: list[dict]) -> list[list[str]]:
+    """One row per (arm, seed, temperature, gamma), in the order measured; the machine after the arm when the
+    record holds more than one."""
     rows = []
-    for (arm, seed, temperature), result in measured.items():
-        for r in result["results"]:
-            rows.append([arm, str(seed), f"{temperature:g}", str(r["gamma"]), f"{r['mean_accepted_tokens']:.3f}",
-                         f"{r['acceptance_rate']:.3f}",
+    for measured in runs:
+        seconds = measured["train_seconds"]
+        for r in measured["results"]:
+            rows.append([measured["arm"], *([measured["machine"]] if "machine" in measured else []),
+                         str(measured["seed"]), f"{measured['temperature']:g}", str(r["gamma"]),
+                         f"{r['mean_accepted_tokens']:.3f}", f"{r['acceptance_rate']:.3f}",
                          " / ".join(f"{a:.2f}" for a in r.get("per_position_acceptance") or []),
-                         f"{r['speedup']:.2f}x", f"{seconds[arm, seed]:.0f}" if seconds[arm, seed] else "-"])
+                         f"{r['speedup']:.2f}x", f"{seconds:.0f}" if seconds else "-"])
     return rows
 
 
-def mean_tau(measured: dict, arm: str, temperature: float, gamma: str) -> float:
-    return statistics.mean(r["mean_accepted_tokens"] for (a, _, t), result in measured.items()
-                           if a == arm and t == temperature for r in result["results"] if str(r["gamma"]) == gamma)
+def doc_text(record: dict) -> str:
+    """The page's block from the record alone: the machines, the budget and arms, one table row per run and gamma."""
+    several = "machines" in record
+    headers = ["arm", *(["machine"] if several else []), "seed", "T", "gamma", "tau", "acceptance",
+               "acceptance per position", "speedup", "training s"]
+    changes = "; ".join(f"`{arm}`: " + (" ".join(f"`{o}`" for o in overrides) or "the recipe as it is")
+                        for arm, overrides in record["arms"].items())
+    machines = [f"Machine{f' {label}' if several else ''}: {m['machine']}; load average at the end "
+                f"{m['load_average']}." for label, m in machines_of(record).items()]
+    lines = [*machines,
+             f"Budget: `recipes/smollm2/{record['budget']}` on the rows and hidden-state cache of "
+             f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))} "
+             f"({', '.join(record['more_seeds']) or 'no more'} for the winners); {record['num_prompts']} held-out chat "
+             f"prompts x {record['max_new_tokens']} new tokens, eager, float32. Arms: {changes}.", "",
+             *markdown_table(headers, table_rows(record["runs"]))]
+    return "\n".join(lines) + "\n"
 
 
-def plot(path: Path, measured: dict, arms: list[str], temperatures: list[float], gamma: str) -> None:
+def group_of(measured: dict) -> str:
+    """A run's bar in the plot: its arm, and its machine when the record holds more than one."""
+    return f"{measured['arm']} ({measured['machine']})" if "machine" in measured else measured["arm"]
+
+
+def mean_tau(runs: list[dict], group: str, temperature: float, gamma: str) -> float:
+    return statistics.mean(r["mean_accepted_tokens"] for measured in runs
+                           if group_of(measured) == group and measured["temperature"] == temperature
+                           for r in measured["results"] if str(r["gamma"]) == gamma)
+
+
+def plot(path: Path, runs: list[dict]) -> None:
+    """tau per arm at the largest gamma measured, one bar per temperature."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    arms = list(dict.fromkeys(group_of(measured) for measured in runs))
+    temperatures = list(dict.fromkeys(measured["temperature"] for measured in runs))
+    gamma = str(max(r["gamma"] for measured in runs for r in measured["results"]))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.8 * len(arms)), 3.8))
     width = 0.8 / len(temperatures)
     for i, temperature in enumerate(temperatures):
-        taus = [mean_tau(measured, arm, temperature, gamma) for arm in arms]
+        taus = [mean_tau(runs, arm, temperature, gamma) for arm in arms]
         ax.bar([x + i * width for x in range(len(arms))], taus, width, label=f"T={temperature:g}")
-    ax.set_xticks([x + width * (len(temperatures) - 1) / 2 for x in range(len(arms))], arms)
+    ax.set_xticks([x + width * (len(temperatures) - 1) / 2 for x in range(len(arms))], arms, rotation=30,
+                  ha="right")
     ax.set_ylabel(f"tau at gamma {gamma}")
     ax.set_ylim(1.0, None)
     ax.legend()
@@ -147,30 +245,25 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.doc:
         check_doc(args.doc, "bench_heads_objectives")
-    args.target = args.target or str(smollm2_gguf())
-    args.out.mkdir(parents=True, exist_ok=True)
-    measured, seconds = {}, {}
-    more = {arm: [int(x) for x in seeds.split(",")] for arm, seeds in (item.split("=") for item in args.more_seeds)}
-    for arm in args.arms:
-        for seed in [*args.seeds, *more.get(arm, [])]:
-            head = train(args, arm, seed)
-            seconds[arm, seed] = train_seconds(head)
-            for temperature in args.temperatures:
-                measured[arm, seed, temperature] = evaluate(args, arm, seed, head, temperature)
-    headers = ["arm", "seed", "T", "gamma", "tau", "acceptance", "acceptance per position", "speedup",
-               "training s"]
-    changes = "; ".join(f"`{arm}`: " + (" ".join(f"`{o}`" for o in ARMS[arm]) or "the recipe as it is")
-                        for arm in args.arms)
-    lines = [f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
-             f"Budget: `recipes/smollm2/{BUDGETS[args.budget]}` on the rows and hidden-state cache of "
-             f"`{args.data.name}/`; seeds {', '.join(map(str, args.seeds))} ({', '.join(args.more_seeds) or 'no more'}"
-             f" for the winners); {args.num_prompts} held-out chat "
-             f"prompts x {args.max_new_tokens} new tokens, eager, float32. Arms: {changes}.", "",
-             *markdown_table(headers, table_rows(measured, seconds))]
-    text = "\n".join(lines) + "\n"
+
+    # ---- the record: trained and measured into --out, or read back (--from-json) ----
+    if args.from_json:
+        record = json.loads(args.from_json.read_text(encoding="utf-8"))
+    else:
+        args.target = args.target or str(smollm2_gguf())
+        args.out.mkdir(parents=True, exist_ok=True)
+        record = measure(args)
+        if args.add_to:
+            record = merged(json.loads(args.add_to.read_text(encoding="utf-8")), record)
+        written = args.json or args.out / "bench_heads_objectives.json"
+        written.parent.mkdir(parents=True, exist_ok=True)
+        written.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+    # ---- the table and the plot ----
+    text = doc_text(record)
     print(text)
     if args.plot:
-        plot(args.plot, measured, args.arms, args.temperatures, max(args.gammas, key=int))
+        plot(args.plot, record["runs"])
     if args.doc:
         write_doc(args.doc, text, "bench_heads_objectives")
 

@@ -11,16 +11,23 @@ Sections (each a table; every number comes from one specdistill-eval run, plain 
   sampled    every --drafter at gamma 4, temperature 1, eager
   compiled   every --drafter at gamma 4, greedy, the static-cache compiled decoder
   curve      each --curve head (NAME=FOLDER, NAME the number of training prompts) at gamma 4, greedy: tau against data
-Every eval is reused from --out when its JSON is there (delete it to measure again). --doc writes the tables into a
-new file, or into a page between its lines `<!-- BEGIN bench_real_target (scripts/bench_real_target.py --doc) -->` and
-`<!-- END bench_real_target -->` (docs/benchmarks/real_target.md has them); a page without them stops the script
-before it measures anything.
+Every eval is reused from --out when its JSON is there (delete it to measure again); --out also gets the record
+bench_real_target.json (the machine, the load average at the end, each table's eval JSONs by name), from which
+
+    python scripts/bench_real_target.py --from-json docs/benchmarks/real_target/bench_real_target.json \
+        --doc docs/benchmarks/real_target.md
+
+writes the tables again without measuring (the record and its eval JSONs are committed beside the page).
+--doc writes the tables into a new file, or into a page between its lines `<!-- BEGIN bench_real_target
+(scripts/bench_real_target.py --doc) -->` and `<!-- END bench_real_target -->` (docs/benchmarks/real_target.md has
+them); a page without them stops the script before it measures anything.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +39,7 @@ from scripts.benchmark import check_doc, load_average, machine, write_doc
 
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
 SECTIONS = ("gammas", "sampled", "compiled", "curve")
+RECORD = "bench_real_target.json"  # in --out, beside the eval JSONs it names: what the page's block shows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,16 +58,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--doc", type=Path, default=None,
                    help="write the tables here: a new file, or a page between its BEGIN / END bench_real_target "
                         "markers")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help=f"measure nothing: the tables of this record ({RECORD}) and the eval JSONs it names beside it")
     return p.parse_args(argv)
 
 
-def drafters(specs: list[str]) -> dict[str, str]:
+def drafters_of(specs: list[str]) -> dict[str, str]:
     """NAME=FOLDER (or prompt_lookup) -> {name: the --draft value}."""
     return {spec.split("=", 1)[0]: (spec.split("=", 1)[1] if "=" in spec else "prompt-lookup") for spec in specs}
 
 
-def evaluate(args: argparse.Namespace, name: str, draft: str, *extra: str, prompts: int) -> dict:
-    """One specdistill-eval run (reused from --out): its report."""
+def evaluate(args: argparse.Namespace, name: str, draft: str, *extra: str, prompts: int) -> str:
+    """One specdistill-eval run, its JSON kept in --out as NAME.json (reused when there): that file's name."""
     from specdistill.cli.eval import main as eval_main
 
     result = args.out / f"{name}.json"
@@ -68,14 +78,43 @@ def evaluate(args: argparse.Namespace, name: str, draft: str, *extra: str, promp
         eval_main(["--target", args.target, "--draft", draft, "--prompts", str(PROMPTS), "--chat-template", "on",
                    "--num-prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens), "--stop-at-eos",
                    "--quiet", "--output", str(result), *extra])
-    return json.loads(result.read_text())
+    return result.name
 
+
+def measure(args: argparse.Namespace, chosen: dict[str, str]) -> list[dict]:
+    """Every section's eval JSONs in --out, measured when missing: the record's sections, each
+    {"section": NAME, "drafters": {drafter: {"eval": FILE, "vllm": FILE (gammas with --vllm)}}}."""
+    sections = []
+    for section in args.sections:
+        drafters: dict[str, dict[str, str]] = {}
+        if section == "gammas":
+            for name, draft in chosen.items():
+                drafters[name] = {"eval": evaluate(args, f"{name}_gammas", draft, "--gamma", *args.gammas,
+                                                   prompts=args.prompts)}
+                if args.vllm:
+                    drafters[name]["vllm"] = evaluate(args, f"{name}_vllm", draft, "--gamma", "4", "--engine", "both",
+                                                      prompts=args.prompts)
+        elif section == "curve":
+            for size, folder in sorted(drafters_of(args.curve).items(), key=lambda kv: int(kv[0])):
+                drafters[size] = {"eval": evaluate(args, f"curve_{size}", folder, "--gamma", "4",
+                                                   prompts=args.short_prompts)}
+        else:
+            for name, draft in chosen.items():
+                drafters[name] = {"eval": evaluate(args, f"{name}_{section}", draft, "--gamma", "4",
+                                                   *SINGLE[section][1], prompts=args.short_prompts)}
+        if drafters:
+            sections.append({"section": section, "drafters": drafters})
+    return sections
+
+
+# ---- the page's block, from the record and the eval JSONs it names (nothing measured) -----------------------------
 
 def overall(report: dict, key: str = "results") -> list[dict]:
     return [r for r in report.get(key, []) if r.get("category") in (None, "all")]
 
 
-def row_cells(name: str, r: dict, vllm_tau: float | None = None) -> list[str]:
+def row_cells(name: str, r: dict, vllm_tau: float | None | bool = False) -> list[str]:
+    """One table row; vllm_tau False: no vLLM column, None: "-" in it."""
     cells = [name, str(r["num_prompts"]), str(r["gamma"]), f"{r['temperature']:g}", f"{r['acceptance_rate']:.3f}",
              f"{r['mean_accepted_tokens']:.2f}", f"{r['draft_cost_ratio']:.3f}", f"{r['verify_cost_ratio']:.2f}",
              f"{r['target_tokens_per_s']:.1f}", f"{r['speculative_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x",
@@ -83,63 +122,90 @@ def row_cells(name: str, r: dict, vllm_tau: float | None = None) -> list[str]:
     return cells + ([f"{vllm_tau:.2f}" if vllm_tau is not None else "-"] if vllm_tau is not False else [])
 
 
+def prompts_of(results: list[dict]) -> str:
+    """The prompt counts of a table's rows, as its title gives them."""
+    return ", ".join(sorted({str(r["num_prompts"]) for r in results}, key=int))
+
+
 HEADERS = ["drafter", "prompts", "gamma", "T", "acceptance", "tau", "c", "v", "plain tok/s", "spec tok/s", "speedup",
            "predicted"]
+SINGLE = {  # section -> (its table's title, the eval's flags besides --gamma 4)
+    "sampled": ("Temperature 1, gamma 4, eager", ["--temperature", "1.0"]),
+    "compiled": ("Compiled (static cache), gamma 4, greedy", ["--compile"]),
+}
 
 
-def gammas_section(args: argparse.Namespace, chosen: dict[str, str]) -> list[str]:
-    rows = []
-    for name, draft in chosen.items():
-        report = evaluate(args, f"{name}_gammas", draft, "--gamma", *args.gammas, prompts=args.prompts)
-        vllm = {}
-        if args.vllm:
-            both = evaluate(args, f"{name}_vllm", draft, "--gamma", "4", "--engine", "both", prompts=args.prompts)
-            vllm = {r["gamma"]: r["mean_accepted_tokens"] for r in overall(both, "vllm_results")}
-        rows += [row_cells(name, r, vllm.get(r["gamma"]) if args.vllm else False) for r in overall(report)]
-    headers = HEADERS + (["tau (vLLM)"] if args.vllm else [])
-    return [f"### Gamma {', '.join(args.gammas)}, greedy, eager ({args.prompts} prompts)", "",
-            *markdown_table(headers, rows), ""]
+def gammas_table(drafters: dict[str, dict], read: Callable[[str], dict]) -> list[str]:
+    with_vllm = any("vllm" in files for files in drafters.values())
+    rows, results = [], []
+    for name, files in drafters.items():
+        taus = ({r["gamma"]: r["mean_accepted_tokens"] for r in overall(read(files["vllm"]), "vllm_results")}
+                if "vllm" in files else {})
+        own = overall(read(files["eval"]))
+        results += own
+        rows += [row_cells(name, r, taus.get(r["gamma"]) if with_vllm else False) for r in own]
+    gammas = ", ".join(dict.fromkeys(str(r["gamma"]) for r in results))
+    return [f"### Gamma {gammas}, greedy, eager ({prompts_of(results)} prompts)", "",
+            *markdown_table(HEADERS + (["tau (vLLM)"] if with_vllm else []), rows), ""]
 
 
-def single_section(args: argparse.Namespace, chosen: dict[str, str], section: str) -> list[str]:
-    extra = {"sampled": ["--temperature", "1.0"], "compiled": ["--compile"]}[section]
-    title = {"sampled": "Temperature 1, gamma 4, eager", "compiled": "Compiled (static cache), gamma 4, greedy"}
-    rows = [row_cells(name, r, False) for name, draft in chosen.items()
-            for r in overall(evaluate(args, f"{name}_{section}", draft, "--gamma", "4", *extra,
-                                      prompts=args.short_prompts))]
-    return [f"### {title[section]} ({args.short_prompts} prompts)", "", *markdown_table(HEADERS, rows), ""]
+def single_table(section: str, drafters: dict[str, dict], read: Callable[[str], dict]) -> list[str]:
+    results = {name: overall(read(files["eval"])) for name, files in drafters.items()}
+    rows = [row_cells(name, r) for name, own in results.items() for r in own]
+    return [f"### {SINGLE[section][0]} ({prompts_of([r for own in results.values() for r in own])} prompts)", "",
+            *markdown_table(HEADERS, rows), ""]
 
 
-def curve_section(args: argparse.Namespace, heads: dict[str, str]) -> list[str]:
-    rows = []
-    for size, folder in sorted(heads.items(), key=lambda kv: int(kv[0])):
-        (r,) = [r for r in overall(evaluate(args, f"curve_{size}", folder, "--gamma", "4",
-                                            prompts=args.short_prompts))]
-        rows.append([size, f"{r['acceptance_rate']:.3f}", f"{r['mean_accepted_tokens']:.2f}",
-                     " / ".join(f"{a:.2f}" for a in r["per_position_acceptance"]), f"{r['speedup']:.2f}x"])
-    return [f"### tau against training prompts (gamma 4, greedy, {args.short_prompts} prompts)", "",
+def curve_table(drafters: dict[str, dict], read: Callable[[str], dict]) -> list[str]:
+    results = {size: overall(read(files["eval"])) for size, files in drafters.items()}
+    rows = [[size, f"{r['acceptance_rate']:.3f}", f"{r['mean_accepted_tokens']:.2f}",
+             " / ".join(f"{a:.2f}" for a in r["per_position_acceptance"]), f"{r['speedup']:.2f}x"]
+            for size, own in results.items() for r in own]
+    return [f"### tau against training prompts (gamma 4, greedy, "
+            f"{prompts_of([r for own in results.values() for r in own])} prompts)", "",
             *markdown_table(["training prompts", "acceptance", "tau", "per-position acceptance", "speedup"], rows), ""]
+
+
+def doc_text(record: dict, folder: Path) -> str:
+    """The page's block: each section's table from the eval JSONs the record names (in `folder`), then the machine
+    they ran on."""
+    def read(name: str) -> dict:
+        return json.loads((folder / name).read_text(encoding="utf-8"))
+
+    lines = []
+    for section in record["sections"]:
+        kind, drafters = section["section"], section["drafters"]
+        if kind == "gammas":
+            lines += gammas_table(drafters, read)
+        elif kind == "curve":
+            lines += curve_table(drafters, read)
+        else:
+            lines += single_table(kind, drafters, read)
+    lines += [f"Machine: {record['machine']}; load average at the end {record['load_average']}.", ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.doc:
         check_doc(args.doc, "bench_real_target")
-    if args.target is None:
-        from decode.inputs.gguf import smollm2_gguf
 
-        args.target = str(smollm2_gguf())
-    chosen = drafters(args.drafter)
-    lines = []
-    for section in args.sections:
-        if section == "gammas":
-            lines += gammas_section(args, chosen)
-        elif section == "curve" and args.curve:
-            lines += curve_section(args, drafters(args.curve))
-        elif section in ("sampled", "compiled"):
-            lines += single_section(args, chosen, section)
-    lines += [f"Machine: {machine('cpu')}; load average at the end {load_average()}.", ""]
-    text = "\n".join(lines)
+    # ---- the record: measured into --out, or read back (--from-json) ----
+    if args.from_json:
+        record, folder = json.loads(args.from_json.read_text(encoding="utf-8")), args.from_json.parent
+    else:
+        if args.target is None:
+            from decode.inputs.gguf import smollm2_gguf
+
+            args.target = str(smollm2_gguf())
+        sections = measure(args, drafters_of(args.drafter))
+        record = {"machine": machine("cpu"), "load_average": load_average(), "sections": sections}
+        folder = args.out
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+    # ---- the tables ----
+    text = doc_text(record, folder)
     print(text)
     if args.doc:
         write_doc(args.doc, text, "bench_real_target")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def rows(reports: dict[str, dict]) -> list[list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through the blocks that stop the servers
     args = parse_args(argv)
     if args.doc:
         check_doc(args.doc, "bench_served")
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
         f"`vllm serve` ({' '.join(first['server_args'])}); {first['num_prompts']} held-out chat prompts "
         f"(`recipes/prompts/chat_eval.jsonl`, chat template), {first['max_tokens']} tokens per request "
-        f"(ignore_eos), {first['requests_per_level']} requests per level, GuideLLM over /v1/completions.", "",
+        f"(ignore_eos), {first['requests_per_level']} requests per level, temperature "
+        f"{first.get('temperature', 0.0):g} (greedy, as `specdistill eval`), GuideLLM over /v1/completions.", "",
         *markdown_table(headers, rows(reports))]) + "\n"
     print(text)
     if args.doc:

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -341,6 +342,13 @@ def write_result(text: str, path: str | None) -> None:
 def doc_markers(script: str) -> tuple[str, str]:
     """The BEGIN / END markers between which `scripts/<script>.py --doc` writes its tables into a page."""
     return f"<!-- BEGIN {script} (scripts/{script}.py --doc) -->", f"<!-- END {script} -->"
+
+
+def doc_blocks(page: str) -> dict[str, str]:
+    """Every script's block in `page`: script -> the text between its BEGIN line and its END line (both excluded)."""
+    found = re.finditer(r"^<!-- BEGIN (\w+) \(scripts/\1\.py --doc\) -->\n(.*?)^<!-- END \1 -->$", page,
+                        re.DOTALL | re.MULTILINE)
+    return {match[1]: match[2] for match in found}
 
 
 def check_doc(path: Path, script: str) -> str:

@@ -147,6 +147,10 @@ def test_tables_are_built_from_earlier_results(tmp_path, monkeypatch, capsys):
     assert ["head_ttt", "4", "3.750", "3.700", "0.987", "1.0"] in cells  # inside vLLM
     assert len([row for row in cells if row[0] == "head_ttt"]) == 4 + 1  # T=0, T=1 at two gammas; the vLLM row
     assert "`target6`" in text and text in capsys.readouterr().out
+    again = tmp_path / "again.md"  # from the record the run left in --out, nothing trained or measured
+    monkeypatch.setattr(bench_heads, "evaluate", lambda *a, **k: pytest.fail("measured"))
+    bench_heads.main(["--from-json", str(out / "bench_heads.json"), "--doc", str(again)])
+    assert again.read_text() == text
 
 
 def test_doc_replaces_only_the_marked_tables(tmp_path):
@@ -177,3 +181,41 @@ def test_doc_replaces_only_the_marked_tables(tmp_path):
     assert message.startswith(f"bench_heads: --doc {plain} exists without") and "\n" not in message
     assert begin in message and end in message and not trained and not (tmp_path / "o").exists()
     assert plain.read_text() == "hand-written\n"
+
+
+def test_new_arms_join_a_committed_record_and_replace_only_their_own_rows():
+    """bench_heads_objectives --add-to: new arms are appended in order, a re-measured (arm, seed, T) replaces its row,
+    and a record of another budget or machine is refused in one line."""
+    from scripts.bench_heads_objectives import merged
+
+    def run(arm, tau):
+        return {"arm": arm, "seed": 0, "temperature": 0.0, "train_seconds": 1.0,
+                "results": [{"gamma": 4, "mean_accepted_tokens": tau}]}
+
+    shared = {"machine": "m", "budget": "eagle3.yaml", "data": "data", "num_prompts": 32, "max_new_tokens": 64,
+              "seeds": [0]}
+    earlier = {**shared, "load_average": "1", "more_seeds": ["ttt4=1"], "arms": {"recipe": [], "tv": ["t"]},
+               "runs": [run("recipe", 1.3), run("tv", 1.2)]}
+    new = {**shared, "load_average": "2", "more_seeds": [], "arms": {"recipe": [], "nla": ["n"]},
+           "runs": [run("recipe", 1.35), run("nla", 1.4)]}
+    got = merged(earlier, new)
+    assert list(got["arms"]) == ["recipe", "tv", "nla"] and got["more_seeds"] == ["ttt4=1"]
+    assert [(r["arm"], r["results"][0]["mean_accepted_tokens"]) for r in got["runs"]] == [
+        ("recipe", 1.35), ("tv", 1.2), ("nla", 1.4)]
+    with pytest.raises(SystemExit, match="budget"):
+        merged(earlier, {**new, "budget": "eagle3_90min.yaml"})
+    # another machine: its rows are labelled B beside A's, A's recipe row kept; the table shows a machine column
+    other = merged(earlier, {**new, "machine": "m2"})
+    assert other["machines"] == {"A": {"machine": "m", "load_average": "1"},
+                                 "B": {"machine": "m2", "load_average": "2"}}
+    assert [(r["machine"], r["arm"]) for r in other["runs"]] == [("A", "recipe"), ("A", "tv"), ("B", "recipe"),
+                                                                  ("B", "nla")]
+    from scripts.bench_heads_objectives import doc_text
+    text = doc_text({**other, "runs": [{**r, "results": [{"gamma": 4, "mean_accepted_tokens": 1.3,
+                                                          "acceptance_rate": 0.3, "speedup": 1.0}]}
+                                       for r in other["runs"]]})
+    assert text.startswith("Machine A: m; load average at the end 1.\nMachine B: m2;") and "| machine |" in \
+        text.replace(" ", "").replace("|machine|", "| machine |")
+    again = merged(other, {**new, "machine": "m2", "runs": [run("nla", 1.5)]})  # B re-measured: its row replaced
+    assert [(r["machine"], r["arm"], r["results"][0]["mean_accepted_tokens"]) for r in again["runs"]][-1] == (
+        "B", "nla", 1.5) and len(again["runs"]) == 4

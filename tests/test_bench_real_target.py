@@ -3,6 +3,7 @@ numbers, vLLM's tau beside ours with --vllm), and --doc writes them between the 
 hand-written text around them, or refuses a page without markers before it measures anything."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,13 @@ def report(gammas: list[int], temperature: float = 0.0, tau: float = 1.5) -> dic
 
 
 def fake_evaluate(calls: list):
+    """specdistill-eval's stand-in: the report written into --out as NAME.json, its name returned."""
     def evaluate(args, name, draft, *extra, prompts):
         calls.append((name, draft, extra, prompts))
         gammas = [int(x) for x in extra[extra.index("--gamma") + 1:] if x.isdigit()]
-        return report(gammas, 1.0 if "--temperature" in extra else 0.0)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{name}.json").write_text(json.dumps(report(gammas, 1.0 if "--temperature" in extra else 0.0)))
+        return f"{name}.json"
     return evaluate
 
 
@@ -39,7 +43,8 @@ def test_tables_from_reports_written_between_markers(tmp_path, monkeypatch, caps
     calls = []
     monkeypatch.setattr(bench_real_target, "evaluate", fake_evaluate(calls))
     bench_real_target.main(["--target", "t.gguf", "--drafter", "head=h", "prompt_lookup", "--gammas", "2", "4",
-                            "--prompts", "16", "--vllm", "--sections", "gammas", "sampled", "--doc", str(doc)])
+                            "--prompts", "16", "--vllm", "--sections", "gammas", "sampled", "--out",
+                            str(tmp_path / "out"), "--doc", str(doc)])
     assert [c[0] for c in calls] == ["head_gammas", "head_vllm", "prompt_lookup_gammas", "prompt_lookup_vllm",
                                      "head_sampled", "prompt_lookup_sampled"]
     text = doc.read_text()
@@ -60,11 +65,31 @@ def test_doc_without_markers_refused_before_measuring(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(bench_real_target, "evaluate", fake_evaluate(calls))
     with pytest.raises(SystemExit) as stopped:
-        bench_real_target.main(["--target", "t.gguf", "--sections", "gammas", "--doc", str(page)])
+        bench_real_target.main(["--target", "t.gguf", "--sections", "gammas", "--out", str(tmp_path / "out"),
+                                "--doc", str(page)])
     message = str(stopped.value.code)
     assert message.startswith(f"bench_real_target: --doc {page} exists without") and "\n" not in message
     assert calls == [] and page.read_text() == "hand-written\n"
     new = tmp_path / "new.md"  # a new file gets the tables alone
     bench_real_target.main(["--target", "t.gguf", "--drafter", "prompt_lookup", "--gammas", "4", "--sections",
-                            "gammas", "--doc", str(new)])
-    assert new.read_text().startswith("### Gamma 4, greedy, eager (96 prompts)")
+                            "gammas", "--out", str(tmp_path / "out"), "--doc", str(new)])
+    assert new.read_text().startswith("### Gamma 4, greedy, eager (16 prompts)")  # the count the eval JSON holds
+
+
+def test_the_record_writes_the_same_tables_again_without_measuring(tmp_path, monkeypatch):
+    """--out gets the record (the machine, the load average, each table's eval JSONs by name); --from-json writes the
+    same tables from it and the eval JSONs beside it, measuring nothing."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(bench_real_target, "evaluate", fake_evaluate([]))
+    doc = tmp_path / "first.md"
+    bench_real_target.main(["--target", "t.gguf", "--drafter", "head=h", "--gammas", "2", "4", "--prompts", "16",
+                            "--vllm", "--sections", "gammas", "compiled", "--out", str(out), "--doc", str(doc)])
+    record = json.loads((out / bench_real_target.RECORD).read_text())
+    assert record["sections"] == [
+        {"section": "gammas", "drafters": {"head": {"eval": "head_gammas.json", "vllm": "head_vllm.json"}}},
+        {"section": "compiled", "drafters": {"head": {"eval": "head_compiled.json"}}}]
+    assert f"load average at the end {record['load_average']}." in doc.read_text()
+    monkeypatch.setattr(bench_real_target, "evaluate", lambda *a, **k: pytest.fail("measured"))
+    again = tmp_path / "again.md"
+    bench_real_target.main(["--from-json", str(out / bench_real_target.RECORD), "--doc", str(again)])
+    assert again.read_text() == doc.read_text()

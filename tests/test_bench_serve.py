@@ -98,10 +98,15 @@ def test_guidellm_command_names_levels_and_rates(tmp_path):
                                streams=[1, 4])
     assert command[command.index("--profile") + 1] == "kind=concurrent,streams=1"
     assert command[command.index("--override") + 1:command.index("--override") + 3] == ["profile.streams", "1,4"]
-    assert "kind=max_requests,count=8" in command and "kind=openai_http,target=http://h:1,request_format=" \
-        "/v1/completions" in command
+    assert "kind=max_requests,count=8" in command
+    backend = json.loads(command[command.index("--backend") + 1])  # GuideLLM reads YAML / JSON there
+    assert backend == {"kind": "openai_http", "target": "http://h:1", "request_format": "/v1/completions",
+                       "extras": {"body": {"temperature": 0.0}}}, "greedy unless asked: vLLM's default is T=1"
     rated = guidellm_command(Path("guidellm"), "u", "tok", tmp_path / "d", tmp_path / "o", 4, rates=[0.5, 2])
     assert rated[rated.index("--override") + 2] == "0.5,2" and "kind=constant,rate=0.5" in rated
+    sampled = guidellm_command(Path("guidellm"), "u", "tok", tmp_path / "d", tmp_path / "o", 4, streams=[1],
+                               temperature=0.7)
+    assert json.loads(sampled[sampled.index("--backend") + 1])["extras"] == {"body": {"temperature": 0.7}}
 
 
 def stats(values: dict) -> dict:
@@ -204,3 +209,31 @@ def test_bench_serve_on_a_tiny_pair(pair, tmp_path):
         port = int(first.split("--port ")[1].split()[0])
         with pytest.raises(ConnectionRefusedError):  # nothing listens there any more: the server is stopped
             socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not HAS_GUIDELLM, reason="vLLM and GuideLLM are installed by `make serving`")
+def test_the_load_is_greedy_a_draft_equal_to_the_target_is_always_accepted(pair, tmp_path):
+    """The target as its own draft: GuideLLM's requests reach the server at temperature 0 (vLLM's default is 1), so
+    every drafted token is accepted and the server's tau is 1 + gamma exactly."""
+    report = bench_serve.main(["--target", str(pair / "target"), "--draft", str(pair / "target"), "--gamma", "3",
+                               "--prompts", str(pair / "prompts.jsonl"), "--concurrency", "1", "--requests", "4",
+                               "--max-tokens", "16", "--check-prompts", "2", "--output", str(tmp_path / "s.json"),
+                               "--vllm-python", str(PYTHON)])
+    assert report["temperature"] == 0.0 and report["greedy_equal"] == 2
+    assert report["spec_counters"]["num_drafts"] > 0 and report["tau"] == pytest.approx(4.0), report["spec_counters"]
+
+
+@pytest.mark.skipif(not HAS_GUIDELLM, reason="vLLM is installed by `make serving`")
+def test_the_vllm_command_fixes_sampling_in_the_processes_it_spawns():
+    """vLLM's CPU platform spawns its engine and workers, and a spawned process runs the `vllm` command's file as
+    __mp_main__: doing so swaps in the plain-torch expansion wherever the installed vLLM has the CPU bug (and changes
+    nothing where it has not)."""
+    vllm = Path(PYTHON).parent / "vllm"
+    code = ("import runpy, sys, torch; runpy.run_path(sys.argv[1], run_name='__mp_main__'); "
+            "from vllm.v1.sample import rejection_sampler as r; "
+            "got = r.expand_batch_to_tokens(torch.tensor([1.0, 0.7, -1.0]), torch.tensor([2, 3, 4]), 4, -1, 1); "
+            "print(got.tolist())")
+    out = subprocess.run([str(PYTHON), "-c", code, str(vllm)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[1.0, 1.0, 0.699999988079071, 1.0]"

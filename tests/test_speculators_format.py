@@ -8,6 +8,9 @@ with speculators' SpeculatorModelConfig, and vLLM given the export alone (`LLM(m
 builds) serves the target with the head drafting the export's gamma, its greedy output the target's.
 """
 import json
+import os
+import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from decode.deploy.speculators import proposed_tokens, speculators_type, verifier_of
+from decode.inputs.loading import LoadError
 from decode.serving.counters import SpecCounters
 from decode.serving.parity import DEFAULT_TOLERANCE
 from decode.serving.vllm_engine import ServingError, find_vllm_python
@@ -127,6 +131,41 @@ def test_specdistill_check_passes_a_speculators_head(pair, capsys):
     assert "vllm serve" in out
 
 
+def hub_cache(root: Path, repo_id: str, folder: Path) -> Path:
+    """The Hub's cache layout (models--OWNER--NAME/refs/main, snapshots/REV/) holding ``folder``'s files, as a
+    download of ``repo_id`` leaves it; returns the cache root (for HF_HUB_CACHE)."""
+    cache = root / "hub"
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(folder, repo / "snapshots" / ("0" * 40), dirs_exist_ok=True)
+    return cache
+
+
+def test_a_published_head_by_hub_id_is_scored_like_its_folder(pair, monkeypatch, capsys):
+    """`--draft OWNER/NAME` of a speculators head (the Hub's cache, offline): the same kind, checks and tau as the
+    folder; a hub id that is neither cached nor reachable is one line naming it."""
+    folder = pair["root"] / "spec_head"
+    if not folder.is_dir():
+        folder = speculators_written(pair, "spec_head")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache(pair["root"], "RedHatAI/tiny-speculator.eagle3", folder)))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", os.environ["HF_HUB_CACHE"])
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    root = pair["root"]
+    args = ["--target", str(root / "target"), "--prompts", str(root / "prompts.jsonl"), "--gamma", str(GAMMA),
+            "--max-new-tokens", str(MAX_NEW_TOKENS), "--quiet"]
+    by_id = eval_acceptance.main([*args, "--draft", "RedHatAI/tiny-speculator.eagle3"])
+    by_folder = eval_acceptance.main([*args, "--draft", str(folder)])
+    assert by_id["draft_kind"] == by_folder["draft_kind"] == "eagle3"
+    assert by_id["draft"] == "RedHatAI/tiny-speculator.eagle3"
+    assert by_id["results"][0]["stats"] == by_folder["results"][0]["stats"]
+    capsys.readouterr()
+    assert check_cli.main(["--target", str(root / "target"), "--draft", "RedHatAI/tiny-speculator.eagle3"]) == 0
+    with pytest.raises(LoadError, match="RedHatAI/missing.*not a local folder, and not found on the Hub"):
+        eval_acceptance.main([*args, "--draft", "RedHatAI/missing"])
+
+
 def test_vllm_and_we_count_the_same_steps_on_a_speculators_head(pair, monkeypatch):
     """norm_before_residual true and the folder's own embedding: a reader that ignored either would draft other
     tokens than vLLM, and the step-by-step counters would differ."""
@@ -211,6 +250,32 @@ def test_vllm_serves_our_export_alone(pair):
     for prompt, output in zip(prompts, seen["outputs"]):
         plain = autoregressive_generate(pair["target"], torch.tensor([prompt]), max_new_tokens=16).new_tokens
         assert output == plain
+
+
+def printed_vllm_serve_lines(text: str) -> list[list[str]]:
+    """The `vllm serve ...` commands in `specdistill check`'s output, each as the shell would split it (backslash
+    continuations joined, comments dropped)."""
+    joined = text.replace("\\\n", " ")
+    return [shlex.split(line, comments=True) for line in joined.splitlines() if line.strip().startswith("vllm serve")]
+
+
+def test_the_serve_commands_check_prints_work_as_typed(pair, capsys):
+    """Each `vllm serve` line `specdistill check` prints for an export, run as typed by the `vllm` command of the
+    serving venv (only a free --port added): the server answers a completion with the head drafting."""
+    from decode.serving.http_server import vllm_server
+
+    folder = pair["root"] / "export_for_speculators"
+    if not folder.is_dir():
+        folder = export(pair, "export_for_speculators", pair["root"] / "target")
+    capsys.readouterr()
+    assert check_cli.main(["--target", str(pair["root"] / "target"), "--draft", str(folder)]) == 0
+    commands = printed_vllm_serve_lines(capsys.readouterr().out)
+    assert [c[2] for c in commands] == [str(folder), str(pair["root"] / "target")], commands
+    prompt = pair["tokenizer"]("def add(a, b):")["input_ids"]
+    for argv in commands:
+        with vllm_server(PYTHON, argv[2], argv[3:], port=None, log=pair["root"] / "typed.log") as server:
+            assert len(server.complete(prompt, 16, ignore_eos=True)) == 16
+            assert server.spec_counters()["num_drafts"] > 0, argv
 
 
 LOAD_ANY = """

@@ -1,9 +1,11 @@
 """Loading targets, drafts and tokenizers, with one-line errors for what users get wrong (prompt files:
 decode/inputs/prompts.py). A model path is a local folder, a hub id or a .gguf file; `resolve_model_path` turns the last
-into its converted folder (decode/inputs/gguf.py), which every loader and vLLM then read."""
+into its converted folder (decode/inputs/gguf.py), which every loader and vLLM then read; `resolve_draft_path` also
+turns a draft's hub id into its downloaded folder, so that its kind is read from its config.json like a local one's."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -33,6 +35,27 @@ def resolve_model_path(path: str | os.PathLike, what: str = "") -> str:
     except GGUFProblem as err:
         cause = f" ({first_line(err.cause)})" if err.cause is not None else ""
         raise LoadError(f"{what}: {err}{cause}" if what else f"{err}{cause}") from None
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the Hub spells repository ids
+# what a draft's folder needs from its repository: configs, weights, tokenizer (not .bin / .pt / .gguf duplicates)
+DRAFT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py"]
+
+
+def resolve_draft_path(draft: str | os.PathLike, what: str = "--draft") -> str:
+    """resolve_model_path for a draft, and a hub id (`RedHatAI/...-speculator.eagle3`, not a local path) as the folder
+    of its files in the Hub cache (downloaded unless HF_HUB_OFFLINE=1 and cached already): a draft's kind is told by
+    its config.json, which has to be on disk. Anything else (a local folder, "prompt-lookup") unchanged. LoadError
+    (one line) for a hub id that is neither cached nor downloadable."""
+    if is_gguf_path(draft) or Path(draft).expanduser().exists() or not HUB_ID.match(str(draft)):
+        return resolve_model_path(draft, what)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(str(draft), allow_patterns=DRAFT_FILES)
+    except Exception as err:  # noqa: BLE001 - offline, unknown repo, gated, network: all one line
+        raise LoadError(f"{what} {str(draft)!r}: not a local folder, and not found on the Hub "
+                        f"({first_line(err)})") from None
 
 
 def resolve_device(name: str | None) -> torch.device:

@@ -8,8 +8,8 @@ inter-token latency read back from GuideLLM's JSON.
     # -> [{"level": "concurrent@1", "streams": 1, "output_tokens_per_s": ..., "ttft_ms_p50": ..., ...}, ...]
 
 Throughput is the level's output tokens over its duration (what a server delivers), TTFT and ITL the percentiles
-GuideLLM measured per request (streaming). Requests carry `ignore_eos` and a fixed max_tokens (GuideLLM's
-output_tokens_count column), so both servers are asked the same work.
+GuideLLM measured per request (streaming). Requests carry `ignore_eos`, a fixed max_tokens (GuideLLM's
+output_tokens_count column) and the temperature asked (0: greedy), so both servers are asked the same work.
 """
 from __future__ import annotations
 
@@ -42,16 +42,19 @@ def write_dataset(path: Path, texts: Sequence[str], output_tokens: int) -> Path:
 
 
 def guidellm_command(guidellm: Path, url: str, tokenizer: str, data: Path, out: Path, requests: int,
-                     streams: Sequence[int] = (), rates: Sequence[float] = ()) -> list[str]:
+                     streams: Sequence[int] = (), rates: Sequence[float] = (), temperature: float = 0.0) -> list[str]:
     """`guidellm run` over /v1/completions: one sub-benchmark per concurrency level (`concurrent`, streams) or request
-    rate (`constant`, requests/s), each stopped after ``requests`` requests."""
+    rate (`constant`, requests/s), each stopped after ``requests`` requests, every request sampled at ``temperature``
+    (GuideLLM sends none of its own: the server's default, 1.0 in vLLM, would apply)."""
     if rates:
         profile, override = "kind=constant,rate=" + str(rates[0]), ["--override", "profile.rate",
                                                                     ",".join(f"{r:g}" for r in rates)]
     else:
         profile, override = "kind=concurrent,streams=" + str(streams[0]), ["--override", "profile.streams",
                                                                            ",".join(str(s) for s in streams)]
-    return [str(guidellm), "run", "--backend", f"kind=openai_http,target={url},request_format=/v1/completions",
+    backend = {"kind": "openai_http", "target": url, "request_format": "/v1/completions",
+               "extras": {"body": {"temperature": float(temperature)}}}
+    return [str(guidellm), "run", "--backend", json.dumps(backend),
             "--profile", profile, *override, "--constraint", f"kind=max_requests,count={requests}",
             "--data", f"kind=json_file,path={data}", "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
             "--output", f"kind=json,path={out}", "--disable-console-interactive"]
@@ -74,10 +77,11 @@ def level_metrics(benchmark: dict) -> dict:
 
 
 def run_load(guidellm: Path, url: str, tokenizer: str, data: Path, out: Path, requests: int,
-             streams: Sequence[int] = (), rates: Sequence[float] = (), log: Path | None = None) -> list[dict]:
+             streams: Sequence[int] = (), rates: Sequence[float] = (), temperature: float = 0.0,
+             log: Path | None = None) -> list[dict]:
     """Drive the server at ``url`` with GuideLLM; the levels in the order given. ServerError (one line) when GuideLLM
     fails or a level's requests failed."""
-    command = guidellm_command(guidellm, url, tokenizer, data, out, requests, streams, rates)
+    command = guidellm_command(guidellm, url, tokenizer, data, out, requests, streams, rates, temperature)
     log = log or out.with_suffix(".log")
     with open(log, "w") as sink:
         done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=None)

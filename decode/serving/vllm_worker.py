@@ -44,11 +44,9 @@ import os
 import sys
 import time
 
-# vLLM 0.32's CPU stand-in for its Triton `expand_kernel` hands the C++ op an int64 *copy* of a float output, so
-# the per-token temperatures of speculative sampling stay uninitialised memory: at T > 0 the target's probabilities
-# in the acceptance test are garbage (a draft identical to the target: tau 1.0-1.3 instead of 1 + gamma). Greedy
-# requests never reach it. When the installed vLLM shows the bug, the plain-torch expansion below replaces it and
-# the engine runs in this process (where the replacement lives); the response says so (`cpu_expand_patched`).
+# vLLM 0.32's CPU build breaks speculative sampling at T > 0 (vllm_cpu_fixes.py). When the installed vLLM shows the
+# bug, its expansion is replaced and the engine runs in this process, where the replacement lives; the response says
+# so (`cpu_expand_patched`).
 CPU_EXPAND_PATCH_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # SPECDISTILL_VLLM_IN_PROCESS=1 runs every engine in this process (no engine-core and worker processes, each of which
 # imports vLLM again: ~20 s less per engine start on 2 CPU cores). The same model runner, outputs and counters; the
@@ -109,36 +107,6 @@ def request_counts(output) -> dict | None:
     return {"histogram": list(metrics.histogram), "num_draft_tokens": int(metrics.num_draft_tokens)}
 
 
-def expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from: int = 0, replace_to: int = 0):
-    """vLLM's rejection_sampler.expand_batch_to_tokens in plain torch: x [B] -> [num_tokens], x_b repeated for the
-    tokens of request b (cu_num_tokens: cumulative counts), values equal to replace_from set to replace_to."""
-    import torch
-
-    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())  # [B]
-    y = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype, device=x.device), x)
-    return torch.repeat_interleave(y, counts, output_size=num_tokens)
-
-
-def patch_cpu_expand() -> bool:
-    """Replace vLLM's expand_batch_to_tokens when it gets floats wrong on this platform (see CPU_EXPAND_PATCH_ENV);
-    True when it was replaced."""
-    import torch
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return False
-    current_platform.register_triton_kernel_overrides()
-    from vllm.v1.sample import rejection_sampler
-
-    temperatures, cumulative = torch.tensor([1.0, 0.7]), torch.tensor([4, 8], dtype=torch.int32)
-    got = rejection_sampler.expand_batch_to_tokens(temperatures, cumulative, 8)
-    if torch.equal(got, temperatures.repeat_interleave(4)):
-        return False
-    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
-    os.environ[CPU_EXPAND_PATCH_ENV[0]] = CPU_EXPAND_PATCH_ENV[1]
-    return True
-
-
 def unchunked_prefill(request: dict) -> dict:
     """On vLLM's CPU build, seeded sampling (temperature > 0) must not meet chunked prefill: the token sampled for a
     partly prefilled prompt is discarded by rewinding its generator (`set_offset`), which a CPU generator refuses
@@ -197,6 +165,7 @@ def main(argv: list[str]) -> None:
     with open(argv[1]) as f:
         request = json.load(f)
     import vllm
+    from vllm_cpu_fixes import patch_cpu_expand  # beside this file, which runs by path: its folder is on sys.path
 
     patched = request.get("temperature", 0.0) > 0 and request["runs"] and patch_cpu_expand()
     in_process = bool(patched) or os.environ.get(IN_PROCESS_ENV) == "1"

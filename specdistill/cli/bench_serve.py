@@ -7,7 +7,8 @@ driven over HTTP by GuideLLM at fixed concurrency levels (or request rates).
 
 Per level and server: output tokens/s (the level's output tokens over its duration), time to first token and
 inter-token latency (p50, p99, ms), then the speculative/plain throughput ratio; tau from the server's own
-spec-decode counters over the load (1 + accepted / drafts). Before the load, the first --check-prompts prompts are
+spec-decode counters over the load (1 + accepted / drafts). The load is greedy (temperature 0, as `specdistill eval`
+measures) unless --temperature says otherwise. Before the load, the first --check-prompts prompts are
 completed greedily through /v1/completions by both servers: speculative output must equal the target's own, token
 for token (exit 1 otherwise). A draft in the speculators format is served as `vllm serve DRAFT` (its config names
 the target and gamma), any other with --speculative-config. Both servers are always stopped: on return, failure and
@@ -29,7 +30,7 @@ from decode.deploy.serving_commands import vllm_speculative_config
 from decode.deploy.speculators import folder_speculators_type, proposed_tokens
 from decode.inputs.checks import FileProblem, check_writable_file
 from decode.inputs.command_line import OneLineArgumentParser
-from decode.inputs.loading import LoadError, load_tokenizer, resolve_model_path
+from decode.inputs.loading import LoadError, load_tokenizer, resolve_draft_path, resolve_model_path
 from decode.inputs.prompts import CHAT_TEMPLATE_MODES, encode_prompt_rows, read_prompt_rows
 from decode.inputs.writes import write_atomic
 from decode.measure.table import markdown_table
@@ -60,6 +61,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def build_parser(prog: str = PROG) -> ArgumentParser:
     """The command's flags (also what specdistill.cli.reference documents)."""
     p = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
@@ -76,6 +84,8 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                    help="requests per level (default: 2 x the level's concurrency, at least 8)")
     p.add_argument("--num-prompts", type=positive_int, default=32, help="prompts read from --prompts (the first N)")
     p.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens every request asks (ignore_eos)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="sampling temperature of the load's requests (default 0: greedy, as specdistill eval)")
     p.add_argument("--check-prompts", type=int, default=8,
                    help="prompts completed greedily by both servers and compared token for token (0: none)")
     p.add_argument("--chat-template", choices=CHAT_TEMPLATE_MODES, default="auto")
@@ -147,7 +157,7 @@ def serve_and_load(name: str, python: Path, model: str, args: list[str], prompts
         before = server.spec_counters()
         levels = run_load(guidellm, server.url, tokenizer_folder, data, log_dir / f"{name}-guidellm.json",
                           requests_per_level(args_ns), streams=args_ns.concurrency if not args_ns.rate else (),
-                          rates=args_ns.rate or ())
+                          rates=args_ns.rate or (), temperature=args_ns.temperature)
         after = server.spec_counters()
     counters = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
     return {"model": model, "args": args, "ready_s": ready_s, "greedy": greedy, "levels": levels,
@@ -216,8 +226,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     python = find_vllm_python(args.vllm_python)
     find_guidellm(python)  # missing: one line before anything starts
     target = str(resolve_model_path(args.target, "--target"))  # a .gguf: its converted folder, which vLLM serves
-    kind = kind_of_source(args.draft)
-    draft = str(resolve_model_path(args.draft, "--draft")) if kind.has_weights else args.draft
+    draft = resolve_draft_path(args.draft, "--draft")  # a .gguf or a hub id: its folder, whose config tells the kind
+    kind = kind_of_source(draft)
     gamma = draft_gamma(draft, kind, args.gamma)
     log_dir = args.log_dir or args.output.with_suffix(".logs")
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -236,6 +246,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     equal = sum(s == p for s, p in zip(speculative["greedy"], plain["greedy"]))
     report = {"target": args.target, "draft": args.draft, "kind": kind.name, "gamma": gamma, "served_as": how,
               "prompts": args.prompts, "num_prompts": len(prompt_ids), "max_tokens": args.max_tokens,
+              "temperature": args.temperature,
               "requests_per_level": requests_per_level(args), "server_args": base,
               "greedy_equal": equal, "greedy_checked": len(checked),
               "tau": tau_of(speculative["spec_counters"]), "spec_counters": speculative["spec_counters"],

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from decode.inputs.checks import FileProblem
 from decode.inputs.command_line import OneLineArgumentParser
-from decode.inputs.loading import LoadError, resolve_model_path
+from decode.inputs.loading import LoadError, resolve_draft_path, resolve_model_path
 from decode.inputs.writes import write_atomic
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from specdistill.drafts import check_deploy, check_serve, serving_commands
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
     python = find_vllm_python(args.vllm_python) if args.serve else None
     # a .gguf: its converted folder (decode.inputs.gguf), which is also what vLLM serves
-    target, draft = resolve_model_path(args.target, "--target"), resolve_model_path(args.draft, "--draft")
+    target, draft = resolve_model_path(args.target, "--target"), resolve_draft_path(args.draft, "--draft")
 
     # ---- check ------------------------------------------------------------------------------------------------
     report = check_deploy(target, draft, trust_remote_code=args.trust_remote_code)

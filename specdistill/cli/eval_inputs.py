@@ -6,16 +6,17 @@ import argparse
 from pathlib import Path
 
 from decode.inputs.checks import check_json_files_text, check_safetensors_whole
-from decode.inputs.loading import LoadError, load_tokenizer, resolve_model_path
+from decode.inputs.loading import LoadError, load_tokenizer, resolve_draft_path, resolve_model_path
 from decode.inputs.vocab import check_tokenizers_compatible
 from kinds import Kind
 
 
 def with_model_folders(args: argparse.Namespace) -> argparse.Namespace:
     """A copy of ``args`` whose .gguf --target / --draft name their converted folders (decode.inputs.gguf: converted on
-    first use); LoadError for a bad GGUF file."""
+    first use) and whose hub-id --draft names its downloaded folder; LoadError for a bad GGUF file or an unknown
+    hub id."""
     return argparse.Namespace(**{**vars(args), "target": resolve_model_path(args.target, "--target"),
-                                 "draft": resolve_model_path(args.draft, "--draft")})
+                                 "draft": resolve_draft_path(args.draft, "--draft")})
 
 
 def check_model_paths(args: argparse.Namespace, kind: Kind) -> None:

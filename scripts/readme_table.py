@@ -1,0 +1,85 @@
+"""The README's headline table, written from the committed eval JSON of each drafter (docs/benchmarks/real_target/;
+nothing is measured here):
+
+    .venv/bin/python scripts/readme_table.py [--doc README.md]
+
+prints the table of "On a real model" and, with --doc, writes it between the README's lines
+`<!-- BEGIN readme_table (scripts/readme_table.py --doc) -->` and `<!-- END readme_table -->`. The README's other
+quoted figures come from here too: plain decoding's tokens/s over the table's runs, and the quickstart head's tau and
+speedup (tests/test_doc_numbers.py checks each against these JSONs).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file: the table formatter and the page markers are the project's
+    sys.path.insert(0, str(ROOT))
+
+from decode.measure.table import markdown_table
+from scripts.benchmark import write_doc
+from scripts.plot_real_target import results
+
+DOC_NAME = "readme_table"
+REAL_TARGET = "docs/benchmarks/real_target.md"
+# The best drafter of each kind on the Zen 5 VM, 16 held-out prompts, greedy: (the README's words, its eval JSON, gamma)
+ROWS = [
+    (f"EAGLE-3 head of [the 90-minute recipe]({REAL_TARGET}#the-90-minute-recipe) "
+     "(`recipes/smollm2/eagle3_90min.yaml`): 3840 prompts the target wrote and answered, 1920 steps, 75 min of this "
+     "CPU in all",
+     "head90_heldout_g2_zen5.json", 2),
+    ("the same head", "head90_heldout_g4_zen5.json", 4),
+    (f"[standalone draft]({REAL_TARGET}#3840-rows-half-toward-the-held-out-categories) (2 of the target's layers, "
+     "4096-token vocabulary), 3840 prompts, 1920 steps", "draft3840_g2_zen5.json", 2),
+    ("[PARD draft](docs/benchmarks/parallel.md#3840-rows-and-a-draft-vocabulary) converted from it (one forward drafts "
+     "all 4)", "pard3840_g4_zen5.json", 4),
+    ("prompt lookup (no training)", "lookup_heldout_g2_zen5.json", 2),
+    ("prompt lookup", "lookup_heldout_g4_zen5.json", 4),
+]
+QUICKSTART = ("quickstart_head_zen5.json", 1)  # what `make quickstart` ended with on the Zen 5 VM: its head at gamma 1
+HEADERS = ["drafter", "gamma", "acceptance", "tau", "speedup over plain (same run)", "greedy output = plain"]
+
+
+def result(name: str, gamma: int) -> dict:
+    """The greedy result at `gamma` of one committed eval JSON."""
+    (found,) = [r for r in results(name) if r["gamma"] == gamma and r.get("category") in (None, "all")]
+    return found
+
+
+def table() -> str:
+    """The README's table: one row per drafter, every number its eval JSON's."""
+    rows = []
+    for label, name, gamma in ROWS:
+        r = result(name, gamma)
+        rows.append([label, str(r["gamma"]), f"{r['acceptance_rate']:.3f}", f"{r['mean_accepted_tokens']:.2f}",
+                     f"{r['speedup']:.2f}x", f"{round(r['greedy_match'] * r['num_prompts'])}/{r['num_prompts']}"])
+    return "\n".join(markdown_table(HEADERS, rows)) + "\n"
+
+
+def plain_tokens_per_s() -> str:
+    """Plain decoding's tokens/s over the table's runs, as the README quotes it: "42-48"."""
+    speeds = [result(name, gamma)["target_tokens_per_s"] for _, name, gamma in ROWS]
+    return f"{min(speeds):.0f}-{max(speeds):.0f}"
+
+
+def quickstart_figures() -> str:
+    """The quickstart head's tau and speedup, as the README quotes them: "tau 1.34, 1.11x"."""
+    r = result(*QUICKSTART)
+    return f"tau {r['mean_accepted_tokens']:.2f}, {r['speedup']:.2f}x"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--doc", type=Path, help="write the table into this page (README.md), between its markers")
+    args = parser.parse_args(argv)
+    text = table()
+    print(text, end="")
+    if args.doc:
+        write_doc(args.doc, text, DOC_NAME)
+    return text
+
+
+if __name__ == "__main__":
+    main()

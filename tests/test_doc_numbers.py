@@ -1,0 +1,177 @@
+"""One source for every number: each table a script writes between a page's markers is written again here from the
+committed JSON alone (the script's own --doc run, measuring nothing) and must equal the page's block to the character;
+the README's headline table is such a block (scripts/readme_table.py), and the figures it quotes in its sentences are
+checked against the JSON they come from. An edited number in a copy of each page is caught."""
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shutil
+from itertools import zip_longest
+from pathlib import Path
+
+import pytest
+
+from scripts import bench_served, readme_table
+from scripts.benchmark import doc_blocks, doc_markers
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# (page, script) -> the script's arguments that write the block from committed JSON alone (paths from the repository)
+BLOCKS = {
+    ("README.md", "readme_table"): [],
+    ("docs/benchmarks/real_target.md", "plot_real_target"): [],
+    ("docs/benchmarks/real_target.md", "bench_real_target"):
+        ["--from-json", "docs/benchmarks/real_target/bench_real_target.json"],
+    ("docs/benchmarks/heads.md", "bench_heads"): ["--from-json", "docs/benchmarks/heads/bench_heads.json"],
+    ("docs/benchmarks/head_objectives.md", "bench_heads_objectives"):
+        ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives.json"],
+    ("docs/benchmarks/decode.md", "bench_step_overhead"):
+        ["--from-json", "docs/benchmarks/step_overhead/cpu_zen4.json"],
+}
+# served.md's block: its table's numbers against docs/benchmarks/served/*.json (the drafter's label and the lines above
+# the table are the page's own while scripts/bench_served.py is reworked)
+SERVED = ("docs/benchmarks/served.md", "bench_served")
+SERVED_JSON = {"head": "EAGLE-3 head", "lookup": "prompt lookup"}  # bench_served.py's JSON names, in its order
+
+
+SCRATCH_OUT = {"plot_real_target"}  # scripts that also draw: here into a scratch --out, not over the committed PNGs
+
+
+def command(page: str, script: str) -> str:
+    """What writes the block again, as typed from the repository root."""
+    return " ".join([".venv/bin/python", f"scripts/{script}.py", *BLOCKS[page, script], "--doc", page])
+
+
+def first_difference(shown: str, expected: str) -> str | None:
+    """None when the page's block is the JSON's, else its first differing line, both ways."""
+    pairs = zip_longest(shown.split("\n"), expected.split("\n"), fillvalue="(no line)")
+    for number, (a, b) in enumerate(pairs, 1):
+        if a != b:
+            return f"line {number} of the block: the page has\n  {a!r}\nits JSON gives\n  {b!r}"
+    return None
+
+
+RULE = re.compile(r"^\|[-:| ]+\|$")  # a markdown table's rule line, under its header
+
+
+def body_rows(block: str) -> list[int]:
+    """The indices of the block's table rows (under a header and its rule)."""
+    lines = block.split("\n")
+    return [i for i, line in enumerate(lines) if line.startswith("|") and not RULE.match(line)
+            and not (i + 1 < len(lines) and RULE.match(lines[i + 1]))]
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def served_difference(block: str) -> str | None:
+    """None when every number of the served table is its JSON's (every column but the drafter's label)."""
+    reports = {label: json.loads((ROOT / "docs/benchmarks/served" / f"{name}.json").read_text())
+               for name, label in SERVED_JSON.items() if (ROOT / "docs/benchmarks/served" / f"{name}.json").is_file()}
+    lines = block.split("\n")
+    shown = [cells(lines[i])[1:] for i in body_rows(block)]
+    expected = [row[1:] for row in bench_served.rows(reports)]
+    if shown == expected:
+        return None
+    return f"the page's rows\n  {shown}\nits JSON's rows\n  {expected}"
+
+
+def quoted_differences(readme: str) -> list[str]:
+    """What the README quotes outside its table, against the JSON: the quickstart head's tau and speedup wherever
+    "tau T, Sx" appears, and plain decoding's tokens/s over the table's runs."""
+    figures, plain = readme_table.quickstart_figures(), readme_table.plain_tokens_per_s()
+    quoted_figures = re.findall(r"tau \d+\.\d+, \d+\.\d+x", readme)
+    quoted_plain = re.findall(r"plain decoding (\d+-\d+)\s+tokens/s", readme)
+    wrong = [f"{quoted!r} ({readme_table.QUICKSTART[0]} gives {figures!r})"
+             for quoted in quoted_figures if quoted != figures]
+    wrong += [f"plain decoding {quoted} tokens/s (the table's JSON give {plain})"
+              for quoted in quoted_plain if quoted != plain]
+    return wrong + [f"no {what} in the README" for what, found in (("'tau T, Sx'", quoted_figures),
+                                                                   ("'plain decoding N-M tokens/s'", quoted_plain))
+                    if not found]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[tuple[str, str], str]:
+    """Each block as its script writes it from the committed JSON: the script's --doc run on a page holding only its
+    markers."""
+    blocks = {}
+    for (page, script), args in BLOCKS.items():
+        scratch = tmp_path_factory.mktemp(script)
+        begin, end = doc_markers(script)
+        target = scratch / "page.md"
+        target.write_text(f"{begin}\n{end}\n", encoding="utf-8")
+        paths = [arg if arg.startswith("--") else str(ROOT / arg) for arg in args]
+        out = ["--out", str(scratch / "plots")] if script in SCRATCH_OUT else []
+        importlib.import_module(f"scripts.{script}").main([*paths, *out, "--doc", str(target)])
+        blocks[page, script] = doc_blocks(target.read_text(encoding="utf-8"))[script]
+    return blocks
+
+
+def test_every_block_on_every_page_is_checked_here():
+    found = {(str(page.relative_to(ROOT)), script) for page in PAGES for script in
+             doc_blocks(page.read_text(encoding="utf-8"))}
+    assert found == {*BLOCKS, SERVED}, "a page's block without its check here (or a check without its block)"
+
+
+@pytest.mark.parametrize("page, script", list(BLOCKS), ids=[f"{p}:{s}" for p, s in BLOCKS])
+def test_the_block_is_its_json(rendered, page, script):
+    block = doc_blocks((ROOT / page).read_text(encoding="utf-8"))[script]
+    difference = first_difference(block, rendered[page, script])
+    assert difference is None, f"{page}, {script}'s block differs from its JSON at {difference}\n" \
+                               f"write it again: {command(page, script)}"
+
+
+def test_the_served_table_is_its_json():
+    block = doc_blocks((ROOT / SERVED[0]).read_text(encoding="utf-8"))[SERVED[1]]
+    assert body_rows(block), "no table in served.md's block"
+    difference = served_difference(block)
+    assert difference is None, f"{SERVED[0]}: the served table differs from docs/benchmarks/served/*.json: {difference}"
+
+
+def test_the_readme_quotes_the_json():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert quoted_differences(readme) == []
+    assert readme.count(readme_table.quickstart_figures()) == 2  # the quickstart's paragraph and its command's comment
+
+
+def edit_a_number(block: str) -> str:
+    """`block` with the last digit of the first decimal number of its first table row (after the row's label) moved
+    by one."""
+    lines = block.split("\n")
+    first = body_rows(block)[0]
+    _, label, rest = lines[first].split("|", 2)
+    number = re.search(r"\d\.\d+", rest)
+    digit = int(rest[number.end() - 1])
+    lines[first] = f"|{label}|{rest[:number.end() - 1]}{(digit + 1) % 10}{rest[number.end():]}"
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("page, script", [*BLOCKS, SERVED], ids=[f"{p}:{s}" for p, s in [*BLOCKS, SERVED]])
+def test_an_edited_number_in_a_copy_of_the_page_is_caught(rendered, tmp_path, page, script):
+    copy = tmp_path / Path(page).name
+    shutil.copy(ROOT / page, copy)
+    block = doc_blocks(copy.read_text(encoding="utf-8"))[script]
+    edited = edit_a_number(block)
+    assert edited != block and len(edited) == len(block)
+    copy.write_text(copy.read_text(encoding="utf-8").replace(block, edited), encoding="utf-8")
+    shown = doc_blocks(copy.read_text(encoding="utf-8"))[script]
+    if (page, script) == SERVED:
+        assert served_difference(block) is None and served_difference(shown) is not None
+    else:
+        assert first_difference(block, rendered[page, script]) is None
+        assert first_difference(shown, rendered[page, script]) is not None
+
+
+def test_an_edited_quoted_figure_in_a_copy_of_the_readme_is_caught(tmp_path):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    figures = readme_table.quickstart_figures()  # "tau 1.34, 1.11x": its last digit moved by one
+    wrong_tau = readme.replace(figures, f"{figures[:-2]}{(int(figures[-2]) + 1) % 10}x", 1)
+    wrong_plain = re.sub(r"plain decoding (\d+)-", lambda m: f"plain decoding {int(m[1]) + 1}-", readme, count=1)
+    for wrong in (wrong_tau, wrong_plain):
+        assert wrong != readme
+        (tmp_path / "README.md").write_text(wrong, encoding="utf-8")
+        assert len(quoted_differences((tmp_path / "README.md").read_text(encoding="utf-8"))) == 1
