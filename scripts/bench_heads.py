@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 from decode.measure.table import markdown_table
 from distill.outputs.run_folder import RECIPE_FILE
-from scripts.benchmark import check_doc, load_average, machine, write_doc
+from scripts.benchmark import check_doc, load_average, machine, record_of, write_doc
 from specdistill.recipes import load_recipe
 
 RECIPES = ROOT / "recipes" / "quickstart"
@@ -247,14 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         check_doc(args.doc, "bench_heads")
 
     # ---- the record: trained and measured into --out, or read back (--from-json) ----
-    if args.from_json:
-        record = json.loads(args.from_json.read_text(encoding="utf-8"))
-    else:
-        args.out.mkdir(parents=True, exist_ok=True)
-        record = measure(args)
-        written = args.json or args.out / "bench_heads.json"
-        written.parent.mkdir(parents=True, exist_ok=True)
-        written.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    record = record_of(args, lambda: measure(args), "bench_heads")
 
     # ---- the tables ----
     text = doc_text(record)

@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 from decode.inputs.gguf import smollm2_gguf
 from decode.measure.table import markdown_table
-from scripts.benchmark import check_doc, load_average, machine, write_doc
+from scripts.benchmark import check_doc, load_average, machine, record_of, write_doc
 
 BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes/smollm2/
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
@@ -246,18 +246,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.doc:
         check_doc(args.doc, "bench_heads_objectives")
 
-    # ---- the record: trained and measured into --out, or read back (--from-json) ----
-    if args.from_json:
-        record = json.loads(args.from_json.read_text(encoding="utf-8"))
-    else:
+    # ---- the record: trained and measured into --out (joined to --add-to's), or read back (--from-json) ----
+    def measured() -> dict:
         args.target = args.target or str(smollm2_gguf())
-        args.out.mkdir(parents=True, exist_ok=True)
         record = measure(args)
-        if args.add_to:
-            record = merged(json.loads(args.add_to.read_text(encoding="utf-8")), record)
-        written = args.json or args.out / "bench_heads_objectives.json"
-        written.parent.mkdir(parents=True, exist_ok=True)
-        written.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        return merged(json.loads(args.add_to.read_text(encoding="utf-8")), record) if args.add_to else record
+
+    record = record_of(args, measured, "bench_heads_objectives")
 
     # ---- the table and the plot ----
     text = doc_text(record)

@@ -370,3 +370,16 @@ def write_doc(path: Path, text: str, script: str) -> None:
         before, rest = page.split(begin, 1)
         text = before + begin + "\n" + text + end + rest.split(end, 1)[1]
     path.write_text(text, encoding="utf-8")
+
+
+def record_of(args, measure, name: str) -> dict:
+    """The record a page's block is written from: --from-json's, read back (nothing measured), else ``measure()``'s,
+    written to --json (default --out/NAME.json) beside the runs it names."""
+    if args.from_json:
+        return json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    record = measure()
+    written = Path(args.json or Path(args.out) / f"{name}.json")
+    written.parent.mkdir(parents=True, exist_ok=True)
+    written.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
