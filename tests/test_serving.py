@@ -453,3 +453,83 @@ def test_vllm_target_data_without_interpreter_names_make_serving(tmp_path, monke
         generate_target_data(None, None, [[1, 2]], tmp_path / "out", max_new_tokens=4, engine="vllm")
     with pytest.raises(ValueError, match="engine"):
         generate_target_data(None, None, [[1, 2]], tmp_path / "out", max_new_tokens=4, engine="sglang")
+
+
+# ---- vLLM's dtype wherever vLLM runs: eval, data, check, a recipe --------------------------------------------------
+def test_vllm_dtype_auto_is_bfloat16_on_cuda_and_float32_elsewhere():
+    resolve = vllm_engine.resolve_vllm_dtype
+    assert resolve("auto", torch.device("cpu")) == "float32"
+    assert resolve("auto", torch.device("cuda", 1)) == "bfloat16"
+    assert [resolve(name, torch.device("cpu")) for name in vllm_engine.VLLM_DTYPES] == list(vllm_engine.VLLM_DTYPES)
+    with pytest.raises(ServingError, match="vLLM dtype must be one of auto, float32, bfloat16, float16"):
+        resolve("fp8", torch.device("cpu"))
+
+
+def test_vllm_target_data_request_carries_the_dtype_and_rejects_a_bad_one():
+    from distill.data.target_data import Sampling
+    from distill.data.target_vllm import vllm_request
+
+    sampling = Sampling(max_new_tokens=4, temperature=0.0, top_k=None, top_p=None, seed=0, gamma=1)
+    assert vllm_request("t", [[1, 2]], sampling, None, 0)["dtype"] == "float32"  # our CPU decoder's
+    assert vllm_request("t", [[1, 2]], sampling, None, 0, dtype="bfloat16")["dtype"] == "bfloat16"
+    with pytest.raises(ServingError, match="vLLM dtype must be one of float32, bfloat16, float16, got 'auto'"):
+        vllm_request("t", [[1, 2]], sampling, None, 0, dtype="auto")  # resolved by the command first
+
+
+def plain_worker(requests: list[dict]):
+    """A stand-in for vLLM's worker: records each request and answers every prompt with tokens 5 6 7 8."""
+    def worker(python, request, timeout=None):
+        requests.append(request)
+        outputs = [[5, 6, 7, 8] for _ in request["prompts"]]
+        counters = {"num_drafts": 2, "num_draft_tokens": 4, "num_accepted_tokens": 2,
+                    "num_accepted_tokens_per_pos": [1, 1]}
+        runs = [{**run, "outputs": outputs, "seconds": 1.0, "counters": counters} for run in request["runs"]]
+        return {"vllm_version": "fake", "plain": {"outputs": outputs, "seconds": 1.0}, "speculative": runs}
+    return worker
+
+
+def test_data_vllm_dtype_reaches_vllm_and_a_rerun_in_another_dtype_is_refused(tmp_path, monkeypatch):
+    """`specdistill data responses --engine vllm --vllm-dtype bfloat16`: the worker is asked for bfloat16 (auto:
+    float32 on this CPU) and the stored answers record it, so resuming them in another dtype is a mismatch. Our copy
+    of the target is only read, on the CPU, whatever --device says (vLLM has the GPU to itself)."""
+    from distill.data.shard_store import CacheMismatchError
+    from specdistill.cli import data as data_cli
+
+    tok = tiny_tokenizer()
+    save_and_load(tiny_model("llama", seed=0, vocab_size=len(tok)), tmp_path / "target", tok)
+    (tmp_path / "prompts.txt").write_text("def add(a, b):\nimport os\n")
+    requests = []
+    monkeypatch.setattr(vllm_engine, "run_worker", plain_worker(requests))
+    command = ["responses", "--target", str(tmp_path / "target"), "--prompts", str(tmp_path / "prompts.txt"),
+               "--engine", "vllm", "--vllm-python", sys.executable, "--max-new-tokens", "4", "--quiet",
+               "--chat-template", "off", "--device", "cuda"]
+    data_cli.main([*command, "--out", str(tmp_path / "bf16"), "--vllm-dtype", "bfloat16"])
+    data_cli.main([*command, "--out", str(tmp_path / "auto")])
+    assert [r["dtype"] for r in requests] == ["bfloat16", "float32"]
+    with pytest.raises(CacheMismatchError, match="vllm_dtype"):
+        data_cli.main([*command, "--out", str(tmp_path / "bf16"), "--vllm-dtype", "float16"])
+
+
+def test_check_serve_runs_vllm_in_the_dtype_asked_for(tmp_path, monkeypatch, capsys):
+    from specdistill.cli import check as check_cli
+
+    tok = tiny_tokenizer()
+    target = tiny_model("llama", seed=0, vocab_size=len(tok))
+    save_and_load(target, tmp_path / "target", tok)
+    save_and_load(perturbed_copy(target, 0.1), tmp_path / "draft", tok)
+    requests = []
+    monkeypatch.setattr(vllm_engine, "run_worker", plain_worker(requests))
+    for flags, sent in (([], "float32"), (["--vllm-dtype", "bfloat16"], "bfloat16")):
+        check_cli.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--serve",
+                        "--vllm-python", sys.executable, *flags])
+        assert requests[-1]["dtype"] == sent
+    assert "vLLM fake" in capsys.readouterr().out
+
+
+def test_recipe_vllm_dtype_is_what_the_data_job_and_the_export_give_vllm():
+    from distill.data.sources import vllm_dtype_of
+    from specdistill.recipes import load_recipe
+
+    recipe = functools.partial(load_recipe, "recipes/tiny_distill.yaml")
+    assert vllm_dtype_of(recipe(["model.target=t", "data.dataset=d.txt"])) == "float32"  # auto on this CPU
+    assert vllm_dtype_of(recipe(["model.target=t", "data.dataset=d.txt", "eval.vllm_dtype=bfloat16"])) == "bfloat16"

@@ -16,16 +16,17 @@ SERVE_PROMPTS = ("def fibonacci(n):", "The three most common sorting algorithms 
 
 
 def check_serve(report: DeployReport, python: Path, kind: ServingKind, max_new_tokens: int = 64,
-                prompts: tuple[str, ...] = SERVE_PROMPTS) -> DeployReport:
+                prompts: tuple[str, ...] = SERVE_PROMPTS, dtype: str = "float32") -> DeployReport:
     """Load the pair (the draft of ``kind``) in vLLM (decode.serving.vllm_engine) at the report's gamma
-    (DEFAULT_GAMMA when the folder names none), greedy: a 'serve' problem when vLLM fails or its speculative output
-    differs from its plain one.
+    (DEFAULT_GAMMA when the folder names none), greedy, in ``dtype``: a 'serve' problem when vLLM fails or its
+    speculative output differs from its plain one.
     ``report.serve`` gets vLLM's result. Raises ServingError when there is no vLLM interpreter."""
     tokenizer = load_tokenizer(report.target)
     prompt_ids = encode_prompt_rows(tokenizer, [PromptRow(text=p) for p in prompts], "auto")
     settings = EvalSettings(gammas=[report.gamma or DEFAULT_GAMMA], max_new_tokens=max_new_tokens)
     try:
-        [result], response = evaluate_in_vllm(python, report.target, report.draft, prompt_ids, settings, kind)
+        [result], response = evaluate_in_vllm(python, report.target, report.draft, prompt_ids, settings, kind,
+                                              dtype=dtype)
     except ServingError as err:
         report.problems["serve"] = f"vLLM could not serve the pair: {err}"
         return report

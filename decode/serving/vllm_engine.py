@@ -54,12 +54,24 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 # as one-hot); "probabilistic" samples d ~ q and accepts with min(1, p(d) / q(d)), as our decoder does. Same at T=0.
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 # vLLM's dtype for the target and the draft (LLM(dtype=...)): float32 by default, so CPU results match our float32 run;
-# the eval command turns "auto" into one of these by the one dtype rule (decode.inputs.loading.resolve_dtype)
+# "auto" becomes one of these by the one dtype rule (resolve_vllm_dtype, as decode.inputs.loading.resolve_dtype):
+# bfloat16 on CUDA, else float32
 VLLM_DTYPES = ("float32", "bfloat16", "float16")
+VLLM_DTYPE_CHOICES = ("auto", *VLLM_DTYPES)  # what --vllm-dtype and eval.vllm_dtype take
 
 
 class ServingError(ValueError):
     """vLLM cannot be run or failed; the message is one line."""
+
+
+def resolve_vllm_dtype(name: str, device: torch.device) -> str:
+    """The dtype vLLM is given for ``name`` (one of VLLM_DTYPE_CHOICES) on ``device``: "auto" = bfloat16 on CUDA,
+    else float32, as --dtype auto resolves. Raises ServingError for any other name."""
+    if name not in VLLM_DTYPE_CHOICES:
+        raise ServingError(f"vLLM dtype must be one of {', '.join(VLLM_DTYPE_CHOICES)}, got {name!r}")
+    if name == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    return name
 
 
 def find_vllm_python(path: str | Path | None = None) -> Path:

@@ -163,7 +163,7 @@ def synthesize_prompts(target: nn.Module, tokenizer: PreTrainedTokenizerBase, ou
 def synthesize_prompt_rows(target: nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: str | os.PathLike,
                            synthesis: Synthesis, *, target_id: str = "", progress: bool = True,
                            engine: ResponseEngine | str = "specdistill",
-                           vllm_python: Path | None = None) -> list[SynthesizedPrompt]:
+                           vllm_python: Path | None = None, vllm_dtype: str = "float32") -> list[SynthesizedPrompt]:
     """`synthesis.count` distinct user messages written by the target (fewer, with a warning, when MAX_ROUNDS
     rounds do not find that many), each with its opener's category. Raises SynthesisError (no template),
     CacheMismatchError (out_dir holds prompts of another target or other settings)."""
@@ -178,7 +178,7 @@ def synthesize_prompt_rows(target: nn.Module, tokenizer: PreTrainedTokenizerBase
             target, tokenizer, [prefixes[k] for k in turn], Path(out_dir) / f"round-{round_index}",
             max_new_tokens=synthesis.max_new_tokens, temperature=synthesis.temperature, seed=first_seed,
             batch_size=synthesis.batch_size, target_id=target_id, progress=progress, engine=engine,
-            vllm_python=vllm_python, shard_size=VLLM_SHARD_SIZE if engine == "vllm" else None,
+            vllm_python=vllm_python, vllm_dtype=vllm_dtype, shard_size=VLLM_SHARD_SIZE if engine == "vllm" else None,
             desc=f"synthesized prompts (round {round_index + 1})")
         for row, k in zip(rows, turn):
             category, opener = openers[k]

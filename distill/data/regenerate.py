@@ -53,7 +53,7 @@ def user_turns(row: PromptRow) -> list[dict]:
 def answer_conversations(target: nn.Module, tokenizer: PreTrainedTokenizerBase, rows: list[PromptRow],
                          work_dir: str | os.PathLike, answering: Answering, *, target_id: str = "",
                          progress: bool = True, engine: ResponseEngine | str = "specdistill",
-                         vllm_python: Path | None = None) -> list[dict[str, Any]]:
+                         vllm_python: Path | None = None, vllm_dtype: str = "float32") -> list[dict[str, Any]]:
     """One output row per input row: {"messages": [...the target's answers...]} (+ "category"), or {"text"} for
     rows rendered without the template (module docstring). Raises CacheMismatchError when work_dir holds
     answers of other inputs."""
@@ -76,7 +76,7 @@ def answer_conversations(target: nn.Module, tokenizer: PreTrainedTokenizerBase, 
             target, tokenizer, encoded, Path(work_dir) / f"turn-{turn}", max_new_tokens=answering.max_new_tokens,
             temperature=answering.temperature, top_k=answering.top_k, top_p=answering.top_p,
             seed=answering.seed + turn * len(rows), batch_size=answering.batch_size, target_id=target_id,
-            progress=progress, engine=engine, vllm_python=vllm_python,
+            progress=progress, engine=engine, vllm_python=vllm_python, vllm_dtype=vllm_dtype,
             shard_size=VLLM_SHARD_SIZE if engine == "vllm" else answering.shard_size,
             desc=f"answers to turn {turn + 1}")
         for i, prompt, response in zip(asking, prompts, out["response_text"]):

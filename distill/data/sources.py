@@ -28,9 +28,11 @@ from accelerate import PartialState
 from torch import nn
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
+from decode.inputs.loading import resolve_device
 from decode.inputs.prompts import PromptRow
 from decode.inputs.vocab import lm_head_rows
 from decode.loop.drafters import DraftingKind
+from decode.serving.vllm_engine import resolve_vllm_dtype
 from distill.data.hidden_cache import with_hidden_state_cache
 from distill.data.magpie import Synthesis, SynthesisError, category_openers, prompt_texts, synthesize_prompt_rows
 from distill.data.onpolicy import OnPolicySettings
@@ -68,7 +70,8 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
         with args.main_process_first(desc="target responses"), generating_on(target, args.device):
             target_rows = target_response_rows(recipe.data, data.train, target, draft, tokenizer,
                                                target_id=recipe.model.target, progress=progress,
-                                               vllm_python=recipe.eval.vllm_python, draft_kind=recipe.model.kind)
+                                               vllm_python=recipe.eval.vllm_python, draft_kind=recipe.model.kind,
+                                               vllm_dtype=vllm_dtype_of(recipe))
         rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
         logger.info("%d training rows: %d of the dataset and %d target responses mixed %g : %g", len(rows),
                     len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
@@ -110,7 +113,8 @@ def with_synthesized_prompts(recipe: Recipe, data: DistillData, target: nn.Modul
         with args.main_process_first(desc="synthesized prompts"), generating_on(target, args.device):
             made = synthesize_prompt_rows(target, tokenizer, Path(cfg.target_data_dir) / "prompts", synthesis,
                                       target_id=recipe.model.target, progress=PartialState().is_main_process,
-                                      engine=cfg.target_engine, vllm_python=recipe.eval.vllm_python)
+                                      engine=cfg.target_engine, vllm_python=recipe.eval.vllm_python,
+                                      vllm_dtype=vllm_dtype_of(recipe))
     except SynthesisError as err:
         raise DataError(str(err)) from None
     except CacheMismatchError as err:
@@ -128,9 +132,16 @@ def with_synthesized_prompts(recipe: Recipe, data: DistillData, target: nn.Modul
     return replace(data, train=train, eval_prompts=eval_ids, eval_categories=categories)
 
 
+def vllm_dtype_of(recipe: Recipe) -> str:
+    """The dtype vLLM is given for the recipe's eval.vllm_dtype (data.target_engine: vllm): auto = bfloat16 when vLLM
+    runs on CUDA (it takes a GPU whenever there is one), else float32."""
+    return resolve_vllm_dtype(recipe.eval.vllm_dtype, resolve_device("auto"))
+
+
 def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,
                          tokenizer: PreTrainedTokenizerBase, *, target_id: str, progress: bool,
-                         vllm_python: str | None = None, draft_kind: DraftingKind | None = None) -> datasets.Dataset:
+                         vllm_python: str | None = None, draft_kind: DraftingKind | None = None,
+                         vllm_dtype: str = "float32") -> datasets.Dataset:
     """Training rows {input_ids, labels} = prompt + the target's response (labels on the response) for every row of
     `rows`; the responses are generated into cfg.target_data_dir on first use and read back afterwards.
     Raises CacheMismatchError when that folder holds responses of other inputs."""
@@ -145,7 +156,7 @@ def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Mod
                 temperature=cfg.target_temperature, top_k=cfg.target_top_k, top_p=cfg.target_top_p,
                 seed=cfg.target_seed, batch_size=cfg.target_batch_size, draft=decoder_draft, draft_kind=draft_kind,
                 gamma=cfg.target_gamma or 1, target_id=target_id, progress=progress, engine=cfg.target_engine,
-                vllm_python=vllm_python, **shards)
+                vllm_python=vllm_python, vllm_dtype=vllm_dtype, **shards)
     except CacheMismatchError as err:
         raise CacheMismatchError(f"data.target_data_dir: {_for_recipes(err)}") from None
     return to_training_rows(responses, cfg.max_length, num_proc=cfg.num_proc)

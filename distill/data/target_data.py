@@ -110,8 +110,9 @@ def _model_fingerprint(model: nn.Module | Any | None) -> str | None:
 
 
 def data_spec(target: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], sampling: Sampling,
-              draft: nn.Module | Any | None, target_id: str, engine: str = "specdistill") -> dict[str, Any]:
-    """Everything the generated responses depend on (JSON-ready)."""
+              draft: nn.Module | Any | None, target_id: str, engine: str = "specdistill",
+              vllm_dtype: str = "float32") -> dict[str, Any]:
+    """Everything the generated responses depend on (JSON-ready); with vLLM also the dtype it held the target in."""
     return {
         "format_version": FORMAT_VERSION,
         "target_id": target_id,
@@ -128,6 +129,7 @@ def data_spec(target: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: li
         "decoder": "vllm" if engine == "vllm" else "autoregressive" if draft is None else "speculative",
         "gamma": None if draft is None else sampling.gamma,
         "draft_fingerprint": _model_fingerprint(draft),
+        **({"vllm_dtype": vllm_dtype} if engine == "vllm" else {}),
     }
 
 
@@ -225,6 +227,7 @@ def generate_target_data(
     progress: bool = True,
     engine: ResponseEngine | str = "specdistill",
     vllm_python: Path | None = None,
+    vllm_dtype: str = "float32",
     desc: str = "target responses",
 ) -> datasets.Dataset:
     """The target's responses to `prompts`, one row per prompt in order: index, prompt_ids, response_ids,
@@ -235,8 +238,8 @@ def generate_target_data(
     batch_size: prompts decoded at once (1 = one at a time; > 1 needs draft=None). shard_size: prompts per stored
     shard (None: 64 rounded up to a multiple of batch_size); the engine is given one shard at a time, so a batch
     never spans two shards. engine: what decodes: "specdistill" (DecoderEngine: our decoder on target and draft),
-    "vllm" (VLLMEngine: vLLM in the serving venv, interpreter ``vllm_python``; ``target_id`` must then be the
-    target's folder or hub id), or any ResponseEngine.
+    "vllm" (VLLMEngine: vLLM in the serving venv, interpreter ``vllm_python``, the target in ``vllm_dtype``;
+    ``target_id`` must then be the target's folder or hub id), or any ResponseEngine.
     Resumes an interrupted run after its last complete shard and returns a finished one without generating.
     Raises ValueError for an empty prompt or a bad setting, CacheMismatchError when out_dir holds responses of
     other inputs (overwrite=True deletes them). desc: the progress bar's label.
@@ -250,10 +253,10 @@ def generate_target_data(
         raise ValueError(f"engine must be 'specdistill' or 'vllm', got {engine!r}")
     engine_name = engine if isinstance(engine, str) else "specdistill"
     if engine == "vllm":  # ServingError naming `make serving` when there is no interpreter
-        engine = VLLMEngine(find_vllm_python(vllm_python), target_id, tokenizer.eos_token_id)
+        engine = VLLMEngine(find_vllm_python(vllm_python), target_id, tokenizer.eos_token_id, vllm_dtype)
     prompt_ids = prompt_lists(prompts, prompt_column)
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed, gamma)
-    spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id, engine_name)
+    spec = data_spec(target, tokenizer, prompt_ids, sampling, draft, target_id, engine_name, vllm_dtype)
     if isinstance(engine, str):
         engine = DecoderEngine(target, draft, tokenizer.eos_token_id, padding_id(tokenizer), draft_kind)
     store = _store(out_dir)

@@ -216,16 +216,18 @@ def serving_check(recipe: Recipe, prompts: Sequence[torch.Tensor],
     """The exported folder measured inside vLLM (decode.serving.vllm_engine) at the integer eval gammas and the
     first eval temperature: {"engine", "vllm_version", "results"}; {"engine", "error"} when vLLM cannot run (a
     warning: the draft is exported either way)."""
-    from decode.serving.vllm_engine import ServingError, evaluate_in_vllm, find_vllm_python
+    from decode.inputs.loading import resolve_device
+    from decode.serving.vllm_engine import ServingError, evaluate_in_vllm, find_vllm_python, resolve_vllm_dtype
 
     cfg = recipe.eval
     settings = cfg.decoder_settings(cfg.temperatures[0], fixed_gammas_only=True)
     try:
         if not prompts:
             raise ServingError("no eval prompts to measure")
+        dtype = resolve_vllm_dtype(cfg.vllm_dtype, resolve_device("auto"))  # vLLM takes a GPU whenever there is one
         results, response = evaluate_in_vllm(find_vllm_python(cfg.vllm_python), recipe.model.target,
                                              str(recipe.train.output_dir), prompts, settings, recipe.model.kind,
-                                             categories,
+                                             categories, dtype=dtype,
                                              draft_sample_method="probabilistic")  # our acceptance rule at T > 0
     except ServingError as err:
         logger.warning("eval.serving_engine vllm could not measure the exported draft: %s", err)

@@ -267,6 +267,9 @@ class EvalConfig(Section):
     vllm_python: str | None = Field(
         None, description="Interpreter with vLLM for serving_engine: vllm; null = $SPECDISTILL_VLLM_PYTHON, else "
                           ".venv-vllm/bin/python.")
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="The dtype vLLM holds the target (and the draft) in, for serving_engine: vllm and "
+                            "data.target_engine: vllm: auto = bfloat16 when vLLM runs on CUDA, else float32.")
 
     @property
     def fixed_gammas(self) -> list[int]:

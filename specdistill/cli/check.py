@@ -20,9 +20,9 @@ from pathlib import Path
 
 from decode.inputs.checks import FileProblem
 from decode.inputs.command_line import OneLineArgumentParser
-from decode.inputs.loading import LoadError, resolve_draft_path, resolve_model_path
+from decode.inputs.loading import LoadError, resolve_device, resolve_draft_path, resolve_model_path
 from decode.inputs.writes import write_atomic
-from decode.serving.vllm_engine import ServingError, find_vllm_python
+from decode.serving.vllm_engine import VLLM_DTYPE_CHOICES, ServingError, find_vllm_python, resolve_vllm_dtype
 from specdistill.drafts import check_deploy, check_serve, serving_commands
 
 PROG = "specdistill-check"  # the command's name; `specdistill check` runs the same code (specdistill.cli.main)
@@ -43,6 +43,8 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
     p.add_argument("--serve", action="store_true", help="also run the pair in vLLM (greedy output = plain, tau)")
     p.add_argument("--vllm-python", default=None,
                    help="interpreter with vLLM (default: $SPECDISTILL_VLLM_PYTHON, else .venv-vllm/bin/python)")
+    p.add_argument("--vllm-dtype", default="auto", choices=VLLM_DTYPE_CHOICES,
+                   help="the dtype vLLM runs the pair in (--serve): auto = bfloat16 on CUDA, else float32")
     p.add_argument("--trust-remote-code", action="store_true")
     return p
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     # ---- check ------------------------------------------------------------------------------------------------
     report = check_deploy(target, draft, trust_remote_code=args.trust_remote_code)
     if python is not None:
-        report = check_serve(report, python)
+        report = check_serve(report, python, dtype=resolve_vllm_dtype(args.vllm_dtype, resolve_device("auto")))
 
     # ---- report -----------------------------------------------------------------------------------------------
     print("\n".join(report.lines()))

@@ -26,7 +26,7 @@ from decode.inputs.checks import check_writable_folder, read_text
 from decode.inputs.command_line import OneLineArgumentParser
 from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.inputs.prompts import CHAT_TEMPLATE_MODES, PromptFields, check_chat_template, read_prompt_rows
-from decode.serving.vllm_engine import ServingError, find_vllm_python
+from decode.serving.vllm_engine import VLLM_DTYPE_CHOICES, ServingError, find_vllm_python, resolve_vllm_dtype
 from distill.data.magpie import (
     CATEGORY_OPENERS,
     Synthesis,
@@ -67,7 +67,12 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
         job.add_argument("--engine", default="specdistill", choices=ENGINES,
                          help="specdistill = our batched decoder; vllm = vLLM in the serving venv (`make serving`)")
         job.add_argument("--vllm-python", default=None, help="interpreter with vLLM (default: .venv-vllm)")
-        job.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+        job.add_argument("--vllm-dtype", default="auto", choices=VLLM_DTYPE_CHOICES,
+                         help="the dtype vLLM holds the target in (--engine vllm): auto = bfloat16 when vLLM runs on "
+                              "CUDA, else float32; an 8B target in float32 needs twice the memory")
+        job.add_argument("--device", default="auto",
+                         help="auto, cpu, cuda, cuda:1, ... (our engine; with --engine vllm the target is only read, "
+                              "on the CPU)")
         job.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
         job.add_argument("--quiet", action="store_true", help="no progress bar")
         job.add_argument("--shard-size", type=int, default=None,
@@ -140,7 +145,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
     vllm_python = find_vllm_python(args.vllm_python) if args.engine == "vllm" else None
 
     # ---- the target ------------------------------------------------------------------------------------------------
-    device = resolve_device(args.device)
+    # with --engine vllm our copy of the target is only read (the stored shards' fingerprint): it stays on the CPU, so
+    # vLLM, which takes a GPU whenever there is one, has that GPU to itself
+    device = resolve_device("cpu" if args.engine == "vllm" else args.device)
+    vllm_dtype = resolve_vllm_dtype(args.vllm_dtype, resolve_device("auto"))
     tokenizer = load_tokenizer(args.target)
     if args.job == "responses":
         check_chat_template(tokenizer, args.chat_template)
@@ -156,7 +164,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
                 target, tokenizer, work, Synthesis(count=args.num, seed=args.seed, temperature=args.temperature,
                                                    max_new_tokens=args.max_tokens, batch_size=args.batch_size,
                                                    openers=openers, exclude=excluded),
-                target_id=target_id, progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
+                target_id=target_id, progress=not args.quiet, engine=args.engine, vllm_python=vllm_python,
+                vllm_dtype=vllm_dtype)
             rows_out = [{"messages": [{"role": "user", "content": row.text}]}
                         | ({"category": row.category} if row.category is not None else {}) for row in made]
             written = write_jsonl(rows_out, args.out / PROMPTS_FILE)
@@ -165,7 +174,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
                                   top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
                                   chat_template=args.chat_template, shard_size=args.shard_size)
             rows_out = answer_conversations(target, tokenizer, rows, work, answering, target_id=target_id,
-                                            progress=not args.quiet, engine=args.engine, vllm_python=vllm_python)
+                                            progress=not args.quiet, engine=args.engine, vllm_python=vllm_python,
+                                            vllm_dtype=vllm_dtype)
             written = write_jsonl(rows_out, args.out / RESPONSES_FILE)
     print(f"specdistill-data {args.job}: {len(rows_out)} rows in {written} ({time.perf_counter() - started:.0f} s); "
           f"train on them with data.dataset={args.out}")

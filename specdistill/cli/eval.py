@@ -49,11 +49,12 @@ from decode.measure.settings import EvalSettings
 from decode.serving.parity import DEFAULT_TOLERANCE, aligned_inputs, out_of_tolerance, parity_rows
 from decode.serving.vllm_engine import (
     DRAFT_SAMPLE_METHODS,
-    VLLM_DTYPES,
+    VLLM_DTYPE_CHOICES,
     ServingError,
     evaluate_in_vllm,
     find_vllm_python,
     plain_outputs,
+    resolve_vllm_dtype,
     vllm_outputs,
 )
 from kinds import kind_of_source
@@ -131,7 +132,7 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                    help="vLLM's draft_sample_method at temperature > 0: greedy (vLLM's default: argmax drafts, "
                         "accepted with p(d)) or probabilistic (d ~ q, min(1, p/q), as ours); default: vLLM's own for "
                         "--engine vllm, probabilistic for --engine both")
-    p.add_argument("--vllm-dtype", default="float32", choices=("auto", *VLLM_DTYPES),
+    p.add_argument("--vllm-dtype", default="float32", choices=VLLM_DTYPE_CHOICES,
                    help="the dtype vLLM runs the target and the draft in (--engine vllm, or the vLLM side of --engine "
                         "both): auto = bfloat16 when --device is CUDA, else float32 (as --dtype auto); the default, "
                         "float32, matches our float32 run on CPU")
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     if args.engine != "specdistill":  # vLLM first: --engine both starts our side from its prefill token
         stop = [tokenizer.eos_token_id] if args.stop_at_eos else None
         sampling = args.vllm_draft_sampling or ("probabilistic" if args.engine == "both" else None)
-        vllm_dtype = dtype_name(resolve_dtype(args.vllm_dtype, device))
+        vllm_dtype = resolve_vllm_dtype(args.vllm_dtype, device)
         vllm, response = evaluate_in_vllm(vllm_python, args.target, args.draft, prompt_ids, settings, kind,
                                           categories, stop, draft_sample_method=sampling,
                                           concurrency=args.concurrency, dtype=vllm_dtype)
