@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> None:
           [f"distill.hidden_state_cache={out / 'data' / 'hidden_cache'}", *sizes.train])
     train(out / "draft", "draft.yaml", target, chat, sizes.train)
     evals = {name: evaluate(out, target, name, args.vllm, sizes) for name in DRAFTERS}
-    summarize(evals, args.vllm)
-    print(f"TensorBoard: .venv/bin/tensorboard --logdir {out}\ndone in {(time.time() - start) / 60:.1f} min")
+    head = summarize(evals, args.vllm)
+    minutes = (time.time() - start) / 60
+    record = write_run_record(out, minutes, head, engine=engine, vllm=args.vllm, smoke=args.smoke)
+    print(f"TensorBoard: .venv/bin/tensorboard --logdir {out}\ndone in {minutes:.1f} min (recorded in {record})")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -228,8 +230,8 @@ def evaluate(out: Path, target: Path, name: str, vllm: bool, sizes: Sizes = Size
 # ---- 7. summary ------------------------------------------------------------------------------------------------------
 
 
-def summarize(evals: dict[str, dict], vllm: bool) -> None:
-    """Every drafter's fastest gamma side by side, then the headline line."""
+def summarize(evals: dict[str, dict], vllm: bool) -> dict:
+    """Every drafter's fastest gamma side by side, then the headline line; returns the head's row."""
     from decode.measure.table import DECODE_COLUMNS, Column, format_table
 
     banner("7/7 comparison (greedy, held-out chat prompts, this machine)")
@@ -237,6 +239,33 @@ def summarize(evals: dict[str, dict], vllm: bool) -> None:
     print(format_table(rows, (*DECODE_COLUMNS, Column("parity_tau", "tau (parity)", ".2f"),
                               Column("vllm_tau", "tau (vLLM)", ".2f")), drop_empty=True))
     print("\n" + headline(rows[0], vllm))
+    return rows[0]
+
+
+RUN_RECORD = "quickstart_run.json"
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (what a benchmark page names its machine by), else the
+    platform's processor or machine."""
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def write_run_record(out: Path, minutes: float, head: dict, *, engine: str, vllm: bool, smoke: bool) -> Path:
+    """OUT/quickstart_run.json: how long the whole job took on which machine, and what it ended with (the head's
+    gamma, tau and speedup): the record the README's duration is quoted from."""
+    record = {"minutes": round(minutes, 1), "cpu": cpu_model(), "cores": os.cpu_count(), "data_engine": engine,
+              "vllm": vllm, "smoke": smoke, "head": {key: head[key] for key in ("gamma", "mean_accepted_tokens",
+                                                                                "speedup")}}
+    path = out / RUN_RECORD
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
 
 
 def summary_row(name: str, report: dict) -> dict:

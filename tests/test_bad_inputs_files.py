@@ -75,7 +75,8 @@ FLAG_KINDS = {
                          "--vllm-dtype": "name", "--vllm-python": "name"},  # an interpreter we run
     "specdistill-push": {"output_dir": "read", "--eval-json": "read", "--repo-id": "name", "--target": "name",
                          "--staging-dir": "name"},  # --staging-dir: accepted, never used
-    "specdistill-check": {"--target": "read", "--draft": "read", "--json": "written", "--vllm-python": "name"},
+    "specdistill-check": {"--target": "read", "--draft": "read", "--json": "written", "--vllm-dtype": "name",
+                          "--vllm-python": "name"},
 }
 
 

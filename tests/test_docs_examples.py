@@ -3,7 +3,10 @@
 A ```bash or ```python fence is runnable unless the line before it is `<!-- not run: REASON -->`; `<!-- exit: N -->`
 says it must exit with N. A page's fences run in order in one scratch folder that holds `recipes/` and `scripts/`,
 so an example may use what an earlier one on the same page wrote. The variables the examples use (TARGET, DRAFT,
-PROMPTS, CORPUS) point to a tiny pair built here; `specdistill` is the venv's command.
+PROMPTS, CORPUS) point to a tiny pair built here; `specdistill` is the venv's command; the folder also holds
+`.venv-vllm` when `make serving` made one. Pages whose examples run the real model (SmolLM2's GGUF) or vLLM run in
+tests/test_docs_examples_heavy.py, so that the test workers share them out; converted GGUF folders are cached once
+per file.
 """
 from __future__ import annotations
 
@@ -65,17 +68,31 @@ def examples_of(page: Path) -> list[Example]:
     return found
 
 
-def runnable_pages() -> list[Path]:
-    return [page for page in doc_pages()
-            if any(e.language in RUNNABLE and e.skip_reason is None for e in examples_of(page))]
+def runnable(page: Path) -> list[Example]:
+    return [e for e in examples_of(page) if e.language in RUNNABLE and e.skip_reason is None]
+
+
+# what a runnable example needs beyond the tiny pair: vLLM (the serving venv), or the real model (minutes of CPU)
+NEEDS_VLLM = re.compile(r"--engine (vllm|both)|--serve\b|bench-serve|serving_engine=vllm")
+NEEDS_REAL_MODEL = re.compile(r"smollm2_gguf|scripts/quickstart\.py")
+
+
+def heavy(page: Path) -> bool:
+    """Whether the page's examples run vLLM or the real model (tests/test_docs_examples_heavy.py runs those)."""
+    return any(NEEDS_VLLM.search(e.code) or NEEDS_REAL_MODEL.search(e.code) for e in runnable(page))
+
+
+def runnable_pages(heavy_ones: bool = False) -> list[Path]:
+    return [page for page in doc_pages() if runnable(page) and heavy(page) == heavy_ones]
 
 
 @pytest.fixture(scope="module")
 def tiny_world(tmp_path_factory) -> dict[str, str]:
-    """The variables the examples use: a tiny target (4 layers: a head reads 3) and draft, prompts, a corpus."""
+    """The variables the examples use: a tiny target (4 layers: a head reads 3; head_dim 32, the smallest vLLM's CPU
+    attention runs) and draft, prompts, a corpus, and one cache for converted GGUF folders."""
     root = tmp_path_factory.mktemp("docs_world")
     tok = tiny_tokenizer()
-    target = tiny_model("llama", seed=0, vocab_size=len(tok), layers=4)
+    target = tiny_model("llama", seed=0, vocab_size=len(tok), layers=4, hidden=128)  # head_dim 32: vLLM's CPU kernels
     save_and_load(target, root / "target", tok)
     save_and_load(perturbed_copy(target, 0.1), root / "draft", tok)
     prompts = [("def add(a, b):", "code"), ("class Point:", "code"), ("for i in range(10):", "loops"),
@@ -83,7 +100,7 @@ def tiny_world(tmp_path_factory) -> dict[str, str]:
     (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in prompts))
     (root / "corpus.txt").write_text(TINY_TEXT * 8)
     return {"TARGET": str(root / "target"), "DRAFT": str(root / "draft"), "PROMPTS": str(root / "prompts.jsonl"),
-            "CORPUS": str(root / "corpus.txt")}
+            "CORPUS": str(root / "corpus.txt"), "SPECDISTILL_CACHE": str(root / "cache")}
 
 
 def run_example(example: Example, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -111,19 +128,23 @@ def test_the_readme_has_runnable_examples_and_the_collector_finds_markers():
     assert any(e.exit_code == 1 for e in reliability)
 
 
-@pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_the_examples_of_a_page_run(page, tiny_world, tmp_path):
+def run_page(page: Path, world: dict[str, str], tmp_path: Path) -> None:
+    """Every runnable example of ``page``, in order, in one scratch folder that holds recipes/ and scripts/ (and
+    .venv-vllm when there is one), as a checkout does."""
     workdir = tmp_path / "work"
     workdir.mkdir()
-    for name in ("recipes", "scripts"):
-        (workdir / name).symlink_to(ROOT / name)
-    env = {**os.environ, **CHILD_ENV, **tiny_world,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(ROOT), "SPECDISTILL_CACHE": str(tmp_path / "cache")}
-    for example in examples_of(page):
-        if example.language not in RUNNABLE or example.skip_reason is not None:
-            continue
+    for name in ("recipes", "scripts", ".venv-vllm"):
+        if (ROOT / name).exists():
+            (workdir / name).symlink_to(ROOT / name)
+    env = {**os.environ, **CHILD_ENV, **world,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
+    for example in runnable(page):
         done = run_example(example, workdir, env)
         assert done.returncode == example.exit_code, (
             f"{example.page}:{example.line} exited {done.returncode}, expected {example.exit_code}\n"
             f"--- code\n{example.code}--- stdout (end)\n{done.stdout[-3000:]}--- stderr (end)\n{done.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_examples_of_a_page_run(page, tiny_world, tmp_path):
+    run_page(page, tiny_world, tmp_path)

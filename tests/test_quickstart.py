@@ -119,6 +119,15 @@ def test_the_summary_table_shows_tau_speedup_and_vllms_tau(capsys):
     assert "tau (vLLM)" in table and "2.10" in table and "1.30x" in table and "prompt_lookup" in table
 
 
+def test_the_run_record_says_how_long_on_which_machine_and_what_it_ended_with(tmp_path):
+    head = quickstart.summary_row("head", eval_report(1.34, 1.11))
+    path = quickstart.write_run_record(tmp_path, 13.24, head, engine="specdistill", vllm=False, smoke=False)
+    record = json.loads(path.read_text())
+    assert path.name == "quickstart_run.json" and record["minutes"] == 13.2 and record["cores"] >= 1
+    assert record["cpu"] and record["head"] == {"gamma": 4, "mean_accepted_tokens": 1.34, "speedup": 1.11}
+    assert (record["data_engine"], record["vllm"], record["smoke"]) == ("specdistill", False, False)
+
+
 def test_tiny_runs_the_tiny_pairs_smoke_run(monkeypatch, tmp_path):
     from scripts import quickstart_tiny
 

@@ -228,28 +228,35 @@ if __name__ == "__main__":
                         SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), use_tqdm=False)
     drafts = sum(m.value for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_drafts")
     print("RESULT " + json.dumps({"method": spec and spec.method, "tokens": spec and spec.num_speculative_tokens,
+                      "parallel": bool(spec and getattr(spec, "parallel_drafting", False)),
                       "outputs": [list(o.outputs[0].token_ids) for o in outs], "drafts": drafts}))
 """
 
 
-def test_vllm_serves_our_export_alone(pair):
-    """What `vllm serve EXPORT` builds: the engine args resolve the export to its verifier with the head as the
-    speculative model, gamma from the export; the greedy output is the target's own (our decoder's plain one)."""
+def served_alone(pair, folder: Path) -> tuple[dict, list[list[int]]]:
+    """vLLM given ``folder`` alone (what `vllm serve FOLDER` builds), greedy, 16 tokens of two prompts: what it
+    resolved the speculative config to, its outputs and draft count; and our decoder's plain outputs."""
     from decode import autoregressive_generate
 
-    folder = pair["root"] / "export_for_speculators"
-    if not folder.is_dir():
-        folder = export(pair, "export_for_speculators", pair["root"] / "target")
     tok = pair["tokenizer"]
     prompts = [tok(line)["input_ids"] for line in ("def add(a, b):", "class Point:")]
     served = subprocess.run([str(PYTHON), "-c", SERVE_ALONE, str(folder), json.dumps(prompts)], capture_output=True,
                             text=True, timeout=600)
     assert served.returncode == 0, served.stderr[-3000:]
     seen = json.loads(next(line for line in served.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert seen["method"] == "eagle3" and seen["tokens"] == GAMMA and seen["drafts"] > 0
-    for prompt, output in zip(prompts, seen["outputs"]):
-        plain = autoregressive_generate(pair["target"], torch.tensor([prompt]), max_new_tokens=16).new_tokens
-        assert output == plain
+    plain = [autoregressive_generate(pair["target"], torch.tensor([p]), max_new_tokens=16).new_tokens for p in prompts]
+    return seen, plain
+
+
+def test_vllm_serves_our_export_alone(pair):
+    """What `vllm serve EXPORT` builds: the engine args resolve the export to its verifier with the head as the
+    speculative model, gamma from the export; the greedy output is the target's own (our decoder's plain one)."""
+    folder = pair["root"] / "export_for_speculators"
+    if not folder.is_dir():
+        folder = export(pair, "export_for_speculators", pair["root"] / "target")
+    seen, plain = served_alone(pair, folder)
+    assert seen["method"] == "eagle3" and seen["tokens"] == GAMMA and seen["drafts"] > 0 and not seen["parallel"]
+    assert seen["outputs"] == plain
 
 
 def printed_vllm_serve_lines(text: str) -> list[list[str]]:
@@ -293,7 +300,8 @@ print(json.dumps({"class": type(config).__name__, "type": config.speculators_mod
 @pytest.mark.parametrize("kind_name", ["p_eagle", "dflash"])
 def test_parallel_and_block_exports_load_with_speculators_config_classes(pair, kind_name):
     """A P-EAGLE head as peagle (its mask token), a DFlash draft as dflash (its target layers counted as speculators
-    counts them, one more than dflash_config's, which vLLM subtracts back)."""
+    counts them, one more than dflash_config's, which vLLM subtracts back); each served by vLLM from the export
+    alone."""
     from test_p_eagle import new_head
 
     from distill.publish.export import write_served_folder
@@ -315,3 +323,9 @@ def test_parallel_and_block_exports_load_with_speculators_config_classes(pair, k
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert json.loads(loaded.stdout.strip().splitlines()[-1]) == {**expected, "tokens": GAMMA}
     assert kind_of_source(str(out)).name == kind_name  # and we still read it as our own
+
+    # served alone (`vllm serve EXPORT`): peagle as eagle3 with parallel drafting, dflash as dflash, the export's gamma;
+    # greedy output the target's (vLLM's tau on this layout equal to ours: tests/test_serving_vllm.py, --engine both)
+    seen, plain = served_alone(pair, out)
+    assert (seen["method"], seen["parallel"]) == (("eagle3", True) if kind_name == "p_eagle" else ("dflash", False))
+    assert seen["tokens"] == GAMMA and seen["drafts"] > 0 and seen["outputs"] == plain
