@@ -14,7 +14,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: install serving test test-fast lint quickstart bench docs docs-build clean
+.PHONY: install serving test test-fast test-docs lint quickstart bench docs docs-build clean
 
 install: $(STAMP)
 
@@ -59,12 +59,18 @@ $(SERVING_STAMP): scripts/vllm_cpu.py decode/serving/vllm_cpu_fixes.py
 # TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= auto
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+HEAVY_DOCS := tests/test_docs_examples_heavy.py
 
 test: install
-	$(PYTEST) tests
+	$(PYTEST) tests --ignore=$(HEAVY_DOCS)
 
 test-fast: install
-	$(PYTEST) tests -m "not integration"
+	$(PYTEST) tests --ignore=$(HEAVY_DOCS) -m "not integration"
+
+# The docs' examples on the real model and in vLLM (minutes each, ~19 min of one core, ~10 on 2): CI runs them after the
+# suite; `make test` leaves them out so that it stays ~20 min.
+test-docs: install
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist load $(HEAVY_DOCS)   # page by page over the workers
 
 # ruff (pyproject.toml [tool.ruff]): pycodestyle, pyflakes, import order, pyupgrade, bugbear
 lint: install

@@ -324,8 +324,9 @@ def test_parallel_and_block_exports_load_with_speculators_config_classes(pair, k
     assert json.loads(loaded.stdout.strip().splitlines()[-1]) == {**expected, "tokens": GAMMA}
     assert kind_of_source(str(out)).name == kind_name  # and we still read it as our own
 
-    # served alone (`vllm serve EXPORT`): peagle as eagle3 with parallel drafting, dflash as dflash, the export's gamma;
+    # served alone (`vllm serve EXPORT`): peagle as eagle3 with parallel drafting, dflash as dflash (a block, drafted
+    # in parallel too), the export's gamma;
     # greedy output the target's (vLLM's tau on this layout equal to ours: tests/test_serving_vllm.py, --engine both)
     seen, plain = served_alone(pair, out)
-    assert (seen["method"], seen["parallel"]) == (("eagle3", True) if kind_name == "p_eagle" else ("dflash", False))
+    assert (seen["method"], seen["parallel"]) == ("eagle3" if kind_name == "p_eagle" else "dflash", True)
     assert seen["tokens"] == GAMMA and seen["drafts"] > 0 and seen["outputs"] == plain
