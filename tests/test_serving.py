@@ -164,16 +164,7 @@ def test_vllm_dtype_flag_reaches_the_request_and_the_json(tmp_path, monkeypatch,
     save_and_load(tiny_model("llama", seed=0, vocab_size=len(tok)), tmp_path / "target", tok)
     (tmp_path / "prompts.txt").write_text(TINY_TEXT.splitlines()[0] + "\n")
     requests = []
-
-    def fake_worker(python, request, timeout=None):
-        requests.append(request)
-        outputs = [[5, 6, 7, 8] for _ in request["prompts"]]
-        counters = {"num_drafts": 2, "num_draft_tokens": 4, "num_accepted_tokens": 2,
-                    "num_accepted_tokens_per_pos": [1, 1]}
-        runs = [{**run, "outputs": outputs, "seconds": 1.0, "counters": counters} for run in request["runs"]]
-        return {"vllm_version": "fake", "plain": {"outputs": outputs, "seconds": 1.0}, "speculative": runs}
-
-    monkeypatch.setattr(vllm_engine, "run_worker", fake_worker)
+    monkeypatch.setattr(vllm_engine, "run_worker", plain_worker(requests))
     report = eval_acceptance.main(["--target", str(tmp_path / "target"), "--draft", "prompt-lookup", "--prompts",
                                    str(tmp_path / "prompts.txt"), "--gamma", "2", "--max-new-tokens", "4",
                                    "--engine", "vllm", "--vllm-python", sys.executable, "--quiet", *flags])
