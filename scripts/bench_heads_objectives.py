@@ -138,7 +138,7 @@ def measure(args: argparse.Namespace) -> dict:
             "arms": {arm: ARMS[arm] for arm in args.arms}, "runs": runs}
 
 
-SAME = ("budget", "data", "num_prompts", "max_new_tokens")  # what arms of one table must share
+SAME = ("budget", "data", "max_new_tokens")  # what arms of one table must share (held-out prompts may differ: a column)
 
 
 def machines_of(record: dict) -> dict[str, dict]:
@@ -147,9 +147,10 @@ def machines_of(record: dict) -> dict[str, dict]:
 
 
 def merged(earlier: dict, record: dict) -> dict:
-    """``record``'s arms added to ``earlier``'s; a run of the same (machine, arm, seed, temperature) replaces its
-    row. Rows from another machine (another CPU trains and times differently) are labelled by machine, each machine
-    with its own `recipe` row to compare against. SystemExit naming the first setting they do not share."""
+    """``record``'s arms added to ``earlier``'s; a run of the same (machine, arm, seed, temperature, held-out prompts)
+    replaces its row. Rows from another machine (another CPU trains and times differently) are labelled by machine,
+    each machine with its own `recipe` row to compare against; runs judged on another number of held-out prompts keep
+    it (`num_prompts` of the run, a column of the table). SystemExit naming the first setting they do not share."""
     for key in SAME:
         if earlier.get(key) != record[key]:
             sys.exit(f"--add-to: its {key} is {earlier.get(key)!r}, this run's {record[key]!r}: arms of one table "
@@ -157,14 +158,19 @@ def merged(earlier: dict, record: dict) -> dict:
     machines = machines_of(earlier)
     label = next((k for k, m in machines.items() if m["machine"] == record["machine"]), chr(ord("A") + len(machines)))
     machines[label] = {"machine": record["machine"], "load_average": record["load_average"]}
-    runs_before = earlier["runs"] if "machines" in earlier else [{"machine": "A", **r} for r in earlier["runs"]]
-    added = [{"machine": label, **r} for r in record["runs"]]
-    key = lambda r: (r["machine"], r["arm"], r["seed"], r["temperature"])  # noqa: E731
+    runs_before = [{"num_prompts": earlier["num_prompts"], **r} for r in earlier["runs"]]
+    runs_before = runs_before if "machines" in earlier else [{"machine": "A", **r} for r in runs_before]
+    added = [{"machine": label, "num_prompts": record["num_prompts"], **r} for r in record["runs"]]
+    key = lambda r: (r["machine"], r["arm"], r["seed"], r["temperature"], r["num_prompts"])  # noqa: E731
     runs = [r for r in runs_before if key(r) not in {key(r) for r in added}] + added
     order = list(dict.fromkeys([*earlier["arms"], *record["arms"]]))
     arms = {**earlier["arms"], **record["arms"]}
-    runs.sort(key=lambda r: (r["machine"], order.index(r["arm"]), r["seed"], r["temperature"]))
+    runs.sort(key=lambda r: (r["machine"], r["num_prompts"], order.index(r["arm"]), r["seed"], r["temperature"]))
+    counts = sorted({r["num_prompts"] for r in runs})
+    if len(counts) == 1:  # one number of held-out prompts: the record's, not a column
+        runs = [{k: v for k, v in r.items() if k != "num_prompts"} for r in runs]
     out = {key: value for key, value in earlier.items() if key not in ("machine", "load_average", "machines")}
+    out["num_prompts"] = counts[0] if len(counts) == 1 else counts
     out.update(more_seeds=list(dict.fromkeys([*earlier.get("more_seeds", []), *record["more_seeds"]])),
                arms={arm: arms[arm] for arm in order})
     if len(machines) == 1:
@@ -174,13 +180,14 @@ def merged(earlier: dict, record: dict) -> dict:
 
 def table_rows(runs: list[dict]) -> list[list[str]]:
     """One row per (arm, seed, temperature, gamma), in the order measured; the machine after the arm when the
-    record holds more than one."""
+    record holds more than one, the held-out prompts after the temperature when its runs differ in them."""
     rows = []
     for measured in runs:
         seconds = measured["train_seconds"]
         for r in measured["results"]:
             rows.append([measured["arm"], *([measured["machine"]] if "machine" in measured else []),
-                         str(measured["seed"]), f"{measured['temperature']:g}", str(r["gamma"]),
+                         str(measured["seed"]), f"{measured['temperature']:g}",
+                         *([str(measured["num_prompts"])] if "num_prompts" in measured else []), str(r["gamma"]),
                          f"{r['mean_accepted_tokens']:.3f}", f"{r['acceptance_rate']:.3f}",
                          " / ".join(f"{a:.2f}" for a in r.get("per_position_acceptance") or []),
                          f"{r['speedup']:.2f}x", f"{seconds:.0f}" if seconds else "-"])
@@ -189,8 +196,9 @@ def table_rows(runs: list[dict]) -> list[list[str]]:
 
 def doc_text(record: dict) -> str:
     """The page's block from the record alone: the machines, the budget and arms, one table row per run and gamma."""
-    several = "machines" in record
-    headers = ["arm", *(["machine"] if several else []), "seed", "T", "gamma", "tau", "acceptance",
+    several, counts = "machines" in record, record["num_prompts"]
+    headers = ["arm", *(["machine"] if several else []), "seed", "T",
+               *(["prompts"] if isinstance(counts, list) else []), "gamma", "tau", "acceptance",
                "acceptance per position", "speedup", "training s"]
     changes = "; ".join(f"`{arm}`: " + (" ".join(f"`{o}`" for o in overrides) or "the recipe as it is")
                         for arm, overrides in record["arms"].items())
@@ -199,21 +207,33 @@ def doc_text(record: dict) -> str:
     lines = [*machines,
              f"Budget: `recipes/smollm2/{record['budget']}` on the rows and hidden-state cache of "
              f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))} "
-             f"({', '.join(record['more_seeds']) or 'no more'} for the winners); {record['num_prompts']} held-out chat "
+             f"({', '.join(record['more_seeds']) or 'no more'} for the winners); {prompt_counts(counts)} held-out chat "
              f"prompts x {record['max_new_tokens']} new tokens, eager, float32. Arms: {changes}.", "",
              *markdown_table(headers, table_rows(record["runs"]))]
     return "\n".join(lines) + "\n"
 
 
+def prompt_counts(counts: int | list[int]) -> str:
+    """The record's held-out prompts in words: "32", or "32 or 96 (column `prompts`)"."""
+    if isinstance(counts, int):
+        return str(counts)
+    return " or ".join(map(str, counts)) + " (column `prompts`)"
+
+
 def group_of(measured: dict) -> str:
-    """A run's bar in the plot: its arm, and its machine when the record holds more than one."""
-    return f"{measured['arm']} ({measured['machine']})" if "machine" in measured else measured["arm"]
+    """A run's bar in the plot: its arm, with its machine and held-out prompts when the record's runs differ in
+    them."""
+    labels = [str(measured[k]) + (" prompts" if k == "num_prompts" else "") for k in ("machine", "num_prompts")
+              if k in measured]
+    return f"{measured['arm']} ({', '.join(labels)})" if labels else measured["arm"]
 
 
 def mean_tau(runs: list[dict], group: str, temperature: float, gamma: str) -> float:
-    return statistics.mean(r["mean_accepted_tokens"] for measured in runs
-                           if group_of(measured) == group and measured["temperature"] == temperature
-                           for r in measured["results"] if str(r["gamma"]) == gamma)
+    """The group's mean tau over seeds; NaN (no bar) where it was not measured at this temperature."""
+    taus = [r["mean_accepted_tokens"] for measured in runs
+            if group_of(measured) == group and measured["temperature"] == temperature
+            for r in measured["results"] if str(r["gamma"]) == gamma]
+    return statistics.mean(taus) if taus else float("nan")
 
 
 def plot(path: Path, runs: list[dict]) -> None:

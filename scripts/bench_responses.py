@@ -1,9 +1,8 @@
 """Target responses on a real model: responses/s of our batched decoder, transformers' `generate` and vLLM at the
 same batch sizes (what `specdistill-data responses` and `data.target_batch_size` run).
 
-    GGUF=$(.venv/bin/python -c "from decode.inputs.gguf import smollm2_gguf; print(smollm2_gguf())")
-    .venv/bin/python scripts/bench_responses.py --target $GGUF --prompts recipes/prompts/chat_eval.jsonl \
-        --batch-sizes 1 16 64 --engines specdistill transformers vllm
+    .venv/bin/python scripts/bench_responses.py --batch-sizes 1 16 64 --engines specdistill transformers vllm \
+        --json docs/benchmarks/responses/bench_responses.json --doc docs/benchmarks/responses.md
 
 Ours runs on CPU with the target's linear layers oneDNN-packed (decode.loop.packed_linear), as
 `specdistill-data` does; `specdistill-f.linear` is ours with them left on F.linear.
@@ -12,30 +11,36 @@ max(--min-rows, B) of them (batch 1 is slow on a CPU), greedy, at most --new-tok
 engine and batch size runs after an untimed warm-up batch (vLLM: its own timer around `LLM.generate`, the
 engine start excluded), one after the other in this run, so ratios are measured in one run on one machine.
 "equal to ours" counts rows whose tokens equal our decoder's at the same batch size (float rounding of padded
-shapes may break a near-tie, from where that row differs). Prints a markdown section for
-docs/benchmarks/responses.md.
+shapes may break a near-tie, from where that row differs). --target defaults to SmolLM2's GGUF (`make install`).
+The measurements go to a record (--json); the table, written from it, is printed and with --doc put between the
+page's lines `<!-- BEGIN bench_responses (scripts/bench_responses.py --doc) -->` and `<!-- END bench_responses -->`;
+`--from-json RECORD --doc PAGE` writes it again from a committed record, measuring nothing.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # `python scripts/bench_responses.py`: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python scripts/bench_responses.py`: make the repository importable
+    sys.path.insert(0, str(ROOT))
 
 import datasets
 import torch
 
 import distill.data.target_data as target_data
+from decode.inputs.gguf import smollm2_gguf
 from decode.inputs.loading import load_causal_lm, load_tokenizer
 from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows
 from distill.data.target_data import Sampling, generate_target_data
-from scripts.benchmark import code_version, command_line, load_average, machine, markdown_table
+from scripts.benchmark import check_doc, code_version, command_line, load_average, machine, markdown_table, write_doc
 
+DOC_NAME = "bench_responses"
 FILES = ("distill/data/target_data.py", "decode/loop/batched.py", "decode/loop/packed_linear.py")
 
 
@@ -90,9 +95,9 @@ def vllm_generate(folder: str, tokenizer, prompts: list[list[int]], batch_size: 
     return response["plain"]["seconds"], [list(r) for r in response["plain"]["outputs"]]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", required=True, help="model folder or .gguf file")
+    parser.add_argument("--target", default=None, help="model folder or .gguf file (default: SmolLM2's GGUF)")
     parser.add_argument("--prompts", default="recipes/prompts/chat_eval.jsonl")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--min-rows", type=int, default=16, help="rows answered at batch sizes below this")
@@ -101,22 +106,31 @@ def main() -> None:
                         choices=["specdistill", "specdistill-f.linear", "transformers", "vllm"],
                         help="specdistill-f.linear: ours with the target's layers left on F.linear (no oneDNN packing)")
     parser.add_argument("--vllm-python", default=None)
-    args = parser.parse_args()
-    datasets.disable_progress_bars()
+    parser.add_argument("--out", type=Path, default=ROOT / "bench_responses_out", help="where --json goes by default")
+    parser.add_argument("--json", type=Path, default=None, help="the record (default: --out/bench_responses.json)")
+    parser.add_argument("--doc", type=Path, default=None,
+                        help="a page with BEGIN / END bench_responses markers: the table goes between them")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="write --doc from this record alone, measuring nothing "
+                             "(docs/benchmarks/responses/bench_responses.json)")
+    return parser.parse_args(argv)
 
-    # ---- target, tokenizer, prompts ------------------------------------------------------------------------------
-    tokenizer = load_tokenizer(args.target)
-    target = load_causal_lm(args.target, torch.device("cpu"), torch.float32)
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every engine at every batch size, one after the other in this process: the record the page's block is
+    written from (seconds, rows, tokens and rows equal to the first engine's, per engine and batch size)."""
+    datasets.disable_progress_bars()
+    target_path = args.target or smollm2_gguf()
+    tokenizer = load_tokenizer(target_path)
+    target = load_causal_lm(target_path, torch.device("cpu"), torch.float32)
     folder = target.name_or_path  # a .gguf: its converted folder, which vLLM loads
-    rows = read_prompt_rows(args.prompts)
-    encoded = [p.tolist() for p in encode_prompt_rows(tokenizer, rows, "on")]
+    encoded = [p.tolist() for p in encode_prompt_rows(tokenizer, read_prompt_rows(args.prompts), "on")]
     python = None
     if "vllm" in args.engines:
         from decode.serving.vllm_engine import find_vllm_python
         python = find_vllm_python(args.vllm_python)
 
-    # ---- every engine at every batch size, one after the other ---------------------------------------------------
-    load_before, table = load_average(), []
+    load_before, runs = load_average(), []
     for batch_size in args.batch_sizes:
         prompts = (encoded * (1 + max(args.min_rows, batch_size) // len(encoded)))[: max(args.min_rows, batch_size)]
         reference = None
@@ -129,23 +143,47 @@ def main() -> None:
             else:
                 seconds, responses = vllm_generate(folder, tokenizer, prompts, batch_size, args.new_tokens, python)
             reference = reference if reference is not None else responses
-            tokens = sum(len(r) for r in responses)
-            same = sum(a == b for a, b in zip(responses, reference))
-            print(f"{engine} batch {batch_size}: {len(prompts)} rows, {tokens} tokens in {seconds:.1f} s",
+            run = {"engine": engine, "batch_size": batch_size, "rows": len(prompts), "seconds": seconds,
+                   "tokens": sum(len(r) for r in responses), "equal": sum(a == b for a, b in zip(responses, reference))}
+            print(f"{engine} batch {batch_size}: {run['rows']} rows, {run['tokens']} tokens in {seconds:.1f} s",
                   file=sys.stderr, flush=True)
-            table.append([engine, batch_size, len(prompts), f"{len(prompts) / seconds:.2f}", f"{tokens / seconds:.1f}",
-                          f"{same}/{len(prompts)}"])
+            runs.append(run)
+    return {"command": command_line("scripts/bench_responses.py"), "machine": machine("cpu"),
+            "load_average": f"{load_before} / {load_average()}", "code": code_version(FILES),
+            "target": Path(target_path).name, "prompts": args.prompts, "new_tokens": args.new_tokens,
+            "min_rows": args.min_rows, "runs": runs}
 
-    # ---- the markdown section ------------------------------------------------------------------------------------
-    print("## Target responses on SmolLM2-135M-Instruct: ours, transformers, vLLM\n")
-    print(f"Command: `{command_line('scripts/bench_responses.py')}`\n")
-    print(f"Machine: {machine('cpu')}; load average before / after: {load_before} / "
-          f"{load_average()}\n")
-    print(f"Code (sha256): {code_version(FILES)}\n")
-    print(f"Target: {Path(args.target).name} (SmolLM2-135M-Instruct), float32 on the CPU. Prompts: {args.prompts} "
-          f"(chat template), greedy, at most {args.new_tokens} new tokens, stopping at eos.\n")
-    headers = ["engine", "batch size", "rows", "responses/s", "new tokens/s", "rows equal to the first engine's"]
-    print("\n".join(markdown_table(headers, table)))
+
+HEADERS = ["engine", "batch size", "rows", "responses/s", "new tokens/s", "rows equal to the first engine's"]
+
+
+def doc_text(record: dict) -> str:
+    """The page's block from the record alone: the machine and settings, then one row per engine and batch size."""
+    rows = [[r["engine"], r["batch_size"], r["rows"], f"{r['rows'] / r['seconds']:.2f}",
+             f"{r['tokens'] / r['seconds']:.1f}", f"{r['equal']}/{r['rows']}"] for r in record["runs"]]
+    lines = [f"Machine: {record['machine']}; load average before / after: {record['load_average']}.",
+             f"Target: {record['target']} (SmolLM2-135M-Instruct), float32 on the CPU. Prompts: {record['prompts']} "
+             f"(chat template), batch size B answers max({record['min_rows']}, B) of them, greedy, at most "
+             f"{record['new_tokens']} new tokens, stopping at eos.", "", *markdown_table(HEADERS, rows)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse_args(argv)
+    if args.doc:
+        check_doc(args.doc, DOC_NAME)  # before anything is measured
+    if args.from_json:
+        record = json.loads(args.from_json.read_text(encoding="utf-8"))
+    else:
+        record = measure(args)
+        written = args.json or args.out / "bench_responses.json"
+        written.parent.mkdir(parents=True, exist_ok=True)
+        written.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    text = doc_text(record)
+    print(text, end="")
+    if args.doc:
+        write_doc(args.doc, text, DOC_NAME)
+    return text
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ nothing is measured here):
 
 prints the table of "On a real model" and, with --doc, writes it between the README's lines
 `<!-- BEGIN readme_table (scripts/readme_table.py --doc) -->` and `<!-- END readme_table -->`. The README's other
-quoted figures come from here too: plain decoding's tokens/s over the table's runs, and the quickstart head's tau and
-speedup (tests/test_doc_numbers.py checks each against these JSONs).
+quoted figures come from here too: plain decoding's tokens/s over the table's runs, and the quickstart's minutes and
+its head's tau and speedup (tests/test_doc_numbers.py checks each against these JSONs).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -38,7 +39,8 @@ ROWS = [
     ("prompt lookup (no training)", "lookup_heldout_g2_zen5.json", 2),
     ("prompt lookup", "lookup_heldout_g4_zen5.json", 4),
 ]
-QUICKSTART = ("quickstart_head_zen5.json", 1)  # what `make quickstart` ended with on the Zen 5 VM: its head at gamma 1
+QUICKSTART = ("quickstart_head_xeon_amx.json", 1)  # what `make quickstart` ended with on the Xeon VM: the head, gamma 1
+QUICKSTART_RUN = "quickstart_run_xeon_amx.json"     # the same run's quickstart_run.json: its minutes
 HEADERS = ["drafter", "gamma", "acceptance", "tau", "speedup over plain (same run)", "greedy output = plain"]
 
 
@@ -68,6 +70,12 @@ def quickstart_figures() -> str:
     """The quickstart head's tau and speedup, as the README quotes them: "tau 1.34, 1.11x"."""
     r = result(*QUICKSTART)
     return f"tau {r['mean_accepted_tokens']:.2f}, {r['speedup']:.2f}x"
+
+
+def quickstart_minutes() -> str:
+    """How long that `make quickstart` took, as the README quotes it: "21.5 min"."""
+    run = json.loads((ROOT / "docs" / "benchmarks" / "real_target" / QUICKSTART_RUN).read_text())
+    return f"{run['minutes']:.1f} min"
 
 
 def main(argv: list[str] | None = None) -> str:

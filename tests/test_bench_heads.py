@@ -219,3 +219,14 @@ def test_new_arms_join_a_committed_record_and_replace_only_their_own_rows():
     again = merged(other, {**new, "machine": "m2", "runs": [run("nla", 1.5)]})  # B re-measured: its row replaced
     assert [(r["machine"], r["arm"], r["results"][0]["mean_accepted_tokens"]) for r in again["runs"]][-1] == (
         "B", "nla", 1.5) and len(again["runs"]) == 4
+    # all 96 held-out prompts beside 32: both rows kept, each with its count, and a prompts column in the table
+    wider = merged(earlier, {**new, "num_prompts": 96, "runs": [run("recipe", 1.33)]})
+    assert wider["num_prompts"] == [32, 96]
+    assert [(r["arm"], r["num_prompts"], r["results"][0]["mean_accepted_tokens"]) for r in wider["runs"]] == [
+        ("recipe", 32, 1.3), ("tv", 32, 1.2), ("recipe", 96, 1.33)]
+    rows = doc_text({**wider, "runs": [{**r, "results": [{"gamma": 4, "mean_accepted_tokens": 1.3,
+                                                          "acceptance_rate": 0.3, "speedup": 1.0}]}
+                                       for r in wider["runs"]]})
+    assert "32 or 96 (column `prompts`) held-out chat prompts" in rows and "prompts |" in rows
+    assert merged(wider, {**new, "num_prompts": 96, "runs": [run("recipe", 1.34)]})["runs"][-1]["results"][0][
+        "mean_accepted_tokens"] == 1.34  # the 96-prompt row re-measured: replaced, the 32-prompt one kept

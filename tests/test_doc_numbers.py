@@ -29,6 +29,8 @@ BLOCKS = {
         ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives.json"],
     ("docs/benchmarks/decode.md", "bench_step_overhead"):
         ["--from-json", "docs/benchmarks/step_overhead/cpu_zen4.json"],
+    ("docs/benchmarks/responses.md", "bench_responses"):
+        ["--from-json", "docs/benchmarks/responses/bench_responses.json"],
 }
 # served.md's block: its table's numbers against docs/benchmarks/served/*.json (the drafter's label and the lines above
 # the table are the page's own while scripts/bench_served.py is reworked)
@@ -81,16 +83,22 @@ def served_difference(block: str) -> str | None:
 
 def quoted_differences(readme: str) -> list[str]:
     """What the README quotes outside its table, against the JSON: the quickstart head's tau and speedup wherever
-    "tau T, Sx" appears, and plain decoding's tokens/s over the table's runs."""
+    "tau T, Sx" appears, the quickstart's minutes wherever "N.N min" does, and plain decoding's tokens/s over the
+    table's runs."""
     figures, plain = readme_table.quickstart_figures(), readme_table.plain_tokens_per_s()
+    minutes = readme_table.quickstart_minutes()
     quoted_figures = re.findall(r"tau \d+\.\d+, \d+\.\d+x", readme)
     quoted_plain = re.findall(r"plain decoding (\d+-\d+)\s+tokens/s", readme)
     wrong = [f"{quoted!r} ({readme_table.QUICKSTART[0]} gives {figures!r})"
              for quoted in quoted_figures if quoted != figures]
     wrong += [f"plain decoding {quoted} tokens/s (the table's JSON give {plain})"
               for quoted in quoted_plain if quoted != plain]
+    quoted_minutes = re.findall(r"\d+\.\d+ min\b", readme)
+    wrong += [f"{quoted!r} ({readme_table.QUICKSTART_RUN} gives {minutes!r})"
+              for quoted in quoted_minutes if quoted != minutes]
     return wrong + [f"no {what} in the README" for what, found in (("'tau T, Sx'", quoted_figures),
-                                                                   ("'plain decoding N-M tokens/s'", quoted_plain))
+                                                                   ("'plain decoding N-M tokens/s'", quoted_plain),
+                                                                   ("'N.N min'", quoted_minutes))
                     if not found]
 
 
@@ -136,6 +144,7 @@ def test_the_readme_quotes_the_json():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert quoted_differences(readme) == []
     assert readme.count(readme_table.quickstart_figures()) == 2  # the quickstart's paragraph and its command's comment
+    assert readme.count(readme_table.quickstart_minutes()) == 2
 
 
 def edit_a_number(block: str) -> str:
@@ -168,10 +177,12 @@ def test_an_edited_number_in_a_copy_of_the_page_is_caught(rendered, tmp_path, pa
 
 def test_an_edited_quoted_figure_in_a_copy_of_the_readme_is_caught(tmp_path):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    figures = readme_table.quickstart_figures()  # "tau 1.34, 1.11x": its last digit moved by one
+    figures = readme_table.quickstart_figures()  # "tau 1.31, 1.09x": its last digit moved by one
     wrong_tau = readme.replace(figures, f"{figures[:-2]}{(int(figures[-2]) + 1) % 10}x", 1)
     wrong_plain = re.sub(r"plain decoding (\d+)-", lambda m: f"plain decoding {int(m[1]) + 1}-", readme, count=1)
-    for wrong in (wrong_tau, wrong_plain):
+    minutes = readme_table.quickstart_minutes()  # "21.5 min": its tenths moved by one
+    wrong_minutes = readme.replace(minutes, f"{minutes[:-5]}{(int(minutes[-5]) + 1) % 10} min", 1)
+    for wrong in (wrong_tau, wrong_plain, wrong_minutes):
         assert wrong != readme
         (tmp_path / "README.md").write_text(wrong, encoding="utf-8")
         assert len(quoted_differences((tmp_path / "README.md").read_text(encoding="utf-8"))) == 1

@@ -5,7 +5,8 @@ In: an EAGLE-3 head written by speculators' own classes (tests/speculators_fixtu
 embedding, norm_before_residual true) is recognised by `specdistill eval`, decoded losslessly, passes `specdistill
 check`, and `--engine both` counts the same accepted tokens as vLLM step by step. Out: our export's config.json loads
 with speculators' SpeculatorModelConfig, and vLLM given the export alone (`LLM(model=EXPORT)`, what `vllm serve EXPORT`
-builds) serves the target with the head drafting the export's gamma, its greedy output the target's.
+builds) serves the target with the head drafting the export's gamma, its greedy output the target's and its
+spec-decode counters (tau, acceptance per position) those of our decoder on the export.
 """
 import json
 import os
@@ -218,7 +219,9 @@ def test_our_export_loads_with_speculators_config_classes(pair):
 SERVE_ALONE = """
 import json, os, sys
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+sys.path.insert(0, sys.argv[3])
 from vllm import LLM, SamplingParams, TokensPrompt
+from vllm_worker import read_counters
 if __name__ == "__main__":
     model, prompts = sys.argv[1], json.loads(sys.argv[2])
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=256, seed=0, disable_log_stats=False,
@@ -226,26 +229,37 @@ if __name__ == "__main__":
     spec = llm.llm_engine.vllm_config.speculative_config
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
                         SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    drafts = sum(m.value for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_drafts")
     print("RESULT " + json.dumps({"method": spec and spec.method, "tokens": spec and spec.num_speculative_tokens,
                       "parallel": bool(spec and getattr(spec, "parallel_drafting", False)),
-                      "outputs": [list(o.outputs[0].token_ids) for o in outs], "drafts": drafts}))
+                      "outputs": [list(o.outputs[0].token_ids) for o in outs],
+                      "counters": read_counters(llm.get_metrics())}))
 """
 
 
-def served_alone(pair, folder: Path) -> tuple[dict, list[list[int]]]:
+def served_alone(pair, folder: Path) -> tuple[dict, list[list[int]], SpecCounters]:
     """vLLM given ``folder`` alone (what `vllm serve FOLDER` builds), greedy, 16 tokens of two prompts: what it
-    resolved the speculative config to, its outputs and draft count; and our decoder's plain outputs."""
-    from decode import autoregressive_generate
+    resolved the speculative config to, its outputs and spec-decode counters; our decoder's plain outputs; and our
+    decoder's counters for the same export read back by its kind, at the gamma vLLM drafts, counted as vLLM counts
+    (from the prefill token on, every step drafting gamma tokens, also past the end)."""
+    from decode import autoregressive_generate, speculative_generate
 
-    tok = pair["tokenizer"]
+    tok, target = pair["tokenizer"], pair["target"]
     prompts = [tok(line)["input_ids"] for line in ("def add(a, b):", "class Point:")]
-    served = subprocess.run([str(PYTHON), "-c", SERVE_ALONE, str(folder), json.dumps(prompts)], capture_output=True,
-                            text=True, timeout=600)
+    worker_dir = Path(__file__).resolve().parents[1] / "decode" / "serving"
+    served = subprocess.run([str(PYTHON), "-c", SERVE_ALONE, str(folder), json.dumps(prompts), str(worker_dir)],
+                            capture_output=True, text=True, timeout=600)
     assert served.returncode == 0, served.stderr[-3000:]
     seen = json.loads(next(line for line in served.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    plain = [autoregressive_generate(pair["target"], torch.tensor([p]), max_new_tokens=16).new_tokens for p in prompts]
-    return seen, plain
+    plain = [autoregressive_generate(target, torch.tensor([p]), max_new_tokens=16).new_tokens for p in prompts]
+    kind = kind_of_source(str(folder))
+    draft = kind.load(str(folder), target, torch.device("cpu"), torch.float32)
+    ours = SpecCounters()
+    for p, own in zip(prompts, plain):  # from vLLM's prefill token on, as --engine both does (decode.serving.parity)
+        out = speculative_generate(target, draft, torch.tensor([p + own[:1]]), max_new_tokens=15, kind=kind,
+                                   gamma=seen["tokens"], draft_past_end=True)
+        assert out.new_tokens == own[1:]
+        ours = ours + SpecCounters.from_spec_stats(out.stats)
+    return seen, plain, ours
 
 
 def test_vllm_serves_our_export_alone(pair):
@@ -254,9 +268,12 @@ def test_vllm_serves_our_export_alone(pair):
     folder = pair["root"] / "export_for_speculators"
     if not folder.is_dir():
         folder = export(pair, "export_for_speculators", pair["root"] / "target")
-    seen, plain = served_alone(pair, folder)
-    assert seen["method"] == "eagle3" and seen["tokens"] == GAMMA and seen["drafts"] > 0 and not seen["parallel"]
+    seen, plain, ours = served_alone(pair, folder)
+    assert seen["method"] == "eagle3" and seen["tokens"] == GAMMA and not seen["parallel"]
     assert seen["outputs"] == plain
+    served = SpecCounters.from_dict(seen["counters"])
+    assert served.num_drafts > 0 and served.num_accepted_tokens > 0
+    assert served == ours  # tau, acceptance and acceptance per position equal, step by step
 
 
 def printed_vllm_serve_lines(text: str) -> list[list[str]]:
@@ -326,7 +343,9 @@ def test_parallel_and_block_exports_load_with_speculators_config_classes(pair, k
 
     # served alone (`vllm serve EXPORT`): peagle as eagle3 with parallel drafting, dflash as dflash (a block, drafted
     # in parallel too), the export's gamma;
-    # greedy output the target's (vLLM's tau on this layout equal to ours: tests/test_serving_vllm.py, --engine both)
-    seen, plain = served_alone(pair, out)
+    # greedy output the target's, and vLLM's counters (tau, acceptance per position) those of our decoder on the export
+    seen, plain, ours = served_alone(pair, out)
     assert (seen["method"], seen["parallel"]) == ("eagle3" if kind_name == "p_eagle" else "dflash", True)
-    assert seen["tokens"] == GAMMA and seen["drafts"] > 0 and seen["outputs"] == plain
+    assert seen["tokens"] == GAMMA and seen["outputs"] == plain
+    served = SpecCounters.from_dict(seen["counters"])
+    assert served.num_drafts > 0 and served == ours
