@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 from decode.inputs.gguf import smollm2_gguf
 from decode.measure.table import markdown_table
-from scripts.benchmark import check_doc, load_average, machine, record_of, write_doc
+from scripts.benchmark import check_doc, load_average, machine, record_of, record_options, write_doc
 
 BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes/smollm2/
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
@@ -67,17 +67,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gammas", nargs="+", default=["2", "4"])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--out", type=Path, default=ROOT / "bench_head_objectives_out")
-    p.add_argument("--doc", type=Path, default=None, help="a page with BEGIN / END bench_heads_objectives markers")
+    record_options(p, "bench_heads_objectives", ROOT / "bench_head_objectives_out",
+                   "docs/benchmarks/head_objectives/bench_heads_objectives.json")
     p.add_argument("--plot", type=Path, default=None, help="a PNG of tau per arm at the largest gamma")
-    p.add_argument("--json", type=Path, default=None,
-                   help="write the record the table is written from here (default: --out/bench_heads_objectives.json)")
     p.add_argument("--add-to", type=Path, default=None,
                    help="a record of earlier arms (the committed one): this run's arms join it (a run of the same arm, "
-                        "seed and temperature replaces its row); the budget, prompts and machine must be the record's")
-    p.add_argument("--from-json", type=Path, default=None,
-                   help="train and measure nothing: the table (and --plot) of this record "
-                        "(docs/benchmarks/head_objectives/bench_heads_objectives.json)")
+                        "seed, temperature and held-out prompts replaces its row); the budget and new tokens must be "
+                        "the record's")
     return p.parse_args(argv)
 
 

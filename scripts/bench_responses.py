@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import tempfile
 import time
@@ -38,7 +37,17 @@ from decode.inputs.gguf import smollm2_gguf
 from decode.inputs.loading import load_causal_lm, load_tokenizer
 from decode.inputs.prompts import encode_prompt_rows, read_prompt_rows
 from distill.data.target_data import Sampling, generate_target_data
-from scripts.benchmark import check_doc, code_version, command_line, load_average, machine, markdown_table, write_doc
+from scripts.benchmark import (
+    check_doc,
+    code_version,
+    command_line,
+    load_average,
+    machine,
+    markdown_table,
+    record_of,
+    record_options,
+    write_doc,
+)
 
 DOC_NAME = "bench_responses"
 FILES = ("distill/data/target_data.py", "decode/loop/batched.py", "decode/loop/packed_linear.py")
@@ -106,13 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         choices=["specdistill", "specdistill-f.linear", "transformers", "vllm"],
                         help="specdistill-f.linear: ours with the target's layers left on F.linear (no oneDNN packing)")
     parser.add_argument("--vllm-python", default=None)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench_responses_out", help="where --json goes by default")
-    parser.add_argument("--json", type=Path, default=None, help="the record (default: --out/bench_responses.json)")
-    parser.add_argument("--doc", type=Path, default=None,
-                        help="a page with BEGIN / END bench_responses markers: the table goes between them")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help="write --doc from this record alone, measuring nothing "
-                             "(docs/benchmarks/responses/bench_responses.json)")
+    record_options(parser, DOC_NAME, ROOT / "bench_responses_out", "docs/benchmarks/responses/bench_responses.json")
     return parser.parse_args(argv)
 
 
@@ -172,13 +175,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     if args.doc:
         check_doc(args.doc, DOC_NAME)  # before anything is measured
-    if args.from_json:
-        record = json.loads(args.from_json.read_text(encoding="utf-8"))
-    else:
-        record = measure(args)
-        written = args.json or args.out / "bench_responses.json"
-        written.parent.mkdir(parents=True, exist_ok=True)
-        written.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    record = record_of(args, lambda: measure(args), DOC_NAME)
     text = doc_text(record)
     print(text, end="")
     if args.doc:

@@ -372,6 +372,19 @@ def write_doc(path: Path, text: str, script: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def record_options(parser: argparse.ArgumentParser, name: str, out: Path, committed: str) -> None:
+    """The options of a benchmark whose page block is written from a record: --out (its runs), --json (the record,
+    default --out/NAME.json), --doc (the page with NAME's markers) and --from-json (``committed``: the block again
+    from a record, nothing measured)."""
+    parser.add_argument("--out", type=Path, default=out, help="where the runs and, by default, the record go")
+    parser.add_argument("--json", type=Path, default=None,
+                        help=f"write the record the table is written from here (default: --out/{name}.json)")
+    parser.add_argument("--doc", type=Path, default=None, help=f"a page with BEGIN / END {name} markers: the table "
+                                                                "goes between them")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help=f"measure nothing: the table of this record ({committed})")
+
+
 def record_of(args, measure, name: str) -> dict:
     """The record a page's block is written from: --from-json's, read back (nothing measured), else ``measure()``'s,
     written to --json (default --out/NAME.json) beside the runs it names."""
