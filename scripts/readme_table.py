@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file: the table formatter and the page markers are the project's
     sys.path.insert(0, str(ROOT))
 
+from decode.inputs.checks import read_text
 from decode.measure.table import markdown_table
 from scripts.benchmark import write_doc
 from scripts.plot_real_target import results
@@ -74,7 +75,7 @@ def quickstart_figures() -> str:
 
 def quickstart_minutes() -> str:
     """How long that `make quickstart` took, as the README quotes it: "21.5 min"."""
-    run = json.loads((ROOT / "docs" / "benchmarks" / "real_target" / QUICKSTART_RUN).read_text())
+    run = json.loads(read_text(ROOT / "docs" / "benchmarks" / "real_target" / QUICKSTART_RUN))
     return f"{run['minutes']:.1f} min"
 
 
