@@ -28,6 +28,7 @@ from decode.serving.parity import aligned_inputs, parity_rows
 from decode.serving.vllm_engine import evaluate_in_vllm, find_vllm_python, run_worker
 from distill.data.target_data import Sampling, generate_target_data
 from distill.data.target_vllm import vllm_request
+from kinds import kind_of_source
 from scripts import benchmark
 from specdistill.drafts import evaluate_acceptance
 
@@ -80,8 +81,10 @@ def parity_for(folder: Path, python: Path, prompts: list[torch.Tensor], settings
     from transformers import AutoModelForCausalLM
 
     target, draft = str(folder / "target"), str(folder / "draft")
-    vllm, response = evaluate_in_vllm(python, target, draft, prompts, settings, draft_sample_method="probabilistic")
-    default = evaluate_in_vllm(python, target, draft, prompts, settings)[0] if vllm_default else None
+    kind = kind_of_source(draft)  # a standalone draft model
+    vllm, response = evaluate_in_vllm(python, target, draft, prompts, settings, kind,
+                                      draft_sample_method="probabilistic")
+    default = evaluate_in_vllm(python, target, draft, prompts, settings, kind)[0] if vllm_default else None
     ours_prompts, ours_settings = aligned_inputs(prompts, [o[0] for o in response["plain"]["outputs"]], settings)
     load = lambda role: AutoModelForCausalLM.from_pretrained(folder / role, dtype=torch.float32).eval()  # noqa
     ours = evaluate_acceptance(load("target"), load("draft"), ours_prompts, ours_settings, progress=False)

@@ -339,34 +339,44 @@ def write_result(text: str, path: str | None) -> None:
         Path(path).write_text(text + "\n")
 
 
-def doc_markers(script: str) -> tuple[str, str]:
-    """The BEGIN / END markers between which `scripts/<script>.py --doc` writes its tables into a page."""
-    return f"<!-- BEGIN {script} (scripts/{script}.py --doc) -->", f"<!-- END {script} -->"
+def doc_markers(name: str, script: str | None = None) -> tuple[str, str]:
+    """The BEGIN / END markers between which `scripts/<script>.py --doc` writes its block `name` into a page (a script
+    with one block per page names it after itself: `script` defaults to `name`)."""
+    return f"<!-- BEGIN {name} (scripts/{script or name}.py --doc) -->", f"<!-- END {name} -->"
+
+
+DOC_BLOCK = re.compile(r"^<!-- BEGIN (\w+) \(scripts/(\w+)\.py --doc\) -->\n(.*?)^<!-- END \1 -->$",
+                       re.DOTALL | re.MULTILINE)
 
 
 def doc_blocks(page: str) -> dict[str, str]:
-    """Every script's block in `page`: script -> the text between its BEGIN line and its END line (both excluded)."""
-    found = re.finditer(r"^<!-- BEGIN (\w+) \(scripts/\1\.py --doc\) -->\n(.*?)^<!-- END \1 -->$", page,
-                        re.DOTALL | re.MULTILINE)
-    return {match[1]: match[2] for match in found}
+    """Every block in `page`: its name -> the text between its BEGIN line and its END line (both excluded)."""
+    return {match[1]: match[3] for match in DOC_BLOCK.finditer(page)}
 
 
-def check_doc(path: Path, script: str) -> str:
-    """The page at `path` ("" for a new file); stop, before anything is measured, when it exists without `script`'s
-    markers: writing there would replace a page's hand-written text with the tables."""
-    begin, end = doc_markers(script)
+def doc_scripts(page: str) -> dict[str, str]:
+    """Every block in `page`: its name -> the script that writes it (scripts/<script>.py)."""
+    return {match[1]: match[2] for match in DOC_BLOCK.finditer(page)}
+
+
+def check_doc(path: Path, name: str, script: str | None = None) -> str:
+    """The page at `path` ("" for a new file); stop, before anything is measured, when it exists without the markers
+    of block `name` (written by `script`, default `name`): writing there would replace a page's hand-written text with
+    the tables."""
+    begin, end = doc_markers(name, script)
     page = path.read_text(encoding="utf-8") if path.is_file() else ""
     if path.is_file() and not (begin in page and end in page.split(begin, 1)[1]):
-        sys.exit(f"{script}: --doc {path} exists without the lines {begin} and {end}; put them where the tables "
-                 "go (the rest of the page is kept) or name a new file")
+        sys.exit(f"{script or name}: --doc {path} exists without the lines {begin} and {end}; put them where the "
+                 "tables go (the rest of the page is kept) or name a new file")
     return page
 
 
-def write_doc(path: Path, text: str, script: str) -> None:
-    """`text` into `path` between `script`'s markers, the rest of the page kept, or as a new file."""
-    page = check_doc(path, script)
+def write_doc(path: Path, text: str, name: str, script: str | None = None) -> None:
+    """`text` into `path` between the markers of block `name` (written by `script`, default `name`), the rest of the
+    page kept, or as a new file."""
+    page = check_doc(path, name, script)
     if page:
-        begin, end = doc_markers(script)
+        begin, end = doc_markers(name, script)
         before, rest = page.split(begin, 1)
         text = before + begin + "\n" + text + end + rest.split(end, 1)[1]
     path.write_text(text, encoding="utf-8")

@@ -1,7 +1,8 @@
 """One source for every number: each table a script writes between a page's markers is written again here from the
 committed JSON alone (the script's own --doc run, measuring nothing) and must equal the page's block to the character;
-the README's headline table is such a block (scripts/readme_table.py), and the figures it quotes in its sentences are
-checked against the JSON they come from. An edited number in a copy of each page is caught."""
+the README's headline table is such a block (scripts/readme_table.py), and so are the eval tables of the benchmark
+pages (scripts/eval_tables.py, one block per table); the figures the README quotes in its sentences are checked
+against the JSON they come from. An edited number in a copy of each page is caught."""
 from __future__ import annotations
 
 import importlib
@@ -13,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench_served, readme_table
-from scripts.benchmark import doc_blocks, doc_markers
+from scripts import bench_served, eval_tables, readme_table
+from scripts.benchmark import doc_blocks, doc_markers, doc_scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-# (page, script) -> the script's arguments that write the block from committed JSON alone (paths from the repository)
+# (page, block) -> the arguments of the block's script that write it from committed JSON alone (paths from the
+# repository); a block is named after its script unless the script writes several (its markers name the script)
 BLOCKS = {
     ("README.md", "readme_table"): [],
     ("docs/benchmarks/real_target.md", "plot_real_target"): [],
@@ -31,6 +33,7 @@ BLOCKS = {
         ["--from-json", "docs/benchmarks/step_overhead/cpu_zen4.json"],
     ("docs/benchmarks/responses.md", "bench_responses"):
         ["--from-json", "docs/benchmarks/responses/bench_responses.json"],
+    **{(f"docs/benchmarks/{table.page}", name): [] for name, table in eval_tables.TABLES.items()},
 }
 # served.md's block: its table's numbers against docs/benchmarks/served/*.json (the drafter's label and the lines above
 # the table are the page's own while scripts/bench_served.py is reworked)
@@ -41,9 +44,14 @@ SERVED_JSON = {"head": "EAGLE-3 head", "lookup": "prompt lookup"}  # bench_serve
 SCRATCH_OUT = {"plot_real_target"}  # scripts that also draw: here into a scratch --out, not over the committed PNGs
 
 
-def command(page: str, script: str) -> str:
+def script_of(page: str, block: str) -> str:
+    """The script that writes `block` of `page`, as its BEGIN line names it."""
+    return doc_scripts((ROOT / page).read_text(encoding="utf-8"))[block]
+
+
+def command(page: str, block: str) -> str:
     """What writes the block again, as typed from the repository root."""
-    return " ".join([".venv/bin/python", f"scripts/{script}.py", *BLOCKS[page, script], "--doc", page])
+    return " ".join([".venv/bin/python", f"scripts/{script_of(page, block)}.py", *BLOCKS[page, block], "--doc", page])
 
 
 def first_difference(shown: str, expected: str) -> str | None:
@@ -107,30 +115,31 @@ def rendered(tmp_path_factory) -> dict[tuple[str, str], str]:
     """Each block as its script writes it from the committed JSON: the script's --doc run on a page holding only its
     markers."""
     blocks = {}
-    for (page, script), args in BLOCKS.items():
-        scratch = tmp_path_factory.mktemp(script)
-        begin, end = doc_markers(script)
+    for (page, block), args in BLOCKS.items():
+        script = script_of(page, block)
+        scratch = tmp_path_factory.mktemp(block)
+        begin, end = doc_markers(block, script)
         target = scratch / "page.md"
         target.write_text(f"{begin}\n{end}\n", encoding="utf-8")
         paths = [arg if arg.startswith("--") else str(ROOT / arg) for arg in args]
         out = ["--out", str(scratch / "plots")] if script in SCRATCH_OUT else []
         importlib.import_module(f"scripts.{script}").main([*paths, *out, "--doc", str(target)])
-        blocks[page, script] = doc_blocks(target.read_text(encoding="utf-8"))[script]
+        blocks[page, block] = doc_blocks(target.read_text(encoding="utf-8"))[block]
     return blocks
 
 
 def test_every_block_on_every_page_is_checked_here():
-    found = {(str(page.relative_to(ROOT)), script) for page in PAGES for script in
+    found = {(str(page.relative_to(ROOT)), block) for page in PAGES for block in
              doc_blocks(page.read_text(encoding="utf-8"))}
     assert found == {*BLOCKS, SERVED}, "a page's block without its check here (or a check without its block)"
 
 
-@pytest.mark.parametrize("page, script", list(BLOCKS), ids=[f"{p}:{s}" for p, s in BLOCKS])
-def test_the_block_is_its_json(rendered, page, script):
-    block = doc_blocks((ROOT / page).read_text(encoding="utf-8"))[script]
-    difference = first_difference(block, rendered[page, script])
-    assert difference is None, f"{page}, {script}'s block differs from its JSON at {difference}\n" \
-                               f"write it again: {command(page, script)}"
+@pytest.mark.parametrize("page, name", list(BLOCKS), ids=[f"{p}:{s}" for p, s in BLOCKS])
+def test_the_block_is_its_json(rendered, page, name):
+    block = doc_blocks((ROOT / page).read_text(encoding="utf-8"))[name]
+    difference = first_difference(block, rendered[page, name])
+    assert difference is None, f"{page}, block {name} differs from its JSON at {difference}\n" \
+                               f"write it again: {command(page, name)}"
 
 
 def test_the_served_table_is_its_json():
@@ -159,20 +168,20 @@ def edit_a_number(block: str) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("page, script", [*BLOCKS, SERVED], ids=[f"{p}:{s}" for p, s in [*BLOCKS, SERVED]])
-def test_an_edited_number_in_a_copy_of_the_page_is_caught(rendered, tmp_path, page, script):
+@pytest.mark.parametrize("page, name", [*BLOCKS, SERVED], ids=[f"{p}:{s}" for p, s in [*BLOCKS, SERVED]])
+def test_an_edited_number_in_a_copy_of_the_page_is_caught(rendered, tmp_path, page, name):
     copy = tmp_path / Path(page).name
     shutil.copy(ROOT / page, copy)
-    block = doc_blocks(copy.read_text(encoding="utf-8"))[script]
+    block = doc_blocks(copy.read_text(encoding="utf-8"))[name]
     edited = edit_a_number(block)
     assert edited != block and len(edited) == len(block)
     copy.write_text(copy.read_text(encoding="utf-8").replace(block, edited), encoding="utf-8")
-    shown = doc_blocks(copy.read_text(encoding="utf-8"))[script]
-    if (page, script) == SERVED:
+    shown = doc_blocks(copy.read_text(encoding="utf-8"))[name]
+    if (page, name) == SERVED:
         assert served_difference(block) is None and served_difference(shown) is not None
     else:
-        assert first_difference(block, rendered[page, script]) is None
-        assert first_difference(shown, rendered[page, script]) is not None
+        assert first_difference(block, rendered[page, name]) is None
+        assert first_difference(shown, rendered[page, name]) is not None
 
 
 def test_an_edited_quoted_figure_in_a_copy_of_the_readme_is_caught(tmp_path):

@@ -451,6 +451,7 @@ def test_vllm_dtype_auto_is_bfloat16_on_cuda_and_float32_elsewhere():
     resolve = vllm_engine.resolve_vllm_dtype
     assert resolve("auto", torch.device("cpu")) == "float32"
     assert resolve("auto", torch.device("cuda", 1)) == "bfloat16"
+    assert resolve("auto") == ("bfloat16" if torch.cuda.is_available() else "float32")  # the device vLLM takes
     assert [resolve(name, torch.device("cpu")) for name in vllm_engine.VLLM_DTYPES] == list(vllm_engine.VLLM_DTYPES)
     with pytest.raises(ServingError, match="vLLM dtype must be one of auto, float32, bfloat16, float16"):
         resolve("fp8", torch.device("cpu"))

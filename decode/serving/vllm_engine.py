@@ -64,14 +64,22 @@ class ServingError(ValueError):
     """vLLM cannot be run or failed; the message is one line."""
 
 
-def resolve_vllm_dtype(name: str, device: torch.device) -> str:
-    """The dtype vLLM is given for ``name`` (one of VLLM_DTYPE_CHOICES) on ``device``: "auto" = bfloat16 on CUDA,
-    else float32, as --dtype auto resolves. Raises ServingError for any other name."""
+def resolve_vllm_dtype(name: str, device: torch.device | None = None) -> str:
+    """The dtype vLLM is given for ``name`` (one of VLLM_DTYPE_CHOICES) on ``device`` (None: the device vLLM takes,
+    a GPU whenever there is one): "auto" = bfloat16 on CUDA, else float32, as --dtype auto resolves. Raises
+    ServingError for any other name."""
     if name not in VLLM_DTYPE_CHOICES:
         raise ServingError(f"vLLM dtype must be one of {', '.join(VLLM_DTYPE_CHOICES)}, got {name!r}")
     if name == "auto":
-        return "bfloat16" if device.type == "cuda" else "float32"
+        cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
+        return "bfloat16" if cuda else "float32"
     return name
+
+
+def check_vllm_dtype(dtype: str) -> None:
+    """ServingError unless ``dtype`` is one vLLM is given here (VLLM_DTYPES; "auto" is resolved before)."""
+    if dtype not in VLLM_DTYPES:
+        raise ServingError(f"vLLM dtype must be one of {', '.join(VLLM_DTYPES)}, got {dtype!r}")
 
 
 def find_vllm_python(path: str | Path | None = None) -> Path:
@@ -108,8 +116,7 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
     target's and the draft's. Raises ServingError for a bad value."""
     if concurrency is not None and (not concurrency or min(concurrency) < 1):
         raise ServingError(f"concurrency levels must be >= 1, got {list(concurrency)}")
-    if dtype not in VLLM_DTYPES:
-        raise ServingError(f"vLLM dtype must be one of {', '.join(VLLM_DTYPES)}, got {dtype!r}")
+    check_vllm_dtype(dtype)
     if draft_sample_method not in (None, *DRAFT_SAMPLE_METHODS):
         raise ServingError(f"draft sample method must be one of {', '.join(DRAFT_SAMPLE_METHODS)}, got "
                            f"{draft_sample_method!r}")

@@ -28,7 +28,6 @@ from accelerate import PartialState
 from torch import nn
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
-from decode.inputs.loading import resolve_device
 from decode.inputs.prompts import PromptRow
 from decode.inputs.vocab import lm_head_rows
 from decode.loop.drafters import DraftingKind
@@ -135,7 +134,7 @@ def with_synthesized_prompts(recipe: Recipe, data: DistillData, target: nn.Modul
 def vllm_dtype_of(recipe: Recipe) -> str:
     """The dtype vLLM is given for the recipe's eval.vllm_dtype (data.target_engine: vllm): auto = bfloat16 when vLLM
     runs on CUDA (it takes a GPU whenever there is one), else float32."""
-    return resolve_vllm_dtype(recipe.eval.vllm_dtype, resolve_device("auto"))
+    return resolve_vllm_dtype(recipe.eval.vllm_dtype)
 
 
 def target_response_rows(cfg: DataConfig, rows: datasets.Dataset, target: nn.Module, draft: nn.Module,

@@ -31,10 +31,9 @@ def vllm_request(target_id: str, prompts: Sequence[list[int]], sampling: Samplin
                  first_index: int, max_num_seqs: int = 256, dtype: str = "float32") -> dict:
     """The worker's request for one shard: plain generation only, prompt j seeded with seed + first_index + j, the
     target in ``dtype``. Raises ServingError for a dtype vLLM is not given here."""
-    from decode.serving.vllm_engine import VLLM_DTYPES, ServingError
+    from decode.serving.vllm_engine import check_vllm_dtype
 
-    if dtype not in VLLM_DTYPES:
-        raise ServingError(f"vLLM dtype must be one of {', '.join(VLLM_DTYPES)}, got {dtype!r}")
+    check_vllm_dtype(dtype)
     longest = max(len(p) for p in prompts)
     return {"target": target_id, "prompts": [list(p) for p in prompts], "max_new_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,

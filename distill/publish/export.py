@@ -216,7 +216,6 @@ def serving_check(recipe: Recipe, prompts: Sequence[torch.Tensor],
     """The exported folder measured inside vLLM (decode.serving.vllm_engine) at the integer eval gammas and the
     first eval temperature: {"engine", "vllm_version", "results"}; {"engine", "error"} when vLLM cannot run (a
     warning: the draft is exported either way)."""
-    from decode.inputs.loading import resolve_device
     from decode.serving.vllm_engine import ServingError, evaluate_in_vllm, find_vllm_python, resolve_vllm_dtype
 
     cfg = recipe.eval
@@ -224,7 +223,7 @@ def serving_check(recipe: Recipe, prompts: Sequence[torch.Tensor],
     try:
         if not prompts:
             raise ServingError("no eval prompts to measure")
-        dtype = resolve_vllm_dtype(cfg.vllm_dtype, resolve_device("auto"))  # vLLM takes a GPU whenever there is one
+        dtype = resolve_vllm_dtype(cfg.vllm_dtype)  # vLLM takes a GPU whenever there is one
         results, response = evaluate_in_vllm(find_vllm_python(cfg.vllm_python), recipe.model.target,
                                              str(recipe.train.output_dir), prompts, settings, recipe.model.kind,
                                              categories, dtype=dtype,

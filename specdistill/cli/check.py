@@ -20,7 +20,7 @@ from pathlib import Path
 
 from decode.inputs.checks import FileProblem
 from decode.inputs.command_line import OneLineArgumentParser
-from decode.inputs.loading import LoadError, resolve_device, resolve_draft_path, resolve_model_path
+from decode.inputs.loading import LoadError, resolve_draft_path, resolve_model_path
 from decode.inputs.writes import write_atomic
 from decode.serving.vllm_engine import VLLM_DTYPE_CHOICES, ServingError, find_vllm_python, resolve_vllm_dtype
 from specdistill.drafts import check_deploy, check_serve, serving_commands
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     # ---- check ------------------------------------------------------------------------------------------------
     report = check_deploy(target, draft, trust_remote_code=args.trust_remote_code)
     if python is not None:
-        report = check_serve(report, python, dtype=resolve_vllm_dtype(args.vllm_dtype, resolve_device("auto")))
+        report = check_serve(report, python, dtype=resolve_vllm_dtype(args.vllm_dtype))
 
     # ---- report -----------------------------------------------------------------------------------------------
     print("\n".join(report.lines()))

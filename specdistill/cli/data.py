@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
     # with --engine vllm our copy of the target is only read (the stored shards' fingerprint): it stays on the CPU, so
     # vLLM, which takes a GPU whenever there is one, has that GPU to itself
     device = resolve_device("cpu" if args.engine == "vllm" else args.device)
-    vllm_dtype = resolve_vllm_dtype(args.vllm_dtype, resolve_device("auto"))
+    vllm_dtype = resolve_vllm_dtype(args.vllm_dtype)
     tokenizer = load_tokenizer(args.target)
     if args.job == "responses":
         check_chat_template(tokenizer, args.chat_template)
