@@ -36,6 +36,7 @@ import torch
 from decode.inputs.loading import resolve_device, resolve_dtype
 from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows
 from decode.loop.speculative import autoregressive_generate
+from decode.loop.static import cached_lm
 from decode.loop.timing import StepClock, timed_call
 from decode.measure.settings import EvalSettings
 from scripts import benchmark
@@ -109,6 +110,34 @@ def round_split(model, prompts: list[torch.Tensor], gamma: int, new_tokens: int,
             "from_split": tau / (draft + verify + own)}
 
 
+@torch.inference_mode()
+def forward_costs(model, prompt: torch.Tensor, gamma: int, compile: bool, repeats: int = 200) -> dict[int, float]:
+    """What a forward of T tokens costs, in 1-token forwards, for T = 1 (a plain or draft step), 2 (a drafter's
+    catch-up after a round that kept every draft) and gamma + 1 (the verify pass): medians of ``repeats`` forwards
+    of the decoder's own cache (decode.loop.static.cached_lm) after the prompt, each rolled back, all logits read
+    out as the verify pass does. These bound any decoder: a round of accepted drafts costs at least
+    (gamma - 1) + cost(2) + cost(gamma + 1) 1-token forwards for its gamma + 1 tokens."""
+    device = next(model.parameters()).device
+    sizes = sorted({1, 2, gamma + 1})
+    lm = cached_lm(model, compile, "target", prompt.numel() + gamma + 2, tuple(sizes))
+    lm.forward(prompt.view(1, -1).to(device), last_only=True)
+    medians = {}
+    for size in sizes:
+        tokens = prompt[:size].view(1, -1).to(device)
+        times = []
+        for _ in range(repeats):
+            times.append(timed_call(lambda: lm.forward(tokens), device)[1])  # noqa: B023 (called at once)
+            lm.rollback(size)
+        medians[size] = statistics.median(times)
+    return {size: medians[size] / medians[1] for size in sizes}
+
+
+def forward_bound(costs: dict[int, float], gamma: int, tau: float) -> float:
+    """The speedup of an eager decoder with no work of its own whose every draft is accepted, from the forwards alone:
+    tau / ((gamma - 1) + cost(2) + cost(gamma + 1)) (a plain step costs one 1-token forward)."""
+    return tau / ((gamma - 1) + costs[2] + costs[gamma + 1])
+
+
 def measure(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -124,11 +153,16 @@ def measure(args: argparse.Namespace) -> dict:
                                 compile=compile)
         [result] = evaluate_acceptance(model, model, prompts, settings, progress=False)
         split = round_split(model, prompts, args.gamma, args.max_new_tokens, compile, args.repeats)
+        costs = forward_costs(model, prompts[0], args.gamma, compile)
+        split["forward_costs"] = {str(size): cost for size, cost in costs.items()}
+        split["forward_bound"] = forward_bound(costs, args.gamma, split["tau"])
         rows.append({"path": path, "result": result, "split": split})
         print(f"{path}: speculative/plain {result['speedup']:.3f}x, tau {result['mean_accepted_tokens']:.2f}, "
               f"host reads per step {result['host_reads_per_step']:.2f}; clocked runs {split['speedup']:.3f}x, round = "
               f"draft {split['draft_steps']:.2f} + verify {split['verify_steps']:.2f} + own work "
-              f"{split['own_steps']:.2f} plain steps; without own work {split['without_own_work']:.3f}x", flush=True)
+              f"{split['own_steps']:.2f} plain steps; without own work {split['without_own_work']:.3f}x; forwards of "
+              f"{', '.join(split['forward_costs'])} tokens cost {', '.join(f'{c:.2f}' for c in costs.values())} "
+              f"1-token forwards: at most {split['forward_bound']:.3f}x", flush=True)
     pair = (f"random Llama {args.hidden}x{args.layers} (vocab {args.vocab}) drafting for itself, "
             f"{args.num_prompts} prompts of {args.prompt_len} tokens, {args.max_new_tokens} new, greedy")
     return {"pair": pair, "machine": benchmark.machine(device.type), "dtype": str(dtype).replace("torch.", ""),
@@ -139,7 +173,8 @@ def measure(args: argparse.Namespace) -> dict:
 def table(report: dict) -> str:
     """The page's block: what ran where, and one row per path."""
     headers = ["path", "gamma", "tau", "host reads / step", "plain tok/s", "speculative tok/s", "speedup", "c", "v",
-               "clocked runs", "draft", "verify", "own work", "without own work"]
+               "clocked runs", "draft", "verify", "own work", "without own work",
+               f"2 / {report['gamma'] + 1}-token forward", "forwards alone"]
     body = []
     for row in report["rows"]:
         r, s = row["result"], row["split"]
@@ -147,14 +182,28 @@ def table(report: dict) -> str:
                      f"{r['target_tokens_per_s']:.0f}", f"{r['speculative_tokens_per_s']:.0f}",
                      f"**{r['speedup']:.2f}x**", f"{r['draft_cost_ratio']:.2f}", f"{r['verify_cost_ratio']:.2f}",
                      f"{s['speedup']:.2f}x", f"{s['draft_steps']:.2f}", f"{s['verify_steps']:.2f}",
-                     f"{s['own_steps']:.2f}", f"{s['without_own_work']:.2f}x"])
+                     f"{s['own_steps']:.2f}", f"{s['without_own_work']:.2f}x",
+                     *forward_cells(s, report["gamma"], row["path"])])
     lines = [f"Pair: {report['pair']}; {report['dtype']}; eager linear layers {report['cpu_linear']}.", "",
              f"Machine: {report['machine']}.", "",
              f"Command: `{report['command']}`", "", *benchmark.markdown_table(headers, body), "",
              "speedup, c, v: the project's eval (decode.measure.evaluate); clocked runs: the speedup of the runs the "
              "split comes from; draft, verify and own work: one full round's drafting, verify pass and the decoder's "
-             "own work, in plain decoding steps (medians); without own work: tau / (draft + verify).", ""]
+             "own work, in plain decoding steps (medians); without own work: tau / (draft + verify); "
+             f"2 / {report['gamma'] + 1}-token forward: what a drafter's 2-token catch-up and the verify pass cost "
+             "alone, in 1-token forwards; forwards alone: "
+             "the most an eager decoder reaches with these forwards, tau / ((gamma - 1) + both).", ""]
     return "\n".join(lines)
+
+
+def forward_cells(split: dict, gamma: int, path: str) -> list[str]:
+    """The 2-token and (gamma + 1)-token forward costs and, eager, the forward-only bound ("-" for a record without
+    them; compiled greedy rounds chain their draft steps into one call, which the bound does not count)."""
+    costs = split.get("forward_costs")
+    if not costs:
+        return ["-", "-"]
+    bound = f"{split['forward_bound']:.2f}x" if path == "eager" else "-"
+    return [f"{costs['2']:.2f} / {costs[str(gamma + 1)]:.2f}", bound]
 
 
 def plot(report: dict, path: Path) -> None:

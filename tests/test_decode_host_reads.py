@@ -188,6 +188,9 @@ def test_the_step_overhead_benchmark_splits_a_round_and_writes_its_table(tmp_pat
     assert result["host_reads_per_step"] == 1.0
     assert split["rounds"] == 2 * 4 and min(split["draft_steps"], split["verify_steps"], split["own_steps"]) > 0
     assert split["without_own_work"] > split["from_split"]
+    costs = split["forward_costs"]  # 1-, 2- and 5-token forwards of the decoder's cache, in 1-token forwards
+    assert list(costs) == ["1", "2", "5"] and costs["1"] == 1.0 and min(costs.values()) > 0
+    assert split["forward_bound"] == pytest.approx(split["tau"] / (3 + costs["2"] + costs["5"]))
     text = page.read_text()
     assert "old" not in text and text.endswith("kept\n") and "| eager " in text
     page.write_text(f"{begin}\n{end}\n")
@@ -204,6 +207,6 @@ def test_the_decode_page_quotes_the_committed_step_overhead_json():
     begin, end = bench.benchmark.doc_markers(bench.SCRIPT)
     page = (ROOT / "docs" / "benchmarks" / "decode.md").read_text()
     block = page.split(begin, 1)[1].split(end, 1)[0]
-    report = json.loads((ROOT / "docs" / "benchmarks" / "step_overhead" / "cpu_zen4.json").read_text())
+    report = json.loads((ROOT / "docs" / "benchmarks" / "step_overhead" / "cpu_xeon_amx.json").read_text())
     assert block == "\n" + bench.table(report)
-    assert (ROOT / "docs" / "benchmarks" / "step_overhead" / "cpu_zen4.png").is_file()
+    assert (ROOT / "docs" / "benchmarks" / "step_overhead" / "cpu_xeon_amx.png").is_file()

@@ -30,7 +30,7 @@ BLOCKS = {
     ("docs/benchmarks/head_objectives.md", "bench_heads_objectives"):
         ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives.json"],
     ("docs/benchmarks/decode.md", "bench_step_overhead"):
-        ["--from-json", "docs/benchmarks/step_overhead/cpu_zen4.json"],
+        ["--from-json", "docs/benchmarks/step_overhead/cpu_xeon_amx.json"],
     ("docs/benchmarks/responses.md", "bench_responses"):
         ["--from-json", "docs/benchmarks/responses/bench_responses.json"],
     **{(f"docs/benchmarks/{table.page}", name): [] for name, table in eval_tables.TABLES.items()},
