@@ -1,5 +1,5 @@
-"""The benchmark pages' tables of `specdistill eval` results, written from the eval JSON committed under
-docs/benchmarks/ (nothing is measured here):
+"""The benchmark pages' tables of `specdistill eval` results (and gpu.md's of scripts/bench_decode.py), written from
+the JSON committed under docs/benchmarks/ (nothing is measured here):
 
     .venv/bin/python scripts/eval_tables.py [--doc docs/benchmarks/real_target.md]
 
@@ -40,6 +40,7 @@ class Row:
     gamma: int
     temperature: float = 0.0
     bold: tuple[str, ...] = ()  # the measured columns shown in bold
+    compiled: bool | None = None  # the eager (False) or compiled (True) result, where the JSON holds both
 
 
 @dataclass(frozen=True)
@@ -49,19 +50,22 @@ class Table:
     columns: tuple[str, ...]    # the measured columns: keys of COLUMNS, as the page heads them
     rows: tuple[Row, ...]
     folder: str = "real_target"  # where the rows' JSON lie, under docs/benchmarks/
+    headers: tuple[str, ...] = ()  # the page's headers of the columns where they are not the keys of COLUMNS
 
 
 @dataclass(frozen=True)
 class Run:
-    """One row's numbers: the whole eval JSON and its result at the row's gamma and temperature."""
+    """One row's numbers: the whole eval JSON and its result at the row's gamma and temperature (and path)."""
     report: dict
     gamma: int
     temperature: float
+    compiled: bool | None = None
 
     def pick(self, key: str) -> dict:
-        """The one entry of the JSON's list `key` (results, vllm_results, parity) at this gamma and temperature."""
+        """The one entry of the JSON's list `key` (results, vllm_results, parity) at this gamma and temperature (and
+        path, where a JSON holds both)."""
         (found,) = [r for r in self.report[key] if r["gamma"] == self.gamma and r["temperature"] == self.temperature
-                    and r.get("category") in (None, "all")]
+                    and r.get("category") in (None, "all") and on_path(r, self.compiled)]
         return found
 
     @property
@@ -71,6 +75,12 @@ class Run:
     @property
     def vllm(self) -> dict:
         return self.pick("vllm_results")
+
+
+def on_path(result: dict, compiled: bool | None) -> bool:
+    """Whether `result` ran on the path a row asks for: any (None), eager or compiled (its "compiled" key; a JSON of
+    scripts/bench_decode.py --compile holds an eager and a compiled result at each gamma)."""
+    return compiled is None or bool(result.get("compiled")) == compiled
 
 
 # ---- formats ------------------------------------------------------------------------------------------------------
@@ -104,6 +114,20 @@ def greedy(*results: dict) -> str:
     return f"{round(min(matches) * prompts)}/{prompts}"
 
 
+def greedy_match(result: dict) -> str:
+    """greedy(), or "(sampling)" for a sampled result (gpu.md's tables)."""
+    return greedy(result) or "(sampling)"
+
+
+def path(result: dict) -> str:
+    return "compiled" if result.get("compiled") else "eager"
+
+
+def over_assisted(result: dict) -> str:
+    """Speculative decoding's tokens/s over transformers' assisted generation's (scripts/bench_decode.py's JSON)."""
+    return number(result["speculative_tokens_per_s"] / result["hf_assisted_tokens_per_s"], ".2f", "x")
+
+
 def category_tau(category: str) -> Callable[[Run], str]:
     return lambda run: number(run.ours["by_category"][category]["mean_accepted_tokens"], ".2f")
 
@@ -130,6 +154,15 @@ COLUMNS: dict[str, Callable[[Run], str]] = {
     "vLLM speedup": lambda run: speedup(run.vllm),
     "ours / vLLM speedup": lambda run: number(run.ours["speedup"] / run.vllm["speedup"], ".2f"),
     "greedy = plain (both)": lambda run: greedy(run.ours, run.vllm),
+    # gpu.md: the path, the temperature and each tokens/s on its own (bench_decode.py's JSON: c to 0.01, HF's tok/s)
+    "path": lambda run: path(run.ours),
+    "T": lambda run: number(run.temperature, ".1f"),
+    "plain tok/s": lambda run: number(run.ours["target_tokens_per_s"], ".1f"),
+    "spec tok/s": lambda run: number(run.ours["speculative_tokens_per_s"], ".1f"),
+    "hf assisted tok/s": lambda run: number(run.ours["hf_assisted_tokens_per_s"], ".1f"),
+    "c to 0.01": lambda run: number(run.ours["draft_cost_ratio"], ".2f"),
+    "spec / hf": lambda run: over_assisted(run.ours),
+    "greedy match": lambda run: greedy_match(run.ours),
     # tau per held-out category
     **{category: category_tau(category) for category in CATEGORIES},
     "all": lambda run: number(run.ours["mean_accepted_tokens"], ".2f"),
@@ -145,6 +178,17 @@ HALF = "**half toward the categories**"
 NINETY, T1 = "**the 90-minute recipe**", 1.0
 BOTH = ("gamma", "tau ours", "tau vLLM", "ours: plain / spec tok/s", "ours speedup", "vLLM: plain / spec tok/s",
         "vLLM speedup", "ours / vLLM speedup", "greedy = plain (both)")
+
+GPU_DECODE = ("path", "gamma", "acceptance", "tau", "c to 0.01", "v", "plain tok/s", "spec tok/s", "hf assisted tok/s",
+              "speedup", "predicted", "spec / hf")
+GPU_DECODE_HEADERS = ("path", "gamma", "acceptance_rate", "tau", "c", "v", "plain tok/s", "speculative tok/s",
+                      "hf assisted tok/s", "speedup", "predicted", "spec / hf")  # bench_decode.py's own
+GPU_EVAL = ("path", "gamma", "T", "acceptance", "tau", "c", "v", "plain tok/s", "spec tok/s", "speedup", "greedy match")
+
+
+def bench_decode(gammas: tuple[int, ...] = (2, 4)) -> tuple[Row, ...]:
+    """The rows of a decode.json of scripts/bench_decode.py --compile: eager, then compiled, each at every gamma."""
+    return tuple(Row((), "decode.json", g, compiled=compiled) for compiled in (False, True) for g in gammas)
 
 
 def series(words: str, name: str, gammas: tuple[int, ...], best: int = 0, temperature: float = 0.0) -> list[Row]:
@@ -249,6 +293,15 @@ TABLES: dict[str, Table] = {
         *series("PARD, from scratch", "pard_T0.json", (2, 4, 8)),
         *series("P-EAGLE head", "p_eagle_T0.json", (2, 3, 4, 8)),
         *series("DFlash (1 layer)", "dflash_T0.json", (2, 4, 8))), folder="small_pair"),
+    # ---- gpu.md ----
+    "gpu_h200_decode": Table("gpu.md", (), GPU_DECODE, bench_decode(), "gpu/h200", GPU_DECODE_HEADERS),
+    "gpu_h200_head512": Table("gpu.md", ("draft",), GPU_EVAL, (
+        Row(("EAGLE-3 head",), "head_greedy.json", 2),
+        Row(("EAGLE-3 head",), "head_greedy.json", 4),
+        Row(("EAGLE-3 head",), "head_t1.json", 4, T1),
+        Row(("EAGLE-3 head",), "head_compiled.json", 4),
+        Row(("prompt lookup",), "lookup_greedy.json", 4)), "gpu/h200/head512"),
+    "gpu_h100_decode": Table("gpu.md", (), GPU_DECODE, bench_decode(), "gpu/h100", GPU_DECODE_HEADERS),
 }
 
 
@@ -256,7 +309,7 @@ TABLES: dict[str, Table] = {
 
 def run_of(table: Table, row: Row) -> Run:
     report = json.loads(read_text(BENCHMARKS / table.folder / row.json))
-    return Run(report, row.gamma, row.temperature)
+    return Run(report, row.gamma, row.temperature, row.compiled)
 
 
 def cells(table: Table, row: Row) -> list[str]:
@@ -274,7 +327,7 @@ def table_text(name: str) -> str:
     """Table `name` in markdown: a column is right-aligned when every cell of it is a number, the first never."""
     table = TABLES[name]
     rows = [cells(table, row) for row in table.rows]
-    headers = [*table.words, *table.columns]
+    headers = [*table.words, *(table.headers or table.columns)]
     left = [i == 0 or not all(NUMBER.match(r[i]) for r in rows if r[i]) for i in range(len(headers))]
     return render(headers, rows, "markdown", left) + "\n"
 

@@ -50,3 +50,13 @@ def test_cells_read_as_the_pages_show_them():
     assert rule[0].startswith(":") and rule[-1].endswith(":")  # the label left, the greedy count right
     assert sampled[-1].strip() == "" and "T=1" in sampled[0]  # no greedy match at T=1
     assert "**" in lines[2]  # the first row's speedup in bold
+
+
+def test_gpu_tables_pick_the_path_and_name_sampling():
+    decode = eval_tables.table_text("gpu_h100_decode").splitlines()
+    assert decode[0].split("|")[3].strip() == "acceptance_rate"  # bench_decode.py's header, not the column's key
+    assert [line.split("|")[1].strip() for line in decode[2:]] == ["eager", "eager", "compiled", "compiled"]
+    assert len({line.split("|")[7] for line in decode[2:]}) == 4  # each row its own result: four plain tok/s
+    head = eval_tables.table_text("gpu_h200_head512").splitlines()
+    sampled = [line for line in head if "(sampling)" in line]
+    assert len(sampled) == 1 and "| 1.0 |" in sampled[0]  # the T=1 row, and only it
