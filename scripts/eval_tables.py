@@ -163,6 +163,7 @@ COLUMNS: dict[str, Callable[[Run], str]] = {
     "c to 0.01": lambda run: number(run.ours["draft_cost_ratio"], ".2f"),
     "spec / hf": lambda run: over_assisted(run.ours),
     "greedy match": lambda run: greedy_match(run.ours),
+    "measured / predicted": lambda run: number(run.ours["speedup"] / run.ours["predicted_speedup"], ".2f"),
     # tau per held-out category
     **{category: category_tau(category) for category in CATEGORIES},
     "all": lambda run: number(run.ours["mean_accepted_tokens"], ".2f"),
@@ -183,12 +184,16 @@ GPU_DECODE = ("path", "gamma", "acceptance", "tau", "c to 0.01", "v", "plain tok
               "speedup", "predicted", "spec / hf")
 GPU_DECODE_HEADERS = ("path", "gamma", "acceptance_rate", "tau", "c", "v", "plain tok/s", "speculative tok/s",
                       "hf assisted tok/s", "speedup", "predicted", "spec / hf")  # bench_decode.py's own
+CPU_DECODE = (*GPU_DECODE, "measured / predicted")  # decode.md: bench_decode.py on a CPU
+CPU_DECODE_HEADERS = (*GPU_DECODE_HEADERS, "measured / predicted")
 GPU_EVAL = ("path", "gamma", "T", "acceptance", "tau", "c", "v", "plain tok/s", "spec tok/s", "speedup", "greedy match")
 
 
-def bench_decode(gammas: tuple[int, ...] = (2, 4)) -> tuple[Row, ...]:
-    """The rows of a decode.json of scripts/bench_decode.py --compile: eager, then compiled, each at every gamma."""
-    return tuple(Row((), "decode.json", g, compiled=compiled) for compiled in (False, True) for g in gammas)
+def bench_decode(json: str = "decode.json", gammas: tuple[int, ...] = (2, 4),
+                 paths: tuple[bool, ...] = (False, True)) -> tuple[Row, ...]:
+    """The rows of a JSON of scripts/bench_decode.py (with --compile: an eager and a compiled result at each gamma):
+    each path of `paths` (False: eager, True: compiled) at every gamma."""
+    return tuple(Row((), json, g, compiled=compiled) for compiled in paths for g in gammas)
 
 
 def series(words: str, name: str, gammas: tuple[int, ...], best: int = 0, temperature: float = 0.0) -> list[Row]:
@@ -302,6 +307,11 @@ TABLES: dict[str, Table] = {
         Row(("EAGLE-3 head",), "head_compiled.json", 4),
         Row(("prompt lookup",), "lookup_greedy.json", 4)), "gpu/h200/head512"),
     "gpu_h100_decode": Table("gpu.md", (), GPU_DECODE, bench_decode(), "gpu/h100", GPU_DECODE_HEADERS),
+    # ---- decode.md: scripts/bench_decode.py on this CPU ----
+    "decode_pair3_compiled": Table("decode.md", (), CPU_DECODE, bench_decode("pair3_compiled.json"), "decode",
+                                   CPU_DECODE_HEADERS),
+    **{f"decode_pair{n}": Table("decode.md", (), CPU_DECODE, bench_decode(f"pair{n}.json", (2, 3, 4), (False,)),
+                                "decode", CPU_DECODE_HEADERS) for n in (1, 2, 3)},
 }
 
 
