@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import platform
-import re
 import resource
 import subprocess
 import sys
@@ -38,6 +37,16 @@ from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, TrainerCallback
 
 from decode.measure.table import markdown_table  # noqa: F401  (the benchmarks' tables: the project's one formatter)
+from scripts.doc_blocks import (  # noqa: F401  (the page blocks, as every script has reached them: benchmark.X)
+    DOC_BLOCK,
+    check_doc,
+    doc_blocks,
+    doc_markers,
+    doc_scripts,
+    record_of,
+    record_options,
+    write_doc,
+)
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: code_version's paths are relative to it
 PAD, BOS, EOS = 0, 1, 2
@@ -337,72 +346,3 @@ def write_result(text: str, path: str | None) -> None:
     print(text)
     if path:
         Path(path).write_text(text + "\n")
-
-
-def doc_markers(name: str, script: str | None = None) -> tuple[str, str]:
-    """The BEGIN / END markers between which `scripts/<script>.py --doc` writes its block `name` into a page (a script
-    with one block per page names it after itself: `script` defaults to `name`)."""
-    return f"<!-- BEGIN {name} (scripts/{script or name}.py --doc) -->", f"<!-- END {name} -->"
-
-
-DOC_BLOCK = re.compile(r"^<!-- BEGIN (\w+) \(scripts/(\w+)\.py --doc\) -->\n(.*?)^<!-- END \1 -->$",
-                       re.DOTALL | re.MULTILINE)
-
-
-def doc_blocks(page: str) -> dict[str, str]:
-    """Every block in `page`: its name -> the text between its BEGIN line and its END line (both excluded)."""
-    return {match[1]: match[3] for match in DOC_BLOCK.finditer(page)}
-
-
-def doc_scripts(page: str) -> dict[str, str]:
-    """Every block in `page`: its name -> the script that writes it (scripts/<script>.py)."""
-    return {match[1]: match[2] for match in DOC_BLOCK.finditer(page)}
-
-
-def check_doc(path: Path, name: str, script: str | None = None) -> str:
-    """The page at `path` ("" for a new file); stop, before anything is measured, when it exists without the markers
-    of block `name` (written by `script`, default `name`): writing there would replace a page's hand-written text with
-    the tables."""
-    begin, end = doc_markers(name, script)
-    page = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if path.is_file() and not (begin in page and end in page.split(begin, 1)[1]):
-        sys.exit(f"{script or name}: --doc {path} exists without the lines {begin} and {end}; put them where the "
-                 "tables go (the rest of the page is kept) or name a new file")
-    return page
-
-
-def write_doc(path: Path, text: str, name: str, script: str | None = None) -> None:
-    """`text` into `path` between the markers of block `name` (written by `script`, default `name`), the rest of the
-    page kept, or as a new file."""
-    page = check_doc(path, name, script)
-    if page:
-        begin, end = doc_markers(name, script)
-        before, rest = page.split(begin, 1)
-        text = before + begin + "\n" + text + end + rest.split(end, 1)[1]
-    path.write_text(text, encoding="utf-8")
-
-
-def record_options(parser: argparse.ArgumentParser, name: str, out: Path, committed: str) -> None:
-    """The options of a benchmark whose page block is written from a record: --out (its runs), --json (the record,
-    default --out/NAME.json), --doc (the page with NAME's markers) and --from-json (``committed``: the block again
-    from a record, nothing measured)."""
-    parser.add_argument("--out", type=Path, default=out, help="where the runs and, by default, the record go")
-    parser.add_argument("--json", type=Path, default=None,
-                        help=f"write the record the table is written from here (default: --out/{name}.json)")
-    parser.add_argument("--doc", type=Path, default=None, help=f"a page with BEGIN / END {name} markers: the table "
-                                                                "goes between them")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help=f"measure nothing: the table of this record ({committed})")
-
-
-def record_of(args, measure, name: str) -> dict:
-    """The record a page's block is written from: --from-json's, read back (nothing measured), else ``measure()``'s,
-    written to --json (default --out/NAME.json) beside the runs it names."""
-    if args.from_json:
-        return json.loads(Path(args.from_json).read_text(encoding="utf-8"))
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    record = measure()
-    written = Path(args.json or Path(args.out) / f"{name}.json")
-    written.parent.mkdir(parents=True, exist_ok=True)
-    written.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return record

@@ -283,7 +283,7 @@ def test_text_problem_positions_across_chunks(tmp_path, monkeypatch):
 # decode/serving/vllm_worker.py runs in vLLM's venv with the stdlib only and reads the request file we wrote.
 TEXT_READERS_ALLOWED = {"decode/inputs/checks.py", "distill/data/text_files.py", "decode/serving/vllm_worker.py"}
 NOT_COMMAND_CODE = ("scripts/bench", "scripts/plot_", "scripts/quickstart", "scripts/chaos_resume",
-                    "scripts/benchmark.py")
+                    "scripts/benchmark.py", "scripts/doc_blocks.py")
 
 
 def text_reads(path: Path) -> list[int]:
