@@ -1,18 +1,22 @@
 """Sampled decoding: the decoder's draw (decode.loop.sampling.draw, the inverse CDF) against torch.multinomial.
 
-    .venv/bin/python scripts/bench_sampling.py                         # SmolLM2 (the GGUF make install brings), ~6 min
+    .venv/bin/python scripts/bench_sampling.py                         # SmolLM2 (the GGUF make install brings), ~4 min
     .venv/bin/python scripts/bench_sampling.py --target FOLDER --batch-sizes 1 64 --new-tokens 32
+    .venv/bin/python scripts/bench_sampling.py --json docs/benchmarks/decode/sampling.json \
+        --doc docs/benchmarks/decode.md
 
 torch.multinomial draws a random number per vocabulary entry at every drawn token; draw() draws one per row. Both are
 timed on the code that samples: batched_generate (decode.loop.batched, what Magpie prompt writing, sampled target
 responses and on-policy rows run) at each batch size (1: a single sequence). Every row
 generates exactly --new-tokens tokens at temperature 1 (no eos), its prompt a distinct handful of token ids. The two
 draws alternate, --repeats timed runs each after an untimed warm-up, medians; the ratio is measured in this one run.
-Prints a markdown section (machine and code version included).
+Prints a markdown table and the machine; --json keeps the record, --doc writes the table between the page's
+`bench_sampling` markers, --from-json writes it again from a record, measuring nothing.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -27,7 +31,10 @@ import decode.loop.sampling as sampling
 from decode.inputs.gguf import smollm2_gguf
 from decode.inputs.loading import load_causal_lm
 from decode.loop.batched import batched_generate
-from scripts.benchmark import command_line, header, markdown_table
+from scripts import benchmark
+from scripts.benchmark import markdown_table
+
+SCRIPT = "bench_sampling"
 
 FILES = ("decode/loop/sampling.py", "decode/loop/batched.py")
 
@@ -68,23 +75,52 @@ def measure(model, rows: int, new_tokens: int, repeats: int) -> dict[str, float]
     return {name: statistics.median(values) for name, values in seconds.items()}
 
 
-def main() -> None:
+def measure_all(args) -> dict:
+    """The record: per batch size the tokens/s of both draws, and the machine they ran on."""
+    model = load_causal_lm(args.target or str(smollm2_gguf()), torch.device("cpu"), torch.float32)
+    rows_out = []
+    for rows in args.batch_sizes:
+        seconds = measure(model, rows, args.new_tokens, args.repeats)
+        tokens = rows * args.new_tokens
+        rows_out.append({"rows": rows, **{f"tokens_per_s {name}": tokens / s for name, s in seconds.items()}})
+    return {"target": args.target or "SmolLM2-135M-Instruct (GGUF)", "new_tokens": args.new_tokens,
+            "repeats": args.repeats, "machine": benchmark.machine("cpu"),
+            "code": benchmark.code_version(FILES), "rows": rows_out}
+
+
+def render(record: dict) -> str:
+    """The page's block: the table, then the machine."""
+    table = []
+    for row in record["rows"]:
+        old, new = row["tokens_per_s torch.multinomial"], row["tokens_per_s inverse CDF (draw)"]
+        table.append([row["rows"], f"{old:.1f}", f"{new:.1f}", f"{new / old:.2f}x"])
+    lines = markdown_table(["rows at once", "tokens/s, torch.multinomial", "tokens/s, inverse CDF", "ratio"], table)
+    return "\n".join([*lines, "", f"Machine: {record['machine']}.", ""])
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    model = load_causal_lm(args.target or str(smollm2_gguf()), torch.device("cpu"), torch.float32)
-    table = []
-    for rows in args.batch_sizes:
-        seconds = measure(model, rows, args.new_tokens, args.repeats)
-        old, new = seconds["torch.multinomial"], seconds["inverse CDF (draw)"]
-        tokens = rows * args.new_tokens
-        table.append([rows, f"{tokens / old:.1f}", f"{tokens / new:.1f}", f"{old / new:.2f}x"])
-    lines = header(command_line(__file__), "cpu", FILES) + markdown_table(
-        ["rows at once", "tokens/s, torch.multinomial", "tokens/s, inverse CDF", "ratio"], table)
-    print("\n".join(lines))
+    parser.add_argument("--json", type=Path, default=None, help="write the record here")
+    parser.add_argument("--doc", type=Path, default=None, help=f"write the table between the page's {SCRIPT} markers")
+    parser.add_argument("--from-json", type=Path, default=None, help="measure nothing: the table of this record")
+    args = parser.parse_args(argv)
+    if args.doc:
+        benchmark.check_doc(args.doc, SCRIPT)
+    if args.from_json:
+        record = json.loads(args.from_json.read_text(encoding="utf-8"))
+    else:
+        record = measure_all(args)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    text = render(record)
+    print(text)
+    if args.doc:
+        benchmark.write_doc(args.doc, text, SCRIPT)
 
 
 if __name__ == "__main__":

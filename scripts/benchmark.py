@@ -320,10 +320,12 @@ class ProfileSteps(TrainerCallback):
         self.profiler = torch.profiler.profile(activities=activities)
         self.start, self.stop = start, stop
 
-    def on_step_end(self, args, state, control, **kwargs) -> None:
-        if state.global_step == self.start:
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        if state.global_step == self.start:  # steps done so far: the warm-up ones (none with --warmup 0)
             self.profiler.__enter__()
-        elif state.global_step == self.stop:
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if state.global_step == self.stop:
             self.profiler.__exit__(None, None, None)
 
     def table(self, device: str, rows: int) -> str:

@@ -31,6 +31,7 @@ BLOCKS = {
         ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives.json"],
     ("docs/benchmarks/decode.md", "bench_step_overhead"):
         ["--from-json", "docs/benchmarks/step_overhead/cpu_xeon_amx.json"],
+    ("docs/benchmarks/decode.md", "bench_sampling"): ["--from-json", "docs/benchmarks/decode/sampling.json"],
     ("docs/benchmarks/responses.md", "bench_responses"):
         ["--from-json", "docs/benchmarks/responses/bench_responses.json"],
     **{(f"docs/benchmarks/{table.page}", name): [] for name, table in eval_tables.TABLES.items()},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -73,8 +74,10 @@ def runnable(page: Path) -> list[Example]:
 
 
 # what a runnable example needs beyond the tiny pair: vLLM (the serving venv), or the real model (minutes of CPU)
-NEEDS_VLLM = re.compile(r"--engine (vllm|both)|--serve\b|bench-serve|serving_engine=vllm")
-NEEDS_REAL_MODEL = re.compile(r"smollm2_gguf|scripts/quickstart\.py")
+NEEDS_VLLM = re.compile(r"--engine (vllm|both)|--serve\b|bench-serve|serving_engine=vllm|scripts/bench_serv(ing|ed)\.py"
+                        r"|--engines .*vllm|--vllm\b")
+# (a benchmark script takes minutes even at the smoke size its page gives it)
+NEEDS_REAL_MODEL = re.compile(r"smollm2_gguf|scripts/quickstart\.py|scripts/bench_")
 
 
 def heavy(page: Path) -> bool:
@@ -119,6 +122,19 @@ def test_every_fence_is_closed_and_every_marker_names_a_reason():
             assert example.skip_reason != "", f"{example.page}:{example.line}: `not run` without a reason"
 
 
+BARE_COMMAND = re.compile(r"^\s*(\.venv/bin/|python3? |specdistill|make |accelerate |vllm |OMP_NUM_THREADS=)")
+
+
+def test_no_command_hides_in_a_fence_without_a_language():
+    """A command goes in a ```bash fence, which the docs test runs (or a `not run` marker excuses): a bare ``` fence
+    would leave it untested."""
+    for page in doc_pages():
+        for example in examples_of(page):
+            if example.language == "":
+                lines = [line for line in example.code.splitlines() if BARE_COMMAND.match(line)]
+                assert not lines, f"{example.page}:{example.line}: a command in a bare fence: {lines[0]}"
+
+
 def test_the_readme_has_runnable_examples_and_the_collector_finds_markers():
     """The collector itself: it finds the README's runnable fences and honours both markers."""
     readme = examples_of(ROOT / "README.md")
@@ -130,12 +146,17 @@ def test_the_readme_has_runnable_examples_and_the_collector_finds_markers():
 
 def run_page(page: Path, world: dict[str, str], tmp_path: Path) -> None:
     """Every runnable example of ``page``, in order, in one scratch folder that holds recipes/ and scripts/ (and
-    .venv-vllm when there is one), as a checkout does."""
+    .venv-vllm when there is one), as a checkout does, the interpreter's venv as `.venv` and a copy of docs/ (a
+    benchmark's `--json` / `--doc` / `--plot` write there, not into the checkout's pages)."""
     workdir = tmp_path / "work"
     workdir.mkdir()
     for name in ("recipes", "scripts", ".venv-vllm"):
         if (ROOT / name).exists():
             (workdir / name).symlink_to(ROOT / name)
+    venv = Path(sys.prefix)
+    if (venv / "pyvenv.cfg").exists():
+        (workdir / ".venv").symlink_to(venv)
+    shutil.copytree(ROOT / "docs", workdir / "docs")
     env = {**os.environ, **CHILD_ENV, **world,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
     for example in runnable(page):
