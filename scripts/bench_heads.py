@@ -98,6 +98,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                if getattr(args, flag[2:].replace("-", "_")) is None]
     if missing and args.from_json is None:
         p.error(f"the following arguments are required: {', '.join(missing)} (or --from-json)")
+    args.out = args.out.resolve()  # the trainings run from the repository: paths given here are this folder's
+    for name in ("target", "dataset", "eval_prompts"):
+        if getattr(args, name) is not None and Path(getattr(args, name)).exists():
+            setattr(args, name, Path(getattr(args, name)).resolve())
     return args
 
 
