@@ -67,14 +67,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gammas", nargs="+", default=["2", "4"])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="recipe overrides for every arm's training, after the arm's own (e.g. train.max_steps=2 for a "
+                        "smoke run); the record names them and --add-to joins only records with the same")
     record_options(p, "bench_heads_objectives", ROOT / "bench_head_objectives_out",
                    "docs/benchmarks/head_objectives/bench_heads_objectives.json")
     p.add_argument("--plot", type=Path, default=None, help="a PNG of tau per arm at the largest gamma")
     p.add_argument("--add-to", type=Path, default=None,
                    help="a record of earlier arms (the committed one): this run's arms join it (a run of the same arm, "
                         "seed, temperature and held-out prompts replaces its row); the budget and new tokens must be "
-                        "the record's")
-    return p.parse_args(argv)
+                        "the record's; a record not there yet is started by this run")
+    args = p.parse_args(argv)
+    # the trainings and evals run from the repository: paths given here are this folder's
+    args.data, args.out = args.data.resolve(), args.out.resolve()
+    if args.target and Path(args.target).exists():
+        args.target = str(Path(args.target).resolve())
+    return args
 
 
 def run(cmd: list[str]) -> None:
@@ -90,7 +98,7 @@ def train(args: argparse.Namespace, arm: str, seed: int) -> Path:
         run([sys.executable, str(ROOT / "scripts" / "train.py"), str(recipe),
              f"model.target={args.target}", f"data.dataset={args.data / 'chat'}",
              f"distill.hidden_state_cache={args.data / 'hidden_cache'}", f"train.output_dir={out}",
-             f"train.seed={seed}", "eval.held_in_prompts=0", *ARMS[arm]])
+             f"train.seed={seed}", "eval.held_in_prompts=0", *ARMS[arm], *args.overrides])
     return out
 
 
@@ -131,10 +139,12 @@ def measure(args: argparse.Namespace) -> dict:
     return {"machine": machine("cpu"), "load_average": load_average(), "budget": BUDGETS[args.budget],
             "data": args.data.name, "seeds": args.seeds, "more_seeds": args.more_seeds,
             "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
-            "arms": {arm: ARMS[arm] for arm in args.arms}, "runs": runs}
+            "arms": {arm: ARMS[arm] for arm in args.arms}, **({"overrides": args.overrides} if args.overrides else {}),
+            "runs": runs}
 
 
-SAME = ("budget", "data", "max_new_tokens")  # what arms of one table must share (held-out prompts may differ: a column)
+# what arms of one table must share (held-out prompts may differ: a column)
+SAME = ("budget", "data", "max_new_tokens", "overrides")
 
 
 def machines_of(record: dict) -> dict[str, dict]:
@@ -148,8 +158,8 @@ def merged(earlier: dict, record: dict) -> dict:
     each machine with its own `recipe` row to compare against; runs judged on another number of held-out prompts keep
     it (`num_prompts` of the run, a column of the table). SystemExit naming the first setting they do not share."""
     for key in SAME:
-        if earlier.get(key) != record[key]:
-            sys.exit(f"--add-to: its {key} is {earlier.get(key)!r}, this run's {record[key]!r}: arms of one table "
+        if earlier.get(key) != record.get(key):
+            sys.exit(f"--add-to: its {key} is {earlier.get(key)!r}, this run's {record.get(key)!r}: arms of one table "
                      "share them")
     machines = machines_of(earlier)
     label = next((k for k, m in machines.items() if m["machine"] == record["machine"]), chr(ord("A") + len(machines)))
@@ -204,7 +214,8 @@ def doc_text(record: dict) -> str:
              f"Budget: `recipes/smollm2/{record['budget']}` on the rows and hidden-state cache of "
              f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))} "
              f"({', '.join(record['more_seeds']) or 'no more'} for the winners); {prompt_counts(counts)} held-out chat "
-             f"prompts x {record['max_new_tokens']} new tokens, eager, float32. Arms: {changes}.", "",
+             f"prompts x {record['max_new_tokens']} new tokens, eager, float32"
+             f"{''.join(f'; every arm also `{o}`' for o in record.get('overrides', []))}. Arms: {changes}.", "",
              *markdown_table(headers, table_rows(record["runs"]))]
     return "\n".join(lines) + "\n"
 
@@ -266,7 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     def measured() -> dict:
         args.target = args.target or str(smollm2_gguf())
         record = measure(args)
-        return merged(json.loads(args.add_to.read_text(encoding="utf-8")), record) if args.add_to else record
+        if args.add_to and args.add_to.is_file():
+            return merged(json.loads(args.add_to.read_text(encoding="utf-8")), record)
+        return record
 
     record = record_of(args, measured, "bench_heads_objectives")
 

@@ -5,8 +5,9 @@ the page, the page's table written from those JSONs.
     python scripts/bench_served.py --head quickstart_out/head --concurrency 1 2 4 --requests 8 \
         --out docs/benchmarks/served --doc docs/benchmarks/served.md
 
-Each drafter's run is reused from --out when its JSON is there (delete it to measure again); --doc writes the table
-between the page's lines `<!-- BEGIN bench_served (scripts/bench_served.py --doc) -->` and `<!-- END bench_served -->`.
+Each drafter's run is reused from --out when its JSON is there (delete it to measure again: the run adds the machine
+and the load average at its end to it); --doc writes the table, all of it from those JSONs, between the page's
+lines `<!-- BEGIN bench_served (scripts/bench_served.py --doc) -->` and `<!-- END bench_served -->`.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace, name: str, draft: str) -> dict:
-    """bench-serve for one drafter (reused when its JSON exists)."""
+    """bench-serve for one drafter (reused when its JSON exists), with the machine it ran on and the load average at
+    its end added to its JSON."""
     out = args.out / f"{name}.json"
     if not out.is_file():
         bench_serve.main(["--target", args.target, "--draft", draft, "--prompts", str(PROMPTS), "--chat-template", "on",
@@ -50,6 +52,9 @@ def measure(args: argparse.Namespace, name: str, draft: str) -> dict:
                           "--concurrency", *map(str, args.concurrency), "--requests", str(args.requests),
                           "--output", str(out), "--plot", str(args.out / f"{name}.png"),
                           "--log-dir", str(ROOT / "bench_served_logs" / name)])
+        report = json.loads(out.read_text())
+        report.update(machine=machine("cpu"), load_average=load_average())
+        out.write_text(json.dumps(report, indent=2) + "\n")
     return json.loads(out.read_text())
 
 
@@ -78,12 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     reports = {"EAGLE-3 head": measure(args, "head", str(args.head)),
                "prompt lookup": measure(args, "lookup", "prompt-lookup")}
-    first = next(iter(reports.values()))
+    first, last = next(iter(reports.values())), list(reports.values())[-1]
     headers = ["drafter", "gamma", "requests in flight", "plain tok/s", "spec tok/s", "spec / plain",
                "TTFT p50 plain / spec (ms)", "ITL p50 plain / spec (ms)", "ITL p99 plain / spec (ms)", "tau (server)",
                "greedy = plain"]
     text = "\n".join([
-        f"Machine: {machine('cpu')}; load average at the end {load_average()}.",
+        f"Machine: {first['machine']}; load average at the end {last['load_average']}.",
         f"`vllm serve` ({' '.join(first['server_args'])}); {first['num_prompts']} held-out chat prompts "
         f"(`recipes/prompts/chat_eval.jsonl`, chat template), {first['max_tokens']} tokens per request "
         f"(ignore_eos), {first['requests_per_level']} requests per level, temperature "

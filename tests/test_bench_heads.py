@@ -230,3 +230,32 @@ def test_new_arms_join_a_committed_record_and_replace_only_their_own_rows():
     assert "32 or 96 (column `prompts`) held-out chat prompts" in rows and "prompts |" in rows
     assert merged(wider, {**new, "num_prompts": 96, "runs": [run("recipe", 1.34)]})["runs"][-1]["results"][0][
         "mean_accepted_tokens"] == 1.34  # the 96-prompt row re-measured: replaced, the 32-prompt one kept
+
+
+def test_objective_overrides_reach_every_arm_and_keep_a_smoke_run_out_of_the_committed_record(tmp_path, monkeypatch):
+    """bench_heads_objectives --overrides (a smoke run's train.max_steps=2): after each arm's own overrides in its
+    training command, named in the record and its block; --add-to refuses to join it to a record trained without them
+    and starts a record that is not there yet; relative --data / --out are this folder's, not the repository's."""
+    from scripts import bench_heads_objectives as bho
+
+    commands = []
+    monkeypatch.setattr(bho, "run", lambda cmd: commands.append(cmd))
+    monkeypatch.chdir(tmp_path)
+    args = bho.parse_args(["--data", "qs/data", "--out", "out", "--arms", "ttt4", "--overrides", "train.max_steps=2"])
+    assert args.data == tmp_path / "qs" / "data" and args.out == tmp_path / "out"
+    bho.train(args, "ttt4", 0)
+    assert commands[0][-3:] == [*bho.ARMS["ttt4"], "train.max_steps=2"]
+    assert f"data.dataset={tmp_path / 'qs' / 'data' / 'chat'}" in commands[0]
+
+    def record(overrides):
+        base = {"machine": "m", "load_average": "1", "budget": "eagle3.yaml", "data": "data", "seeds": [0],
+                "more_seeds": [], "num_prompts": 1, "max_new_tokens": 8, "arms": {"recipe": []},
+                "runs": [{"arm": "recipe", "seed": 0, "temperature": 0.0, "train_seconds": 1.0,
+                          "results": [{"gamma": 2, "mean_accepted_tokens": 1.0, "acceptance_rate": 0.0,
+                                       "speedup": 1.0}]}]}
+        return {**base, **({"overrides": overrides} if overrides else {})}
+
+    with pytest.raises(SystemExit, match="overrides"):
+        bho.merged(record([]), record(["train.max_steps=2"]))
+    assert "every arm also `train.max_steps=2`" in bho.doc_text(record(["train.max_steps=2"]))
+    assert "every arm also" not in bho.doc_text(record([]))

@@ -6,7 +6,6 @@ against the JSON they come from. An edited number in a copy of each page is caug
 from __future__ import annotations
 
 import importlib
-import json
 import re
 import shutil
 from itertools import zip_longest
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench_served, eval_tables, readme_table
+from scripts import eval_tables, readme_table
 from scripts.benchmark import doc_blocks, doc_markers, doc_scripts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,12 +33,9 @@ BLOCKS = {
     ("docs/benchmarks/decode.md", "bench_sampling"): ["--from-json", "docs/benchmarks/decode/sampling.json"],
     ("docs/benchmarks/responses.md", "bench_responses"):
         ["--from-json", "docs/benchmarks/responses/bench_responses.json"],
+    ("docs/benchmarks/served.md", "bench_served"): ["--out", "docs/benchmarks/served"],  # its runs' JSON, reused
     **{(f"docs/benchmarks/{table.page}", name): [] for name, table in eval_tables.TABLES.items()},
 }
-# served.md's block: its table's numbers against docs/benchmarks/served/*.json (the drafter's label and the lines above
-# the table are the page's own while scripts/bench_served.py is reworked)
-SERVED = ("docs/benchmarks/served.md", "bench_served")
-SERVED_JSON = {"head": "EAGLE-3 head", "lookup": "prompt lookup"}  # bench_served.py's JSON names, in its order
 
 
 SCRATCH_OUT = {"plot_real_target"}  # scripts that also draw: here into a scratch --out, not over the committed PNGs
@@ -76,18 +72,6 @@ def body_rows(block: str) -> list[int]:
 
 def cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
-
-
-def served_difference(block: str) -> str | None:
-    """None when every number of the served table is its JSON's (every column but the drafter's label)."""
-    reports = {label: json.loads((ROOT / "docs/benchmarks/served" / f"{name}.json").read_text())
-               for name, label in SERVED_JSON.items() if (ROOT / "docs/benchmarks/served" / f"{name}.json").is_file()}
-    lines = block.split("\n")
-    shown = [cells(lines[i])[1:] for i in body_rows(block)]
-    expected = [row[1:] for row in bench_served.rows(reports)]
-    if shown == expected:
-        return None
-    return f"the page's rows\n  {shown}\nits JSON's rows\n  {expected}"
 
 
 def quoted_differences(readme: str) -> list[str]:
@@ -132,7 +116,7 @@ def rendered(tmp_path_factory) -> dict[tuple[str, str], str]:
 def test_every_block_on_every_page_is_checked_here():
     found = {(str(page.relative_to(ROOT)), block) for page in PAGES for block in
              doc_blocks(page.read_text(encoding="utf-8"))}
-    assert found == {*BLOCKS, SERVED}, "a page's block without its check here (or a check without its block)"
+    assert found == set(BLOCKS), "a page's block without its check here (or a check without its block)"
 
 
 @pytest.mark.parametrize("page, name", list(BLOCKS), ids=[f"{p}:{s}" for p, s in BLOCKS])
@@ -141,13 +125,6 @@ def test_the_block_is_its_json(rendered, page, name):
     difference = first_difference(block, rendered[page, name])
     assert difference is None, f"{page}, block {name} differs from its JSON at {difference}\n" \
                                f"write it again: {command(page, name)}"
-
-
-def test_the_served_table_is_its_json():
-    block = doc_blocks((ROOT / SERVED[0]).read_text(encoding="utf-8"))[SERVED[1]]
-    assert body_rows(block), "no table in served.md's block"
-    difference = served_difference(block)
-    assert difference is None, f"{SERVED[0]}: the served table differs from docs/benchmarks/served/*.json: {difference}"
 
 
 def test_the_readme_quotes_the_json():
@@ -169,7 +146,7 @@ def edit_a_number(block: str) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("page, name", [*BLOCKS, SERVED], ids=[f"{p}:{s}" for p, s in [*BLOCKS, SERVED]])
+@pytest.mark.parametrize("page, name", list(BLOCKS), ids=[f"{p}:{s}" for p, s in BLOCKS])
 def test_an_edited_number_in_a_copy_of_the_page_is_caught(rendered, tmp_path, page, name):
     copy = tmp_path / Path(page).name
     shutil.copy(ROOT / page, copy)
@@ -178,11 +155,8 @@ def test_an_edited_number_in_a_copy_of_the_page_is_caught(rendered, tmp_path, pa
     assert edited != block and len(edited) == len(block)
     copy.write_text(copy.read_text(encoding="utf-8").replace(block, edited), encoding="utf-8")
     shown = doc_blocks(copy.read_text(encoding="utf-8"))[name]
-    if (page, name) == SERVED:
-        assert served_difference(block) is None and served_difference(shown) is not None
-    else:
-        assert first_difference(block, rendered[page, name]) is None
-        assert first_difference(shown, rendered[page, name]) is not None
+    assert first_difference(block, rendered[page, name]) is None
+    assert first_difference(shown, rendered[page, name]) is not None
 
 
 def test_an_edited_quoted_figure_in_a_copy_of_the_readme_is_caught(tmp_path):
