@@ -12,11 +12,17 @@ Each mode runs distill.data.target_data.generate_target_data, the call a trainin
 after the other, so the ratios are measured in one run. Wall and CPU seconds are both reported: on cores shared
 with other jobs the wall clock mostly measures the others (and OpenMP threads waiting for a descheduled sibling
 burn CPU: use OMP_NUM_THREADS=1 there). Greedy rows of every batch size are checked against the
-batch-1 rows. Prints a markdown section for docs/benchmarks/serving.md.
+batch-1 rows. Prints the table with the machine and the run's settings; --json keeps the record it is written from,
+--doc writes it between docs/benchmarks/serving.md's `bench_target_data` markers, --from-json writes it again from a
+record, measuring nothing:
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_target_data.py --json docs/benchmarks/serving/target_data.json \
+        --doc docs/benchmarks/serving.md
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -32,8 +38,18 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from distill.data.target_data import generate_target_data
-from scripts.benchmark import code_version, load_average, machine, markdown_table, random_llama, sharpen
+from scripts.benchmark import (
+    check_doc,
+    code_version,
+    load_average,
+    machine,
+    markdown_table,
+    random_llama,
+    sharpen,
+    write_doc,
+)
 
+SCRIPT = "bench_target_data"
 VOCAB = 4096
 SHARPEN = 16.0
 FILES = ("distill/data/target_data.py", "decode/loop/batched.py", "decode/loop/speculative.py")
@@ -71,45 +87,64 @@ def measure(target, tokenizer, prompts: list[list[int]], batch_size: int, new_to
     return wall, cpu, rows["response_ids"]
 
 
-def main() -> None:
+def measure_all(args: argparse.Namespace) -> dict:
+    """The record: per batch size wall and CPU seconds and the rows equal to the first size's, the machine, settings."""
+    target = sharpen(random_llama(hidden=256, layers=6, seed=0, vocab=VOCAB), SHARPEN).to(args.device).eval()
+    tokenizer = word_tokenizer(VOCAB)
+    prompts = random_prompts(args.rows, seed=0, vocab=VOCAB)
+    load_before = load_average()
+    results = {b: measure(target, tokenizer, prompts, b, args.new_tokens, args.device) for b in args.batch_sizes}
+    base_rows = results[args.batch_sizes[0]][2]
+    return {"machine": machine(args.device), "load_average": f"{load_before} / {load_average()}",
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "(unset)"), "code": code_version(FILES),
+            "device": args.device, "rows": args.rows, "new_tokens": args.new_tokens,
+            "runs": [{"batch_size": b, "wall_s": wall, "cpu_s": cpu,
+                      "rows_equal_to_first": sum(r == x for r, x in zip(rows, base_rows))}
+                     for b, (wall, cpu, rows) in results.items()]}
+
+
+def render(record: dict) -> str:
+    """The page's block from the record alone."""
+    runs = record["runs"]
+    base = runs[0]
+    table = [["batch-1 decoder" if r["batch_size"] == 1 else "batched", r["batch_size"],
+              f"{record['rows'] / r['wall_s']:.2f}", f"{base['wall_s'] / r['wall_s']:.2f}x",
+              f"{record['rows'] / r['cpu_s']:.2f}", f"{base['cpu_s'] / r['cpu_s']:.2f}x",
+              f"{r['rows_equal_to_first']}/{record['rows']}"] for r in runs]
+    versus = f"vs batch {base['batch_size']}"
+    headers = ["path", "data.target_batch_size", "rows/s (wall)", versus, "rows per CPU s", versus,
+               "rows equal to the baseline's"]
+    return "\n".join([
+        f"Machine: {record['machine']}; OMP_NUM_THREADS={record['omp_num_threads']}; load average (1, 5, 15 min) "
+        f"before / after: {record['load_average']}.", "",
+        f"{record['rows']} random-token prompts of 8..64 tokens, {record['new_tokens']}-token greedy responses.", "",
+        *markdown_table(headers, table)]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--rows", type=int, default=64, help="prompts answered per mode")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per response")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16], help="the first is the baseline")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=None, help="write the record here")
+    parser.add_argument("--doc", type=Path, default=None, help=f"write the table between the page's {SCRIPT} markers")
+    parser.add_argument("--from-json", type=Path, default=None, help="measure nothing: the table of this record")
+    args = parser.parse_args(argv)
     datasets.disable_progress_bars()
-
-    # ---- target, tokenizer, prompts ------------------------------------------------------------------------------
-    target = sharpen(random_llama(hidden=256, layers=6, seed=0, vocab=VOCAB), SHARPEN).to(args.device).eval()
-    tokenizer = word_tokenizer(VOCAB)
-    prompts = random_prompts(args.rows, seed=0, vocab=VOCAB)
-
-    # ---- one mode after the other --------------------------------------------------------------------------------
-    load_before = load_average()
-    results = {b: measure(target, tokenizer, prompts, b, args.new_tokens, args.device) for b in args.batch_sizes}
-    base_wall, base_cpu, base_rows = results[args.batch_sizes[0]]
-    table = []
-    for batch_size, (wall, cpu, rows) in results.items():
-        path = "today: batch-1 decoder" if batch_size == 1 else "batched"
-        same = sum(r == b for r, b in zip(rows, base_rows))
-        table.append([path, batch_size, f"{args.rows / wall:.2f}", f"{base_wall / wall:.2f}x",
-                      f"{args.rows / cpu:.2f}", f"{base_cpu / cpu:.2f}x", f"{same}/{len(rows)}"])
-
-    # ---- the markdown section ------------------------------------------------------------------------------------
-    print("## Target responses: rows/s\n")
-    command = " ".join([f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}", ".venv/bin/python",
-                        "scripts/bench_target_data.py", *sys.argv[1:]])
-    print(f"Command: `{command}`\n")
-    print(f"Machine: {machine(args.device)}; load average before / after: {load_before} / {load_average()}\n")
-    print(f"Code (sha256): {code_version(FILES)}\n")
-    print(f"Target: Llama hidden 256 x 6 layers, vocab {VOCAB}, RANDOM weights (lm_head x{SHARPEN:g}), float32. "
-          f"{args.rows} random-token prompts of 8..64 tokens, {args.new_tokens}-token greedy responses (no eos), "
-          "through generate_target_data (shards written).\n")
-    base = f"vs batch {args.batch_sizes[0]}"
-    headers = ["path", "data.target_batch_size", "rows/s (wall)", base, "rows per CPU s", base,
-               "rows equal to the baseline's"]
-    print("\n".join(markdown_table(headers, table)))
+    if args.doc:
+        check_doc(args.doc, SCRIPT)
+    if args.from_json:
+        record = json.loads(args.from_json.read_text(encoding="utf-8"))
+    else:
+        record = measure_all(args)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    text = render(record)
+    print(text)
+    if args.doc:
+        write_doc(args.doc, text, SCRIPT)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@ its peak memory (max RSS on CPU, torch.cuda.max_memory_allocated on GPU) is its 
           trainer does it today;
   cached: draft forward + chunked_distill_loss with a SparseTeacher read from the cache through
           with_teacher_columns / TeacherCollator (the target is never loaded).
-One step = forward, backward, AdamW step. Prints a table; nothing is written outside a temporary folder.
+One step = forward, backward, AdamW step. Prints a table and what it shows; --json keeps the record they are written
+from, --doc writes them between docs/benchmarks/teacher_cache.md's `bench_teacher_cache` markers, --from-json writes
+them again from a record, measuring nothing:
+
+    .venv/bin/python scripts/bench_teacher_cache.py --json docs/benchmarks/teacher_cache/cpu.json \
+        --doc docs/benchmarks/teacher_cache.md
 """
 from __future__ import annotations
 
@@ -41,9 +46,10 @@ from distill.data.teacher_cache import (
 from distill.losses.distill_loss import chunked_distill_loss
 from scripts.benchmark import (
     arguments,
-    command_line,
+    check_doc,
+    code_version,
     current_memory_mib,
-    header,
+    machine,
     markdown_table,
     peak_memory_mib,
     random_llama,
@@ -52,8 +58,10 @@ from scripts.benchmark import (
     sharpen,
     timed,
     worker_args,
+    write_doc,
 )
 
+SCRIPT = "bench_teacher_cache"
 VOCAB = 4096
 SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM
 FILES = ("distill/data/teacher_cache.py", "distill/data/shard_store.py", "distill/losses/distill_loss.py",
@@ -157,44 +165,35 @@ class _StubTokenizer:
 # Driver
 # ---------------------------------------------------------------------------------------------------------------
 
-def report(build: dict, online: dict, cached: dict, args: argparse.Namespace) -> str:
+def report(record: dict) -> str:
+    """The page's block from the record alone: the machine and settings, the table, what it shows."""
+    args = argparse.Namespace(**record["settings"])
+    build, online, cached = record["build"], record["online"], record["cached"]
     memory = "peak CUDA MiB allocated" if args.device == "cuda" else "peak RSS MiB"
-    lines = [*header(command_line(__file__), args.device, FILES),
+    lines = [f"Machine: {record['machine']}; load average (1 min) before / after {record['load_average']}.", "",
              f"device={args.device} rows={args.rows} seq_len={args.seq_len} batch={args.batch_size} k={args.k} "
-             f"steps={args.steps} (median; best of {args.repeats} runs) torch threads={torch.get_num_threads()}", ""]
+             f"steps={args.steps} (median; best of {args.repeats} runs) torch threads={record['torch_threads']}", ""]
     lines += markdown_table(["mode", "s/step (wall)", "CPU s/step (all threads)", "tokens/s", memory,
                              "MiB before training"],
                             [[r["mode"], f"{r['step_s']:.3f}", f"{r['step_cpu_s']:.3f}",
                               f"{r['tokens_per_step'] / r['step_s']:.0f}", f"{r['peak_mb']:.0f}",
                               f"{r['before_training_mb']:.0f}"] for r in (online, cached)])
-    lines += ["", f"step time online / cached: {online['step_s'] / cached['step_s']:.2f}x wall, "
-              f"{online['step_cpu_s'] / cached['step_cpu_s']:.2f}x CPU; "
-              f"peak memory online / cached: {online['peak_mb'] / cached['peak_mb']:.2f}x "
-              f"({online['peak_mb'] - cached['peak_mb']:+.0f} MiB)",
-              f"cache build: {build['build_s']:.1f} s ({build['build_cpu_s']:.1f} CPU s) for {build['rows']} rows / "
-              f"{build['positions']} positions "
-              f"({build['positions'] / build['build_s']:.0f} positions/s, "
-              f"{build['build_s'] / build['rows'] * 1000:.1f} ms/row) = "
+    lines += ["", f"- Step time online / cached: **{online['step_s'] / cached['step_s']:.2f}x** wall "
+              f"({online['step_cpu_s'] / cached['step_cpu_s']:.2f}x CPU); peak memory online / cached: "
+              f"{online['peak_mb'] / cached['peak_mb']:.2f}x (**{cached['peak_mb'] - online['peak_mb']:+.0f} MiB**).",
+              f"- Cache build: {build['build_s']:.1f} s ({build['build_cpu_s']:.1f} CPU s) for {build['rows']} rows / "
+              f"{build['positions']} positions ({build['positions'] / build['build_s']:.0f} positions/s), "
               f"{build['build_cpu_s'] / online['step_cpu_s'] * args.batch_size / build['rows']:.2f} online steps "
-              f"per batch of {args.batch_size} rows (CPU time)",
-              f"cache size: {build['bytes'] / 2 ** 20:.2f} MiB = {build['bytes'] / build['positions']:.0f} B/position "
-              f"(k={args.k}: int32 ids + float16 log-probs = {6 * args.k} B/position of payload)",
-              f"top-{args.k} mass of the target: {build['topk_mass']:.3f}; cached loss vs online (untrained draft, "
-              f"forward KL): {100 * build['loss_gap']:+.2f}%"]
-    return "\n".join(lines)
+              f"of CPU time per batch of {args.batch_size} rows.",
+              f"- Cache size: {build['bytes'] / 2 ** 20:.2f} MiB = {build['bytes'] / build['positions']:.0f} "
+              f"B/position (k = {args.k}: int32 ids + float16 log-probs = {6 * args.k} B/position of payload).",
+              f"- Fidelity: the target's top-{args.k} mass is {build['topk_mass']:.3f}; the cached forward KL of the "
+              f"untrained draft is {100 * build['loss_gap']:+.2f}% off the online one."]
+    return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    # --device --rows --seq-len --batch-size --k --steps --warmup --repeats --chunk-size
-    args = arguments(__doc__, device="cuda" if torch.cuda.is_available() else "cpu").parse_args()
-    datasets.disable_progress_bars()
-
-    if args.role != "driver":
-        args = worker_args(args)
-        result = build_worker(args) if args.role == "build" else train_worker(args)
-        print(json.dumps(result))
-        return
-
+def measure(args: argparse.Namespace) -> dict:
+    """The record: the cache build and the best run of each mode (runs alternating), the machine, the settings."""
     with tempfile.TemporaryDirectory(prefix="bench_teacher_cache_") as work:
         args.work_dir = work
         # ---- models and data ------------------------------------------------------------------------------------
@@ -209,11 +208,43 @@ def main() -> None:
         for _ in range(args.repeats):  # alternating, best of: the 2 CPU cores may be shared with other jobs
             for mode in runs:
                 runs[mode].append(run_worker(__file__, "train", args, mode=mode))
-        online, cached = (min(runs[mode], key=lambda r: r["step_cpu_s"]) for mode in ("online", "cached"))
-        print(report(build, online, cached, args))
-        print(f"load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f}; "
-              f"wall s/step of every run: " + ", ".join(f"{m} {[round(r['step_s'], 3) for r in rs]}"
-                                                  for m, rs in runs.items()))
+    online, cached = (min(runs[mode], key=lambda r: r["step_cpu_s"]) for mode in ("online", "cached"))
+    settings = {k: getattr(args, k) for k in ("device", "rows", "seq_len", "batch_size", "k", "steps", "warmup",
+                                              "repeats", "chunk_size")}
+    return {"machine": machine(args.device), "code": code_version(FILES), "torch_threads": torch.get_num_threads(),
+            "load_average": f"{load_before:.2f} / {os.getloadavg()[0]:.2f}", "settings": settings,
+            "build": build, "online": online, "cached": cached,
+            "wall_s_per_step_of_every_run": {m: [round(r["step_s"], 3) for r in rs] for m, rs in runs.items()}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    # --device --rows --seq-len --batch-size --k --steps --warmup --repeats --chunk-size
+    parser = arguments(__doc__, device="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", default=None, help="write the record here")
+    parser.add_argument("--doc", default=None, help=f"write the block between the page's {SCRIPT} markers")
+    parser.add_argument("--from-json", default=None, help="measure nothing: the block of this record")
+    args = parser.parse_args(argv)
+    datasets.disable_progress_bars()
+
+    if args.role != "driver":
+        args = worker_args(args)
+        result = build_worker(args) if args.role == "build" else train_worker(args)
+        print(json.dumps(result))
+        return
+
+    if args.doc:
+        check_doc(Path(args.doc), SCRIPT)
+    if args.from_json:
+        record = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+    else:
+        record = measure(args)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    text = report(record)
+    print(text)
+    if args.doc:
+        write_doc(Path(args.doc), text, SCRIPT)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,10 @@ BLOCKS = {
     ("docs/benchmarks/decode.md", "bench_step_overhead"):
         ["--from-json", "docs/benchmarks/step_overhead/cpu_xeon_amx.json"],
     ("docs/benchmarks/decode.md", "bench_sampling"): ["--from-json", "docs/benchmarks/decode/sampling.json"],
+    ("docs/benchmarks/teacher_cache.md", "bench_teacher_cache"):
+        ["--from-json", "docs/benchmarks/teacher_cache/cpu.json"],
+    ("docs/benchmarks/serving.md", "bench_target_data"):
+        ["--from-json", "docs/benchmarks/serving/target_data.json"],
     ("docs/benchmarks/responses.md", "bench_responses"):
         ["--from-json", "docs/benchmarks/responses/bench_responses.json"],
     ("docs/benchmarks/served.md", "bench_served"): ["--out", "docs/benchmarks/served"],  # its runs' JSON, reused
