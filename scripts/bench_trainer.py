@@ -5,6 +5,8 @@
     .venv/bin/python scripts/bench_trainer.py --loss jsd --beta 0.5            # both trainers on JSD(beta=0.5)
     .venv/bin/python scripts/bench_trainer.py --profile                        # where each trainer spends its time
     .venv/bin/python scripts/bench_trainer.py --device cuda --rows 512 --steps 50   # GPU (untested)
+    .venv/bin/python scripts/bench_trainer.py --json docs/benchmarks/trainer_vs_gkd/forward_kl.json \
+        --doc docs/benchmarks/trainer_vs_gkd.md                    # the page's table for this loss, from its record
 
 Modes, each in its own subprocess (so its peak memory is its own), alternated --repeats times:
   gkd     TRL GKDTrainer (trl.experimental.gkd) with lmbda=0 (never generates: supervised distillation on the
@@ -70,10 +72,12 @@ from scripts.benchmark import (
     StepTimer,
     TensorMemoryProbe,
     arguments,
+    check_doc,
+    code_version,
     command_line,
-    header,
     labelled,
     load_average,
+    machine,
     markdown_table,
     peak_memory_mib,
     random_llama,
@@ -82,10 +86,12 @@ from scripts.benchmark import (
     sharpen,
     sync,
     worker_args,
+    write_doc,
     write_result,
 )
 from specdistill.recipes import DistillConfig, TrainConfig
 
+SCRIPT = "bench_trainer"
 MODES = ("gkd", "online", "cached")
 VOCAB = 4096
 SHARPEN = 16.0  # random init gives near-uniform logits; x16 gives top-1 / top-32 mass ~0.44 / ~0.95, like an LM
@@ -261,23 +267,26 @@ NAMES = {"gkd": "TRL GKDTrainer (lmbda=0)", "online": "DistillTrainer, online ta
          "cached": "DistillTrainer, cached top-k"}
 
 
-def report(args: argparse.Namespace, runs: dict[str, list[dict]], build: dict | None, command: str,
-           load: str) -> str:
+def block_name(loss: str) -> str:
+    """The page block a loss's table goes into: bench_trainer_forward_kl, bench_trainer_jsd."""
+    return f"{SCRIPT}_{loss}"
+
+
+def report(record: dict) -> str:
+    """A loss's block from its record alone: the setup, the table, disturbed runs and the cache build."""
+    args = argparse.Namespace(**record["settings"])
+    runs, build = record["runs"], record["build"]
     divergence = "forward KL" if args.loss == "forward_kl" else f"JSD beta={args.beta}"
     rss = "peak RSS MiB" if args.device == "cpu" else "peak CUDA allocated MiB"
     rss_key = "peak_rss_mib" if args.device == "cpu" else "peak_cuda_mib"
     gkd_speed = best(runs["gkd"])["tokens_per_s"]
     gkd_tensor, gkd_rss = least(runs["gkd"], "tensor_peak_mib"), least(runs["gkd"], rss_key)
     lines = [
-        *header(command, args.device, FILES, packages=("trl",)),
-        f"Setup: target Llama hidden 256 x 4 layers, draft Llama hidden 128 x 2 layers, vocab {VOCAB} (target "
-        f"lm_head x{SHARPEN:g}); {args.rows} random-token rows of {args.seq_len} tokens; per-device batch "
-        f"{args.batch_size}; {divergence} (GKD beta={gkd_beta(args)}, lmbda=0, seq_kd=False); AdamW lr "
-        f"{LEARNING_RATE:g} constant, max_grad_norm 1; {args.warmup} warm-up + {args.steps} timed steps, then 1 "
-        f"memory-probe step; fp32, 1 process, device {args.device}; ours: chunk_size {args.chunk_size}; cached: "
-        f"k={args.k}, float16 log-probs. {args.repeats} runs per mode, modes alternated, each run a fresh process. "
-        f"tokens/s = batch x seq_len / median step time of the timed steps, from the fastest run (spread = "
-        f"slowest..fastest run; 'all steps' = timed tokens / timed seconds of that run); memory: the smallest run.",
+        f"Machine: {record['machine']}.", "",
+        f"Setup: {args.rows} random-token rows of {args.seq_len} tokens; per-device batch {args.batch_size}; "
+        f"{divergence} (GKD beta={gkd_beta(args)}, lmbda=0, seq_kd=False); {args.warmup} warm-up + {args.steps} "
+        f"timed steps, then 1 memory-probe step; device {args.device}; cached: k={args.k}. {args.repeats} runs per "
+        f"mode, modes alternated.",
         "",
     ]
     table = []
@@ -296,33 +305,35 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], build: dict | 
                              "tokens/s vs GKD", "tensor peak vs GKD", f"{rss.split(' MiB')[0]} vs GKD"], table)
     disturbed = [f"{mode} run {i + 1}" for mode in runs for i, r in enumerate(runs[mode])
                  if max(r["step_s"]) > 2 * r["median_step_s"]]
-    lines += ["", "Runs with a step over twice their median (other work on the cores): "
-              + (", ".join(disturbed) if disturbed else "none") + f". Load average at start/end: {load}."]
+    lines += ["", "- Runs with a step over twice their median (other work on the cores): "
+              + (", ".join(disturbed) if disturbed else "none") + f". Load average at start/end: {record['load']}."]
     if build is not None:
         gkd_step_s = args.batch_size * args.seq_len / gkd_speed
-        lines += [
-            "",
-            f"Cache build (before timing, not in the table): {build['build_s']:.1f} s for {build['rows']} rows / "
+        lines.append(
+            f"- Cache build (before timing, not in the table): {build['build_s']:.1f} s for {build['rows']} rows / "
             f"{build['positions']} positions ({build['positions'] / build['build_s']:.0f} positions/s, the time of "
             f"{build['build_s'] / gkd_step_s:.1f} GKD steps); {build['bytes'] / 2 ** 20:.1f} MiB on disk; "
-            f"top-{args.k} mass of the target {build['topk_mass']:.3f}.",
-        ]
-    lines += [
-        "",
-        "Goal (issue): >= 1.5x GKDTrainer's tokens/s at <= 0.7x its peak memory (judged on the tensor peak; the "
-        "RSS column adds the ~0.5 GiB of libraries every process holds):",
-    ]
-    for mode in [m for m in ("online", "cached") if m in runs]:
-        speed = best(runs[mode])["tokens_per_s"] / gkd_speed
-        memory = least(runs[mode], "tensor_peak_mib") / gkd_tensor
-        verdict = "meets the goal" if speed >= 1.5 and memory <= 0.7 else "does not meet the goal"
-        lines.append(f"- {NAMES[mode].replace('top-k', f'top-{args.k}')}: {speed:.2f}x tokens/s "
-                     f"({'ok' if speed >= 1.5 else 'short of 1.5x'}), {memory:.2f}x tensor peak "
-                     f"({'ok' if memory <= 0.7 else 'over 0.7x'}): {verdict}.")
-    return "\n".join(lines)
+            f"top-{args.k} mass of the target {build['topk_mass']:.3f}.")
+    return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def summary(records: list[dict]) -> str:
+    """The page's opening table from the records of both losses: each mode of ours against GKD."""
+    table = []
+    for record in records:
+        args = argparse.Namespace(**record["settings"])
+        runs = record["runs"]
+        divergence = "forward KL" if args.loss == "forward_kl" else f"JSD beta={args.beta}"
+        gkd_speed, gkd_tensor = best(runs["gkd"])["tokens_per_s"], least(runs["gkd"], "tensor_peak_mib")
+        for mode in [m for m in ("cached", "online") if m in runs]:
+            name = "cached top-32 teacher" if mode == "cached" else "online teacher"
+            table.append([divergence, name.replace("32", str(args.k)),
+                          f"{best(runs[mode])['tokens_per_s'] / gkd_speed:.2f}x",
+                          f"{least(runs[mode], 'tensor_peak_mib') / gkd_tensor:.2f}x"])
+    return "\n".join(markdown_table(["loss", "mode", "tokens/s vs GKD", "tensor peak vs GKD"], table)) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = arguments(__doc__, steps=12, repeats=3)  # --device --rows --seq-len --batch-size --k --steps ...
     parser.add_argument("--loss", default="forward_kl", choices=["forward_kl", "jsd"])
     parser.add_argument("--beta", type=float, default=0.5, help="JSD beta for --loss jsd (both trainers)")
@@ -333,7 +344,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="instead of timing: one profiled run per mode, phase and op tables")
     parser.add_argument("--profile-rows", type=int, default=20, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--json", default=None, help="write the record the table is written from here")
+    parser.add_argument("--doc", default=None, help="a page with the markers of this loss's block (bench_trainer_"
+                                                    "forward_kl, bench_trainer_jsd): the table goes there")
+    parser.add_argument("--from-json", nargs="+", default=None,
+                        help="measure nothing: the block of this record; with two (both losses), the summary block "
+                             f"{SCRIPT}_summary of both")
+    args = parser.parse_args(argv)
     datasets.disable_progress_bars()
 
     if args.role != "driver":
@@ -343,6 +360,17 @@ def main() -> None:
         result = build_worker(args) if args.role == "build" else train_worker(args)
         print(json.dumps(result))
         return
+    if args.from_json:
+        records = [json.loads(Path(path).read_text(encoding="utf-8")) for path in args.from_json]
+        name = f"{SCRIPT}_summary" if len(records) > 1 else block_name(records[0]["settings"]["loss"])
+        text = summary(records) if len(records) > 1 else report(records[0])
+        if args.doc:
+            check_doc(Path(args.doc), name, SCRIPT)
+            write_doc(Path(args.doc), text, name, SCRIPT)
+        print(text)
+        return
+    if args.doc:
+        check_doc(Path(args.doc), block_name(args.loss), SCRIPT)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     args.modes = ["gkd"] + [m for m in MODES[1:] if m in args.modes.split(",")]
@@ -390,10 +418,18 @@ def main() -> None:
                       f"{result['tensor_peak_mib']:.0f} MiB, peak RSS {result['peak_rss_mib']:.0f} MiB "
                       f"({time.perf_counter() - run_started:.0f} s; steps {min(result['step_s']):.2f}.."
                       f"{max(result['step_s']):.2f} s)", file=sys.stderr)
-        load = f"{load_start} / {load_average()}"
-        text = report(args, runs, build, command, load)
-        text += f"\n\nWhole benchmark: {time.perf_counter() - started:.0f} s."
+        settings = {k: getattr(args, k) for k in ("device", "rows", "seq_len", "batch_size", "k", "steps", "warmup",
+                                                  "repeats", "chunk_size", "loss", "beta", "threads")}
+        record = {"machine": machine(args.device, packages=("trl",)), "code": code_version(FILES),
+                  "command": command, "load": f"{load_start} / {load_average()}", "settings": settings,
+                  "build": build, "runs": runs, "seconds": round(time.perf_counter() - started)}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    text = report(record)
     write_result(text, args.markdown)
+    if args.doc:
+        write_doc(Path(args.doc), text, block_name(args.loss), SCRIPT)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,12 @@ BLOCKS = {
     ("docs/benchmarks/decode.md", "bench_sampling"): ["--from-json", "docs/benchmarks/decode/sampling.json"],
     ("docs/benchmarks/teacher_cache.md", "bench_teacher_cache"):
         ["--from-json", "docs/benchmarks/teacher_cache/cpu.json"],
+    ("docs/benchmarks/trainer_vs_gkd.md", "bench_trainer_forward_kl"):
+        ["--from-json", "docs/benchmarks/trainer_vs_gkd/forward_kl.json"],
+    ("docs/benchmarks/trainer_vs_gkd.md", "bench_trainer_jsd"):
+        ["--from-json", "docs/benchmarks/trainer_vs_gkd/jsd.json"],
+    ("docs/benchmarks/trainer_vs_gkd.md", "bench_trainer_summary"):
+        ["--from-json", "docs/benchmarks/trainer_vs_gkd/forward_kl.json", "docs/benchmarks/trainer_vs_gkd/jsd.json"],
     ("docs/benchmarks/serving.md", "bench_target_data"):
         ["--from-json", "docs/benchmarks/serving/target_data.json"],
     ("docs/benchmarks/responses.md", "bench_responses"):
