@@ -16,7 +16,6 @@ Prints a markdown table and the machine; --json keeps the record, --doc writes t
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -104,23 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=None, help="write the record here")
-    parser.add_argument("--doc", type=Path, default=None, help=f"write the table between the page's {SCRIPT} markers")
-    parser.add_argument("--from-json", type=Path, default=None, help="measure nothing: the table of this record")
+    benchmark.block_options(parser, SCRIPT)
     args = parser.parse_args(argv)
-    if args.doc:
-        benchmark.check_doc(args.doc, SCRIPT)
-    if args.from_json:
-        record = json.loads(args.from_json.read_text(encoding="utf-8"))
-    else:
-        record = measure_all(args)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    text = render(record)
-    print(text)
-    if args.doc:
-        benchmark.write_doc(args.doc, text, SCRIPT)
+    benchmark.record_block(args, lambda: measure_all(args), render, SCRIPT)
 
 
 if __name__ == "__main__":

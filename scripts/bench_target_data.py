@@ -22,7 +22,6 @@ record, measuring nothing:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -39,14 +38,14 @@ from transformers import PreTrainedTokenizerFast
 
 from distill.data.target_data import generate_target_data
 from scripts.benchmark import (
-    check_doc,
+    block_options,
     code_version,
     load_average,
     machine,
     markdown_table,
     random_llama,
+    record_block,
     sharpen,
-    write_doc,
 )
 
 SCRIPT = "bench_target_data"
@@ -127,24 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=64, help="prompts answered per mode")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per response")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16], help="the first is the baseline")
-    parser.add_argument("--json", type=Path, default=None, help="write the record here")
-    parser.add_argument("--doc", type=Path, default=None, help=f"write the table between the page's {SCRIPT} markers")
-    parser.add_argument("--from-json", type=Path, default=None, help="measure nothing: the table of this record")
+    block_options(parser, SCRIPT)
     args = parser.parse_args(argv)
     datasets.disable_progress_bars()
-    if args.doc:
-        check_doc(args.doc, SCRIPT)
-    if args.from_json:
-        record = json.loads(args.from_json.read_text(encoding="utf-8"))
-    else:
-        record = measure_all(args)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    text = render(record)
-    print(text)
-    if args.doc:
-        write_doc(args.doc, text, SCRIPT)
+    record_block(args, lambda: measure_all(args), render, SCRIPT)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from distill.data.teacher_cache import (
 from distill.losses.distill_loss import chunked_distill_loss
 from scripts.benchmark import (
     arguments,
-    check_doc,
+    block_options,
     code_version,
     current_memory_mib,
     machine,
@@ -54,11 +54,11 @@ from scripts.benchmark import (
     peak_memory_mib,
     random_llama,
     random_rows,
+    record_block,
     run_worker,
     sharpen,
     timed,
     worker_args,
-    write_doc,
 )
 
 SCRIPT = "bench_teacher_cache"
@@ -220,9 +220,7 @@ def measure(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> None:
     # --device --rows --seq-len --batch-size --k --steps --warmup --repeats --chunk-size
     parser = arguments(__doc__, device="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", default=None, help="write the record here")
-    parser.add_argument("--doc", default=None, help=f"write the block between the page's {SCRIPT} markers")
-    parser.add_argument("--from-json", default=None, help="measure nothing: the block of this record")
+    block_options(parser, SCRIPT)
     args = parser.parse_args(argv)
     datasets.disable_progress_bars()
 
@@ -232,19 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result))
         return
 
-    if args.doc:
-        check_doc(Path(args.doc), SCRIPT)
-    if args.from_json:
-        record = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
-    else:
-        record = measure(args)
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    text = report(record)
-    print(text)
-    if args.doc:
-        write_doc(Path(args.doc), text, SCRIPT)
+    record_block(args, lambda: measure(args), report, SCRIPT)
 
 
 if __name__ == "__main__":

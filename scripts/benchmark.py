@@ -39,10 +39,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig, TrainerCallback
 from decode.measure.table import markdown_table  # noqa: F401  (the benchmarks' tables: the project's one formatter)
 from scripts.doc_blocks import (  # noqa: F401  (the page blocks, as every script has reached them: benchmark.X)
     DOC_BLOCK,
+    block_options,
     check_doc,
     doc_blocks,
     doc_markers,
     doc_scripts,
+    record_block,
     record_of,
     record_options,
     write_doc,
@@ -178,7 +180,8 @@ def run_worker(script: str, role: str, args: argparse.Namespace, mode: str | Non
     """Run `script` again as a worker (--role, --mode, the driver's arguments as JSON) in a fresh process and return
     the JSON object it prints last. Raises RuntimeError with the worker's stderr when it fails."""
     settings = {k: v for k, v in vars(args).items() if k not in ("role", "mode", "worker_args")}
-    command = [sys.executable, str(Path(script).resolve()), "--role", role, "--worker-args", json.dumps(settings)]
+    command = [sys.executable, str(Path(script).resolve()), "--role", role, "--worker-args",
+               json.dumps(settings, default=str)]  # paths as text
     if mode is not None:
         command += ["--mode", mode]
     environment = {**os.environ, **(env or {})}

@@ -81,3 +81,29 @@ def record_of(args, measure, name: str) -> dict:
     written.parent.mkdir(parents=True, exist_ok=True)
     written.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record
+
+
+def block_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """--json, --doc and --from-json of a benchmark whose page block `name` is written from one record."""
+    parser.add_argument("--json", type=Path, default=None, help="write the record the block is written from here")
+    parser.add_argument("--doc", type=Path, default=None, help=f"write the block between the page's {name} markers")
+    parser.add_argument("--from-json", type=Path, default=None, help="measure nothing: the block of this record")
+
+
+def record_block(args, measure, render, name: str) -> dict:
+    """The options of `block_options` carried out: the page checked for its markers first, the record read back
+    (--from-json) or ``measure()``d and kept (--json), the block ``render(record)`` printed and written (--doc)."""
+    if args.doc:
+        check_doc(args.doc, name)
+    if args.from_json:
+        record = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+    else:
+        record = measure()
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    text = render(record)
+    print(text)
+    if args.doc:
+        write_doc(args.doc, text, name)
+    return record
