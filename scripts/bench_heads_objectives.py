@@ -39,7 +39,8 @@ from scripts.benchmark import check_doc, load_average, machine, record_of, recor
 
 BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes/smollm2/
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
-# arm -> the overrides that make it (one change from the budget's recipe each)
+TTT4 = ["distill.ttt_steps=4", "distill.ttt_decay=0.8"]  # the training-time test over 4 steps, as the kind's default
+# arm -> the overrides that make it (one change from the budget's recipe each; ttt4_*: one change from ttt4)
 ARMS = {
     "recipe": [],                                          # the recipe as it is: forward KL
     "lk_hybrid": ["distill.loss=lk_hybrid"],               # acceptance-aimed: log of the acceptance + KL
@@ -47,8 +48,12 @@ ARMS = {
     "nla": ["distill.loss=nla"],                           # negative log acceptance
     "kl_tv": ["distill.loss={forward_kl: 0.5, tv: 0.5}"],  # both
     "soft_t2": ["distill.temperature=2.0"],                # softer targets (both models' logits at T=2)
-    "ttt4": ["distill.ttt_steps=4", "distill.ttt_decay=0.8"],  # the training-time test over 4 steps
+    "ttt4": TTT4,                                          # the training-time test over 4 steps
     "vocab16k": ["model.draft_vocab_size=16384"],          # twice the draft vocabulary
+    "ttt7": ["distill.ttt_steps=7", "distill.ttt_decay=0.8"],   # EAGLE-3's 7 steps
+    "ttt4_flat": ["distill.ttt_steps=4", "distill.ttt_decay=1.0"],  # every step of the test weighted alike
+    "ttt4_vocab16k": [*TTT4, "model.draft_vocab_size=16384"],   # twice the draft vocabulary
+    "ttt4_vocab4k": [*TTT4, "model.draft_vocab_size=4096"],     # half of it
 }
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -67,6 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gammas", nargs="+", default=["2", "4"])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--acceptance-only", action="store_true",
+                   help="judge the arms on acceptance and tau alone (specdistill-eval --acceptance-only: no plain "
+                        "decoding, nothing timed); their speedup cells read -")
     p.add_argument("--overrides", nargs="+", default=[], metavar="KEY=VALUE",
                    help="recipe overrides for every arm's training, after the arm's own (e.g. train.max_steps=2 for a "
                         "smoke run); the record names them and --add-to joins only records with the same")
@@ -104,14 +112,15 @@ def train(args: argparse.Namespace, arm: str, seed: int) -> Path:
 
 def evaluate(args: argparse.Namespace, arm: str, seed: int, head: Path, temperature: float) -> dict:
     """specdistill-eval's JSON for one trained arm at one temperature (reused when present)."""
-    path = args.out / "evals" / f"{arm}_seed{seed}_T{temperature:g}_n{args.num_prompts}.json"
+    alone = "_acceptance" if args.acceptance_only else ""
+    path = args.out / "evals" / f"{arm}_seed{seed}_T{temperature:g}_n{args.num_prompts}{alone}.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         run([sys.executable, str(ROOT / "scripts" / "eval_acceptance.py"), "--target", str(args.target),
              "--draft", str(head), "--prompts", str(PROMPTS), "--num-prompts", str(args.num_prompts),
              "--chat-template", "on", "--max-new-tokens", str(args.max_new_tokens), "--gamma", *args.gammas,
              "--temperature", str(temperature), "--device", "cpu", "--dtype", "float32", "--quiet",
-             "--output", str(path)])
+             "--output", str(path), *(["--acceptance-only"] if args.acceptance_only else [])])
     return json.loads(path.read_text())
 
 
@@ -196,7 +205,7 @@ def table_rows(runs: list[dict]) -> list[list[str]]:
                          *([str(measured["num_prompts"])] if "num_prompts" in measured else []), str(r["gamma"]),
                          f"{r['mean_accepted_tokens']:.3f}", f"{r['acceptance_rate']:.3f}",
                          " / ".join(f"{a:.2f}" for a in r.get("per_position_acceptance") or []),
-                         f"{r['speedup']:.2f}x", f"{seconds:.0f}" if seconds else "-"])
+                         f"{r['speedup']:.2f}x" if r.get("speedup") else "-", f"{seconds:.0f}" if seconds else "-"])
     return rows
 
 
@@ -217,6 +226,9 @@ def doc_text(record: dict) -> str:
              f"prompts x {record['max_new_tokens']} new tokens, eager, float32"
              f"{''.join(f'; every arm also `{o}`' for o in record.get('overrides', []))}. Arms: {changes}.", "",
              *markdown_table(headers, table_rows(record["runs"]))]
+    if any(r.get("speedup") is None for run in record["runs"] for r in run["results"]):
+        lines += ["", "speedup -: the arm was judged on acceptance alone (`--acceptance-only`: the same tau and "
+                      "acceptance, nothing timed)."]
     return "\n".join(lines) + "\n"
 
 

@@ -31,6 +31,7 @@ BLOCKS = {
     ("docs/benchmarks/decode.md", "bench_step_overhead"):
         ["--from-json", "docs/benchmarks/step_overhead/cpu_xeon_amx.json"],
     ("docs/benchmarks/decode.md", "bench_sampling"): ["--from-json", "docs/benchmarks/decode/sampling.json"],
+    ("docs/benchmarks/decode.md", "bench_revisions"): ["--from-json", "docs/benchmarks/decode/revisions.json"],
     ("docs/benchmarks/teacher_cache.md", "bench_teacher_cache"):
         ["--from-json", "docs/benchmarks/teacher_cache/cpu.json"],
     ("docs/benchmarks/trainer_vs_gkd.md", "bench_trainer_forward_kl"):

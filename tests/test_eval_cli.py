@@ -66,6 +66,34 @@ def test_cli_writes_valid_json_with_every_key(pair, tmp_path, capsys):
     assert "acceptance" in stdout.splitlines()[0] or "accept" in stdout  # the table
 
 
+@pytest.mark.parametrize("temperature", ["0", "0.8"])
+def test_acceptance_only_is_the_full_runs_acceptance(temperature, pair, tmp_path, capsys):
+    """--acceptance-only: the same acceptance, tau, per-position acceptance and counts as a full run (same prompts,
+    seeds), with no timing, no plain decoding and no greedy check in the JSON."""
+    common = ["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+              str(pair / "prompts.jsonl"), "--gamma", "1", "3", "--max-new-tokens", "12", "--temperature",
+              temperature, "--quiet"]
+    full, alone = tmp_path / "full.json", tmp_path / "alone.json"
+    assert run_cli([*common, "--output", str(full)], capsys)[0] == 0
+    code, stdout, _ = run_cli([*common, "--acceptance-only", "--output", str(alone)], capsys)
+    assert code == 0 and "speedup" not in stdout and "tau" in stdout
+    report = json.loads(alone.read_text())
+    assert report["acceptance_only"] is True
+    for row, reference in zip(report["results"], json.loads(full.read_text())["results"], strict=True):
+        for key in ("gamma", "num_prompts", "acceptance_rate", "draft_acceptance_rate", "mean_accepted_tokens",
+                    "per_position_acceptance", "stats"):
+            assert row[key] == reference[key], key
+        assert not {"speedup", "target_tokens_per_s", "speculative_tokens_per_s", "greedy_match"} & set(row)
+
+
+@pytest.mark.parametrize("flag", [["--compare-hf"], ["--engine", "vllm"], ["--compile"]])
+def test_acceptance_only_refuses_what_it_cannot_measure(flag, pair, capsys):
+    code, _, err = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                            str(pair / "prompts.txt"), "--acceptance-only", *flag], capsys)
+    assert code == 1 and err.strip().splitlines() == [
+        f"error: --acceptance-only measures acceptance alone with our decoder, eagerly: drop {' '.join(flag)}"]
+
+
 def test_prompt_lookup_and_txt_prompts_and_sampling(pair, tmp_path, capsys):
     out = tmp_path / "eval.json"
     code, _, _ = run_cli(["--target", str(pair / "target"), "--draft", "prompt-lookup", "--prompts",

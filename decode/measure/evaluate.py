@@ -143,7 +143,8 @@ def acceptance_only(target: torch.nn.Module, draft, prompts: Sequence[torch.Tens
                     kind: DraftingKind | None = None) -> list[dict]:
     """Acceptance alone, per gamma of ``settings``: speculative decoding of every prompt (1-D token ids) with the
     sampling seed of evaluate_acceptance, nothing timed and no plain decoding. One dict per gamma: gamma, temperature,
-    num_prompts, acceptance_rate, mean_accepted_tokens (tau). What the trainer measures on its own training prompts
+    num_prompts, acceptance_rate, draft_acceptance_rate, mean_accepted_tokens (tau), per_position_acceptance and the
+    merged stats (specdistill-eval --acceptance-only). What the trainer measures on its own training prompts
     beside the held-out ones (distill.run.callbacks), where only acceptance is compared."""
     if not prompts:
         raise ValueError("no prompts to measure")
@@ -157,10 +158,13 @@ def acceptance_only(target: torch.nn.Module, draft, prompts: Sequence[torch.Tens
             out = speculative_generate(target, draft, prompt.view(1, -1).to(device),
                                        max_new_tokens=settings.max_new_tokens, gamma=gamma,
                                        eos_token_id=settings.eos_token_id,
-                                       generator=make_generator(device, settings.seed + i), kind=kind, **sampling)
+                                       generator=make_generator(device, settings.seed + i),
+                                       draft_past_end=settings.draft_past_end, kind=kind, **sampling)
             stats = out.stats if stats is None else stats.merge(out.stats)
         rows.append({"gamma": gamma, "temperature": settings.temperature, "num_prompts": len(prompts),
-                     "acceptance_rate": stats.acceptance_rate, "mean_accepted_tokens": stats.mean_accepted_tokens})
+                     "acceptance_rate": stats.acceptance_rate, "draft_acceptance_rate": stats.draft_acceptance_rate,
+                     "mean_accepted_tokens": stats.mean_accepted_tokens,
+                     "per_position_acceptance": stats.per_position_acceptance, "stats": stats.to_dict()})
     return rows
 
 

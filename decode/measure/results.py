@@ -164,7 +164,11 @@ EVAL_JSON_KEYS: dict[str, Key] = {
                                         "for every row (`--draft-vocab full`, `--engine both`, or none stored).",
                        ("specdistill", "both")),
     "compile_seconds": Key("seconds or null", "The evaluation's compilation (its warm-up), excluded from every "
-                                              "tokens/s; null with `--engine vllm`."),
+                                              "tokens/s; null with `--engine vllm` and `--acceptance-only`."),
+    "acceptance_only": Key("bool", "`--acceptance-only`: each result holds acceptance alone (gamma, temperature, "
+                                   "num_prompts, acceptance_rate, draft_acceptance_rate, mean_accepted_tokens, "
+                                   "per_position_acceptance, stats: the same values as a full run), nothing timed "
+                                   "and no plain decoding.", ("specdistill", "both")),
     "results": Key("list of results", "One result per gamma (and per `concurrency` level): ours, or vLLM's with "
                                       "`--engine vllm`. Keys: [Each result](#each-result)."),
     "environment": Key("object", "Where the numbers were made, evaluate.save's record: "

@@ -9,6 +9,7 @@
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 auto --compile
     specdistill-eval --target TARGET --draft prompt-lookup --prompts prompts.txt --cpu-linear plain   # A/B kernels
     specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 6   # an EAGLE-3 head
+    specdistill-eval --target TARGET --draft HEAD_DIR --prompts prompts.txt --gamma 2 4 --acceptance-only   # tau alone
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine vllm   # inside vLLM
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both   # tau parity
     specdistill-eval --target TARGET --draft DRAFT --prompts prompts.txt --gamma 2 4 --engine both \
@@ -43,7 +44,7 @@ from decode.inputs.vocab import TokenizerMismatchError
 from decode.inputs.writes import write_atomic
 from decode.loop.auto_gamma import fixed_gammas
 from decode.loop.packed_linear import CPU_LINEAR_MODES
-from decode.measure.evaluate import evaluate_acceptance
+from decode.measure.evaluate import acceptance_only, evaluate_acceptance
 from decode.measure.results import write_eval_json
 from decode.measure.settings import EvalSettings
 from decode.serving.parity import DEFAULT_TOLERANCE, aligned_inputs, out_of_tolerance, parity_rows
@@ -109,6 +110,9 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
     p.add_argument("--save-outputs", type=Path, default=None,
                    help="write per-prompt token ids of the plain and speculative continuations (.jsonl)")
     p.add_argument("--compare-hf", action="store_true", help="also time transformers assisted generation")
+    p.add_argument("--acceptance-only", action="store_true",
+                   help="acceptance and tau alone: speculative decoding of every prompt, nothing timed and no plain "
+                        "decoding: one speculative decode per prompt and gamma, the same acceptance as a full run")
     p.add_argument("--compile", action="store_true",
                    help="static KV caches and torch.compiled steps (CUDA graphs on GPU); compile time is reported "
                         "as compile_seconds, apart from tokens/s")
@@ -191,6 +195,12 @@ def check_args(args: argparse.Namespace) -> None:
                         "decoder decodes one sequence at a time)")
     if args.engine == "both" and args.max_new_tokens < 2:
         raise LoadError(f"--engine both needs --max-new-tokens >= 2, got {args.max_new_tokens}")
+    if args.acceptance_only:
+        clash = [flag for flag, on in (("--engine " + args.engine, args.engine != "specdistill"),
+                                       ("--compare-hf", args.compare_hf), ("--save-outputs", args.save_outputs),
+                                       ("--compile", args.compile)) if on]
+        if clash:
+            raise LoadError(f"--acceptance-only measures acceptance alone with our decoder, eagerly: drop {clash[0]}")
     if args.output is not None:
         check_writable_file(args.output, "--output")
     if args.save_outputs is not None:
@@ -251,11 +261,15 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         target = load_causal_lm(args.target, device, dtype, args.trust_remote_code)
         # vLLM's ngram takes the earliest occurrence: so does our prompt lookup when comparing (--engine both)
         draft = kind.load(args.draft, target, device, dtype, args.trust_remote_code, earliest=args.engine == "both")
-        report.update(draft_vocab=use_draft_vocab(args, draft))
+        report.update(draft_vocab=use_draft_vocab(args, draft), acceptance_only=args.acceptance_only)
         report.update(cpu_linear=pack_for_eager_cpu(args, target, draft))
-        results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet, outputs=outputs,
-                                      categories=categories, kind=kind)
-        report.update(compile_seconds=results[0]["compile_seconds"], results=results)
+        if args.acceptance_only:
+            results = acceptance_only(target, draft, prompt_ids, settings, kind=kind)
+            report.update(compile_seconds=None, results=results)
+        else:
+            results = evaluate_acceptance(target, draft, prompt_ids, settings, progress=not args.quiet,
+                                          outputs=outputs, categories=categories, kind=kind)
+            report.update(compile_seconds=results[0]["compile_seconds"], results=results)
         if args.engine == "both":
             report.update(vllm_results=vllm, parity_tolerance=args.parity_tolerance,
                           parity=parity_rows(results, vllm, args.parity_tolerance),
