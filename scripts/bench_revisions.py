@@ -66,13 +66,13 @@ def eval_command(tree: Path) -> list[str]:
 
 
 def drafters(specs: list[str]) -> dict[str, str]:
-    """--drafter NAME=PATH (or a bare PATH / prompt-lookup, named by itself) -> {name: absolute path}."""
+    """--drafter NAME=DRAFT (or a bare DRAFT, named by itself) -> {name: draft}: a folder that exists as its absolute
+    path (each revision's eval runs from its own folder), anything else (prompt-lookup, a hub id) as given, for
+    specdistill-eval to read or refuse."""
     named = {}
     for spec in specs:
-        name, _, path = spec.partition("=") if "=" in spec else (Path(spec).name, "", spec)
-        named[name] = path if path == "prompt-lookup" else str(Path(path).resolve())
-        if path != "prompt-lookup" and not Path(path).exists():
-            sys.exit(f"{SCRIPT}: --drafter {spec}: no such folder {path}")
+        name, _, draft = spec.partition("=") if "=" in spec else (Path(spec).name, "", spec)
+        named[name] = str(Path(draft).resolve()) if Path(draft).exists() else draft
     return named
 
 
@@ -147,7 +147,7 @@ def render(record: dict) -> str:
             "after / before > 1: faster now.", ""])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="HEAD", help="the git revision to compare this checkout's decoder with")
     parser.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct's GGUF)")
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench_revisions_out"),
                         help="the revisions' files and every eval's JSON")
     block_options(parser, SCRIPT)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not args.from_json:
         args.target = str(Path(args.target).resolve()) if args.target else str(smollm2_gguf())
         args.prompts = str(Path(args.prompts).resolve())

@@ -42,10 +42,8 @@ def test_a_greedy_mismatch_shows():
 def test_drafters_by_name_or_path(tmp_path):
     head = tmp_path / "my_head"
     head.mkdir()
-    assert bench.drafters([f"h={head}", "prompt-lookup", str(head)]) == {
-        "h": str(head), "prompt-lookup": "prompt-lookup", "my_head": str(head)}
-    with pytest.raises(SystemExit, match="no such folder"):
-        bench.drafters([f"h={tmp_path / 'missing'}"])
+    assert bench.drafters([f"h={head}", "prompt-lookup", str(head), "hub=org/draft"]) == {
+        "h": str(head), "prompt-lookup": "prompt-lookup", "my_head": str(head), "hub": "org/draft"}
 
 
 def test_a_revision_runs_its_own_eval_entry_point(tmp_path):
