@@ -111,8 +111,8 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                    help="write per-prompt token ids of the plain and speculative continuations (.jsonl)")
     p.add_argument("--compare-hf", action="store_true", help="also time transformers assisted generation")
     p.add_argument("--acceptance-only", action="store_true",
-                   help="acceptance and tau alone: speculative decoding of every prompt, nothing timed and no plain "
-                        "decoding: one speculative decode per prompt and gamma, the same acceptance as a full run")
+                   help="acceptance and tau alone: one speculative decode per prompt and gamma, no plain decoding "
+                        "and nothing timed (the same acceptance as a full run)")
     p.add_argument("--compile", action="store_true",
                    help="static KV caches and torch.compiled steps (CUDA graphs on GPU); compile time is reported "
                         "as compile_seconds, apart from tokens/s")
