@@ -50,8 +50,10 @@ NUM_EVAL = 16          # held-out prompts: the file's categories take turns, so 
 EVAL_NEW_TOKENS = 64
 # the trainer's own check, at the gamma step 6 measures (each gamma costs a plain and a speculative pass and its costs)
 TRAINER_EVAL = ["data.num_eval_prompts=4", "eval.max_new_tokens=32", "eval.gammas=[1]"]
-SMOKE = {"prompts": 16, "train": ["train.max_steps=4", "train.logging_steps=1", "data.num_eval_prompts=2",
-                                  "eval.max_new_tokens=8"], "eval_prompts": 2, "eval_new_tokens": 16}
+# --smoke: every step, sized so that the whole run takes minutes even on one slow core (it checks the pipeline)
+SMOKE = {"prompts": 8, "answer_tokens": 32,
+         "train": ["train.max_steps=4", "train.logging_steps=1", "data.num_eval_prompts=1", "eval.held_in_prompts=1",
+                   "eval.max_new_tokens=8"], "eval_prompts": 2, "eval_new_tokens": 8}
 # what is measured: (its name in the table and in out/eval/NAME.json; what specdistill-eval's --draft is given, a folder
 # under --out or a built-in; what it is; its gammas: each one costs a plain and a speculative pass over the prompts,
 # so each gets only its best gamma on this model. The trained drafters accept ~0.1-0.3 of their first tokens at this
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = Sizes.smoke() if args.smoke else Sizes()
     target = real_target()
     prompts = synthesize_prompts(out, target, engine, sizes.prompts)
-    chat = answer_prompts(out, target, prompts, engine)
+    chat = answer_prompts(out, target, prompts, engine, sizes.answer_tokens)
     train(out / "head", "eagle3.yaml", target, chat,
           [f"distill.hidden_state_cache={out / 'data' / 'hidden_cache'}", *sizes.train])
     train(out / "draft", "draft.yaml", target, chat, sizes.train)
@@ -96,7 +98,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-vllm", dest="vllm", action="store_false",
                    help="measure in our decoder only, even where vLLM is installed")
     p.add_argument("--smoke", action="store_true",
-                   help="every step on the real model, sized down to minutes (16 prompts, 4 steps, 2 eval prompts)")
+                   help="every step on the real model, sized down to minutes (8 prompts, 4 steps, 2 eval prompts)")
     p.add_argument("--tiny", action="store_true",
                    help="the tiny self-trained pair instead of the real model: scripts/quickstart_tiny.py --fast")
     args = p.parse_args(argv)
@@ -109,13 +111,15 @@ class Sizes:
     """How much of each step: the quickstart's, or --smoke's."""
 
     prompts: int = NUM_PROMPTS
+    answer_tokens: int = MAX_NEW_TOKENS
     train: tuple[str, ...] = ()          # recipe overrides for both trainings
     eval_prompts: int = NUM_EVAL
     eval_new_tokens: int = EVAL_NEW_TOKENS
 
     @classmethod
     def smoke(cls) -> Sizes:
-        return cls(SMOKE["prompts"], tuple(SMOKE["train"]), SMOKE["eval_prompts"], SMOKE["eval_new_tokens"])
+        return cls(SMOKE["prompts"], SMOKE["answer_tokens"], tuple(SMOKE["train"]), SMOKE["eval_prompts"],
+                   SMOKE["eval_new_tokens"])
 
 
 def vllm_installed() -> bool:
@@ -168,12 +172,12 @@ def synthesize_prompts(out: Path, target: Path, engine: str, count: int = NUM_PR
     return folder
 
 
-def answer_prompts(out: Path, target: Path, prompts: Path, engine: str) -> Path:
+def answer_prompts(out: Path, target: Path, prompts: Path, engine: str, max_new_tokens: int = MAX_NEW_TOKENS) -> Path:
     """out/data/chat/train.jsonl: the target's own answers to the prompts, as chat rows."""
-    banner(f"3/7 the target's answers ({engine}, at most {MAX_NEW_TOKENS} tokens each)")
+    banner(f"3/7 the target's answers ({engine}, at most {max_new_tokens} tokens each)")
     folder = out / "data" / "chat"
     data_command(["responses", "--target", str(target), "--prompts", str(prompts), "--out", str(folder),
-                  "--engine", engine, "--batch-size", "128", "--max-new-tokens", str(MAX_NEW_TOKENS)],
+                  "--engine", engine, "--batch-size", "128", "--max-new-tokens", str(max_new_tokens)],
                  folder / "train.jsonl")
     return folder
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNABLE = {"bash", "python"}
 MARKER = re.compile(r"<!--\s*(not run|exit):\s*(.*?)\s*-->")
 FENCE = re.compile(r"^(\s*)```(\S*)")
-TIMEOUT = 300  # seconds per example
+TIMEOUT = 600  # seconds per example (a real-model page's on a slow 2-core machine: ~3x its time on a quick one)
 
 
 @dataclass
@@ -107,11 +108,22 @@ def tiny_world(tmp_path_factory) -> dict[str, str]:
 
 
 def run_example(example: Example, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run one example in a process group of its own: on a timeout the whole group is killed, the scripts and
+    trainers the example started included (left running, they would slow every page after it into a timeout too)."""
     if example.language == "bash":
         command = ["bash", "-euo", "pipefail", "-c", example.code]
     else:
         command = [sys.executable, "-c", example.code]
-    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    with subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            pytest.fail(f"{example.page}:{example.line} ran past {TIMEOUT} s (its process group killed)\n"
+                        f"--- code\n{example.code}--- stdout (end)\n{stdout[-3000:]}--- stderr (end)\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def test_every_fence_is_closed_and_every_marker_names_a_reason():
