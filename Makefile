@@ -67,8 +67,9 @@ test: install
 test-fast: install
 	$(PYTEST) tests --ignore=$(HEAVY_DOCS) -m "not integration"
 
-# The docs' examples on the real model and in vLLM (minutes each, ~19 min of one core, ~10 on 2): CI runs them after the
-# suite; `make test` leaves them out so that it stays ~20 min.
+# The docs' examples on the real model and in vLLM (minutes each; 23 min on 2 workers on the slow 2-core VM, each example
+# in a process group of its own, killed whole past 600 s): CI runs them after the suite; `make test` leaves them out so
+# that it stays ~20 min.
 test-docs: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist load $(HEAVY_DOCS)   # page by page over the workers
 

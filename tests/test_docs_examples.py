@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,3 +182,18 @@ def run_page(page: Path, world: dict[str, str], tmp_path: Path) -> None:
 @pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_examples_of_a_page_run(page, tiny_world, tmp_path):
     run_page(page, tiny_world, tmp_path)
+
+
+def test_an_example_past_its_timeout_fails_and_leaves_nothing_running(tmp_path, monkeypatch):
+    """A timed-out example's whole process group is killed: what it started in the background too."""
+    monkeypatch.setitem(run_example.__globals__, "TIMEOUT", 2)
+    example = Example("page.md", 1, "bash", "sleep 60 &\necho $! > child.pid\nwait\n")
+    with pytest.raises(pytest.fail.Exception, match="page.md:1 ran past 2 s"):
+        run_example(example, tmp_path, dict(os.environ))
+    child = int((tmp_path / "child.pid").read_text())
+    for _ in range(50):  # the kill is sent; the child is gone once the kernel has reaped it
+        if not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the example's background child {child} still runs")
