@@ -121,7 +121,10 @@ def run_example(example: Example, workdir: Path, env: dict[str, str]) -> subproc
             stdout, stderr = process.communicate(timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
+            try:  # a process that left the group (a server on a session of its own) may still hold the pipes
+                stdout, stderr = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                stdout, stderr = "", "(its output unread: a process outside its group held the pipes)"
             pytest.fail(f"{example.page}:{example.line} ran past {TIMEOUT} s (its process group killed)\n"
                         f"--- code\n{example.code}--- stdout (end)\n{stdout[-3000:]}--- stderr (end)\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
