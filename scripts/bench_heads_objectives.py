@@ -7,17 +7,19 @@ specdistill-eval on the held-out chat prompts (recipes/prompts/chat_eval.jsonl).
         --doc docs/benchmarks/head_objectives.md
 
 --data is a folder of `make quickstart` (its chat/ rows and hidden_cache/; `specdistill-data` builds the same):
-every arm trains on those rows from that cache. --budget quickstart trains as recipes/smollm2/eagle3.yaml does
-(256 rows, 8 epochs, no training-time test); --budget 90min as recipes/smollm2/eagle3_90min.yaml (its rows must be
-in --data). An arm is the budget's recipe with the overrides of ARMS; the first arm, `recipe`, is the recipe as it
-is. Each (arm, seed) is trained by scripts/train.py and measured by scripts/eval_acceptance.py at every
---temperatures: tau, acceptance per position and the wall-clock speedup over plain decoding measured in the same run,
-beside the training's wall time. A trained arm and its evals are reused from --out (a folder trained with other
-settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN bench_heads_objectives
-(scripts/bench_heads_objectives.py --doc) -->` and `<!-- END bench_heads_objectives -->`, and --plot a PNG of tau per
-arm. Both are drawn from a record of what they show (the machine, the budget, each run's results), kept as --json;
-`--from-json docs/benchmarks/head_objectives/bench_heads_objectives.json --doc docs/benchmarks/head_objectives.md`
-draws them again from the committed record without training or measuring anything.
+every arm trains on those rows from that cache. --budget quickstart trains as recipes/smollm2/eagle3.yaml does (256
+rows, 8 epochs, no training-time test); --budget 90min as recipes/smollm2/eagle3_90min.yaml (its rows must be in
+--data). An arm is the budget's recipe with the overrides of ARMS; the first arm, `recipe`, is the recipe as it is;
+an arm of ROWS trains on rows of its own, the target's answers to --data's prompts written another way (longer,
+sampled), written into --data beside chat/ on first use. Each (arm, seed) is trained by scripts/train.py and
+measured by scripts/eval_acceptance.py at every --temperatures: tau, acceptance per position and the wall-clock
+speedup over plain decoding measured in the same run, beside the training's wall time. A trained arm and its evals
+are reused from --out (a folder trained with other settings stops the script). --doc writes the table between the
+page's lines `<!-- BEGIN bench_heads_objectives (scripts/bench_heads_objectives.py --doc) -->` and `<!-- END
+bench_heads_objectives -->`, and --plot a PNG of tau per arm. Both are drawn from a record of what they show (the
+machine, the budget, each run's results), kept as --json; `--from-json
+docs/benchmarks/head_objectives/bench_heads_objectives.json --doc docs/benchmarks/head_objectives.md` draws them
+again from the committed record without training or measuring anything.
 """
 from __future__ import annotations
 
@@ -54,6 +56,15 @@ ARMS = {
     "ttt4_flat": ["distill.ttt_steps=4", "distill.ttt_decay=1.0"],  # every step of the test weighted alike
     "ttt4_vocab16k": [*TTT4, "model.draft_vocab_size=16384"],   # twice the draft vocabulary
     "ttt4_vocab4k": [*TTT4, "model.draft_vocab_size=4096"],     # half of it
+    "ttt4_answers256": TTT4,                                    # ROWS: the same prompts, answers twice as long
+    "ttt4_answers_t1": TTT4,                                    # ROWS: the same prompts, answers sampled at T=1
+}
+# arm -> its own rows, when not --data's chat/: a folder beside chat/ and the `specdistill data responses` options
+# (beside the quickstart's) that write it from --data's prompts/, the same prompts; the arm's hidden-state cache is
+# built beside them by its first training
+ROWS = {
+    "ttt4_answers256": ("chat_answers256", ["--max-new-tokens", "256"]),
+    "ttt4_answers_t1": ("chat_answers_t1", ["--max-new-tokens", "128", "--temperature", "1.0"]),
 }
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -99,15 +110,34 @@ def run(cmd: list[str]) -> None:
 
 
 def train(args: argparse.Namespace, arm: str, seed: int) -> Path:
-    """scripts/train.py for one (arm, seed): the budget's recipe on --data's rows and cache, the arm's overrides."""
+    """scripts/train.py for one (arm, seed): the budget's recipe on the arm's rows and cache, its overrides."""
     out = args.out / f"{arm}_seed{seed}"
     if not (out / "train_results.json").is_file():
         recipe = ROOT / "recipes" / "smollm2" / BUDGETS[args.budget]
+        rows, cache = rows_of(args, arm)
         run([sys.executable, str(ROOT / "scripts" / "train.py"), str(recipe),
-             f"model.target={args.target}", f"data.dataset={args.data / 'chat'}",
-             f"distill.hidden_state_cache={args.data / 'hidden_cache'}", f"train.output_dir={out}",
-             f"train.seed={seed}", "eval.held_in_prompts=0", *ARMS[arm], *args.overrides])
+             f"model.target={args.target}", f"data.dataset={rows}", f"distill.hidden_state_cache={cache}",
+             f"train.output_dir={out}", f"train.seed={seed}", "eval.held_in_prompts=0", *ARMS[arm], *args.overrides])
     return out
+
+
+def rows_of(args: argparse.Namespace, arm: str) -> tuple[Path, Path]:
+    """The arm's training rows and hidden-state cache: --data's chat/ and hidden_cache/, or for an arm of ROWS its
+    own folder beside chat/, written first from --data's prompts/ by `specdistill data responses` (which resumes),
+    and a cache of its own (built by the training on first use)."""
+    if arm not in ROWS:
+        return args.data / "chat", args.data / "hidden_cache"
+    name, options = ROWS[arm]
+    rows = args.data / name
+    if not (rows / "train.jsonl").is_file():
+        run([sys.executable, str(ROOT / "scripts" / "build_data.py"), "responses", "--target", str(args.target),
+             "--prompts", str(args.data / "prompts"), "--out", str(rows), "--batch-size", "128", *options])
+    return rows, args.data / f"hidden_cache_{name.removeprefix('chat_')}"
+
+
+def arm_changes(arm: str) -> list[str]:
+    """What makes the arm, in the record: its overrides, and for an arm of ROWS the command its rows came from."""
+    return [*ARMS[arm], *([f"rows: responses {' '.join(ROWS[arm][1])}"] if arm in ROWS else [])]
 
 
 def evaluate(args: argparse.Namespace, arm: str, seed: int, head: Path, temperature: float) -> dict:
@@ -148,7 +178,8 @@ def measure(args: argparse.Namespace) -> dict:
     return {"machine": machine("cpu"), "load_average": load_average(), "budget": BUDGETS[args.budget],
             "data": args.data.name, "seeds": args.seeds, "more_seeds": args.more_seeds,
             "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
-            "arms": {arm: ARMS[arm] for arm in args.arms}, **({"overrides": args.overrides} if args.overrides else {}),
+            "arms": {arm: arm_changes(arm) for arm in args.arms},
+            **({"overrides": args.overrides} if args.overrides else {}),
             "runs": runs}
 
 

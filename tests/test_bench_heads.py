@@ -259,3 +259,36 @@ def test_objective_overrides_reach_every_arm_and_keep_a_smoke_run_out_of_the_com
         bho.merged(record([]), record(["train.max_steps=2"]))
     assert "every arm also `train.max_steps=2`" in bho.doc_text(record(["train.max_steps=2"]))
     assert "every arm also" not in bho.doc_text(record([]))
+
+
+def test_an_arm_of_its_own_rows_writes_them_from_the_same_prompts_once_and_trains_on_them(tmp_path, monkeypatch):
+    """bench_heads_objectives ROWS: an arm with rows of its own (longer answers) first has the target answer --data's
+    prompts into a folder beside chat/, then trains on those rows with a hidden-state cache of its own; rows already
+    written are not written again, other arms keep --data's chat/ and cache, and the record names the rows' options."""
+    from scripts import bench_heads_objectives as bho
+
+    commands = []
+    monkeypatch.setattr(bho, "run", lambda cmd: commands.append(cmd))
+    data = tmp_path / "data"
+    args = bho.parse_args(["--target", "t.gguf", "--data", str(data), "--out", str(tmp_path / "out")])
+    bho.train(args, "ttt4_answers256", 0)
+    respond, training = commands
+    assert respond[1].endswith("build_data.py") and respond[2] == "responses"
+    assert respond[respond.index("--prompts") + 1] == str(data / "prompts")
+    assert respond[respond.index("--out") + 1] == str(data / "chat_answers256")
+    assert respond[respond.index("--max-new-tokens") + 1] == "256"
+    assert f"data.dataset={data / 'chat_answers256'}" in training
+    assert f"distill.hidden_state_cache={data / 'hidden_cache_answers256'}" in training
+    assert training[-2:] == bho.TTT4
+
+    (data / "chat_answers256").mkdir(parents=True)
+    (data / "chat_answers256" / "train.jsonl").write_text("{}\n")
+    commands.clear()
+    bho.train(args, "ttt4_answers256", 1)
+    assert len(commands) == 1 and commands[0][2].endswith("eagle3.yaml")  # the rows are there: training alone
+    commands.clear()
+    bho.train(args, "ttt4", 0)
+    assert f"data.dataset={data / 'chat'}" in commands[0]
+    assert f"distill.hidden_state_cache={data / 'hidden_cache'}" in commands[0]
+    assert bho.arm_changes("ttt4_answers_t1") == [*bho.TTT4, "rows: responses --max-new-tokens 128 --temperature 1.0"]
+    assert bho.arm_changes("ttt4") == bho.TTT4
