@@ -68,10 +68,10 @@ test-fast: install
 	$(PYTEST) tests --ignore=$(HEAVY_DOCS) -m "not integration"
 
 # The docs' examples on the real model and in vLLM (minutes each; 23 min on 2 workers on the slow 2-core VM, each example
-# in a process group of its own, killed whole past 600 s): CI runs them after the suite; `make test` leaves them out so
-# that it stays ~20 min.
+# in a process group of its own, killed whole past 600 s), the guides' pages first: CI runs them after the suite under
+# a time budget (SPECDISTILL_DOCS_DEADLINE, .ci/run; -rs names the pages it left out); `make test` leaves them out.
 test-docs: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist load $(HEAVY_DOCS)   # page by page over the workers
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist load $(HEAVY_DOCS)   # page by page over the workers
 
 # ruff (pyproject.toml [tool.ruff]): pycodestyle, pyflakes, import order, pyupgrade, bugbear
 lint: install

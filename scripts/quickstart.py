@@ -1,6 +1,7 @@
 """The offline quickstart on a real model: SmolLM2-135M-Instruct distilled, measured and served, no network.
 
-    make quickstart                                   # = .venv/bin/python scripts/quickstart.py (~30 min, 2 cores)
+    make quickstart                                   # = .venv/bin/python scripts/quickstart.py (~16 min, 2 cores)
+    python scripts/quickstart.py --with-draft         # a standalone draft trained and measured too (~8 min more)
     python scripts/quickstart.py --engine specdistill # data from our engine even where vLLM is installed
     python scripts/quickstart.py --smoke              # every step on the real model, sized down (~5 min)
     python scripts/quickstart.py --tiny               # the tiny pair pre-trained here instead: a ~4 min smoke run
@@ -12,13 +13,14 @@
 3. responses: the target's answers to them (`specdistill-data responses`), in vLLM where `make serving` has run,
    else in our batched engine;
 4. head: an EAGLE-3 head on the target's hidden states, cached once (recipes/smollm2/eagle3.yaml);
-5. draft: a standalone draft of two target layers, trained on the target's answers (sequence-level KD) with a
-   4096-token draft vocabulary (recipes/smollm2/draft.yaml);
-6. eval: the head, the draft and prompt lookup against plain decoding on NUM_EVAL held-out chat prompts
-   (recipes/prompts/chat_eval.jsonl, two of each category, none a training prompt), greedy, the head and the draft
+   with --with-draft, a standalone draft of two target layers too, trained on the target's answers (sequence-level
+   KD) with a 4096-token draft vocabulary (recipes/smollm2/draft.yaml): at this budget it loses to plain decoding
+   (docs/benchmarks/real_target.md), so the default run leaves it out;
+5. eval: the head (and the draft) and prompt lookup against plain decoding on NUM_EVAL held-out chat prompts
+   (recipes/prompts/chat_eval.jsonl, two of each category, none a training prompt), greedy, the trained drafters
    at gamma 1, prompt lookup at 4 (their best at this training budget); with
    vLLM, the same drafters inside vLLM too (`--engine both`: vLLM's tau beside ours);
-7. the comparison table and one line: the head's tau, its measured speedup on this machine, vLLM's agreement.
+6. the comparison table and one line: the head's tau, its measured speedup on this machine, vLLM's agreement.
 Every step reuses what an earlier run left in --out (`--out` kept, a re-run redoes only what is missing).
 """
 from __future__ import annotations
@@ -63,10 +65,14 @@ MEASURED = (("head", "head", "EAGLE-3 head", ("1",)),
             ("draft", "draft", "standalone draft (2 target layers, 4096-token vocabulary)", ("1",)),
             ("prompt_lookup", "prompt-lookup", "prompt lookup (no training)", ("4",)))
 DRAFTERS = {name: (source, what, gammas) for name, source, what, gammas in MEASURED}
+OPTIONAL = {"draft"}  # measured only with --with-draft
+
+
+STEPS = 6  # the target, prompts, answers, training, eval, comparison
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The seven steps in order; each reuses what a previous run left in --out."""
+    """The six steps in order; each reuses what a previous run left in --out."""
     args = parse_args(argv)
     if args.tiny:
         from scripts import quickstart_tiny
@@ -81,11 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     chat = answer_prompts(out, target, prompts, engine, sizes.answer_tokens)
     train(out / "head", "eagle3.yaml", target, chat,
           [f"distill.hidden_state_cache={out / 'data' / 'hidden_cache'}", *sizes.train])
-    train(out / "draft", "draft.yaml", target, chat, sizes.train)
-    evals = {name: evaluate(out, target, name, args.vllm, sizes) for name in DRAFTERS}
+    if args.with_draft:
+        train(out / "draft", "draft.yaml", target, chat, sizes.train)
+    evals = {name: evaluate(out, target, name, args.vllm, sizes) for name in drafters(args.with_draft)}
     head = summarize(evals, args.vllm)
     minutes = (time.time() - start) / 60
-    record = write_run_record(out, minutes, head, engine=engine, vllm=args.vllm, smoke=args.smoke)
+    record = write_run_record(out, minutes, head, engine=engine, vllm=args.vllm, smoke=args.smoke,
+                              drafters=list(evals))
     print(f"TensorBoard: .venv/bin/tensorboard --logdir {out}\ndone in {minutes:.1f} min (recorded in {record})")
 
 
@@ -95,6 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="output folder (default quickstart_out, quickstart_tiny_out with --tiny)")
     p.add_argument("--engine", choices=["auto", "specdistill", "vllm"], default="auto",
                    help="where the training data is generated: auto = vLLM when `make serving` has run, else ours")
+    p.add_argument("--with-draft", action="store_true",
+                   help="train and measure a standalone draft too (recipes/smollm2/draft.yaml, ~8 min more)")
     p.add_argument("--no-vllm", dest="vllm", action="store_false",
                    help="measure in our decoder only, even where vLLM is installed")
     p.add_argument("--smoke", action="store_true",
@@ -122,6 +132,11 @@ class Sizes:
                    SMOKE["eval_new_tokens"])
 
 
+def drafters(with_draft: bool) -> list[str]:
+    """What step 5 measures, in the table's order: the head first (the headline), the draft only when trained."""
+    return [name for name in DRAFTERS if with_draft or name not in OPTIONAL]
+
+
 def vllm_installed() -> bool:
     from decode.serving.vllm_engine import ServingError, find_vllm_python
 
@@ -143,7 +158,7 @@ def banner(title: str) -> None:
     print(f"\n{'=' * 100}\n== {title}\n{'=' * 100}", flush=True)
 
 
-# ---- 1. the target ----------------------------------------------------------------------------------------------
+# ---- 1. the target ---------------------------------------------------------------------------------------------------
 
 
 def real_target() -> Path:
@@ -152,19 +167,19 @@ def real_target() -> Path:
     from decode.inputs.gguf import smollm2_gguf
     from decode.inputs.loading import resolve_model_path
 
-    banner("1/7 the target: SmolLM2-135M-Instruct (GGUF, converted once)")
+    banner(f"1/{STEPS} the target: SmolLM2-135M-Instruct (GGUF, converted once)")
     gguf = smollm2_gguf()
     print(f"{gguf} -> {resolve_model_path(gguf)}")
     return gguf
 
 
-# ---- 2-3. data ----------------------------------------------------------------------------------------------------
+# ---- 2-3. data -------------------------------------------------------------------------------------------------------
 
 
 def synthesize_prompts(out: Path, target: Path, engine: str, count: int = NUM_PROMPTS) -> Path:
     """out/data/prompts: ``count`` distinct prompts the target writes from its own chat template (Magpie), toward
     PROMPT_CATEGORIES, none of them a held-out prompt."""
-    banner(f"2/7 {count} training prompts written by the target ({engine})")
+    banner(f"2/{STEPS} {count} training prompts written by the target ({engine})")
     folder = out / "data" / "prompts"
     data_command(["prompts", "--target", str(target), "--num", str(count), "--out", str(folder),
                   "--engine", engine, "--batch-size", "128", "--categories", *PROMPT_CATEGORIES,
@@ -174,7 +189,7 @@ def synthesize_prompts(out: Path, target: Path, engine: str, count: int = NUM_PR
 
 def answer_prompts(out: Path, target: Path, prompts: Path, engine: str, max_new_tokens: int = MAX_NEW_TOKENS) -> Path:
     """out/data/chat/train.jsonl: the target's own answers to the prompts, as chat rows."""
-    banner(f"3/7 the target's answers ({engine}, at most {max_new_tokens} tokens each)")
+    banner(f"3/{STEPS} the target's answers ({engine}, at most {max_new_tokens} tokens each)")
     folder = out / "data" / "chat"
     data_command(["responses", "--target", str(target), "--prompts", str(prompts), "--out", str(folder),
                   "--engine", engine, "--batch-size", "128", "--max-new-tokens", str(max_new_tokens)],
@@ -190,12 +205,12 @@ def data_command(args: list[str], result: Path) -> None:
     run([sys.executable, str(ROOT / "scripts" / "build_data.py"), *args])
 
 
-# ---- 4-5. training -------------------------------------------------------------------------------------------------
+# ---- 4. training -----------------------------------------------------------------------------------------------------
 
 
 def train(output_dir: Path, recipe: str, target: Path, chat: Path, overrides: Sequence[str] = ()) -> None:
     """scripts/train.py RECIPE in its own process (skipped when output_dir already holds an exported model)."""
-    banner(f"{'4/7 the EAGLE-3 head' if recipe == 'eagle3.yaml' else '5/7 the standalone draft'} "
+    banner(f"4/{STEPS} {'the EAGLE-3 head' if recipe == 'eagle3.yaml' else 'the standalone draft'} "
            f"(recipes/smollm2/{recipe})")
     if (output_dir / "train_results.json").is_file():
         print(f"reusing {output_dir}")
@@ -209,7 +224,7 @@ def run(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-# ---- 6. eval ---------------------------------------------------------------------------------------------------------
+# ---- 5. eval ---------------------------------------------------------------------------------------------------------
 
 
 def evaluate(out: Path, target: Path, name: str, vllm: bool, sizes: Sizes = Sizes()) -> dict:
@@ -218,7 +233,7 @@ def evaluate(out: Path, target: Path, name: str, vllm: bool, sizes: Sizes = Size
     from specdistill.cli.eval import main as eval_main
 
     source, what, gammas = DRAFTERS[name]
-    banner(f"6/7 {what} against plain decoding" + (" (ours and vLLM)" if vllm else ""))
+    banner(f"5/{STEPS} {what} against plain decoding" + (" (ours and vLLM)" if vllm else ""))
     result = out / "eval" / f"{name}.json"
     if result.is_file() and ("vllm_results" in json.loads(result.read_text())) >= vllm:
         print(f"reusing {result}")
@@ -231,14 +246,14 @@ def evaluate(out: Path, target: Path, name: str, vllm: bool, sizes: Sizes = Size
     return json.loads(result.read_text())
 
 
-# ---- 7. summary ------------------------------------------------------------------------------------------------------
+# ---- 6. summary ------------------------------------------------------------------------------------------------------
 
 
 def summarize(evals: dict[str, dict], vllm: bool) -> dict:
     """Every drafter's fastest gamma side by side, then the headline line; returns the head's row."""
     from decode.measure.table import DECODE_COLUMNS, Column, format_table
 
-    banner("7/7 comparison (greedy, held-out chat prompts, this machine)")
+    banner(f"{STEPS}/{STEPS} comparison (greedy, held-out chat prompts, this machine)")
     rows = [summary_row(name, report) for name, report in evals.items()]
     print(format_table(rows, (*DECODE_COLUMNS, Column("parity_tau", "tau (parity)", ".2f"),
                               Column("vllm_tau", "tau (vLLM)", ".2f")), drop_empty=True))
@@ -261,12 +276,13 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
-def write_run_record(out: Path, minutes: float, head: dict, *, engine: str, vllm: bool, smoke: bool) -> Path:
-    """OUT/quickstart_run.json: how long the whole job took on which machine, and what it ended with (the head's
-    gamma, tau and speedup): the record the README's duration is quoted from."""
+def write_run_record(out: Path, minutes: float, head: dict, *, engine: str, vllm: bool, smoke: bool,
+                     drafters: Sequence[str] = ("head", "prompt_lookup")) -> Path:
+    """OUT/quickstart_run.json: how long the whole job took on which machine, what it trained and measured, and
+    what it ended with (the head's gamma, tau and speedup): the record the README's duration is quoted from."""
     record = {"minutes": round(minutes, 1), "cpu": cpu_model(), "cores": os.cpu_count(), "data_engine": engine,
-              "vllm": vllm, "smoke": smoke, "head": {key: head[key] for key in ("gamma", "mean_accepted_tokens",
-                                                                                "speedup")}}
+              "vllm": vllm, "smoke": smoke, "drafters": list(drafters),
+              "head": {key: head[key] for key in ("gamma", "mean_accepted_tokens", "speedup")}}
     path = out / RUN_RECORD
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path

@@ -40,8 +40,8 @@ ROWS = [
     ("prompt lookup (no training)", "lookup_heldout_g2_zen5.json", 2),
     ("prompt lookup", "lookup_heldout_g4_zen5.json", 4),
 ]
-QUICKSTART = ("quickstart_head_xeon_amx.json", 1)  # what `make quickstart` ended with on the Xeon VM: the head, gamma 1
-QUICKSTART_RUN = "quickstart_run_xeon_amx.json"     # the same run's quickstart_run.json: its minutes
+QUICKSTART = ("quickstart_head_epyc.json", 1)  # what `make quickstart` ended with on the AMD EPYC VM: the head, gamma 1
+QUICKSTART_RUN = "quickstart_run_epyc.json"     # the same run's quickstart_run.json: its minutes
 HEADERS = ["drafter", "gamma", "acceptance", "tau", "speedup over plain (same run)", "greedy output = plain"]
 
 
@@ -68,13 +68,13 @@ def plain_tokens_per_s() -> str:
 
 
 def quickstart_figures() -> str:
-    """The quickstart head's tau and speedup, as the README quotes them: "tau 1.34, 1.11x"."""
+    """The quickstart head's tau and speedup, as the README quotes them: "tau 1.36, 1.11x"."""
     r = result(*QUICKSTART)
     return f"tau {r['mean_accepted_tokens']:.2f}, {r['speedup']:.2f}x"
 
 
 def quickstart_minutes() -> str:
-    """How long that `make quickstart` took, as the README quotes it: "21.5 min"."""
+    """How long that `make quickstart` took, as the README quotes it: "16.5 min"."""
     run = json.loads(read_text(ROOT / "docs" / "benchmarks" / "real_target" / QUICKSTART_RUN))
     return f"{run['minutes']:.1f} min"
 

@@ -160,10 +160,11 @@ def test_the_readme_has_runnable_examples_and_the_collector_finds_markers():
     assert any(e.exit_code == 1 for e in reliability)
 
 
-def run_page(page: Path, world: dict[str, str], tmp_path: Path) -> None:
+def run_page(page: Path, world: dict[str, str], tmp_path: Path, deadline: float | None = None) -> None:
     """Every runnable example of ``page``, in order, in one scratch folder that holds recipes/ and scripts/ (and
     .venv-vllm when there is one), as a checkout does, the interpreter's venv as `.venv` and a copy of docs/ (a
-    benchmark's `--json` / `--doc` / `--plot` write there, not into the checkout's pages)."""
+    benchmark's `--json` / `--doc` / `--plot` write there, not into the checkout's pages). Past ``deadline`` (a Unix
+    time) no further example starts: the page is reported skipped, naming the first example left out."""
     workdir = tmp_path / "work"
     workdir.mkdir()
     for name in ("recipes", "scripts", ".venv-vllm"):
@@ -176,6 +177,8 @@ def run_page(page: Path, world: dict[str, str], tmp_path: Path) -> None:
     env = {**os.environ, **CHILD_ENV, **world,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
     for example in runnable(page):
+        if deadline is not None and time.time() > deadline:
+            pytest.skip(f"time budget spent: {example.page}:{example.line} and the examples after it not run")
         done = run_example(example, workdir, env)
         assert done.returncode == example.exit_code, (
             f"{example.page}:{example.line} exited {done.returncode}, expected {example.exit_code}\n"
@@ -185,6 +188,22 @@ def run_page(page: Path, world: dict[str, str], tmp_path: Path) -> None:
 @pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_examples_of_a_page_run(page, tiny_world, tmp_path):
     run_page(page, tiny_world, tmp_path)
+
+
+def test_past_the_deadline_a_page_starts_no_further_example(tmp_path, monkeypatch):
+    """CI's time budget for the heavy pages: an example that starts before the deadline runs whole; after it, the page
+    is skipped with the first example left out named, and that example never runs."""
+    examples = [Example("docs/budget.md", 3, "bash", "touch first\n"),
+                Example("docs/budget.md", 7, "bash", "sleep 1.2; touch second\n"),
+                Example("docs/budget.md", 11, "bash", "touch third\n")]
+    monkeypatch.setattr(sys.modules[__name__], "runnable", lambda page: examples)
+    with pytest.raises(pytest.skip.Exception, match=r"docs/budget.md:11 and the examples after it not run"):
+        run_page(ROOT / "docs" / "budget.md", {}, tmp_path, deadline=time.time() + 1)
+    work = tmp_path / "work"
+    assert (work / "first").exists() and (work / "second").exists() and not (work / "third").exists()
+    (tmp_path / "again").mkdir()
+    run_page(ROOT / "docs" / "budget.md", {}, tmp_path / "again", deadline=time.time() + 600)
+    assert (tmp_path / "again" / "work" / "third").exists()
 
 
 def test_an_example_past_its_timeout_fails_and_leaves_nothing_running(tmp_path, monkeypatch):

@@ -143,3 +143,27 @@ def test_engine_auto_follows_the_serving_venv(monkeypatch):
     monkeypatch.setattr(quickstart, "vllm_installed", lambda: False)
     assert quickstart.data_engine("auto") == "specdistill"
     assert quickstart.parse_args(["--no-vllm"]).vllm is False and quickstart.parse_args([]).vllm is False
+
+
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_the_standalone_draft_is_trained_and_measured_only_with_with_draft(with_draft, monkeypatch, tmp_path, capsys):
+    """The default run trains the head and measures it and prompt lookup; --with-draft adds the standalone draft's
+    training and its row, in the table's order (the head first: the headline), and the run record names them."""
+    trained, measured = [], []
+    monkeypatch.setattr(quickstart, "vllm_installed", lambda: False)
+    monkeypatch.setattr(quickstart, "real_target", lambda: Path("m.gguf"))
+    monkeypatch.setattr(quickstart, "synthesize_prompts", lambda out, target, engine, count: out / "prompts")
+    monkeypatch.setattr(quickstart, "answer_prompts", lambda out, target, prompts, engine, tokens: out / "chat")
+    monkeypatch.setattr(quickstart, "train", lambda output_dir, recipe, *args: trained.append(recipe))
+
+    def measure(out, target, name, vllm, sizes):
+        measured.append(name)
+        return eval_report(1.4, 1.1)
+
+    monkeypatch.setattr(quickstart, "evaluate", measure)
+    quickstart.main(["--out", str(tmp_path), *(["--with-draft"] if with_draft else [])])
+    names = ["head", "draft", "prompt_lookup"] if with_draft else ["head", "prompt_lookup"]
+    assert trained == (["eagle3.yaml", "draft.yaml"] if with_draft else ["eagle3.yaml"]) and measured == names
+    record = json.loads((tmp_path / quickstart.RUN_RECORD).read_text())
+    assert record["drafters"] == names and record["head"]["mean_accepted_tokens"] == pytest.approx(1.4)
+    assert f"{quickstart.STEPS}/{quickstart.STEPS} comparison" in capsys.readouterr().out
