@@ -56,9 +56,9 @@ $(SERVING_STAMP): scripts/vllm_cpu.py decode/serving/vllm_cpu_fixes.py
 
 # The suite in TEST_WORKERS pytest-xdist processes (one per core by default), a test file per worker at a time
 # (--dist loadfile: a file's module fixtures are built once and its tests never run beside each other);
-# TEST_WORKERS=0 runs it in this one process.
+# TEST_WORKERS=0 runs it in this one process. The 15 slowest tests are listed at the end (where the suite's time goes).
 TEST_WORKERS ?= auto
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 HEAVY_DOCS := tests/test_docs_examples_heavy.py
 
 test: install

@@ -18,10 +18,11 @@ torch.set_num_threads(1)  # tiny models: one thread is faster and leaves the oth
 # longest first. `make test` hands whole files to its workers in collection order (pytest-xdist --dist loadfile), so
 # these go first and the many short files fill in behind them, instead of one worker running the vLLM file alone at
 # the end.
-LONGEST_FIRST = ("test_docs_examples_heavy.py", "test_serving_vllm.py", "test_docs_examples.py",
-                 "test_launch_lines.py", "test_fsdp.py", "test_preemption.py", "test_head_decode.py",
+LONGEST_FIRST = ("test_docs_examples_heavy.py", "test_speculators_format.py", "test_serving_vllm.py",
+                 "test_bench_serve.py", "test_launch_lines.py", "test_docs_examples.py", "test_decode_compile.py",
+                 "test_fsdp.py", "test_preemption.py", "test_head_decode.py",
                  "test_bench_distill.py", "test_pard.py", "test_hidden_cache.py", "test_dead_rank.py",
-                 "test_gguf.py", "test_decode_compile.py", "test_p_eagle.py")
+                 "test_gguf.py", "test_p_eagle.py")
 
 
 def pytest_collection_modifyitems(config, items):
