@@ -30,6 +30,10 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # matplotlib is imported by plot() alone
+    from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -58,7 +62,22 @@ ARMS = {
     "ttt4_vocab4k": [*TTT4, "model.draft_vocab_size=4096"],     # half of it
     "ttt4_answers256": TTT4,                                    # ROWS: the same prompts, answers twice as long
     "ttt4_answers_t1": TTT4,                                    # ROWS: the same prompts, answers sampled at T=1
+    # fewer weights to fit 256 rows with, or noisier features to fit them from (first on the recipe, then on ttt4)
+    "frozen_lm_head": ["model.head_frozen=[lm_head]"],          # the target's lm_head rows, kept
+    "frozen_out": ["model.head_frozen=[lm_head,norm,mlp]"],     # and its final norm and last MLP
+    "noise": ["distill.feature_noise=0.2"],                     # the features + 0.2 of their RMS, Gaussian (EAGLE)
+    "wd": ["train.weight_decay=0.1"],                           # AdamW's decoupled weight decay
+    "lr1e-3": ["train.learning_rate=1e-3"],                     # a third of the recipe's learning rate
+    "lr6e-3": ["train.learning_rate=6e-3"],                     # twice it
+    "ttt4_frozen_lm_head": [*TTT4, "model.head_frozen=[lm_head]"],
+    "ttt4_frozen_out": [*TTT4, "model.head_frozen=[lm_head,norm,mlp]"],
+    "ttt4_noise": [*TTT4, "distill.feature_noise=0.2"],
+    "ce_half": ["distill.ce_weight=0.5"],                       # half the loss cross-entropy on the target's tokens
+    "aux_top": ["model.aux_layers=[2,15,29]"],                  # the top aux layer the stream entering the last layer
+    "ttt4_aux_top": [*TTT4, "model.aux_layers=[2,15,29]"],
 }
+# arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
+CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top"}
 # arm -> its own rows, when not --data's chat/: a folder beside chat/ and the `specdistill data responses` options
 # (beside the quickstart's) that write it from --data's prompts/, the same prompts; the arm's hidden-state cache is
 # built beside them by its first training
@@ -66,6 +85,8 @@ ROWS = {
     "ttt4_answers256": ("chat_answers256", ["--max-new-tokens", "256"]),
     "ttt4_answers_t1": ("chat_answers_t1", ["--max-new-tokens", "128", "--temperature", "1.0"]),
 }
+# the arm is measured by specdistill-eval on the held-out prompts (below), not by the trainer after its last step
+NO_TRAINER_EVAL = ["eval.held_in_prompts=0", "data.num_eval_prompts=0"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -91,7 +112,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "smoke run); the record names them and --add-to joins only records with the same")
     record_options(p, "bench_heads_objectives", ROOT / "bench_head_objectives_out",
                    "docs/benchmarks/head_objectives/bench_heads_objectives.json")
-    p.add_argument("--plot", type=Path, default=None, help="a PNG of tau per arm at the largest gamma")
+    p.add_argument("--plot", type=Path, default=None, help="a PNG of tau per arm, a panel per gamma")
     p.add_argument("--add-to", type=Path, default=None,
                    help="a record of earlier arms (the committed one): this run's arms join it (a run of the same arm, "
                         "seed, temperature and held-out prompts replaces its row); the budget and new tokens must be "
@@ -117,16 +138,16 @@ def train(args: argparse.Namespace, arm: str, seed: int) -> Path:
         rows, cache = rows_of(args, arm)
         run([sys.executable, str(ROOT / "scripts" / "train.py"), str(recipe),
              f"model.target={args.target}", f"data.dataset={rows}", f"distill.hidden_state_cache={cache}",
-             f"train.output_dir={out}", f"train.seed={seed}", "eval.held_in_prompts=0", *ARMS[arm], *args.overrides])
+             f"train.output_dir={out}", f"train.seed={seed}", *NO_TRAINER_EVAL, *ARMS[arm], *args.overrides])
     return out
 
 
 def rows_of(args: argparse.Namespace, arm: str) -> tuple[Path, Path]:
-    """The arm's training rows and hidden-state cache: --data's chat/ and hidden_cache/, or for an arm of ROWS its
-    own folder beside chat/, written first from --data's prompts/ by `specdistill data responses` (which resumes),
-    and a cache of its own (built by the training on first use)."""
+    """The arm's training rows and hidden-state cache: --data's chat/ and hidden_cache/ (for an arm of CACHES its own
+    cache beside it), or for an arm of ROWS its own folder beside chat/, written first from --data's prompts/ by
+    `specdistill data responses` (which resumes), and a cache of its own (built by the training on first use)."""
     if arm not in ROWS:
-        return args.data / "chat", args.data / "hidden_cache"
+        return args.data / "chat", args.data / CACHES.get(arm, "hidden_cache")
     name, options = ROWS[arm]
     rows = args.data / name
     if not (rows / "train.jsonl").is_file():
@@ -286,8 +307,9 @@ def mean_tau(runs: list[dict], group: str, temperature: float, gamma: str) -> fl
     return statistics.mean(taus) if taus else float("nan")
 
 
-def plot(path: Path, runs: list[dict]) -> None:
-    """tau per arm at the largest gamma measured, one bar per temperature."""
+def plot(path: Path, runs: list[dict]) -> Figure:
+    """tau per arm, one panel per gamma measured (an arm measured at some gammas only has no bar in the others),
+    one bar per temperature. Returns the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -295,20 +317,24 @@ def plot(path: Path, runs: list[dict]) -> None:
 
     arms = list(dict.fromkeys(group_of(measured) for measured in runs))
     temperatures = list(dict.fromkeys(measured["temperature"] for measured in runs))
-    gamma = str(max(r["gamma"] for measured in runs for r in measured["results"]))
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.8 * len(arms)), 3.8))
+    gammas = sorted({str(r["gamma"]) for measured in runs for r in measured["results"]}, key=int)
+    fig, axes = plt.subplots(len(gammas), 1, sharex=True, squeeze=False,
+                             figsize=(max(7.0, 0.45 * len(arms)), 1.2 + 2.6 * len(gammas)))
     width = 0.8 / len(temperatures)
-    for i, temperature in enumerate(temperatures):
-        taus = [mean_tau(runs, arm, temperature, gamma) for arm in arms]
-        ax.bar([x + i * width for x in range(len(arms))], taus, width, label=f"T={temperature:g}")
-    ax.set_xticks([x + width * (len(temperatures) - 1) / 2 for x in range(len(arms))], arms, rotation=30,
-                  ha="right")
-    ax.set_ylabel(f"tau at gamma {gamma}")
-    ax.set_ylim(1.0, None)
-    ax.legend()
-    ax.set_title("EAGLE-3 heads on SmolLM2-135M-Instruct, the same rows and steps")
+    for ax, gamma in zip(axes[:, 0], gammas):
+        for i, temperature in enumerate(temperatures):
+            taus = [mean_tau(runs, arm, temperature, gamma) for arm in arms]
+            ax.bar([x + i * width for x in range(len(arms))], taus, width, label=f"T={temperature:g}")
+        ax.set_ylabel(f"tau at gamma {gamma}")
+        ax.set_ylim(1.0, None)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].legend()
+    axes[0, 0].set_title("EAGLE-3 heads on SmolLM2-135M-Instruct, the same rows and steps")
+    axes[-1, 0].set_xticks([x + width * (len(temperatures) - 1) / 2 for x in range(len(arms))], arms, rotation=45,
+                           ha="right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,6 +5,7 @@ with the settings asked for."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,42 @@ def test_an_arm_of_its_own_rows_writes_them_from_the_same_prompts_once_and_train
     assert f"distill.hidden_state_cache={data / 'hidden_cache'}" in commands[0]
     assert bho.arm_changes("ttt4_answers_t1") == [*bho.TTT4, "rows: responses --max-new-tokens 128 --temperature 1.0"]
     assert bho.arm_changes("ttt4") == bho.TTT4
+
+
+def test_an_arm_reading_other_aux_layers_trains_from_a_cache_of_its_own_and_the_trainer_measures_nothing(
+        tmp_path, monkeypatch):
+    """bench_heads_objectives CACHES: an arm that reads other aux layers (aux_top) trains on --data's rows from a
+    hidden-state cache of its own beside hidden_cache/ (a cache holds one set of aux layers); every arm's training
+    skips the trainer's own acceptance measurement (specdistill-eval measures the exported head)."""
+    from scripts import bench_heads_objectives as bho
+
+    commands = []
+    monkeypatch.setattr(bho, "run", lambda cmd: commands.append(cmd))
+    data = tmp_path / "data"
+    args = bho.parse_args(["--target", "t.gguf", "--data", str(data), "--out", str(tmp_path / "out")])
+    for arm in ("aux_top", "ttt4_aux_top", "recipe"):
+        bho.train(args, arm, 0)
+    caches = [next(c for c in cmd if c.startswith("distill.hidden_state_cache=")) for cmd in commands]
+    assert caches == [f"distill.hidden_state_cache={data / 'hidden_cache_aux_top'}"] * 2 + [
+        f"distill.hidden_state_cache={data / 'hidden_cache'}"]
+    assert all(f"data.dataset={data / 'chat'}" in cmd for cmd in commands)
+    assert all("data.num_eval_prompts=0" in cmd and "eval.held_in_prompts=0" in cmd for cmd in commands)
+    assert commands[0][-1] == "model.aux_layers=[2,15,29]"
+
+
+def test_the_plot_draws_a_panel_per_gamma(tmp_path):
+    """--plot: one panel per gamma measured; an arm measured at gamma 2 alone has a bar there only."""
+    pytest.importorskip("matplotlib")
+    from scripts import bench_heads_objectives as bho
+
+    def run(arm, gammas):
+        return {"arm": arm, "seed": 0, "temperature": 0.0, "train_seconds": 1.0,
+                "results": [{"gamma": g, "mean_accepted_tokens": 1.2 + 0.1 * g, "acceptance_rate": 0.1}
+                            for g in gammas]}
+    runs = [run("recipe", [2]), run("ttt4", [2, 4])]
+    fig = bho.plot(tmp_path / "tau.png", runs)
+    assert (tmp_path / "tau.png").stat().st_size > 0
+    panels = [[bar.get_height() for bar in ax.patches] for ax in fig.axes]
+    assert [ax.get_ylabel() for ax in fig.axes] == ["tau at gamma 2", "tau at gamma 4"]
+    assert panels[0] == pytest.approx([1.4, 1.4])
+    assert math.isnan(panels[1][0]) and panels[1][1] == pytest.approx(1.6)  # recipe: no bar at gamma 4

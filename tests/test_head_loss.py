@@ -12,7 +12,15 @@ from distill.data.hidden_cache import target_features
 from distill.losses.divergences import DIVERGENCES
 from distill.utils import IGNORE_INDEX
 from kinds.draft_vocab import label_token_counts, most_frequent
-from kinds.eagle3.loss import UnrolledHead, restricted_head, step_token_counts, ttt_mask, ttt_step_sums, weighted_loss
+from kinds.eagle3.loss import (
+    UnrolledHead,
+    noisy,
+    restricted_head,
+    step_token_counts,
+    ttt_mask,
+    ttt_step_sums,
+    weighted_loss,
+)
 from kinds.eagle3.model import Eagle3Head, head_config, target_aux_hidden
 from specdistill.recipes import DistillConfig
 
@@ -192,3 +200,20 @@ def test_a_loss_combination_is_the_weighted_sum_of_its_terms_for_heads():
     mixed = batched_loss(target, head, inputs, DistillConfig(loss={"forward_kl": 0.25, "tv": 0.75}, **steps))
     parts = [batched_loss(target, head, inputs, DistillConfig(loss=name, **steps)) for name in ("forward_kl", "tv")]
     torch.testing.assert_close(mixed, 0.25 * parts[0] + 0.75 * parts[1], rtol=1e-10, atol=1e-12)
+
+
+def test_feature_noise_is_a_fraction_of_each_positions_rms_and_only_in_training():
+    """distill.feature_noise: noise whose RMS is `scale` of each position's features (layers of any scale), drawn
+    in training only: in eval the unrolled head computes exactly what it computes without noise."""
+    features = torch.randn(2, 5, 4096, dtype=torch.float64) * torch.tensor([1.0, 10.0, 100.0, 0.1, 3.0]).view(1, 5, 1)
+    torch.manual_seed(0)
+    noise = noisy(features, 0.2) - features
+    ratio = noise.pow(2).mean(-1).sqrt() / features.pow(2).mean(-1).sqrt()  # [2, 5]
+    torch.testing.assert_close(ratio, torch.full_like(ratio, 0.2), atol=0.01, rtol=0)
+    target, head = tiny_pair()
+    inputs = batch()
+    aux = target_features(target, inputs["input_ids"], inputs["attention_mask"], head.aux_layers)[0]
+    plain = UnrolledHead(head, 2)(inputs["input_ids"], aux)
+    noised = UnrolledHead(head, 2, feature_noise=0.5)
+    assert all(torch.equal(a, b) for a, b in zip(noised.eval()(inputs["input_ids"], aux), plain))
+    assert not torch.allclose(noised.train()(inputs["input_ids"], aux)[0], plain[0])

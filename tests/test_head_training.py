@@ -24,7 +24,7 @@ from distill.outputs.acceptance_log import read_records
 from distill.outputs.checkpoints import KILL_ENV
 from distill.utils import ModelSetupError
 from kinds.draft_vocab import label_token_counts, most_frequent
-from kinds.eagle3.build import build_head, head_at_checkpoint, init_from_target, plan_head
+from kinds.eagle3.build import build_head, freeze_parts, head_at_checkpoint, init_from_target, plan_head
 from kinds.eagle3.model import Eagle3Head, is_eagle3_folder, target_aux_hidden
 from specdistill.drafts import push_to_hub
 from specdistill.recipes import ModelConfig, load_recipe
@@ -152,6 +152,26 @@ def test_head_init_target_reads_out_like_the_target(arch):
     assert init_from_target(narrow, target) == ["lm_head", "norm"]  # a narrower MLP starts fresh
 
 
+def test_frozen_parts_train_no_further_and_a_part_left_random_is_refused():
+    target = tiny_model("llama", layers=4)
+    head = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
+    freeze_parts(head, ["lm_head", "mlp"], init_from_target(head, target))
+    frozen = {name for name, p in head.named_parameters() if not p.requires_grad}
+    assert frozen == {"lm_head.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+                      "midlayer.mlp.down_proj.weight", "midlayer.post_attention_layernorm.weight"}
+    narrow = build_head(ModelConfig(target="t", draft_kind="eagle3", head_intermediate_size=16), target,
+                        torch.float32)
+    with pytest.raises(ModelSetupError, match="model.head_frozen: mlp was not copied from the target"):
+        freeze_parts(narrow, ["norm", "mlp"], init_from_target(narrow, target))
+
+
+def test_head_frozen_needs_a_head_started_from_the_target(monkeypatch, capsys, no_weights, workdir, tmp_path):
+    message = cli_error(monkeypatch, capsys, HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                        f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={tmp_path / 'out'}",
+                        "model.head_init=random", "model.head_frozen=[lm_head]")
+    assert "model.head_frozen: got ['lm_head']; allowed: [] with model.head_init random" in message, message
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Whole runs
 # ---------------------------------------------------------------------------------------------------------------
@@ -203,6 +223,22 @@ def test_a_trained_head_is_accepted_more_and_exports_the_served_folder(workdir):
     logs = [entry for entry in state["log_history"] if "loss" in entry]
     assert all({"ttt/step0_kd", "ttt/step2_tv", "kd", "tv", "tokens_per_s"} <= set(e) for e in logs)
     assert logs[-1]["ttt/step0_tv"] < logs[0]["ttt/step0_tv"] and logs[-1]["ttt/step2_tv"] < logs[0]["ttt/step2_tv"]
+
+
+@pytest.mark.integration
+def test_a_head_trained_with_frozen_parts_exports_the_targets_weights_there(workdir):
+    """model.head_frozen=[lm_head, norm] with feature noise: the exported head's readout is still the target's (its
+    lm_head rows of the draft vocabulary, its final norm) while the rest of the head has trained."""
+    out = run(workdir, "frozen", "model.draft_vocab_size=200", "model.head_frozen=[lm_head, norm]",
+              "distill.feature_noise=0.1", "train.max_steps=4", "train.save_steps=4", "data.num_eval_prompts=0")
+    target = AutoModelForCausalLM.from_pretrained(workdir / "target")
+    head = Eagle3Head.from_pretrained(out, target.get_input_embeddings())
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight[head.target_ids])
+    assert torch.equal(head.norm.weight, target.model.norm.weight)
+    fresh = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=200), target, torch.float32)
+    fresh.set_vocab(head.target_ids)
+    init_from_target(fresh, target)
+    assert not torch.equal(head.midlayer.mlp.up_proj.weight, fresh.midlayer.mlp.up_proj.weight)  # it trained
 
 
 CHAT_RUN = ("data.dataset={chat}", "data.format=chat", "data.max_length=48", "data.num_eval_prompts=0",

@@ -215,6 +215,11 @@ def test_the_training_pass_computes_what_each_block_computes_alone():
                 hidden = torch.cat([head.fuse(aux[b:b + 1, :a + 1]), head.mask_input().expand(1, 3, -1)], 1)
                 block, _ = head(tokens, hidden, torch.arange(a + 4).view(1, -1))
                 torch.testing.assert_close(head.logits(slots[b, i]), block[0, a + 1:], rtol=1e-5, atol=1e-5)
+    # distill.feature_noise: in training the row's features are noised; in eval the pass is exactly the plain one
+    noised = ParallelHead(head, 4, 3, feature_noise=0.5)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(noised.eval()(ids, aux, anchors, mask), (row, slots)))
+        assert not torch.allclose(noised.train()(ids, aux, anchors, mask)[0], row)
 
 
 # ---- sampling: lossless (chi-square), and the negative control fails -----------------------------------------------

@@ -4,8 +4,8 @@ unrolled K steps on its own outputs), from the target's logits restricted to a d
 
     model.py     Eagle3Head: the maths, the files, vLLM's semantics
     drafter.py   HeadDrafter (our decoder, eager and compiled)
-    options.py   its recipe keys: model.aux_layers, draft_vocab_size, head_intermediate_size, head_init;
-                 distill.ttt_steps, ttt_decay
+    options.py   its recipe keys: model.aux_layers, draft_vocab_size, head_intermediate_size, head_init,
+                 head_frozen; distill.ttt_steps, ttt_decay, feature_noise
     build.py     the plan from configs, the head built from the target, the draft vocabulary, checkpoints
     loss.py      training-time test: UnrolledHead, the per-step losses
     trainer.py   HeadTrainer
@@ -122,6 +122,8 @@ class Eagle3Kind(Kind):
         layers = model.aux_layers  # ids are checked against the target's config in distill.run.preflight
         require(layers is None or (len(layers) == 3 and layers == sorted(set(layers))), "model.aux_layers",
                 layers, "null or 3 distinct, ascending layer ids >= 0 (vLLM's EAGLE-3 reads exactly 3, in layer order)")
+        require(not model.head_frozen or model.head_init == "target", "model.head_frozen", model.head_frozen,
+                "[] with model.head_init random (a frozen part keeps the target's weights: head_init target)")
 
     def check_recipe(self, recipe) -> None:
         from kinds.hidden_states import check_refusals
@@ -148,12 +150,14 @@ class Eagle3Kind(Kind):
         return build_head(cfg, target, dtype)
 
     def prepare(self, recipe, draft, target, rows) -> None:
-        """The head's vocabulary: the rows' most frequent label tokens; then its start from the target."""
-        from kinds.eagle3.build import init_from_target, served_head, set_draft_vocabulary
+        """The head's vocabulary: the rows' most frequent label tokens; then its start from the target, and the parts
+        model.head_frozen names kept there."""
+        from kinds.eagle3.build import freeze_parts, init_from_target, served_head, set_draft_vocabulary
 
         set_draft_vocabulary(draft, rows.rows)
         if recipe.model.head_init == "target":  # lm_head rows, final norm, MLP: read out like the target from step 0
-            init_from_target(served_head(draft), target)
+            copied = init_from_target(served_head(draft), target)
+            freeze_parts(served_head(draft), recipe.model.head_frozen, copied)
 
     def trainer(self) -> type:
         from kinds.eagle3.trainer import HeadTrainer

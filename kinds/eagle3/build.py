@@ -141,6 +141,23 @@ def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
     return copied
 
 
+# model.head_frozen's parts -> the head's modules they name (the first: init_from_target's name for the part)
+FROZEN_PARTS = {"lm_head": ("lm_head",), "norm": ("norm",),
+                "mlp": ("midlayer.mlp", "midlayer.post_attention_layernorm")}
+
+
+def freeze_parts(head: Eagle3Head, parts: list[str], copied: list[str]) -> None:
+    """model.head_frozen: the named parts (FROZEN_PARTS) of a head started from the target train no further. Raises
+    ModelSetupError for a part init_from_target could not copy (`copied`: its answer), which would stay random."""
+    for part in parts:
+        if FROZEN_PARTS[part][0] not in copied:
+            raise ModelSetupError(f"model.head_frozen: {part} was not copied from the target (its shape differs: "
+                                  f"copied {', '.join(copied) or 'nothing'}), so it would stay at random weights; "
+                                  f"leave it out of model.head_frozen")
+        for name in FROZEN_PARTS[part]:
+            head.get_submodule(name).requires_grad_(False)
+
+
 def served_head(model: nn.Module) -> Eagle3Head | None:
     """The Eagle3Head of a trained head (UnrolledHead or Eagle3Head); None for a standalone draft."""
     if isinstance(model, UnrolledHead):

@@ -41,17 +41,26 @@ class UnrolledHead(nn.Module):
     """The module DistillTrainer trains for an EAGLE-3 head: `forward` unrolls `head` over K steps, so the whole
     unroll runs inside the (DDP-wrapped) forward. Its checkpoints name the head's weights `head.*`."""
 
-    def __init__(self, head: Eagle3Head, steps: int) -> None:
+    def __init__(self, head: Eagle3Head, steps: int, feature_noise: float = 0.0) -> None:
         super().__init__()
         if steps < 1:
             raise ValueError(f"ttt steps must be >= 1, got {steps}")
-        self.head, self.steps = head, steps
+        self.head, self.steps, self.feature_noise = head, steps, feature_noise
 
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor) -> list[torch.Tensor]:
         """input_ids [B, T], the target's aux hidden states [B, T, k * H'] -> the normed output of each step,
         K tensors [B, T, H] (index t of step j predicts x_{t+2+j})."""
         fused = self.head.fuse(aux_hidden.to(self.head.fc.weight.dtype))  # a bf16 target, a float32 head
+        if self.training and self.feature_noise > 0:
+            fused = noisy(fused, self.feature_noise)
         return unroll(self.head, input_ids, fused, self.steps)
+
+
+def noisy(features: torch.Tensor, scale: float) -> torch.Tensor:
+    """distill.feature_noise: features [B, T, H] + scale * rms_t * eps, eps ~ N(0, 1), rms_t the RMS of position t's
+    features (so the noise is the same fraction of every position's features, whatever its layer's scale)."""
+    rms = features.detach().pow(2).mean(-1, keepdim=True).sqrt()  # [B, T, 1]
+    return features + scale * rms * torch.randn_like(features)
 
 
 def ttt_mask(length: int, step: int, device: torch.device | str | None = None) -> torch.Tensor:

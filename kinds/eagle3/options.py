@@ -23,6 +23,10 @@ class Eagle3ModelOptions(BaseModel):
                               "draft vocabulary, its final norm from the target's final norm, and its MLP (and the "
                               "norm before it) from the target's last decoder layer where the widths match; random = "
                               "all fresh.")
+    head_frozen: list[Literal["lm_head", "norm", "mlp"]] = Field(
+        [], description="eagle3: parts of the head kept at the target's weights in training (needs head_init target): "
+                        "lm_head (the target's rows of the draft vocabulary), norm (the final norm), mlp (the last "
+                        "decoder layer's MLP and the norm before it); [] = every weight trains.")
 
 
 class Eagle3DistillOptions(BaseModel):
@@ -33,3 +37,7 @@ class Eagle3DistillOptions(BaseModel):
     ttt_decay: float = Field(
         1.0, gt=0, le=1, description="eagle3: step j's loss is weighted by ttt_decay ** j, in (0, 1]. Unset with "
                                      "model.draft_kind eagle3: 0.8.")
+    feature_noise: float = Field(
+        0.0, ge=0, description="eagle3: in training, Gaussian noise of this standard deviation, relative to each "
+                               "position's RMS, added to the fused target features the head reads (EAGLE's feature "
+                               "augmentation: a head that drafts from slightly wrong features); 0 = none.")

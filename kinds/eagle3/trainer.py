@@ -50,7 +50,7 @@ class HeadTrainer(DistillTrainer):
     @staticmethod
     def wrapped(head: Eagle3Head, distill: Any) -> nn.Module:
         """The module Trainer trains: the head unrolled distill.ttt_steps steps."""
-        return UnrolledHead(head, distill.ttt_steps)
+        return UnrolledHead(head, distill.ttt_steps, distill.feature_noise)
 
     def teacher(self) -> nn.Module:
         """The target's lm_head on the draft vocabulary (built at the first step: after a resume has loaded the

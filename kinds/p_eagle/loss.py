@@ -27,7 +27,7 @@ from distill.utils import IGNORE_INDEX
 from kinds.dflash.loss import sample_anchors
 from kinds.dflash.loss import slot_labels as dflash_slot_labels
 from kinds.dflash.loss import teacher_rows as dflash_teacher_rows
-from kinds.eagle3.loss import UnrolledHead, shifted
+from kinds.eagle3.loss import UnrolledHead, noisy, shifted
 from kinds.eagle3.model import Eagle3Head
 from kinds.parallel_drafting import block_allowed, block_positions
 
@@ -58,8 +58,8 @@ class ParallelHead(UnrolledHead):
     pass of the head (inside the DDP-wrapped forward). Its checkpoints name the head's weights `head.*`, as an
     EAGLE-3 head's."""
 
-    def __init__(self, head: Eagle3Head, gamma: int, token: int) -> None:
-        super().__init__(head, 1)
+    def __init__(self, head: Eagle3Head, gamma: int, token: int, feature_noise: float = 0.0) -> None:
+        super().__init__(head, 1, feature_noise)
         self.gamma, self.token = gamma, token
 
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, anchors: torch.Tensor,
@@ -68,6 +68,8 @@ class ParallelHead(UnrolledHead):
         the row [B, T, H] (index t predicts x_{t+2}) and of the slots [B, n, gamma - 1, H]."""
         head, (batch, length), slots = self.head, input_ids.shape, anchors.shape[1] * (self.gamma - 1)
         fused = head.fuse(aux_hidden.to(head.fc.weight.dtype))  # [B, T, H]
+        if self.training and self.feature_noise > 0:  # distill.feature_noise: the row's features, not the mask slots
+            fused = noisy(fused, self.feature_noise)
         tokens = torch.cat([shifted(input_ids, 1), input_ids.new_full((batch, slots), self.token)], dim=1)
         hidden = torch.cat([fused, head.mask_input().expand(batch, slots, -1)], dim=1)
         q, k, v, residual = head.project(tokens, hidden, block_positions(anchors, length, self.gamma))

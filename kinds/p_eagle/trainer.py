@@ -45,7 +45,7 @@ class PEagleTrainer(HeadTrainer):
     @staticmethod
     def wrapped(head: Eagle3Head, distill: Any) -> nn.Module:
         """The module Trainer trains: the head's row and mask slots in one pass."""
-        return ParallelHead(head, int(head.config.ptd_gamma), parallel_token(head.config))
+        return ParallelHead(head, int(head.config.ptd_gamma), parallel_token(head.config), distill.feature_noise)
 
     def anchors(self, batch: dict[str, torch.Tensor], index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The anchors of micro-batch `index` of this step on this process (the same after a resume)."""
