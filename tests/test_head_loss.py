@@ -13,10 +13,11 @@ from distill.losses.divergences import DIVERGENCES
 from distill.utils import IGNORE_INDEX
 from kinds.draft_vocab import label_token_counts, most_frequent
 from kinds.eagle3.loss import (
+    TopKTeacher,
     UnrolledHead,
     noisy,
-    restricted_head,
     step_token_counts,
+    teacher_of,
     ttt_mask,
     ttt_step_sums,
     weighted_loss,
@@ -108,7 +109,10 @@ def reference_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfi
                     continue
                 logits = head.logits(normed)[0, 0]  # [V_draft]
                 student = F.log_softmax(logits / distill.temperature, -1)[None]
-                teacher = F.log_softmax(teacher_logits[b, t + 1 + j] / distill.temperature, -1)[None]
+                row = teacher_logits[b, t + 1 + j]
+                if distill.teacher_top_k is not None:  # p cut to its top k: -inf elsewhere, renormalised below
+                    row = row.masked_fill(row < row.topk(distill.teacher_top_k).values[-1], float("-inf"))
+                teacher = F.log_softmax(row / distill.temperature, -1)[None]
                 ce = F.cross_entropy(logits[None], torch.tensor([draft_id[label]]))
                 kd = divergence.value(student, teacher, distill.beta)[0] if divergence else 0.0
                 sums[j] = sums[j] + (ce if distill.loss == "ce" else (1 - w) * kd + w * ce)
@@ -120,7 +124,7 @@ def batched_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfig)
     """What HeadTrainer computes for one micro-batch that is the whole optimizer step."""
     aux, final = target_features(target, inputs["input_ids"], inputs["attention_mask"], head.aux_layers)
     outputs = UnrolledHead(head, distill.ttt_steps)(inputs["input_ids"], aux)
-    sums = ttt_step_sums(head, outputs, final, restricted_head(target.get_output_embeddings(), head),
+    sums = ttt_step_sums(head, outputs, final, teacher_of(target.get_output_embeddings(), head, distill.teacher_top_k),
                          inputs["labels"], inputs["attention_mask"], distill, loss=distill.loss_at(0, 1))
     counts = step_token_counts(inputs["labels"], inputs["attention_mask"], head, distill.ttt_steps)
     assert [s.num_tokens for s in sums] == counts.tolist()
@@ -217,3 +221,41 @@ def test_feature_noise_is_a_fraction_of_each_positions_rms_and_only_in_training(
     noised = UnrolledHead(head, 2, feature_noise=0.5)
     assert all(torch.equal(a, b) for a, b in zip(noised.eval()(inputs["input_ids"], aux), plain))
     assert not torch.allclose(noised.train()(inputs["input_ids"], aux)[0], plain[0])
+
+
+def test_a_top_k_teacher_is_the_targets_distribution_cut_to_its_top_k_and_renormalised():
+    """TopKTeacher's softmax: p(x) / sum of the top k's p on the k likeliest tokens (and a token tied with the k-th),
+    exactly 0 elsewhere; every logit finite; k >= V is the teacher itself."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 12, bias=False).double()
+    hidden = torch.randn(5, 8, dtype=torch.float64)
+    p = linear(hidden).softmax(-1)  # [5, 12]
+    logits = TopKTeacher(linear, 3)(hidden)
+    assert torch.isfinite(logits).all()
+    top = p.topk(3, dim=-1).indices
+    expected = torch.zeros_like(p).scatter(-1, top, p.gather(-1, top))
+    torch.testing.assert_close(logits.softmax(-1), expected / expected.sum(-1, keepdim=True), rtol=1e-12, atol=0)
+    assert torch.equal(TopKTeacher(linear, 12)(hidden), linear(hidden))
+    linear.weight.data[1] = linear.weight.data[0]  # tokens 0 and 1 tie everywhere
+    kept = TopKTeacher(linear, 1)(hidden).softmax(-1) > 0
+    assert all(kept[i, 0] == kept[i, 1] for i in range(5))
+    with pytest.raises(ValueError, match="teacher_top_k"):
+        TopKTeacher(linear, 0)
+
+
+@pytest.mark.parametrize("loss, top_k, draft_vocab, temperature", [
+    ("forward_kl", 5, 40, 1.0), ("tv", 3, VOCAB, 1.0), ("jsd", 8, 60, 2.0)])
+def test_top_k_soft_targets_match_the_step_by_step_reference(loss, top_k, draft_vocab, temperature):
+    """distill.teacher_top_k through the batched unroll and the fused loss equals the reference whose teacher is -inf
+    outside its top k (value and gradient), and differs from the whole distribution's loss."""
+    target, head = tiny_pair(draft_vocab=draft_vocab)
+    inputs = batch(seed=3)
+    keys = dict(loss=loss, ttt_steps=3, ttt_decay=0.8, temperature=temperature, chunk_size=7)
+    distill = DistillConfig(teacher_top_k=top_k, **keys)
+    expected = reference_loss(target, head, inputs, distill)
+    got = batched_loss(target, head, inputs, distill)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    expected_grads, got_grads = gradients(head, expected), gradients(head, got)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    assert not torch.allclose(got, batched_loss(target, head, inputs, DistillConfig(**keys)))

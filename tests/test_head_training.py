@@ -172,6 +172,14 @@ def test_head_frozen_needs_a_head_started_from_the_target(monkeypatch, capsys, n
     assert "model.head_frozen: got ['lm_head']; allowed: [] with model.head_init random" in message, message
 
 
+@pytest.mark.parametrize("loss", ["reverse_kl", "{forward_kl: 0.5, reverse_kl: 0.5}"])
+def test_a_top_k_teacher_refuses_reverse_kl(monkeypatch, capsys, no_weights, workdir, tmp_path, loss):
+    message = cli_error(monkeypatch, capsys, HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                        f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={tmp_path / 'out'}",
+                        f"distill.loss={loss}", "distill.teacher_top_k=8")
+    assert "distill.teacher_top_k: got 8; allowed: null with reverse KL in distill.loss" in message, message
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Whole runs
 # ---------------------------------------------------------------------------------------------------------------
@@ -227,10 +235,14 @@ def test_a_trained_head_is_accepted_more_and_exports_the_served_folder(workdir):
 
 @pytest.mark.integration
 def test_a_head_trained_with_frozen_parts_exports_the_targets_weights_there(workdir):
-    """model.head_frozen=[lm_head, norm] with feature noise: the exported head's readout is still the target's (its
-    lm_head rows of the draft vocabulary, its final norm) while the rest of the head has trained."""
+    """model.head_frozen=[lm_head, norm] with feature noise and a top-k teacher: the exported head's readout is still
+    the target's (its lm_head rows of the draft vocabulary, its final norm) while the rest of the head has trained;
+    every logged loss finite."""
     out = run(workdir, "frozen", "model.draft_vocab_size=200", "model.head_frozen=[lm_head, norm]",
-              "distill.feature_noise=0.1", "train.max_steps=4", "train.save_steps=4", "data.num_eval_prompts=0")
+              "distill.feature_noise=0.1", "distill.teacher_top_k=10", "train.max_steps=4", "train.save_steps=4",
+              "train.logging_steps=1", "data.num_eval_prompts=0")
+    losses = train_losses(out / "checkpoint-4")
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses), losses
     target = AutoModelForCausalLM.from_pretrained(workdir / "target")
     head = Eagle3Head.from_pretrained(out, target.get_input_embeddings())
     assert torch.equal(head.lm_head.weight, target.lm_head.weight[head.target_ids])

@@ -19,7 +19,8 @@ The per-token loss is distill.losses.distill_loss.chunked_distill_loss (any dive
 distill.losses.divergences.DIVERGENCES, the ce mix, the temperature) between the head's draft-vocabulary distribution
 and the target's distribution restricted to the draft vocabulary and renormalised (`restricted_head`: the target's
 lm_head rows of the draft ids). A position whose next token lies outside the draft vocabulary is not kept (the head can
-never draft it).
+never draft it). With distill.teacher_top_k = k that distribution is cut to its k most likely tokens and renormalised
+(`TopKTeacher`): p_k(x) = p(x) / sum_{y in top_k} p(y) on the top k, 0 elsewhere.
 """
 from __future__ import annotations
 
@@ -131,6 +132,42 @@ def restricted_head(target_head: nn.Module, head: Eagle3Head) -> nn.Module:
         if bias is not None:
             restricted.bias.copy_(bias[ids])
     return restricted.requires_grad_(False)
+
+
+# A token outside the teacher's top k gets a logit this far below its row's largest: exp(-1e4) is 0 in float32, so its
+# probability is 0 (as -inf would give) while every value stays finite (the fused losses' p * log p is then 0, not NaN).
+TOP_K_GAP = 1e4
+
+
+class TopKTeacher(nn.Module):
+    """distill.teacher_top_k: the teacher head's logits with all but each row's k largest pushed TOP_K_GAP below that
+    row's largest, so that their softmax is the teacher's distribution restricted to its top k and renormalised
+    (tokens tied with the k-th largest are kept too)."""
+
+    def __init__(self, head: nn.Module, k: int) -> None:
+        super().__init__()
+        if k < 1:
+            raise ValueError(f"teacher_top_k must be >= 1, got {k}")
+        self.head, self.k = head, k
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The teacher head's weight (its dtype and device are the teacher's)."""
+        return self.head.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)  # [..., V]
+        if self.k >= logits.shape[-1]:
+            return logits
+        kth = logits.topk(self.k, dim=-1).values[..., -1:]  # [..., 1]
+        return torch.where(logits >= kth, logits, logits.amax(-1, keepdim=True) - TOP_K_GAP)
+
+
+def teacher_of(target_head: nn.Module, head: Eagle3Head, top_k: int | None) -> nn.Module:
+    """The head's teacher: the target's lm_head on the draft vocabulary (`restricted_head`), cut to its top k tokens
+    when distill.teacher_top_k is set."""
+    restricted = restricted_head(target_head, head)
+    return restricted if top_k is None else TopKTeacher(restricted, top_k)
 
 
 def ttt_step_sums(head: Eagle3Head, outputs: list[torch.Tensor], teacher_hidden: torch.Tensor,
