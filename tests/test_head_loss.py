@@ -136,6 +136,18 @@ def gradients(head: Eagle3Head, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     return dict(zip(names, torch.autograd.grad(loss, params)))
 
 
+def batched_matches_reference(target, head: Eagle3Head, inputs: dict, distill: DistillConfig
+                              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The batched loss equals the step-by-step reference, value and gradient (float64 rounding): (loss, gradients)."""
+    expected = reference_loss(target, head, inputs, distill)
+    got = batched_loss(target, head, inputs, distill)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    expected_grads, got_grads = gradients(head, expected), gradients(head, got)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    return got, got_grads
+
+
 @pytest.mark.parametrize("arch, loss, steps, decay, temperature, ce_weight, draft_vocab", [
     ("llama", "forward_kl", 3, 0.8, 1.0, 0.0, VOCAB),
     ("llama", "tv", 4, 1.0, 1.0, 0.0, 40),
@@ -150,12 +162,7 @@ def test_unrolled_loss_matches_the_step_by_step_decoder_reference(arch, loss, st
     distill = DistillConfig(loss=loss, temperature=temperature, ce_weight=ce_weight, ttt_steps=steps,
                             ttt_decay=decay, chunk_size=7)
     inputs = batch()
-    expected = reference_loss(target, head, inputs, distill)
-    got = batched_loss(target, head, inputs, distill)
-    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
-    expected_grads, got_grads = gradients(head, expected), gradients(head, got)
-    for name, grad in expected_grads.items():
-        torch.testing.assert_close(got_grads[name], grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    got, got_grads = batched_matches_reference(target, head, inputs, distill)
     assert any(g.abs().max() > 0 for g in got_grads.values())
 
 
@@ -252,10 +259,5 @@ def test_top_k_soft_targets_match_the_step_by_step_reference(loss, top_k, draft_
     inputs = batch(seed=3)
     keys = dict(loss=loss, ttt_steps=3, ttt_decay=0.8, temperature=temperature, chunk_size=7)
     distill = DistillConfig(teacher_top_k=top_k, **keys)
-    expected = reference_loss(target, head, inputs, distill)
-    got = batched_loss(target, head, inputs, distill)
-    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
-    expected_grads, got_grads = gradients(head, expected), gradients(head, got)
-    for name, grad in expected_grads.items():
-        torch.testing.assert_close(got_grads[name], grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    got, _ = batched_matches_reference(target, head, inputs, distill)
     assert not torch.allclose(got, batched_loss(target, head, inputs, DistillConfig(**keys)))

@@ -12,6 +12,7 @@ import datasets
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM
 
 from distill.data.hidden_cache import (
     METADATA_FILE,
@@ -28,6 +29,7 @@ from distill.fingerprints import full_weights_hash
 from distill.models import load
 from distill.utils import ModelSetupError
 from kinds.eagle3 import trainer as head_trainer
+from kinds.eagle3.model import Eagle3Head
 from specdistill.recipes import ModelConfig
 
 from helpers import (
@@ -374,6 +376,29 @@ def test_fsdp2_head_from_the_cache_matches_one_process(workdir, one_process, tmp
                                  config_file=FSDP_CONFIG)
     run_process(command, timeout=400, env=FSDP_ENV)
     assert_same_run(out, one_process, workdir / "cache_fsdp")
+
+
+@pytest.mark.integration
+def test_fsdp2_head_with_frozen_parts_and_a_top_k_teacher_matches_one_process(workdir, tmp_path):
+    """model.head_frozen (parameters that never train, beside sharded ones that do) and distill.teacher_top_k under
+    FSDP2 on 2 processes = 1 process x 6 rows; the exported lm_head is still the target's rows."""
+    from test_fsdp import FSDP_CONFIG, FSDP_ENV, FSDP_ON_CPU
+
+    few_rows = ["model.head_frozen=[lm_head, norm]", "distill.teacher_top_k=10"]
+    reference = run(workdir, "one_process_frozen", *distributed_args(workdir, "cache_chat"), *few_rows,
+                    "train.per_device_train_batch_size=6")
+    launcher = tmp_path / "fsdp_on_cpu.py"
+    launcher.write_text(FSDP_ON_CPU)
+    out = workdir / "fsdp_frozen"
+    command = accelerate_command(launcher, HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                                 f"train.output_dir={out}", "train.report_to=[]",
+                                 *distributed_args(workdir, "cache_fsdp_frozen"), *few_rows,
+                                 "train.per_device_train_batch_size=3", config_file=FSDP_CONFIG)
+    run_process(command, timeout=400, env=FSDP_ENV)
+    assert_same_run(out, reference, workdir / "cache_fsdp_frozen")
+    target = AutoModelForCausalLM.from_pretrained(workdir / "target")
+    head = Eagle3Head.from_pretrained(out, target.get_input_embeddings())
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight[head.target_ids])
 
 
 def test_the_data_command_builds_the_cache_a_later_run_reads(workdir, monkeypatch, capsys):
