@@ -75,8 +75,8 @@ ARMS = {
     "ce_half": ["distill.ce_weight=0.5"],                       # half the loss cross-entropy on the target's tokens
     "aux_top": ["model.aux_layers=[2,15,29]"],                  # the top aux layer the stream entering the last layer
     "ttt4_aux_top": [*TTT4, "model.aux_layers=[2,15,29]"],
-    "topk10": ["distill.teacher_top_k=10"],                     # top-k soft targets: the target's 10 likeliest (HASS)
-    "ttt4_topk10": [*TTT4, "distill.teacher_top_k=10"],
+    "topk10": ["distill.soft_target_top_k=10"],                 # top-k soft targets: the target's 10 likeliest (HASS)
+    "ttt4_topk10": [*TTT4, "distill.soft_target_top_k=10"],
 }
 # arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
 CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top"}

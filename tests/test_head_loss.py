@@ -110,8 +110,8 @@ def reference_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfi
                 logits = head.logits(normed)[0, 0]  # [V_draft]
                 student = F.log_softmax(logits / distill.temperature, -1)[None]
                 row = teacher_logits[b, t + 1 + j]
-                if distill.teacher_top_k is not None:  # p cut to its top k: -inf elsewhere, renormalised below
-                    row = row.masked_fill(row < row.topk(distill.teacher_top_k).values[-1], float("-inf"))
+                if distill.soft_target_top_k is not None:  # p cut to its top k: -inf elsewhere, renormalised below
+                    row = row.masked_fill(row < row.topk(distill.soft_target_top_k).values[-1], float("-inf"))
                 teacher = F.log_softmax(row / distill.temperature, -1)[None]
                 ce = F.cross_entropy(logits[None], torch.tensor([draft_id[label]]))
                 kd = divergence.value(student, teacher, distill.beta)[0] if divergence else 0.0
@@ -124,8 +124,9 @@ def batched_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfig)
     """What HeadTrainer computes for one micro-batch that is the whole optimizer step."""
     aux, final = target_features(target, inputs["input_ids"], inputs["attention_mask"], head.aux_layers)
     outputs = UnrolledHead(head, distill.ttt_steps)(inputs["input_ids"], aux)
-    sums = ttt_step_sums(head, outputs, final, teacher_of(target.get_output_embeddings(), head, distill.teacher_top_k),
-                         inputs["labels"], inputs["attention_mask"], distill, loss=distill.loss_at(0, 1))
+    teacher = teacher_of(target.get_output_embeddings(), head, distill.soft_target_top_k)
+    sums = ttt_step_sums(head, outputs, final, teacher, inputs["labels"], inputs["attention_mask"], distill,
+                         loss=distill.loss_at(0, 1))
     counts = step_token_counts(inputs["labels"], inputs["attention_mask"], head, distill.ttt_steps)
     assert [s.num_tokens for s in sums] == counts.tolist()
     return weighted_loss(sums, counts, distill.ttt_decay)
@@ -246,18 +247,18 @@ def test_a_top_k_teacher_is_the_targets_distribution_cut_to_its_top_k_and_renorm
     linear.weight.data[1] = linear.weight.data[0]  # tokens 0 and 1 tie everywhere
     kept = TopKTeacher(linear, 1)(hidden).softmax(-1) > 0
     assert all(kept[i, 0] == kept[i, 1] for i in range(5))
-    with pytest.raises(ValueError, match="teacher_top_k"):
+    with pytest.raises(ValueError, match="soft_target_top_k"):
         TopKTeacher(linear, 0)
 
 
 @pytest.mark.parametrize("loss, top_k, draft_vocab, temperature", [
     ("forward_kl", 5, 40, 1.0), ("tv", 3, VOCAB, 1.0), ("jsd", 8, 60, 2.0)])
 def test_top_k_soft_targets_match_the_step_by_step_reference(loss, top_k, draft_vocab, temperature):
-    """distill.teacher_top_k through the batched unroll and the fused loss equals the reference whose teacher is -inf
-    outside its top k (value and gradient), and differs from the whole distribution's loss."""
+    """distill.soft_target_top_k through the batched unroll and the fused loss equals the reference whose teacher is
+    -inf outside its top k (value and gradient), and differs from the whole distribution's loss."""
     target, head = tiny_pair(draft_vocab=draft_vocab)
     inputs = batch(seed=3)
     keys = dict(loss=loss, ttt_steps=3, ttt_decay=0.8, temperature=temperature, chunk_size=7)
-    distill = DistillConfig(teacher_top_k=top_k, **keys)
+    distill = DistillConfig(soft_target_top_k=top_k, **keys)
     got, _ = batched_matches_reference(target, head, inputs, distill)
     assert not torch.allclose(got, batched_loss(target, head, inputs, DistillConfig(**keys)))

@@ -176,8 +176,8 @@ def test_head_frozen_needs_a_head_started_from_the_target(monkeypatch, capsys, n
 def test_a_top_k_teacher_refuses_reverse_kl(monkeypatch, capsys, no_weights, workdir, tmp_path, loss):
     message = cli_error(monkeypatch, capsys, HEAD_RECIPE, f"model.target={workdir / 'target'}",
                         f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={tmp_path / 'out'}",
-                        f"distill.loss={loss}", "distill.teacher_top_k=8")
-    assert "distill.teacher_top_k: got 8; allowed: null with reverse KL in distill.loss" in message, message
+                        f"distill.loss={loss}", "distill.soft_target_top_k=8")
+    assert "distill.soft_target_top_k: got 8; allowed: null with reverse KL in distill.loss" in message, message
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def test_a_head_trained_with_frozen_parts_exports_the_targets_weights_there(work
     the target's (its lm_head rows of the draft vocabulary, its final norm) while the rest of the head has trained;
     every logged loss finite."""
     out = run(workdir, "frozen", "model.draft_vocab_size=200", "model.head_frozen=[lm_head, norm]",
-              "distill.feature_noise=0.1", "distill.teacher_top_k=10", "train.max_steps=4", "train.save_steps=4",
+              "distill.feature_noise=0.1", "distill.soft_target_top_k=10", "train.max_steps=4", "train.save_steps=4",
               "train.logging_steps=1", "data.num_eval_prompts=0")
     losses = train_losses(out / "checkpoint-4")
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses), losses

@@ -380,11 +380,11 @@ def test_fsdp2_head_from_the_cache_matches_one_process(workdir, one_process, tmp
 
 @pytest.mark.integration
 def test_fsdp2_head_with_frozen_parts_and_a_top_k_teacher_matches_one_process(workdir, tmp_path):
-    """model.head_frozen (parameters that never train, beside sharded ones that do) and distill.teacher_top_k under
+    """model.head_frozen (parameters that never train, beside sharded ones that do) and distill.soft_target_top_k under
     FSDP2 on 2 processes = 1 process x 6 rows; the exported lm_head is still the target's rows."""
     from test_fsdp import FSDP_CONFIG, FSDP_ENV, FSDP_ON_CPU
 
-    few_rows = ["model.head_frozen=[lm_head, norm]", "distill.teacher_top_k=10"]
+    few_rows = ["model.head_frozen=[lm_head, norm]", "distill.soft_target_top_k=10"]
     reference = run(workdir, "one_process_frozen", *distributed_args(workdir, "cache_chat"), *few_rows,
                     "train.per_device_train_batch_size=6")
     launcher = tmp_path / "fsdp_on_cpu.py"

@@ -5,7 +5,7 @@ unrolled K steps on its own outputs), from the target's logits restricted to a d
     model.py     Eagle3Head: the maths, the files, vLLM's semantics
     drafter.py   HeadDrafter (our decoder, eager and compiled)
     options.py   its recipe keys: model.aux_layers, draft_vocab_size, head_intermediate_size, head_init,
-                 head_frozen; distill.ttt_steps, ttt_decay, feature_noise, teacher_top_k
+                 head_frozen; distill.ttt_steps, ttt_decay, feature_noise, soft_target_top_k
     build.py     the plan from configs, the head built from the target, the draft vocabulary, checkpoints
     loss.py      training-time test: UnrolledHead, the per-step losses
     trainer.py   HeadTrainer
@@ -134,7 +134,8 @@ class Eagle3Kind(Kind):
         distill, terms = recipe.distill, teacher_divergences(recipe.distill.loss)
         # KL(q || p) is infinite where p = 0, which a top-k teacher is outside its top k (jsd at beta 1 is that KL)
         reverse = "reverse_kl" in terms or ("jsd" in terms and distill.beta == 1.0)
-        require(distill.teacher_top_k is None or not reverse, "distill.teacher_top_k", distill.teacher_top_k,
+        top_k = distill.soft_target_top_k
+        require(top_k is None or not reverse, "distill.soft_target_top_k", top_k,
                 "null with reverse KL in distill.loss (KL(q || p) is infinite where the top-k teacher's p is 0)",
                 ["distill.loss", "distill.beta"])
 

@@ -19,8 +19,8 @@ The per-token loss is distill.losses.distill_loss.chunked_distill_loss (any dive
 distill.losses.divergences.DIVERGENCES, the ce mix, the temperature) between the head's draft-vocabulary distribution
 and the target's distribution restricted to the draft vocabulary and renormalised (`restricted_head`: the target's
 lm_head rows of the draft ids). A position whose next token lies outside the draft vocabulary is not kept (the head can
-never draft it). With distill.teacher_top_k = k that distribution is cut to its k most likely tokens and renormalised
-(`TopKTeacher`): p_k(x) = p(x) / sum_{y in top_k} p(y) on the top k, 0 elsewhere.
+never draft it). With distill.soft_target_top_k = k that distribution is cut to its k most likely tokens and
+renormalised (`TopKTeacher`): p_k(x) = p(x) / sum_{y in top_k} p(y) on the top k, 0 elsewhere.
 """
 from __future__ import annotations
 
@@ -140,14 +140,14 @@ TOP_K_GAP = 1e4
 
 
 class TopKTeacher(nn.Module):
-    """distill.teacher_top_k: the teacher head's logits with all but each row's k largest pushed TOP_K_GAP below that
-    row's largest, so that their softmax is the teacher's distribution restricted to its top k and renormalised
+    """distill.soft_target_top_k: the teacher head's logits with all but each row's k largest pushed TOP_K_GAP below
+    that row's largest, so that their softmax is the teacher's distribution restricted to its top k and renormalised
     (tokens tied with the k-th largest are kept too)."""
 
     def __init__(self, head: nn.Module, k: int) -> None:
         super().__init__()
         if k < 1:
-            raise ValueError(f"teacher_top_k must be >= 1, got {k}")
+            raise ValueError(f"soft_target_top_k must be >= 1, got {k}")
         self.head, self.k = head, k
 
     @property
@@ -165,7 +165,7 @@ class TopKTeacher(nn.Module):
 
 def teacher_of(target_head: nn.Module, head: Eagle3Head, top_k: int | None) -> nn.Module:
     """The head's teacher: the target's lm_head on the draft vocabulary (`restricted_head`), cut to its top k tokens
-    when distill.teacher_top_k is set."""
+    when distill.soft_target_top_k is set."""
     restricted = restricted_head(target_head, head)
     return restricted if top_k is None else TopKTeacher(restricted, top_k)
 

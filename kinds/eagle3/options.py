@@ -41,7 +41,7 @@ class Eagle3DistillOptions(BaseModel):
         0.0, ge=0, description="eagle3: in training, Gaussian noise of this standard deviation, relative to each "
                                "position's RMS, added to the fused target features the head reads (EAGLE's feature "
                                "augmentation: a head that drafts from slightly wrong features); 0 = none.")
-    teacher_top_k: int | None = Field(
+    soft_target_top_k: int | None = Field(
         None, gt=0, description="eagle3: the head learns the target's distribution cut to its k most likely tokens of "
                                 "the draft vocabulary and renormalised (top-k soft targets, as HASS's objective "
                                 "weights the target's top-k): every other token's target probability is 0 (so not with "

@@ -53,10 +53,10 @@ class HeadTrainer(DistillTrainer):
         return UnrolledHead(head, distill.ttt_steps, distill.feature_noise)
 
     def teacher(self) -> nn.Module:
-        """The target's lm_head on the draft vocabulary, cut to its top k with distill.teacher_top_k (built at the first
-        step: after a resume has loaded the head's vocabulary; a collective when the target is sharded)."""
+        """The target's lm_head on the draft vocabulary, cut to its top k with distill.soft_target_top_k (built at the
+        first step: after a resume has loaded the head's vocabulary; a collective when the target is sharded)."""
         if self._teacher_head is None:
-            self._teacher_head = teacher_of(teacher_lm_head(self.target), self.head, self.distill.teacher_top_k)
+            self._teacher_head = teacher_of(teacher_lm_head(self.target), self.head, self.distill.soft_target_top_k)
         return self._teacher_head
 
     def features(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
