@@ -365,36 +365,33 @@ def test_zero3_head_from_the_cache_matches_one_process(workdir, one_process, tmp
 def test_fsdp2_head_from_the_cache_matches_one_process(workdir, one_process, tmp_path):
     """2 processes x 3 rows under FSDP2 (the cache built by the main process with the whole target, then the target
     sharded) = 1 process x 6 rows."""
+    out = fsdp2_run(workdir, tmp_path, "fsdp", "cache_fsdp")
+    assert_same_run(out, one_process, workdir / "cache_fsdp")
+
+
+def fsdp2_run(workdir: Path, tmp_path: Path, name: str, cache: str, *overrides: str) -> Path:
+    """The distributed run on 2 processes x 3 rows under FSDP2 (CPU, gloo), from hidden-state cache `cache`, into
+    workdir / name."""
     from test_fsdp import FSDP_CONFIG, FSDP_ENV, FSDP_ON_CPU
 
     launcher = tmp_path / "fsdp_on_cpu.py"
     launcher.write_text(FSDP_ON_CPU)
-    out = workdir / "fsdp"
+    out = workdir / name
     command = accelerate_command(launcher, HEAD_RECIPE, f"model.target={workdir / 'target'}",
-                                 f"train.output_dir={out}", "train.report_to=[]",
-                                 *distributed_args(workdir, "cache_fsdp"), "train.per_device_train_batch_size=3",
-                                 config_file=FSDP_CONFIG)
+                                 f"train.output_dir={out}", "train.report_to=[]", *distributed_args(workdir, cache),
+                                 *overrides, "train.per_device_train_batch_size=3", config_file=FSDP_CONFIG)
     run_process(command, timeout=400, env=FSDP_ENV)
-    assert_same_run(out, one_process, workdir / "cache_fsdp")
+    return out
 
 
 @pytest.mark.integration
 def test_fsdp2_head_with_frozen_parts_and_a_top_k_teacher_matches_one_process(workdir, tmp_path):
     """model.head_frozen (parameters that never train, beside sharded ones that do) and distill.soft_target_top_k under
     FSDP2 on 2 processes = 1 process x 6 rows; the exported lm_head is still the target's rows."""
-    from test_fsdp import FSDP_CONFIG, FSDP_ENV, FSDP_ON_CPU
-
     few_rows = ["model.head_frozen=[lm_head, norm]", "distill.soft_target_top_k=10"]
     reference = run(workdir, "one_process_frozen", *distributed_args(workdir, "cache_chat"), *few_rows,
                     "train.per_device_train_batch_size=6")
-    launcher = tmp_path / "fsdp_on_cpu.py"
-    launcher.write_text(FSDP_ON_CPU)
-    out = workdir / "fsdp_frozen"
-    command = accelerate_command(launcher, HEAD_RECIPE, f"model.target={workdir / 'target'}",
-                                 f"train.output_dir={out}", "train.report_to=[]",
-                                 *distributed_args(workdir, "cache_fsdp_frozen"), *few_rows,
-                                 "train.per_device_train_batch_size=3", config_file=FSDP_CONFIG)
-    run_process(command, timeout=400, env=FSDP_ENV)
+    out = fsdp2_run(workdir, tmp_path, "fsdp_frozen", "cache_fsdp_frozen", *few_rows)
     assert_same_run(out, reference, workdir / "cache_fsdp_frozen")
     target = AutoModelForCausalLM.from_pretrained(workdir / "target")
     head = Eagle3Head.from_pretrained(out, target.get_input_embeddings())
