@@ -72,8 +72,11 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
     acceptance = AcceptanceCallback(target, data.eval_prompts, recipe.eval, kind=kind, categories=data.eval_categories,
                                     tensorboard="tensorboard" in recipe.train.report_to, held_in=held_in)
     preemption = PreemptionCallback(recipe.train.preemption_grace_s)  # SIGTERM & co: save this step, stop
-    distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance, preemption],
-                       resume=checked.plan.resume, finished_at=checked.plan.finished_at)
+    try:
+        distilled = distil(recipe, args, target, draft, rows, tokenizer, [acceptance, preemption],
+                           resume=checked.plan.resume, finished_at=checked.plan.finished_at)
+    finally:  # a run that raised mid-training never saw on_train_end: its signal handlers go with it all the same
+        preemption.uninstall()
     try:
         preemption.finish(args.output_dir, PartialState().is_main_process)  # Preempted: steps 5 and 6 on resume
     except Preempted:

@@ -8,6 +8,7 @@ completions equal the target's, the report has every level and key, and both ser
 lookup's server, the target with vLLM's ngram method, is checked without vLLM); `vllm serve` as `specdistill check`
 prints it runs as typed.
 """
+import contextlib
 import json
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import decode.serving.guidellm_load as guidellm_load
 from decode.serving.guidellm_load import find_guidellm, guidellm_command, level_metrics, run_load, write_dataset
 from decode.serving.http_server import ServerError, port_taken, vllm_server
 from decode.serving.vllm_engine import ServingError, find_vllm_python
@@ -102,12 +104,36 @@ def test_guidellm_command_names_levels_and_rates(tmp_path):
     assert "kind=max_requests,count=8" in command
     backend = json.loads(command[command.index("--backend") + 1])  # GuideLLM reads YAML / JSON there
     assert backend == {"kind": "openai_http", "target": "http://h:1", "request_format": "/v1/completions",
-                       "extras": {"body": {"temperature": 0.0}}}, "greedy unless asked: vLLM's default is T=1"
+                       "timeout": 600.0, "extras": {"body": {"temperature": 0.0}}}, \
+        "greedy unless asked (vLLM's default is T=1); a stalled answer fails (GuideLLM's default waits for ever)"
     rated = guidellm_command(Path("guidellm"), "u", "tok", tmp_path / "d", tmp_path / "o", 4, rates=[0.5, 2])
     assert rated[rated.index("--override") + 2] == "0.5,2" and "kind=constant,rate=0.5" in rated
     sampled = guidellm_command(Path("guidellm"), "u", "tok", tmp_path / "d", tmp_path / "o", 4, streams=[1],
                                temperature=0.7)
     assert json.loads(sampled[sampled.index("--backend") + 1])["extras"] == {"body": {"temperature": 0.7}}
+
+
+def test_the_load_is_bounded_by_its_slowest_legitimate_requests():
+    assert guidellm_load.load_bound_s(8, streams=[1, 4], request_timeout=10) == guidellm_load.START_S + 8 * 10 + 2 * 10
+    assert guidellm_load.load_bound_s(6, rates=[2.0], request_timeout=10) == guidellm_load.START_S + 3 + 10
+
+
+def test_a_stuck_guidellm_is_stopped_with_what_it_started_in_one_line(tmp_path, monkeypatch):
+    """GuideLLM that never ends (its worker processes neither): stopped past the bound, one line naming its log, and
+    no process of it left."""
+    from test_vllm_worker_group import child_pid, gone
+
+    monkeypatch.setattr(guidellm_load, "START_S", 1.0)
+    guidellm = tmp_path / "guidellm"
+    guidellm.write_text(f"#!/bin/bash\nsleep 300 &\necho $! > {tmp_path / 'child.pid'}\nwait\n")
+    guidellm.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(ServerError, match=r"guidellm did not finish within 2 s, the most its requests may take "
+                                          r"\(stopped; log: .*out.log\)"):
+        run_load(guidellm, "http://127.0.0.1:1", "tok", tmp_path / "d.jsonl", tmp_path / "out.json", requests=1,
+                 streams=[1], request_timeout=0.5)
+    assert time.monotonic() - started < 30
+    assert gone(child_pid(tmp_path))
 
 
 def stats(values: dict) -> dict:
@@ -146,33 +172,57 @@ def test_bad_levels_are_one_line(capsys):
     assert "--concurrency" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not HAS_GUIDELLM, reason="GuideLLM is installed by `make serving`")
-def test_guidellm_load_against_its_mock_server(tmp_path):
-    """GuideLLM's own mock server (fixed TTFT and ITL, 16 tokens per request): every level comes back with its
-    requests, throughput and percentiles near the mock's settings."""
+@contextlib.contextmanager
+def mock_server(ttft_ms: int):
+    """GuideLLM's own mock server (TTFT ``ttft_ms``, 10 ms between tokens, 16 tokens per request): its URL."""
     port = socket.socket()
     port.bind(("127.0.0.1", 0))
     number = port.getsockname()[1]
     port.close()
-    guidellm = find_guidellm(PYTHON)
-    mock = subprocess.Popen([str(guidellm), "mock-server", "--port", str(number), "--ttft-ms", "50", "--itl-ms", "10",
-                             "--output-tokens", "16"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mock = subprocess.Popen([str(find_guidellm(PYTHON)), "mock-server", "--port", str(number), "--ttft-ms",
+                             str(ttft_ms), "--itl-ms", "10", "--output-tokens", "16"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not port_taken(number):
             time.sleep(0.5)
-        tokenizer = tmp_path / "tok"
-        tiny_tokenizer().save_pretrained(tokenizer)
-        data = write_dataset(tmp_path / "prompts.jsonl", ["def add(a, b):", "class Point:", "import os"], 16)
-        levels = run_load(guidellm, f"http://127.0.0.1:{number}", str(tokenizer), data, tmp_path / "out.json",
-                          requests=4, streams=[1, 2])
+        yield f"http://127.0.0.1:{number}"
     finally:
         mock.terminate()
         mock.wait(timeout=30)
+
+
+def load_data(tmp_path: Path) -> tuple[str, Path]:
+    tokenizer = tmp_path / "tok"
+    tiny_tokenizer().save_pretrained(tokenizer)
+    texts = ["def add(a, b):", "class Point:", "import os"]
+    return str(tokenizer), write_dataset(tmp_path / "prompts.jsonl", texts, 16)
+
+
+@pytest.mark.skipif(not HAS_GUIDELLM, reason="GuideLLM is installed by `make serving`")
+def test_guidellm_load_against_its_mock_server(tmp_path):
+    """Every level comes back with its requests, throughput and percentiles near the mock's settings."""
+    with mock_server(ttft_ms=50) as url:
+        levels = run_load(find_guidellm(PYTHON), url, *load_data(tmp_path), tmp_path / "out.json", requests=4,
+                          streams=[1, 2])
     assert [level["level"] for level in levels] == ["concurrent@1", "concurrent@2"]
     for level in levels:
         assert level["requests"] >= 1 and level["errored"] == 0 and level["output_tokens_per_s"] > 0
         assert 40 <= level["ttft_ms_p50"] <= 500 and 5 <= level["itl_ms_p50"] <= 100
+
+
+@pytest.mark.skipif(not HAS_GUIDELLM, reason="GuideLLM is installed by `make serving`")
+def test_a_stalled_answer_fails_its_level_in_one_line(tmp_path):
+    """A server whose first token takes 20 s, a request timeout of 1 s: the load fails within seconds in one line
+    (GuideLLM alone would wait for ever on a server that stalls). GuideLLM reports the level's requests failed, or,
+    when no request of the level has a time to report, fails itself: either is the line."""
+    with mock_server(ttft_ms=20_000) as url:
+        started = time.monotonic()
+        failed = "requests failed at concurrent@1|guidellm exited with code 1: ValueError"
+        with pytest.raises(ServerError, match=failed):
+            run_load(find_guidellm(PYTHON), url, *load_data(tmp_path), tmp_path / "out.json", requests=1,
+                     streams=[1], request_timeout=1.0)
+    assert time.monotonic() - started < 120
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +258,8 @@ def test_bench_serve_on_a_tiny_pair(pair, tmp_path):
     report = bench_serve.main(["--target", str(pair / "target"), "--draft", str(pair / "target"), "--gamma", "3",
                                "--prompts", str(pair / "prompts.jsonl"), "--concurrency", "1", "2", "--requests",
                                "4", "--max-tokens", "16", "--check-prompts", "4", "--output", str(out),
-                               "--plot", str(tmp_path / "served.png"), "--vllm-python", str(PYTHON)])
+                               "--plot", str(tmp_path / "served.png"), "--vllm-python", str(PYTHON),
+                               "--request-timeout", "120"])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["temperature"] == 0.0 and report["greedy_equal"] == report["greedy_checked"] == 4
     assert report["spec_counters"]["num_drafts"] > 0 and report["tau"] == pytest.approx(4.0), report["spec_counters"]

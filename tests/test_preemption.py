@@ -179,3 +179,20 @@ def test_a_signal_while_a_command_loads_is_one_line_and_the_handlers_are_restore
     assert exit_info.value.code == PREEMPTED_EXIT
     assert capsys.readouterr().err.strip().splitlines() == [expected]
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_run_that_fails_mid_training_leaves_the_handlers_as_they_were(workdir, monkeypatch, tmp_path):
+    """A step that raises ends the run without on_train_end: the handlers training installed go all the same (else a
+    later SIGTERM to this process would wait for a step that no longer runs)."""
+    from distill.run.trainer import DistillTrainer
+    from specdistill.cli import train
+
+    def failing_step(self, *args, **kwargs):
+        assert signal.getsignal(signal.SIGTERM) not in before.values()  # training's own handler is installed
+        raise RuntimeError("a step that fails")
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    monkeypatch.setattr(DistillTrainer, "training_step", failing_step)
+    with pytest.raises(RuntimeError, match="a step that fails"):
+        train.main(command(workdir, str(tmp_path / "failed"))[2:])
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -14,14 +14,17 @@ output_tokens_count column) and the temperature asked (0: greedy), so both serve
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 from decode.inputs.checks import read_text
-from decode.serving.http_server import ServerError
+from decode.serving.http_server import ServerError, last_line, stop
 
 PERCENTILES = ("p50", "p99")
+REQUEST_TIMEOUT_S = 600.0  # a request whose answer stalls this long counts as failed
+START_S = 120.0  # GuideLLM's own start (its worker processes, the tokenizer) and end, beyond the requests' time
 
 
 def find_guidellm(python: Path) -> Path:
@@ -42,10 +45,12 @@ def write_dataset(path: Path, texts: Sequence[str], output_tokens: int) -> Path:
 
 
 def guidellm_command(guidellm: Path, url: str, tokenizer: str, data: Path, out: Path, requests: int,
-                     streams: Sequence[int] = (), rates: Sequence[float] = (), temperature: float = 0.0) -> list[str]:
+                     streams: Sequence[int] = (), rates: Sequence[float] = (), temperature: float = 0.0,
+                     request_timeout: float = REQUEST_TIMEOUT_S) -> list[str]:
     """`guidellm run` over /v1/completions: one sub-benchmark per concurrency level (`concurrent`, streams) or request
     rate (`constant`, requests/s), each stopped after ``requests`` requests, every request sampled at ``temperature``
-    (GuideLLM sends none of its own: the server's default, 1.0 in vLLM, would apply)."""
+    (GuideLLM sends none of its own: the server's default, 1.0 in vLLM, would apply) and counted failed when its
+    answer stalls ``request_timeout`` seconds (GuideLLM's own default waits for ever)."""
     if rates:
         profile, override = "kind=constant,rate=" + str(rates[0]), ["--override", "profile.rate",
                                                                     ",".join(f"{r:g}" for r in rates)]
@@ -53,7 +58,7 @@ def guidellm_command(guidellm: Path, url: str, tokenizer: str, data: Path, out: 
         profile, override = "kind=concurrent,streams=" + str(streams[0]), ["--override", "profile.streams",
                                                                            ",".join(str(s) for s in streams)]
     backend = {"kind": "openai_http", "target": url, "request_format": "/v1/completions",
-               "extras": {"body": {"temperature": float(temperature)}}}
+               "timeout": float(request_timeout), "extras": {"body": {"temperature": float(temperature)}}}
     return [str(guidellm), "run", "--backend", json.dumps(backend),
             "--profile", profile, *override, "--constraint", f"kind=max_requests,count={requests}",
             "--data", f"kind=json_file,path={data}", "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
@@ -76,17 +81,36 @@ def level_metrics(benchmark: dict) -> dict:
     return level
 
 
+def load_bound_s(requests: int, streams: Sequence[int] = (), rates: Sequence[float] = (),
+                 request_timeout: float = REQUEST_TIMEOUT_S) -> float:
+    """The longest a load may legitimately take: every request of every level as slow as it may be before it counts
+    failed (at concurrency c, ceil(requests / c) waves of them; at a rate, arrivals over requests / rate seconds, then
+    the last one's answer), plus GuideLLM's start. Past it GuideLLM itself is stuck."""
+    waves = [math.ceil(requests / c) * request_timeout for c in streams]
+    arrivals = [requests / r + request_timeout for r in rates]
+    return START_S + sum(waves) + sum(arrivals)
+
+
 def run_load(guidellm: Path, url: str, tokenizer: str, data: Path, out: Path, requests: int,
              streams: Sequence[int] = (), rates: Sequence[float] = (), temperature: float = 0.0,
-             log: Path | None = None) -> list[dict]:
+             log: Path | None = None, request_timeout: float = REQUEST_TIMEOUT_S) -> list[dict]:
     """Drive the server at ``url`` with GuideLLM; the levels in the order given. ServerError (one line) when GuideLLM
-    fails or a level's requests failed."""
-    command = guidellm_command(guidellm, url, tokenizer, data, out, requests, streams, rates, temperature)
+    fails, runs past load_bound_s (it is stopped, with the processes it started), or a level's requests failed."""
+    command = guidellm_command(guidellm, url, tokenizer, data, out, requests, streams, rates, temperature,
+                               request_timeout)
     log = log or out.with_suffix(".log")
+    bound = load_bound_s(requests, streams, rates, request_timeout)
     with open(log, "w") as sink:
-        done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=None)
-    if done.returncode or not out.is_file():
-        raise ServerError(f"guidellm exited with code {done.returncode} (log: {log})")
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=bound)
+        except subprocess.TimeoutExpired:
+            raise ServerError(f"guidellm did not finish within {bound:.0f} s, the most its requests may take "
+                              f"(stopped; log: {log})") from None
+        finally:
+            stop(process)  # its worker processes too, however the wait ended
+    if returncode or not out.is_file():
+        raise ServerError(f"guidellm exited with code {returncode}: {last_line(log)} (log: {log})")
     levels = [level_metrics(b) for b in json.loads(read_text(out))["benchmarks"]]
     failed = [level["level"] for level in levels if level["errored"] or not level["requests"]]
     if failed:

@@ -78,12 +78,16 @@ class Server:
                 return json.loads(response.read())
         except urllib.error.HTTPError as err:
             raise ServerError(f"{path} answered {err.code}: {err.read().decode(errors='replace')[:300]}") from None
+        except TimeoutError:
+            raise ServerError(f"{path} did not answer within {timeout:g} s (the server's log: {self.log})") from None
 
-    def complete(self, prompt_ids: Sequence[int], max_tokens: int, ignore_eos: bool = False) -> list[int]:
-        """Greedy completion of a tokenized prompt through /v1/completions: the new token ids."""
+    def complete(self, prompt_ids: Sequence[int], max_tokens: int, ignore_eos: bool = False,
+                 timeout: float = 600.0) -> list[int]:
+        """Greedy completion of a tokenized prompt through /v1/completions: the new token ids (ServerError when the
+        answer takes over `timeout` seconds)."""
         body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": 0.0,
                 "return_token_ids": True, "ignore_eos": ignore_eos}
-        answer = self.post("/v1/completions", body)
+        answer = self.post("/v1/completions", body, timeout=timeout)
         return list(answer["choices"][0]["token_ids"])
 
     def spec_counters(self) -> dict[str, float]:

@@ -34,7 +34,7 @@ from decode.inputs.loading import LoadError, load_tokenizer, resolve_draft_path,
 from decode.inputs.prompts import CHAT_TEMPLATE_MODES, encode_prompt_rows, read_prompt_rows
 from decode.inputs.writes import write_atomic
 from decode.measure.table import markdown_table
-from decode.serving.guidellm_load import find_guidellm, run_load, write_dataset
+from decode.serving.guidellm_load import REQUEST_TIMEOUT_S, find_guidellm, run_load, write_dataset
 from decode.serving.http_server import ServerError, vllm_server
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from kinds import Kind, kind_of_source
@@ -95,6 +95,9 @@ def build_parser(prog: str = PROG) -> ArgumentParser:
                    help="extra `vllm serve` arguments for both servers, one string (default: --seed 0, and "
                         "--enforce-eager --dtype float32 on a machine without CUDA)")
     p.add_argument("--port", type=positive_int, default=None, help="the servers' port (default: a free one)")
+    p.add_argument("--request-timeout", type=positive_float, default=REQUEST_TIMEOUT_S,
+                   help="seconds a request's answer may stall before it counts as failed, in the greedy check and "
+                        f"the load (default {REQUEST_TIMEOUT_S:g}); the load as a whole is bounded by it too")
     p.add_argument("--vllm-python", default=None,
                    help="interpreter with vLLM and GuideLLM (default: $SPECDISTILL_VLLM_PYTHON, else "
                         ".venv-vllm/bin/python)")
@@ -153,11 +156,13 @@ def serve_and_load(name: str, python: Path, model: str, args: list[str], prompts
     started = time.perf_counter()
     with vllm_server(python, model, args, port=args_ns.port, log=log_dir / f"{name}-server.log") as server:
         ready_s = time.perf_counter() - started
-        greedy = [server.complete(ids, args_ns.max_tokens, ignore_eos=True) for ids in prompts]
+        greedy = [server.complete(ids, args_ns.max_tokens, ignore_eos=True, timeout=args_ns.request_timeout)
+                  for ids in prompts]
         before = server.spec_counters()
         levels = run_load(guidellm, server.url, tokenizer_folder, data, log_dir / f"{name}-guidellm.json",
                           requests_per_level(args_ns), streams=args_ns.concurrency if not args_ns.rate else (),
-                          rates=args_ns.rate or (), temperature=args_ns.temperature)
+                          rates=args_ns.rate or (), temperature=args_ns.temperature,
+                          request_timeout=args_ns.request_timeout)
         after = server.spec_counters()
     counters = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
     return {"model": model, "args": args, "ready_s": ready_s, "greedy": greedy, "levels": levels,
@@ -270,7 +275,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-bench-serve`: user errors exit 1 with one line; Ctrl-C and SIGTERM stop the
     servers (SIGTERM unwinds as SystemExit 143, through the blocks that stop them)."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         main(argv, prog)
     except (LoadError, FileProblem, ServingError) as err:
@@ -279,6 +284,8 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; the servers are stopped", file=sys.stderr)
         sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
