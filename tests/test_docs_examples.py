@@ -91,6 +91,13 @@ def runnable_pages(heavy_ones: bool = False) -> list[Path]:
     return [page for page in doc_pages() if runnable(page) and heavy(page) == heavy_ones]
 
 
+def page_params(pages: list[Path]) -> list:
+    """The pages as test parameters, each with a time limit that fits its examples (each one killed at TIMEOUT, the
+    tiny pair built first) in place of the suite's 900 s per test (pyproject.toml)."""
+    return [pytest.param(page, id=str(page.relative_to(ROOT)),
+                         marks=pytest.mark.timeout(len(runnable(page)) * TIMEOUT + 300)) for page in pages]
+
+
 @pytest.fixture(scope="module")
 def tiny_world(tmp_path_factory) -> dict[str, str]:
     """The variables the examples use: a tiny target (4 layers: a head reads 3; head_dim 32, the smallest vLLM's CPU
@@ -185,7 +192,7 @@ def run_page(page: Path, world: dict[str, str], tmp_path: Path, deadline: float 
             f"--- code\n{example.code}--- stdout (end)\n{done.stdout[-3000:]}--- stderr (end)\n{done.stderr[-3000:]}")
 
 
-@pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", page_params(runnable_pages()))
 def test_the_examples_of_a_page_run(page, tiny_world, tmp_path):
     run_page(page, tiny_world, tmp_path)
 

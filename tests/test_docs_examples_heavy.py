@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_docs_examples import NEEDS_VLLM, ROOT, run_page, runnable, runnable_pages, tiny_world  # noqa: F401
+from test_docs_examples import NEEDS_VLLM, page_params, run_page, runnable, runnable_pages, tiny_world  # noqa: F401
 
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 
@@ -45,7 +45,7 @@ def guides_first(pages: list[Path]) -> list[Path]:
     return sorted(pages, key=lambda page: "benchmarks" in page.parts)
 
 
-@pytest.mark.parametrize("page", guides_first(runnable_pages(heavy_ones=True)), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", page_params(guides_first(runnable_pages(heavy_ones=True))))
 def test_the_examples_of_a_heavy_page_run(page, tiny_world, tmp_path):
     if any(NEEDS_VLLM.search(e.code) for e in runnable(page)) and not has_vllm():
         pytest.skip("no vLLM interpreter (make serving)")
