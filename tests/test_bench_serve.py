@@ -1,8 +1,9 @@
 """`specdistill bench-serve` (specdistill/cli/bench_serve.py) and what it stands on: the `vllm serve` process
 (decode.serving.http_server) and GuideLLM's load (decode.serving.guidellm_load).
 
-Without vLLM: a taken port, a server that dies and a missing GuideLLM are one line each; GuideLLM's report is read
-into levels (against GuideLLM's own mock server when the serving venv has GuideLLM). With vLLM (integration): the
+Without vLLM: a taken port, a server that dies, a missing GuideLLM and a GuideLLM that never ends are one line each;
+GuideLLM's report is read into levels, and a stalled answer fails its level (against GuideLLM's own mock server when
+the serving venv has GuideLLM). With vLLM (integration): the
 command on a tiny pair (the target drafting for itself: tau 1 + gamma exactly) starts both servers over HTTP, greedy
 completions equal the target's, the report has every level and key, and both servers are gone afterwards (prompt
 lookup's server, the target with vLLM's ngram method, is checked without vLLM); `vllm serve` as `specdistill check`

@@ -20,10 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from decode.inputs.checks import read_text
-from decode.serving.http_server import ServerError, last_line, stop
+from decode.serving.http_server import REQUEST_TIMEOUT_S, ServerError, last_line, stop
 
 PERCENTILES = ("p50", "p99")
-REQUEST_TIMEOUT_S = 600.0  # a request whose answer stalls this long counts as failed
 START_S = 120.0  # GuideLLM's own start (its worker processes, the tokenizer) and end, beyond the requests' time
 
 

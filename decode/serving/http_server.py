@@ -27,6 +27,7 @@ from decode.serving.vllm_engine import ServingError
 
 READY_TIMEOUT_S = 900.0  # a CPU build loads, profiles and warms up in 1-3 minutes on 2 cores
 STOP_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 600.0  # a request whose answer stalls this long fails (the greedy check's; GuideLLM's load's)
 SPEC_METRICS = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
                 "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
 
@@ -70,7 +71,7 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
             return response.read()
 
-    def post(self, path: str, body: dict, timeout: float = 600.0) -> dict:
+    def post(self, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         try:
@@ -82,7 +83,7 @@ class Server:
             raise ServerError(f"{path} did not answer within {timeout:g} s (the server's log: {self.log})") from None
 
     def complete(self, prompt_ids: Sequence[int], max_tokens: int, ignore_eos: bool = False,
-                 timeout: float = 600.0) -> list[int]:
+                 timeout: float = REQUEST_TIMEOUT_S) -> list[int]:
         """Greedy completion of a tokenized prompt through /v1/completions: the new token ids (ServerError when the
         answer takes over `timeout` seconds)."""
         body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": 0.0,

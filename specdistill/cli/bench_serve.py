@@ -34,8 +34,8 @@ from decode.inputs.loading import LoadError, load_tokenizer, resolve_draft_path,
 from decode.inputs.prompts import CHAT_TEMPLATE_MODES, encode_prompt_rows, read_prompt_rows
 from decode.inputs.writes import write_atomic
 from decode.measure.table import markdown_table
-from decode.serving.guidellm_load import REQUEST_TIMEOUT_S, find_guidellm, run_load, write_dataset
-from decode.serving.http_server import ServerError, vllm_server
+from decode.serving.guidellm_load import find_guidellm, run_load, write_dataset
+from decode.serving.http_server import REQUEST_TIMEOUT_S, ServerError, vllm_server
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from kinds import Kind, kind_of_source
 
