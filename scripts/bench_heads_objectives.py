@@ -77,6 +77,8 @@ ARMS = {
     "ttt4_aux_top": [*TTT4, "model.aux_layers=[2,15,29]"],
     "topk10": ["distill.soft_target_top_k=10"],                 # top-k soft targets: the target's 10 likeliest (HASS)
     "ttt4_topk10": [*TTT4, "distill.soft_target_top_k=10"],
+    "layers2": ["model.head_layers=2"],                         # a second decoder layer (vLLM serves N > 1)
+    "ttt4_layers2": [*TTT4, "model.head_layers=2"],
 }
 # arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
 CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top"}

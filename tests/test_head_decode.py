@@ -49,10 +49,44 @@ def train_head(target: torch.nn.Module, head: Eagle3Head, steps: int = 60, seed:
     return head.eval()
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=[("llama", 1), ("qwen2", 1), ("llama", 2)],
+                ids=["llama", "qwen2", "llama-2-layers"])
 def trained(request):
-    target = tiny_model(request.param, seed=0, layers=4)
-    return target, train_head(target, new_head(target))
+    """A head trained on a tiny target: one decoder layer on Llama and Qwen2, two on Llama (model.head_layers)."""
+    arch, layers = request.param
+    target = tiny_model(arch, seed=0, layers=4)
+    return target, train_head(target, new_head(target, num_layers=layers))
+
+
+def test_a_deeper_heads_later_layers_are_llama_decoder_layers():
+    """Layer i >= 1 of a head is transformers' LlamaDecoderLayer on layer i - 1's output (vLLM's llama_eagle3: the
+    residual added before its input norm), and the final norm reads the last: the head's output, from the head's own
+    first layer and transformers' decoder layers."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    target = tiny_model("llama", seed=0, layers=4)
+    deep = new_head(target, seed=2, num_layers=3)
+    shallow = Eagle3Head(head_config(target.config, num_layers=1)).bind_embeddings(target.get_input_embeddings())
+    shallow.load_state_dict({k: v for k, v in deep.state_dict().items() if not k.startswith("layers.")})
+    ids = torch.tensor([[1, 5, 7, 9, 11, 13]])
+    with torch.no_grad():
+        aux = target_aux_hidden(target(ids, output_hidden_states=True).hidden_states, deep.aux_layers)
+        hidden, positions = deep.fuse(aux[:, :-1]), torch.arange(5).view(1, -1)
+        _, stream = shallow(ids[:, 1:], hidden, positions)  # layer 0's output
+        rope = deep.rotary(stream, positions)
+        causal = torch.full((5, 5), float("-inf")).triu(1).view(1, 1, 5, 5)  # additive: 0 where s <= t
+        config = head_config(target.config, num_layers=3)
+        config._attn_implementation = "eager"
+        for index in (1, 2):
+            layer = LlamaDecoderLayer(config, layer_idx=index)
+            layer.load_state_dict(deep.layer(index).state_dict())
+            stream = layer(stream, attention_mask=causal, position_ids=positions, position_embeddings=rope)
+            stream = stream[0] if isinstance(stream, tuple) else stream
+        expected = deep.logits(deep.norm(stream))
+        got, prenorm = deep(ids[:, 1:], hidden, positions)
+    torch.testing.assert_close(prenorm, stream, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert sorted({name.split(".")[1] for name in deep.state_for_export() if name.startswith("layers.")}) == ["1", "2"]
 
 
 # ---- greedy: the target's own output ------------------------------------------------------------------------------

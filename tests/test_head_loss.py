@@ -42,12 +42,14 @@ def norms_in_float64(monkeypatch):
     monkeypatch.setattr(LlamaRMSNorm, "forward", forward)
 
 
-def tiny_pair(arch: str = "llama", draft_vocab: int = VOCAB, seed: int = 0) -> tuple[torch.nn.Module, Eagle3Head]:
-    """A float64 target (3 layers) and a randomly initialised head on it; draft vocabulary = the first
-    `draft_vocab` even ids, then odd ones (a non-trivial d2t)."""
+def tiny_pair(arch: str = "llama", draft_vocab: int = VOCAB, seed: int = 0, head_layers: int = 1
+              ) -> tuple[torch.nn.Module, Eagle3Head]:
+    """A float64 target (3 layers) and a randomly initialised head of `head_layers` decoder layers on it; draft
+    vocabulary = the first `draft_vocab` even ids, then odd ones (a non-trivial d2t)."""
     target = tiny_model(arch, vocab_size=VOCAB, hidden=32, layers=3, seed=seed).double()
     torch.manual_seed(seed + 1)
-    head = Eagle3Head(head_config(target.config, aux_layers=[0, 1, 2], draft_vocab_size=draft_vocab)).double()
+    head = Eagle3Head(head_config(target.config, aux_layers=[0, 1, 2], draft_vocab_size=draft_vocab,
+                                  num_layers=head_layers)).double()
     with torch.no_grad():  # random norms and a sharper lm_head: distributions far from uniform
         for name, p in head.named_parameters():
             if name.endswith("norm.weight"):
@@ -84,26 +86,27 @@ def reference_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfi
     steps, (rows, length) = distill.ttt_steps, ids.shape
     sums, counts = [0.0] * steps, [0] * steps
 
-    def position(b: int, token_at: int, hidden: torch.Tensor, rope: int):
-        return head.project(ids[b, token_at].view(1, 1), hidden.view(1, 1, -1), torch.tensor([[rope]]))
+    def position(b: int, token_at: int, hidden: torch.Tensor, rope: int, cache: list[tuple[list, list]]):
+        """The head at one position: each layer's key and value join its lists, its query sees them all."""
+        def attention(layer: int, q, k, v):
+            keys, values = cache[layer]
+            keys.append(k)
+            values.append(v)
+            keys_all, values_all = torch.cat(keys, dim=2), torch.cat(values, dim=2)
+            sees_all = torch.ones(1, 1, 1, keys_all.shape[2], dtype=torch.bool)
+            return head.attend(q, keys_all, values_all, sees_all, layer)
+        return head.run(ids[b, token_at].view(1, 1), hidden.view(1, 1, -1), torch.tensor([[rope]]), attention)
 
     for b in range(rows):
         for t in range(length - 2):
-            keys, values = [], []
+            cache = [([], []) for _ in range(head.num_layers)]  # per layer: keys, values
             for s in range(t):  # the target-feature positions before t
-                _, k, v, _ = position(b, s + 1, fused[b, s], s)
-                keys.append(k)
-                values.append(v)
+                position(b, s + 1, fused[b, s], s, cache)
             hidden = fused[b, t]
             for j in range(steps):
                 if t + 2 + j >= length:
                     break
-                q, k, v, residual = position(b, t + 1 + j, hidden, t + j)
-                keys.append(k)
-                values.append(v)
-                keys_all, values_all = torch.cat(keys, dim=2), torch.cat(values, dim=2)
-                sees_all = torch.ones(1, 1, 1, keys_all.shape[2], dtype=torch.bool)
-                normed, hidden = head.finish(head.attend(q, keys_all, values_all, sees_all), residual)
+                normed, hidden = position(b, t + 1 + j, hidden, t + j, cache)
                 label = int(labels[b, t + 2 + j])
                 if label == IGNORE_INDEX or not mask[b, t + 2 + j] or label not in draft_id:
                     continue
@@ -165,6 +168,18 @@ def test_unrolled_loss_matches_the_step_by_step_decoder_reference(arch, loss, st
     inputs = batch()
     got, got_grads = batched_matches_reference(target, head, inputs, distill)
     assert any(g.abs().max() > 0 for g in got_grads.values())
+
+
+@pytest.mark.parametrize("arch, head_layers", [("llama", 2), ("qwen2", 3)])
+def test_a_deeper_heads_unrolled_loss_matches_the_step_by_step_decoder_reference(arch, head_layers):
+    """model.head_layers > 1: every layer's keys unrolled as the first's, each layer its own KV list in the
+    reference; every layer's weights get a gradient."""
+    target, head = tiny_pair(arch, 40, head_layers=head_layers)
+    distill = DistillConfig(loss="forward_kl", ttt_steps=3, ttt_decay=0.8, chunk_size=7)
+    _, got_grads = batched_matches_reference(target, head, batch(), distill)
+    for index in range(1, head_layers):
+        assert got_grads[f"layers.{index}.self_attn.q_proj.weight"].abs().max() > 0
+        assert got_grads[f"layers.{index}.mlp.down_proj.weight"].abs().max() > 0
 
 
 def test_every_divergence_of_the_table_trains_a_head():

@@ -152,6 +152,21 @@ def test_head_init_target_reads_out_like_the_target(arch):
     assert init_from_target(narrow, target) == ["lm_head", "norm"]  # a narrower MLP starts fresh
 
 
+def test_a_deeper_head_starts_from_the_targets_last_layers():
+    """model.head_layers 2 with head_init target: the first layer's MLP is the target's layer L - 2's, layer 1 is the
+    target's last decoder layer whole (attention, MLP, both norms), so it computes that layer's output."""
+    target = tiny_model("llama", layers=4)
+    head = build_head(ModelConfig(target="t", draft_kind="eagle3", head_layers=2), target, torch.float32)
+    assert init_from_target(head, target) == ["lm_head", "norm", "midlayer.mlp", "layers.1"]
+    x = torch.randn(3, 5, 32)
+    torch.testing.assert_close(head.midlayer.mlp(x), target.model.layers[2].mlp(x))
+    last, layer = target.model.layers[3], head.layer(1)
+    for name, value in layer.state_dict().items():
+        assert torch.equal(value, last.state_dict()[name]), name
+    too_deep = build_head(ModelConfig(target="t", draft_kind="eagle3", head_layers=5), target, torch.float32)
+    assert init_from_target(too_deep, target) == ["lm_head", "norm"]  # more layers than the target: fresh
+
+
 def test_frozen_parts_train_no_further_and_a_part_left_random_is_refused():
     target = tiny_model("llama", layers=4)
     head = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
@@ -338,6 +353,11 @@ def test_resumed_head_run_is_the_same_run_bit_for_bit(workdir, monkeypatch, caps
                         *common, "train.max_steps=9", "train.resume_from_checkpoint=true", "model.draft_vocab_size=100")
     assert "holds no EAGLE-3 head of the recipe's shape (lm_head.weight: [320, 32], the recipe's head has [100, 32])" \
         in message, message
+    message = cli_error(monkeypatch, capsys, HEAD_RECIPE, f"model.target={workdir / 'target'}",
+                        f"data.dataset={workdir / 'code.txt'}", f"train.output_dir={resumed}", "train.report_to=[]",
+                        *common, "train.max_steps=9", "train.resume_from_checkpoint=true", "model.head_layers=2")
+    assert "holds no EAGLE-3 head of the recipe's shape (layers.1.mlp.up_proj.weight: None, the recipe's head has " \
+           "[64, 32])" in message, message
 
 
 @pytest.mark.integration
@@ -351,6 +371,35 @@ def test_target_responses_train_a_head(workdir):
             if "loss" in e]
     assert len(logs) == 2 and all(e["ttt/step0_kd"] > 0 for e in logs)
     assert is_eagle3_folder(out) and any((workdir / "responses").iterdir())
+
+
+@pytest.mark.integration
+def test_a_two_layer_head_trains_measures_and_exports(workdir):
+    """model.head_layers=2 through the whole run: the training-time test, the checkpoint's acceptance measured by our
+    decoder (lossless), the export (layers.1.* beside midlayer.*, num_hidden_layers 2 in both configs) that the deploy
+    check passes and reads back to the trained head; its card and serving commands say SGLang serves one layer."""
+    from kinds.eagle3.deploy import head_serving_commands
+
+    out = run(workdir, "two_layers", "model.head_layers=2", "distill.ttt_steps=2", "train.max_steps=4",
+              "train.save_steps=4", "train.logging_steps=1", "data.num_eval_prompts=2", "eval.gammas=[2]",
+              "eval.max_new_tokens=8")
+    assert all(r["greedy_match"] == 1.0 for r in read_records(out))
+    results = json.loads((out / "train_results.json").read_text())
+    assert results["deploy_check"]["passed"] is True, results["deploy_check"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == config["transformer_layer_config"]["num_hidden_layers"] == 2
+    names = set(load_file(out / "model.safetensors"))
+    assert {"midlayer.hidden_norm.weight", "layers.1.self_attn.q_proj.weight",
+            "layers.1.input_layernorm.weight"} <= names
+    assert not any(name.startswith("layers.1.hidden_norm") for name in names)
+    target = AutoModelForCausalLM.from_pretrained(workdir / "target").eval()
+    exported = Eagle3Head.from_pretrained(out, target.get_input_embeddings())
+    trained = head_at_checkpoint(out / "checkpoint-4", exported)
+    assert all(torch.equal(exported.state_dict()[k], v) for k, v in trained.state_dict().items())
+    push_to_hub(out, repo_id="someone/two-layer-head", dry_run=True)  # writes the card
+    assert "2 decoder layers (vLLM serves it; SGLang one-layer heads only)" in (out / "README.md").read_text()
+    commands = head_serving_commands("t", str(out), 2, layers=2)
+    assert "vllm serve" in commands and "not served: SGLang's EAGLE3 runs one-layer heads only" in commands
 
 
 KILL_RUN = ("train.max_steps=12", "train.save_steps=4", "train.save_total_limit=null", "train.logging_steps=4",

@@ -183,12 +183,13 @@ def test_vllm_and_we_count_the_same_steps_on_a_speculators_head(pair, monkeypatc
     assert SpecCounters.from_spec_stats(ours["stats"]) == SpecCounters.from_dict(vllm["stats"])
 
 
-def export(pair, name: str, verifier: Path) -> Path:
+def export(pair, name: str, verifier: Path, head: Eagle3Head | None = None) -> Path:
     from distill.publish.export import write_served_folder
 
     out = pair["root"] / name
     out.mkdir()
-    write_served_folder(out, pair["head"], pair["tokenizer"], GAMMA, kind_named("eagle3"), verifier=str(verifier))
+    write_served_folder(out, head or pair["head"], pair["tokenizer"], GAMMA, kind_named("eagle3"),
+                        verifier=str(verifier))
     return out
 
 
@@ -273,6 +274,28 @@ def test_vllm_serves_our_export_alone(pair):
     assert seen["outputs"] == plain
     served = SpecCounters.from_dict(seen["counters"])
     assert served.num_drafts > 0 and served.num_accepted_tokens > 0
+    assert served == ours  # tau, acceptance and acceptance per position equal, step by step
+
+
+def test_vllm_serves_a_two_layer_head_with_our_counters(pair):
+    """model.head_layers 2: vLLM's llama_eagle3 builds layer 1 as a Llama decoder layer on H (the residual added
+    before its input norm) from our export's layers.1.*; a reader that differed anywhere in the second layer would
+    draft other tokens, and the step-by-step counters would differ."""
+    from test_head_decode import train_head
+
+    target = pair["target"]
+    torch.manual_seed(1)
+    head = Eagle3Head(head_config(target.config, aux_layers=[0, 1, 3], draft_vocab_size=128, num_layers=2))
+    head.set_vocab(pair["head"].target_ids)
+    head.bind_embeddings(target.get_input_embeddings())
+    train_head(target, head, steps=300)
+    folder = export(pair, "export_two_layers", pair["root"] / "target", head)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == config["transformer_layer_config"]["num_hidden_layers"] == 2
+    seen, plain, ours = served_alone(pair, folder)
+    assert seen["method"] == "eagle3" and seen["outputs"] == plain
+    served = SpecCounters.from_dict(seen["counters"])
+    assert served.num_accepted_tokens > 0
     assert served == ours  # tau, acceptance and acceptance per position equal, step by step
 
 

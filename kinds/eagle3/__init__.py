@@ -1,11 +1,11 @@
-"""An EAGLE-3 head: one decoder layer on the target's own hidden states (3 of its layers, fused), drafting gamma
+"""An EAGLE-3 head: a decoder layer (or N) on the target's own hidden states (3 of its layers, fused), drafting gamma
 tokens with gamma sequential head steps; vLLM's and SGLang's eagle3. Trained with training-time test (the head
 unrolled K steps on its own outputs), from the target's logits restricted to a draft vocabulary.
 
     model.py     Eagle3Head: the maths, the files, vLLM's semantics
     drafter.py   HeadDrafter (our decoder, eager and compiled)
-    options.py   its recipe keys: model.aux_layers, draft_vocab_size, head_intermediate_size, head_init,
-                 head_frozen; distill.ttt_steps, ttt_decay, feature_noise, soft_target_top_k
+    options.py   its recipe keys: model.aux_layers, draft_vocab_size, head_intermediate_size, head_layers,
+                 head_init, head_frozen; distill.ttt_steps, ttt_decay, feature_noise, soft_target_top_k
     build.py     the plan from configs, the head built from the target, the draft vocabulary, checkpoints
     loss.py      training-time test: UnrolledHead, the per-step losses
     trainer.py   HeadTrainer

@@ -61,7 +61,7 @@ def plan_head(cfg: ModelKeys, target_config: PretrainedConfig) -> PretrainedConf
                               f"layers (as vLLM serves it); the target has {text.num_hidden_layers}")
     try:
         return head_config(target_config, aux_layers=cfg.aux_layers, draft_vocab_size=size,
-                           intermediate_size=cfg.head_intermediate_size)
+                           intermediate_size=cfg.head_intermediate_size, num_layers=cfg.head_layers)
     except ValueError as err:
         raise ModelSetupError(f"model.aux_layers: {err}") from None
 
@@ -112,16 +112,20 @@ def build_head(cfg: ModelKeys, target: PreTrainedModel, dtype: torch.dtype,
 def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
     """model.head_init target: copy into the head what has the same role in the target, so training starts from a
     head that already reads out like the target. Call after the draft vocabulary is set. Returns the names copied.
+    The head's N layers stand for the target's last N (L - N .. L - 1):
 
         lm_head[i]  = target.lm_head[d2t-mapped id of draft id i]       (the rows of the draft vocabulary)
         norm        = target's final norm
-        mlp, post_attention_layernorm = the target's last decoder layer's (when the MLP widths match)
+        midlayer.mlp, post_attention_layernorm = the target's layer L - N's (when the MLP widths match)
+        layers.i    = the target's layer L - N + i, whole (when every shape matches)
     """
     inner = target.get_decoder() if hasattr(target, "get_decoder") else None
     layers = getattr(inner, "layers", None)
     out, final_norm = target.get_output_embeddings(), getattr(inner, "norm", None)
-    last = layers[-1] if layers is not None and len(layers) else None
-    read = [p for m in (out, final_norm, last) if m is not None for p in m.parameters()]
+    count = len(layers) if layers is not None else 0
+    sources = [layers[count - head.num_layers + i] if count >= head.num_layers else None
+               for i in range(head.num_layers)]  # the target layer each head layer starts from
+    read = [p for m in (out, final_norm, *sources) if m is not None for p in m.parameters()]
     copied = []
     with gathered(read):  # ZeRO-3: the target's partitions whole while they are read (a collective)
         if out is not None and out.weight.shape[1] == head.lm_head.weight.shape[1]:
@@ -131,14 +135,29 @@ def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
         if final_norm is not None and final_norm.weight.shape == head.norm.weight.shape:
             head.norm.weight.copy_(final_norm.weight.to(head.norm.weight))
             copied.append("norm")
-        src = last.mlp.state_dict() if last is not None and hasattr(last, "mlp") else {}
+        first = sources[0]
+        src = first.mlp.state_dict() if first is not None and hasattr(first, "mlp") else {}
         dst = head.midlayer.mlp.state_dict()
         if src.keys() == dst.keys() and all(src[k].shape == dst[k].shape for k in dst):
             head.midlayer.mlp.load_state_dict({k: v.to(dst[k]) for k, v in src.items()})
             head.midlayer.post_attention_layernorm.weight.copy_(
-                last.post_attention_layernorm.weight.to(head.fc.weight))
+                first.post_attention_layernorm.weight.to(head.fc.weight))
             copied.append("midlayer.mlp")
+        for index, source in enumerate(sources[1:], start=1):
+            copied += copy_layer(head.layer(index), source, f"layers.{index}")
     return copied
+
+
+def copy_layer(layer: nn.Module, source: nn.Module | None, name: str) -> list[str]:
+    """A later head layer (kinds.eagle3.model.DecoderLayer) copied from a target decoder layer: its attention
+    projections, MLP and both norms (a Qwen2 target's q/k/v biases, which the head has not, are left out); [name]
+    when every weight the head layer has is there in the same shape (nothing copied otherwise)."""
+    wanted = layer.state_dict()
+    have = source.state_dict() if source is not None else {}
+    if any(key not in have or have[key].shape != value.shape for key, value in wanted.items()):
+        return []
+    layer.load_state_dict({key: have[key].to(value) for key, value in wanted.items()})
+    return [name]
 
 
 # model.head_frozen's parts -> the head's modules they name (the first: init_from_target's name for the part)
@@ -204,13 +223,16 @@ def check_resume_head_shape(recipe, resume: str) -> None:
         return
     trust = recipe.model.trust_remote_code
     planned = plan_head(recipe.model, AutoConfig.from_pretrained(recipe.model.target, trust_remote_code=trust))
+    up, n = [planned.intermediate_size, planned.hidden_size], planned.num_hidden_layers
     want = {"fc.weight": [planned.hidden_size, 3 * planned.target_hidden_size],
             "lm_head.weight": [planned.draft_vocab_size, planned.hidden_size],
-            "midlayer.mlp.up_proj.weight": [planned.intermediate_size, planned.hidden_size]}
+            "midlayer.mlp.up_proj.weight": up,
+            **({f"layers.{n - 1}.mlp.up_proj.weight": up} if n > 1 else {}),
+            f"layers.{n}.mlp.up_proj.weight": None}  # model.head_layers: its deepest layer there, none past it
     saved = safetensors_header(weights, "train.resume_from_checkpoint").tensors
     for name, shape in want.items():
         got = saved.get(CHECKPOINT_PREFIX + name, {}).get("shape")
         if got != shape:
             raise ModelSetupError(f"train.resume_from_checkpoint: {resume} holds no EAGLE-3 head of the "
-                                  f"recipe's shape ({name}: {got}, the recipe's head has {shape}); resume with "
-                                  "the recipe that made it, or start a new run (train.overwrite_output_dir=true)")
+                                  f"recipe's shape ({name}: {got}, the recipe's head has {shape or 'none'}); resume "
+                                  "with the recipe that made it, or start a new run (train.overwrite_output_dir=true)")

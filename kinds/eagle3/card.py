@@ -9,9 +9,12 @@ from kinds.eagle3.model import ARCHITECTURE
 
 
 def describe_head(config: dict) -> list[str]:
-    """An EAGLE-3 head: the target layers it reads, its hidden size and draft vocabulary."""
+    """An EAGLE-3 head: its decoder layers, the target layers it reads, its hidden size and draft vocabulary."""
     layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return [f"EAGLE-3 head ({ARCHITECTURE}): one decoder layer on the target's hidden states at layers {layers}",
+    depth = config.get("num_hidden_layers") or 1
+    decoder = ("one decoder layer" if depth == 1
+               else f"{depth} decoder layers (vLLM serves it; SGLang one-layer heads only)")
+    return [f"EAGLE-3 head ({ARCHITECTURE}): {decoder} on the target's hidden states at layers {layers}",
             f"hidden size {config.get('hidden_size')}",
             f"draft vocabulary {config.get('draft_vocab_size')} of {config.get('vocab_size')} tokens"]
 
@@ -44,6 +47,6 @@ specdistill-eval --target {target} --draft {repo_id} --gamma {g}
 
 
 CARD = CardText("An EAGLE-3 draft head for speculative decoding with target {target}, trained with specdistill "
-                "(training-time test). It is one decoder layer that reads the target's own hidden states; vLLM "
-                "(`method: eagle3`) and SGLang (`EAGLE3`) serve this folder as it is. ",
+                "(training-time test). It is a small decoder that reads the target's own hidden states; vLLM "
+                "(`method: eagle3`) and SGLang (`EAGLE3`, one-layer heads) serve this folder as it is. ",
                 describe_head, head_usage_section, ("eagle3",))

@@ -92,11 +92,15 @@ def check_head(folder: Path, target_config, tensors: dict) -> dict[str, str | No
     }
 
 
-def head_serving_commands(target: str, draft: str, gamma: int) -> str:
-    """vLLM and SGLang commands serving ``draft`` (an EAGLE-3 head folder) next to ``target`` with ``gamma``; a folder
-    in the speculators format (decode.deploy.speculators) is also served by `vllm serve DRAFT` alone."""
+def head_serving_commands(target: str, draft: str, gamma: int, layers: int = 1) -> str:
+    """vLLM and SGLang commands serving ``draft`` (an EAGLE-3 head folder of ``layers`` decoder layers) next to
+    ``target`` with ``gamma``; a folder in the speculators format (decode.deploy.speculators) is also served by `vllm
+    serve DRAFT` alone. SGLang's EAGLE3 serves one-layer heads only (it refuses others): a deeper head gets that line
+    in place of its command."""
     spec = vllm_speculative_config("eagle3", draft, gamma)
     alone = serve_alone_line(draft)
+    sglang = (sglang_launch(target, draft, "EAGLE3", gamma) if layers == 1 else
+              f"# not served: SGLang's EAGLE3 runs one-layer heads only, this head has {layers} (serve it with vLLM)")
     return f"""# specdistill's own decoder (the same measurement as the trainer's)
 specdistill-eval --target {target} --draft {draft} --prompts PROMPTS --gamma {gamma}
 
@@ -104,7 +108,7 @@ specdistill-eval --target {target} --draft {draft} --prompts PROMPTS --gamma {ga
 {alone}{vllm_serve(target, spec)}
 
 # SGLang
-{sglang_launch(target, draft, "EAGLE3", gamma)}"""
+{sglang}"""
 
 
 def check_head_deploy(target: str, draft: str | Path, trust_remote_code: bool = False) -> DeployReport:
@@ -123,4 +127,5 @@ def check_head_deploy(target: str, draft: str | Path, trust_remote_code: bool = 
 
 def head_commands(report: DeployReport) -> str:
     """An EAGLE-3 head's commands (head_serving_commands) at the folder's gamma."""
-    return head_serving_commands(report.target, report.draft, report.gamma or DEFAULT_GAMMA)
+    layers = read_config(report.draft).get("num_hidden_layers") or 1
+    return head_serving_commands(report.target, report.draft, report.gamma or DEFAULT_GAMMA, layers)

@@ -27,9 +27,9 @@ from kinds.eagle3.model import Eagle3Head
 
 
 class HeadCache:
-    """The head's keys and values [1, nkv, capacity, d], one slot per head position (slot p = position p), and
-    its step. ``length`` positions are valid; rollback moves it back (later slots are stale: a query at position p
-    attends to slots <= p only, and the next step overwrites them).
+    """The head's keys and values [N, 1, nkv, capacity, d] (one cache per decoder layer), one slot per head position
+    (slot p = position p), and its step. ``length`` positions are valid; rollback moves it back (later slots are
+    stale: a query at position p attends to slots <= p only, and the next step overwrites them).
 
     ``compile``: steps of ``lengths`` tokens run torch.compiled (decode.loop.static's backend and options) on fixed
     buffers; a step of fewer tokens is padded up to the next compiled length (the padding writes stale slots past
@@ -52,11 +52,12 @@ class HeadCache:
         capacity += max(self.lengths, default=0)
         if self.k.numel() and capacity <= self.capacity:
             return
-        attn = self.head.midlayer.self_attn
-        k = self.head.fc.weight.new_zeros(1, attn.num_kv_heads, bucket(capacity), attn.head_dim)
+        head, attn = self.head, self.head.midlayer.self_attn
+        k = head.fc.weight.new_zeros(head.num_layers, 1, attn.num_kv_heads, bucket(capacity), attn.head_dim)
         v = torch.zeros_like(k)
         if self.length:
-            k[:, :, : self.length], v[:, :, : self.length] = self.k[:, :, : self.length], self.v[:, :, : self.length]
+            valid = slice(0, self.length)
+            k[..., valid, :], v[..., valid, :] = self.k[..., valid, :], self.v[..., valid, :]
         self.k, self.v, self.steps = k, v, {}
 
     @property
@@ -65,19 +66,22 @@ class HeadCache:
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """The head at ``positions`` [1, T] (= their slots) for tokens [1, T] read with hidden [1, T, H]: writes
-        their keys and values, attends over the whole buffer (slots <= each position); (draft logits [T, V_draft],
-        prenorm [T, H])."""
-        q, k, v, residual = self.head.project(tokens, hidden, positions)
-        self.k.index_copy_(2, positions[0], k)
-        self.v.index_copy_(2, positions[0], v)
+        their keys and values into each layer's cache, attends over the whole buffer (slots <= each position); (draft
+        logits [T, V_draft], prenorm [T, H])."""
         slots = torch.arange(self.capacity, device=tokens.device)
         mask = (slots.view(1, -1) <= positions.view(-1, 1)).view(1, 1, tokens.shape[1], -1)  # [1, 1, T, C]
-        normed, prenorm = self.head.finish(self.head.attend(q, self.k, self.v, mask), residual)
+
+        def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.k[layer].index_copy_(2, positions[0], k)
+            self.v[layer].index_copy_(2, positions[0], v)
+            return self.head.attend(q, self.k[layer], self.v[layer], mask, layer)
+
+        normed, prenorm = self.head.run(tokens, hidden, positions, attention)
         return self.head.logits(normed)[0], prenorm[0]
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

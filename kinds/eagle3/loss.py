@@ -7,9 +7,9 @@ distribution computed at position t (it predicts x_{t+1}). With K = distill.ttt_
     step j:  (x_{t+1+j}, g^{j-1}_t) -> g^j_t at rope position t + j,  predicts x_{t+2+j}, scored against p_{t+1+j}
 
 Attention at step j, index t: the step-0 keys at s <= t (the target-feature positions) and the step-i keys at
-index t for i = 1..j (its own drafted positions): exactly the head's KV cache when the decoder drafts the (j+1)-th
-token from a context ending at position t. All indices t of one step run as one batched pass over a
-[T, (j+1) T] boolean mask (`ttt_mask`); tokens are the data's (teacher forcing), features the head's own.
+index t for i = 1..j (its own drafted positions): exactly the head's KV cache (each decoder layer's alike) when the
+decoder drafts the (j+1)-th token from a context ending at position t. All indices t of one step run as one batched
+pass over a [T, (j+1) T] boolean mask (`ttt_mask`); tokens are the data's (teacher forcing), features the head's own.
 
 Loss (per-token mean over the optimizer step, as for standalone drafts, one mean per step):
 
@@ -84,15 +84,19 @@ def unroll(head: Eagle3Head, input_ids: torch.Tensor, fused: torch.Tensor, steps
     """The head's normed outputs [B, T, H] at steps 0..steps-1 (module docstring), fused = fuse(h) [B, T, H]."""
     batch, length = input_ids.shape
     positions = torch.arange(length, device=input_ids.device).expand(batch, length)  # [B, T]
-    keys, values, outputs, hidden = [], [], [], fused
+    keys = [[] for _ in range(head.num_layers)]  # per layer, each step's keys [B, nkv, T, d]
+    values = [[] for _ in range(head.num_layers)]
+    outputs, hidden = [], fused
     for step in range(steps):
-        # (x_{t+1+j}, hidden) at rope position t + j
-        q, k, v, residual = head.project(shifted(input_ids, 1 + step), hidden, positions + step)
-        keys.append(k)
-        values.append(v)
         mask = ttt_mask(length, step, input_ids.device)  # [1, 1, T, (j+1) T]
-        attn = head.attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask)  # [B, T, H]
-        normed, hidden = head.finish(attn, residual)  # hidden: prenorm, fed back at the next step
+
+        def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys[layer].append(k)
+            values[layer].append(v)
+            return head.attend(q, torch.cat(keys[layer], dim=2), torch.cat(values[layer], dim=2), mask, layer)
+
+        # (x_{t+1+j}, hidden) at rope position t + j; hidden: the prenorm output, fed back at the next step
+        normed, hidden = head.run(shifted(input_ids, 1 + step), hidden, positions + step, attention)
         outputs.append(normed)
     return outputs
 

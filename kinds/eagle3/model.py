@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft head: one decoder layer that reads the target's own hidden states (Li et al. 2025).
+"""The EAGLE-3 draft head: decoder layers (one by default) that read the target's own hidden states (Li et al. 2025).
 
 Semantics are those of vLLM's `llama_eagle3.py`, the file a served head runs in:
 
@@ -6,7 +6,10 @@ Semantics are those of vLLM's `llama_eagle3.py`, the file a served head runs in:
     x       = cat(input_layernorm(embed(token)), hidden_norm(hidden))       # [T, 2H]  hidden = fused or fed back
     r       = hidden + o_proj(attention(x))                                 #          residual = un-normed hidden
                                                                             #  (normed: norm_before_residual)
-    prenorm = r + mlp(post_attention_layernorm(r))                          # [T, H]   fed back at the next step
+    s_0     = r + mlp(post_attention_layernorm(r))                          # [T, H]   layer 0 (`midlayer`)
+    s_i     = r_i + mlp_i(post_attention_layernorm_i(r_i)),                 #          layers 1..N-1 (`layers.i`,
+              r_i = s_{i-1} + o_proj_i(attention_i(input_layernorm_i(s_{i-1})))   a Llama decoder layer on H)
+    prenorm = s_{N-1}                                                       # [T, H]   fed back at the next step
     logits  = lm_head(norm(prenorm))                                        # [T, V_draft]
     target id of draft id i = i + d2t[i]                                    # logits scattered into the target's V
 
@@ -14,12 +17,15 @@ Position p of the head holds (token x_{p+1}, hidden state of position p) and pre
 state of layer id i is the residual stream entering decoder layer i (`hidden_states[i]` of a transformers forward).
 The token embedding is the target's own (frozen, shared, not saved): vLLM shares it when the folder has none.
 
-The attention step is apart from the rest (`project` -> attention -> `finish`) so that decoding (a KV cache,
-kinds/eagle3/drafter.py) and training-time test (an unrolled mask, distill/) use the same weights the same way.
+N = config.num_hidden_layers (model.head_layers; vLLM serves N > 1 as above, each layer its own KV cache). The
+attention of each layer is handed in (`run(..., attention)`): decoding (a KV cache per layer, kinds/eagle3/drafter.py),
+the training-time test (an unrolled mask, kinds/eagle3/loss.py) and P-EAGLE's blocks use the same weights the same
+way, and differ only in which keys a query sees.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,7 +77,7 @@ def read_config(folder: str | Path) -> dict:
 
 # -- the speculators format (decode.deploy.speculators) ---------------------------------------------------------------
 SPECULATORS_TYPES = ("eagle3", "peagle")  # the EAGLE-3 heads vLLM reads in the speculators format
-SPECULATORS_LAYER = "layers.0."  # speculators' (and vLLM's) name of the head's decoder layer, midlayer. here
+SPECULATORS_LAYER = "layers.0."  # speculators' (and vLLM's) name of the head's first decoder layer, midlayer. here
 SPECULATORS_UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")  # variants this head does not implement
 LAYER_KEYS = ("attention_bias", "attention_dropout", "head_dim", "hidden_act", "hidden_size", "intermediate_size",
               "max_position_embeddings", "mlp_bias", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
@@ -84,7 +90,7 @@ def speculators_fields(config: dict) -> dict:
     EAGLE-3's; vLLM reads a missing `norm_before_residual` as true)."""
     mask = parallel_token(config)
     layer = {key: config[key] for key in LAYER_KEYS if key in config}
-    layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
+    layer.update(model_type="llama", num_hidden_layers=config.get("num_hidden_layers") or 1, tie_word_embeddings=False)
     fields = {"speculators_model_type": "eagle3" if mask is None else "peagle", "transformer_layer_config": layer,
               "draft_vocab_size": config.get("draft_vocab_size") or config["vocab_size"],
               "target_hidden_size": config.get("target_hidden_size") or config["hidden_size"],
@@ -107,7 +113,8 @@ def from_speculators(config: dict, folder: str | Path = "") -> dict:
                          "does not implement (vLLM serves it; measure it with --engine vllm)")
     layer = dict(config.get("transformer_layer_config") or {})
     ours = {key: layer[key] for key in LAYER_KEYS if key in layer}
-    ours.update(architectures=[ARCHITECTURE], model_type="llama", num_hidden_layers=1, tie_word_embeddings=False,
+    ours.update(architectures=[ARCHITECTURE], model_type="llama", num_hidden_layers=layer.get("num_hidden_layers") or 1,
+                tie_word_embeddings=False,
                 draft_vocab_size=config.get("draft_vocab_size") or layer.get("vocab_size"),
                 target_hidden_size=config.get("target_hidden_size") or layer.get("hidden_size"),
                 norm_before_residual=bool(config.get("norm_before_residual", True)),
@@ -145,10 +152,13 @@ def fit_problems(config: dict, target_config: PretrainedConfig) -> dict[str, str
 
 
 def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None = None,
-                draft_vocab_size: int | None = None, intermediate_size: int | None = None) -> LlamaConfig:
+                draft_vocab_size: int | None = None, intermediate_size: int | None = None,
+                num_layers: int = 1) -> LlamaConfig:
     """The head's config, built from the target's: same hidden size (the embedding is shared), heads, rope and
-    context; one layer; `draft_vocab_size` output rows (default the whole vocabulary). Raises ValueError for an aux
-    layer the target does not have."""
+    context; `num_layers` decoder layers (one by default); `draft_vocab_size` output rows (default the whole
+    vocabulary). Raises ValueError for an aux layer the target does not have."""
+    if num_layers < 1:
+        raise ValueError(f"a head has at least one decoder layer, got {num_layers}")
     text = target_config.get_text_config()
     layers = list(aux_layers) if aux_layers is not None else default_aux_layers(text.num_hidden_layers)
     if not layers or min(layers) < 0 or max(layers) >= text.num_hidden_layers:
@@ -160,7 +170,7 @@ def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None
     return LlamaConfig(
         architectures=[ARCHITECTURE],
         **target_layer_shape(text, intermediate_size),
-        num_hidden_layers=1,
+        num_hidden_layers=num_layers,
         draft_vocab_size=draft_vocab_size or text.vocab_size,
         target_hidden_size=text.hidden_size,
         eagle_config={"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True},
@@ -168,15 +178,16 @@ def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None
 
 
 class HeadAttention(nn.Module):
-    """Attention whose q, k, v read the 2H-wide [embedding, hidden] input; o_proj back to H."""
+    """Attention whose q, k, v read `input_size` features (layer 0: the 2H-wide [embedding, hidden]; later layers:
+    H); o_proj back to H."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, input_size: int) -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
-        self.q_proj = nn.Linear(2 * h, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.q_proj = nn.Linear(input_size, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(input_size, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(input_size, self.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
 
 
@@ -192,15 +203,33 @@ class HeadMLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    """The head's one decoder layer; parameter names are the checkpoint's `midlayer.*`."""
+    """The head's first decoder layer, which reads [embedding, hidden]; parameter names are the checkpoint's
+    `midlayer.*` (vLLM's `layers.0.*`)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.self_attn = HeadAttention(config)
+        self.self_attn = HeadAttention(config, 2 * config.hidden_size)
         self.mlp = HeadMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class DecoderLayer(nn.Module):
+    """A later decoder layer (1..N-1) of a deeper head: a Llama decoder layer on the previous layer's output;
+    parameter names are vLLM's `layers.i.*`."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = HeadAttention(config, config.hidden_size)
+        self.mlp = HeadMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+# attention(layer index, q [B, nh, T, d], k and v [B, nkv, T, d]) -> o_proj'd output [B, T, H]: what a caller
+# does with each layer's keys (a KV cache, an unrolled mask) and which of them each query sees
+Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Eagle3Head(nn.Module):
@@ -216,6 +245,8 @@ class Eagle3Head(nn.Module):
         self.aux_layers = list(aux)
         self.fc = nn.Linear(len(aux) * config.target_hidden_size, config.hidden_size, bias=False)
         self.midlayer = MidLayer(config)
+        # layers 1..N-1, named as vLLM names them (layers.1.*, ...); none for a one-layer head
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config) for i in range(1, self.num_layers)})
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.rotary = LlamaRotaryEmbedding(config=config)
@@ -224,6 +255,15 @@ class Eagle3Head(nn.Module):
         if parallel_token(config) is not None:  # a P-EAGLE head: the learned aux hidden states of its mask slots
             self.mask_hidden = nn.Parameter(torch.zeros(1, len(aux) * config.target_hidden_size))
         self._embed = SharedEmbedding()  # not a submodule: the target's, never saved, not copied
+
+    @property
+    def num_layers(self) -> int:
+        """N, the head's decoder layers (config.num_hidden_layers)."""
+        return int(getattr(self.config, "num_hidden_layers", 1) or 1)
+
+    def layer(self, index: int) -> MidLayer | DecoderLayer:
+        """Decoder layer `index`: 0 is `midlayer`, i >= 1 `layers.i`."""
+        return self.midlayer if index == 0 else self.layers[str(index)]
 
     @property
     def norm_before_residual(self) -> bool:
@@ -278,36 +318,54 @@ class Eagle3Head(nn.Module):
 
     def project(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [B, nh, T, d], k and v [B, nkv, T, d] (rope applied at `position_ids` [B, T]) and the residual [B, T, H]
-        of tokens `input_ids` [B, T] read with `hidden` [B, T, H]."""
-        layer, attn = self.midlayer, self.midlayer.self_attn
+        """Layer 0's q [B, nh, T, d], k and v [B, nkv, T, d] (rope applied at `position_ids` [B, T]) and its residual
+        [B, T, H], for tokens `input_ids` [B, T] read with `hidden` [B, T, H]."""
+        layer = self.midlayer
         normed = layer.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden  # EAGLE-3 and this head: the un-normed hidden
         x = torch.cat([layer.input_layernorm(self.embed(input_ids)), normed], dim=-1)  # [B, T, 2H]
+        return (*self.qkv(layer, x, position_ids), residual)
+
+    def qkv(self, layer: MidLayer | DecoderLayer, x: torch.Tensor, position_ids: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`layer`'s q [B, nh, T, d], k and v [B, nkv, T, d] of its input x [B, T, 2H or H], rope at position_ids."""
+        attn = layer.self_attn
         b, t, _ = x.shape
         q = attn.q_proj(x).view(b, t, attn.num_heads, attn.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(b, t, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(b, t, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
         cos, sin = self.rotary(v, position_ids)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return q, k, v, residual
+        return q, k, v
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + mask) v, then o_proj: q [B, nh, Tq, d], k, v [B, nkv, Tk, d], mask bool
-        [B or 1, 1, Tq, Tk] (True = may attend) -> [B, Tq, H]."""
-        attn = self.midlayer.self_attn
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               layer: int = 0) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + mask) v, then layer `layer`'s o_proj: q [B, nh, Tq, d], k, v [B, nkv, Tk, d], mask
+        bool [B or 1, 1, Tq, Tk] (True = may attend) -> [B, Tq, H]."""
+        attn = self.layer(layer).self_attn
         groups = attn.num_heads // attn.num_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, nh, Tq, d]
         return attn.o_proj(out.transpose(1, 2).flatten(2))
 
-    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rest of the layer and the final norm: (normed [B, T, H] for the lm_head, prenorm [B, T, H] fed
-        back as the next step's hidden)."""
-        layer = self.midlayer
+    def run(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+            attention: Attention) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer over tokens `input_ids` [B, T] read with `hidden` [B, T, H] at `position_ids` [B, T], each
+        layer's attention done by `attention(i, q, k, v)`; then the final norm: (normed [B, T, H] for the lm_head,
+        prenorm [B, T, H] fed back as the next step's hidden)."""
+        q, k, v, residual = self.project(input_ids, hidden, position_ids)
+        stream = self.feed_forward(self.midlayer, attention(0, q, k, v), residual)
+        for index in range(1, self.num_layers):  # s_i = r_i + mlp_i(...), r_i = s_{i-1} + attention_i(...)
+            layer = self.layer(index)
+            q, k, v = self.qkv(layer, layer.input_layernorm(stream), position_ids)
+            stream = self.feed_forward(layer, attention(index, q, k, v), stream)
+        return self.norm(stream), stream
+
+    @staticmethod
+    def feed_forward(layer: MidLayer | DecoderLayer, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The rest of a layer after attention: r = residual + attn_out; r + mlp(post_attention_layernorm(r))."""
         r = residual + attn_out
-        prenorm = r + layer.mlp(layer.post_attention_layernorm(r))
-        return self.norm(prenorm), prenorm
+        return r + layer.mlp(layer.post_attention_layernorm(r))
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., V_draft]."""
@@ -323,11 +381,11 @@ class Eagle3Head(nn.Module):
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass over a whole sequence, causal (or `mask`): (draft logits [B, T, V_draft], prenorm [B, T, H])."""
-        q, k, v, residual = self.project(input_ids, hidden, position_ids)
         if mask is None:
             t = input_ids.shape[1]
             mask = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril().view(1, 1, t, t)
-        normed, prenorm = self.finish(self.attend(q, k, v, mask), residual)
+        normed, prenorm = self.run(input_ids, hidden, position_ids,
+                                   lambda layer, q, k, v: self.attend(q, k, v, mask, layer))
         return self.logits(normed), prenorm
 
     # -- files ----------------------------------------------------------------------------------------------------
@@ -364,7 +422,7 @@ class Eagle3Head(nn.Module):
         """Load a head saved by `save_pretrained` (or any folder in vLLM's eagle3 layout whose weights are named
         midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d, or one that speculators wrote: layers.0.*, and
         its own embed_tokens, which then replaces `embed_tokens` as it does in vLLM). Raises ValueError for a folder
-        that is not an EAGLE-3 head or misses weights."""
+        that is not an EAGLE-3 head or misses weights (a deeper head's later layers are layers.1.*, ...)."""
         folder = Path(folder)
         config_dict = read_config(folder)
         if not is_eagle3_config(config_dict):
@@ -373,7 +431,8 @@ class Eagle3Head(nn.Module):
         config = LlamaConfig(architectures=[ARCHITECTURE], **config_dict)
         config.draft_vocab_size = config_dict.get("draft_vocab_size") or config.vocab_size
         head = cls(config)
-        state = {name.replace(SPECULATORS_LAYER, "midlayer.", 1): tensor  # speculators names the layer layers.0
+        state = {"midlayer." + name.removeprefix(SPECULATORS_LAYER) if name.startswith(SPECULATORS_LAYER) else name:
+                 tensor  # speculators names the first layer layers.0
                  for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items()}
         own_embedding = state.pop("embed_tokens.weight", None)  # vLLM reads a folder's own embedding over the target's
         expected = set(head.state_for_export()) | {"d2t", "t2d"}

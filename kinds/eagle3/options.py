@@ -18,14 +18,18 @@ class Eagle3ModelOptions(BaseModel):
     head_intermediate_size: int | None = Field(
         None, gt=0, description="eagle3: the MLP width of the head's decoder layer; null = the target's "
                                 "intermediate_size.")
+    head_layers: int = Field(
+        1, ge=1, description="eagle3: N, the head's decoder layers: the first reads [embedding, hidden] (EAGLE-3's), "
+                             "the others are Llama decoder layers on its output (vLLM serves N > 1; SGLang one).")
     head_init: Literal["target", "random"] = Field(
         "target", description="eagle3: target = start the head's lm_head from the target's lm_head rows of the "
-                              "draft vocabulary, its final norm from the target's final norm, and its MLP (and the "
-                              "norm before it) from the target's last decoder layer where the widths match; random = "
-                              "all fresh.")
+                              "draft vocabulary, its final norm from the target's final norm, its first layer's MLP "
+                              "(and the norm before it) from the target's decoder layer L - N where the widths match, "
+                              "and a deeper head's layer i from the target's layer L - N + i whole; random = all "
+                              "fresh.")
     head_frozen: list[Literal["lm_head", "norm", "mlp"]] = Field(
         [], description="eagle3: parts of the head kept at the target's weights in training (needs head_init target): "
-                        "lm_head (the target's rows of the draft vocabulary), norm (the final norm), mlp (the last "
+                        "lm_head (the target's rows of the draft vocabulary), norm (the final norm), mlp (the first "
                         "decoder layer's MLP and the norm before it); [] = every weight trains.")
 
 

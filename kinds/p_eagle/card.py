@@ -25,6 +25,6 @@ def p_eagle_usage_section(target: str, repo_id: str, gamma: int | None) -> str:
 
 
 CARD = CardText("A P-EAGLE draft head (EAGLE-3 with parallel drafting) for speculative decoding with target {target}, "
-                "trained with specdistill. It drafts all gamma tokens in one pass of one decoder layer on the target's "
+                "trained with specdistill. It drafts all gamma tokens in one pass of the head on the target's "
                 "hidden states; vLLM (`method: eagle3` with `parallel_drafting: true`) serves this folder as it is. ",
                 describe_p_eagle, p_eagle_usage_section, ("eagle3", "p-eagle"))

@@ -72,7 +72,7 @@ class ParallelHead(UnrolledHead):
             fused = noisy(fused, self.feature_noise)
         tokens = torch.cat([shifted(input_ids, 1), input_ids.new_full((batch, slots), self.token)], dim=1)
         hidden = torch.cat([fused, head.mask_input().expand(batch, slots, -1)], dim=1)
-        q, k, v, residual = head.project(tokens, hidden, block_positions(anchors, length, self.gamma))
         mask = block_allowed(anchors, attention_mask, self.gamma)  # [B, 1, Q, Q]
-        normed, _ = head.finish(head.attend(q, k, v, mask), residual)
+        normed, _ = head.run(tokens, hidden, block_positions(anchors, length, self.gamma),
+                             lambda layer, q, k, v: head.attend(q, k, v, mask, layer))
         return normed[:, :length], normed[:, length:].view(batch, anchors.shape[1], self.gamma - 1, -1)
