@@ -3,6 +3,7 @@ tokens with gamma sequential head steps; vLLM's and SGLang's eagle3. Trained wit
 unrolled K steps on its own outputs), from the target's logits restricted to a draft vocabulary.
 
     model.py     Eagle3Head: the maths, the files, vLLM's semantics
+    layers.py    its decoder layers (the first on [embedding, hidden], a deeper head's Llama layers)
     drafter.py   HeadDrafter (our decoder, eager and compiled)
     options.py   its recipe keys: model.aux_layers, draft_vocab_size, head_intermediate_size, head_layers,
                  head_init, head_frozen; distill.ttt_steps, ttt_decay, feature_noise, soft_target_top_k

@@ -149,7 +149,7 @@ def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
 
 
 def copy_layer(layer: nn.Module, source: nn.Module | None, name: str) -> list[str]:
-    """A later head layer (kinds.eagle3.model.DecoderLayer) copied from a target decoder layer: its attention
+    """A later head layer (kinds.eagle3.layers.DecoderLayer) copied from a target decoder layer: its attention
     projections, MLP and both norms (a Qwen2 target's q/k/v biases, which the head has not, are left out); [name]
     when every weight the head layer has is there in the same shape (nothing copied otherwise)."""
     wanted = layer.state_dict()

@@ -25,7 +25,6 @@ way, and differ only in which keys a query sees.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 
 from decode.deploy.speculators import folder_speculators_type, speculators_type
 from decode.inputs.checks import architectures, folder_architectures, read_text
+from kinds.eagle3.layers import Attention, DecoderLayer, MidLayer
 from kinds.on_target import SharedEmbedding, size_problems, target_layer_shape
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # what vLLM and SGLang dispatch on
@@ -177,61 +177,6 @@ def head_config(target_config: PretrainedConfig, *, aux_layers: list[int] | None
     )
 
 
-class HeadAttention(nn.Module):
-    """Attention whose q, k, v read `input_size` features (layer 0: the 2H-wide [embedding, hidden]; later layers:
-    H); o_proj back to H."""
-
-    def __init__(self, config: LlamaConfig, input_size: int) -> None:
-        super().__init__()
-        h, d = config.hidden_size, config.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
-        self.q_proj = nn.Linear(input_size, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(input_size, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(input_size, self.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
-
-
-class HeadMLP(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class MidLayer(nn.Module):
-    """The head's first decoder layer, which reads [embedding, hidden]; parameter names are the checkpoint's
-    `midlayer.*` (vLLM's `layers.0.*`)."""
-
-    def __init__(self, config: LlamaConfig) -> None:
-        super().__init__()
-        self.self_attn = HeadAttention(config, 2 * config.hidden_size)
-        self.mlp = HeadMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-
-class DecoderLayer(nn.Module):
-    """A later decoder layer (1..N-1) of a deeper head: a Llama decoder layer on the previous layer's output;
-    parameter names are vLLM's `layers.i.*`."""
-
-    def __init__(self, config: LlamaConfig) -> None:
-        super().__init__()
-        self.self_attn = HeadAttention(config, config.hidden_size)
-        self.mlp = HeadMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-
-# attention(layer index, q [B, nh, T, d], k and v [B, nkv, T, d]) -> o_proj'd output [B, T, H]: what a caller
-# does with each layer's keys (a KV cache, an unrolled mask) and which of them each query sees
-Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 class Eagle3Head(nn.Module):
     """An EAGLE-3 head. `embed_tokens` is the target's input embedding (set by `bind_embeddings`; not a parameter
     of the head, never saved). Buffers: d2t [V_draft] (target id = draft id + d2t), t2d [V] (is the target id in
@@ -354,18 +299,12 @@ class Eagle3Head(nn.Module):
         layer's attention done by `attention(i, q, k, v)`; then the final norm: (normed [B, T, H] for the lm_head,
         prenorm [B, T, H] fed back as the next step's hidden)."""
         q, k, v, residual = self.project(input_ids, hidden, position_ids)
-        stream = self.feed_forward(self.midlayer, attention(0, q, k, v), residual)
+        stream = self.midlayer.feed_forward(attention(0, q, k, v), residual)
         for index in range(1, self.num_layers):  # s_i = r_i + mlp_i(...), r_i = s_{i-1} + attention_i(...)
             layer = self.layer(index)
             q, k, v = self.qkv(layer, layer.input_layernorm(stream), position_ids)
-            stream = self.feed_forward(layer, attention(index, q, k, v), stream)
+            stream = layer.feed_forward(attention(index, q, k, v), stream)
         return self.norm(stream), stream
-
-    @staticmethod
-    def feed_forward(layer: MidLayer | DecoderLayer, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """The rest of a layer after attention: r = residual + attn_out; r + mlp(post_attention_layernorm(r))."""
-        r = residual + attn_out
-        return r + layer.mlp(layer.post_attention_layernorm(r))
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., V_draft]."""
