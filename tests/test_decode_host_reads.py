@@ -112,7 +112,10 @@ def test_every_kind_reads_the_host_once_per_round(kind, temperature, target, mon
 
 @pytest.mark.parametrize("kind", ["standalone", "eagle3", "pard"])
 def test_the_compiled_path_reads_the_host_once_per_round(kind, target, monkeypatch):
+    from kinds.eagle3.drafter import HeadDrafter
+
     monkeypatch.setattr(static, "BACKEND", "aot_eager")  # the decode logic, without code generation
+    monkeypatch.setattr(HeadDrafter, "chained", True)  # a head's greedy rounds as one call, as on a GPU
     draft = DRAFTS[kind](target)
     speculative_generate(target, draft, PROMPT, max_new_tokens=4, gamma=3, compile=True)  # compiles every step
     with monkeypatch.context() as patch:
@@ -123,6 +126,9 @@ def test_the_compiled_path_reads_the_host_once_per_round(kind, target, monkeypat
     if kind == "standalone":  # its greedy rounds ran as one compiled chain of 3 draft steps (Session.chain)
         chains = [key for key in static.session(draft, "draft").steps if isinstance(key, tuple)]
         assert sorted(key[2:] for key in chains) == [(1, 3), (2, 3)]
+    if kind == "eagle3":  # and a head's as one compiled chain of 3 (HeadCache.chain), compiled without failing
+        steps = static.register(draft, "head", lambda: None).steps
+        assert steps[("chain", 3)] is not None
 
 
 def test_a_compiled_chain_of_draft_steps_proposes_what_the_steps_propose(target, monkeypatch):

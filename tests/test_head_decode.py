@@ -266,9 +266,22 @@ def aot_eager(monkeypatch):
 
 
 def test_compiled_trained_head_is_lossless_and_matches_the_reference(trained, aot_eager, monkeypatch):
+    """Greedy rounds at gamma 3 run as one compiled chain (HeadCache.chain); every proposal, chained or padded,
+    equals the step-by-step reference's."""
+    from kinds.eagle3.drafter import HeadCache
+
+    monkeypatch.setattr(HeadDrafter, "chained", True)  # as on a GPU
     target, head = trained
     plain = autoregressive_generate(target, PROMPT, max_new_tokens=30)
     seen = record_proposals(monkeypatch)
+    chained, chain = [], HeadCache.chain
+
+    def counted(self, tokens, hidden, steps):
+        drafts = chain(self, tokens, hidden, steps)
+        chained.append(drafts is not None)
+        return drafts
+
+    monkeypatch.setattr(HeadCache, "chain", counted)
     for prompt in (PROMPT, PROMPT[:, :1]):
         out = speculative_generate(target, head, prompt, max_new_tokens=30, gamma=3, compile=True)
         assert out.sequences.tolist() == autoregressive_generate(target, prompt, max_new_tokens=30).sequences.tolist()
@@ -276,6 +289,8 @@ def test_compiled_trained_head_is_lossless_and_matches_the_reference(trained, ao
     assert out.sequences.tolist() == plain.sequences.tolist()
     assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens
     assert len(seen) > 10
+    # every gamma-3 round was one call but each generation's first (a pass over the whole prompt: stepped)
+    assert sum(chained) > 10 and chained.count(False) <= 3
     for history, drafts in seen:  # padded first passes and stale slots never change a proposal
         if drafts:  # (a one-token prompt's first step has no target feature to draft from)
             assert drafts == reference_proposal(target, head, history, len(drafts))
@@ -306,8 +321,23 @@ def test_head_compile_failure_falls_back_to_eager_with_a_warning(monkeypatch):
     assert out.sequences.tolist() == plain.sequences.tolist()
 
 
+def test_a_compiled_head_chains_its_greedy_rounds_on_a_gpu_only(aot_eager):
+    """HeadDrafter.chained None (the default): chained rounds where the head is on CUDA; True / False force it."""
+    from kinds.eagle3.drafter import bound_head
+
+    target = tiny_model("llama", seed=0, layers=4)
+    head = bound_head(new_head(target), target)
+    for chained, compile, expected in [(None, True, False), (True, True, True), (True, False, False)]:
+        drafter = HeadDrafter(head, compile=compile, max_gamma=3)
+        drafter.chained = chained
+        drafter.start(PROMPT, target.config.vocab_size)
+        assert drafter.chain_rounds is expected, (chained, compile)
+
+
 @pytest.mark.integration
-def test_compiled_head_sampling_is_lossless(aot_eager):
+def test_compiled_head_sampling_is_lossless(aot_eager, monkeypatch):
+    """Sampled rounds never take the greedy chain, chained or not."""
+    monkeypatch.setattr(HeadDrafter, "chained", True)
     target, head = sampling_pair(5)
     cfg = sampling.CONFIGS[3]
     p1, p2, p3, _ = sampling.exact_marginals(target, cfg)

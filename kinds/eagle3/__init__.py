@@ -23,7 +23,8 @@ from kinds.eagle3.options import Eagle3DistillOptions, Eagle3ModelOptions
 
 class Eagle3Kind(Kind):
     name, title = "eagle3", "EAGLE-3 heads"
-    summary = "an EAGLE-3 head (one decoder layer on the target's hidden states, served by vLLM and SGLang)"
+    summary = ("an EAGLE-3 head (one decoder layer, or model.head_layers, on the target's hidden states, served by "
+               "vLLM; SGLang serves one-layer heads)")
     vllm_method, has_weights, trains = "eagle3", True, True
     assisted_refusal = ("transformers' assisted generation cannot run an EAGLE-3 head (it runs in specdistill's "
                         "decoder, vLLM and SGLang)")
