@@ -7,7 +7,9 @@
 #                                                 # self-drafting host-bound pair, the round split into drafting,
 #                                                 # verifying and the decoder's own work, host reads per step
 #   scripts/gpu_check.sh OUT_DIR head TARGET HEAD # specdistill-eval of an EAGLE-3 head on its real target, bf16:
-#                                                 # greedy gamma 2 4 6, prompt lookup, T=1, compiled
+#                                                 # greedy gamma 2 4 6, prompt lookup, T=1, compiled (a greedy
+#                                                 # round one CUDA graph), compiled_steps (the same with the head's
+#                                                 # steps apart: HeadDrafter.chained off)
 #                                                 # (RUNS="compiled greedy" picks and orders them)
 #   scripts/gpu_check.sh OUT_DIR train TARGET [RUN] # NUM (4096) prompts written and answered by TARGET here
 #                                                 # (toward CATEGORIES, default all; none of them held out), then
@@ -89,21 +91,26 @@ head)
     TARGET=${3:?head needs TARGET (folder or .gguf)}; HEAD=${4:?head needs the head folder}
     machine | tee "$OUT/head.log"
     PROMPT_FILE=${PROMPT_FILE:-recipes/prompts/chat_eval.jsonl}  # its categories take turns: the first 8, one each
-    run_eval() {  # NAME ARGS...: one specdistill-eval run on the held-out chat prompts
+    # specdistill-eval with the head's compiled greedy rounds drafted step by step (for the same-machine comparison)
+    STEPS_APART='import runpy, sys, kinds.eagle3.drafter as d; d.HeadDrafter.chained = False
+sys.argv[0] = "scripts/eval_acceptance.py"; runpy.run_path(sys.argv[0], run_name="__main__")'
+    run_eval() {  # NAME ARGS...: one specdistill-eval run on the held-out chat prompts (EVAL: how it is started)
         local name=$1; shift
         echo "== $name: $*" | tee -a "$OUT/head.log"
-        timeout "${LIMIT:-240}" $PY scripts/eval_acceptance.py --target "$TARGET" \
+        timeout "${LIMIT:-240}" $PY "${EVAL[@]}" --target "$TARGET" \
             --prompts "$PROMPT_FILE" --num-prompts "${PROMPTS:-8}" --max-new-tokens "${NEW:-64}" \
             --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --repeats 1 --output "$OUT/$name.json" "$@" 2>&1 \
             | tee -a "$OUT/head.log"
     }
-    for run in ${RUNS:-greedy lookup t1 compiled}; do  # RUNS picks and orders them
+    for run in ${RUNS:-greedy lookup t1 compiled compiled_steps}; do  # RUNS picks and orders them
+        EVAL=(scripts/eval_acceptance.py)
         case "$run" in
         greedy) run_eval head_greedy --draft "$HEAD" --gamma ${GAMMAS:-2 4 6} ;;
         lookup) run_eval lookup_greedy --draft prompt-lookup --gamma 4 ;;
         t1) run_eval head_t1 --draft "$HEAD" --gamma 4 --temperature 1.0 ;;
         compiled) run_eval head_compiled --draft "$HEAD" --gamma 4 --compile ;;
-        *) echo "gpu_check.sh: unknown head run '$run' (greedy, lookup, t1 or compiled)" >&2 ;;
+        compiled_steps) EVAL=(-c "$STEPS_APART"); run_eval head_compiled_steps --draft "$HEAD" --gamma 4 --compile ;;
+        *) echo "gpu_check.sh: unknown head run '$run' (greedy, lookup, t1, compiled or compiled_steps)" >&2 ;;
         esac
     done
     ;;
