@@ -1,4 +1,5 @@
-"""The decoder on CUDA: float32 greedy equality, and bf16/fp16 runs with exact lengths. Skipped without CUDA."""
+"""The decoder on CUDA: float32 greedy equality, bf16/fp16 runs with exact lengths, one synchronisation a round, a
+head's chained round under CUDA graphs. Skipped without CUDA."""
 import pytest
 import torch
 
@@ -98,3 +99,28 @@ def test_the_loop_synchronises_only_for_its_counted_read(kind, temperature, comp
     assert out.stats.host_reads == out.stats.target_calls and len(out.new_tokens) == 40
     if temperature == 0.0:
         assert out.new_tokens == autoregressive_generate(target, ids, max_new_tokens=40).new_tokens
+
+
+def test_a_chained_head_round_proposes_what_its_steps_propose_under_cuda_graphs(monkeypatch):
+    """HeadCache.chain (a greedy round as one CUDA graph) against the head's compiled steps one by one: the same
+    proposals at every round (graphs that reused a stale output buffer would differ), greedy output = plain."""
+    from kinds.eagle3.drafter import HeadDrafter
+
+    target = tiny_model("llama", seed=0, layers=4)
+    head = eagle3_head(target).cuda()
+    target = target.cuda()
+    ids = PROMPT.cuda()
+    original, proposals = HeadDrafter.propose, {}
+    for chained in (True, False):
+        seen = proposals.setdefault(chained, [])
+
+        def recording(self, history, cur, gamma, cfg, generator, seen=seen):
+            drafts, q = original(self, history, cur, gamma, cfg, generator)
+            seen.append(drafts.tolist())
+            return drafts, q
+
+        monkeypatch.setattr(HeadDrafter, "propose", recording)
+        monkeypatch.setattr(HeadDrafter, "chained", chained)
+        out = speculative_generate(target, head, ids, max_new_tokens=40, gamma=3, compile=True)
+        assert out.new_tokens == autoregressive_generate(target, ids, max_new_tokens=40).new_tokens
+    assert len(proposals[True]) > 5 and proposals[True] == proposals[False]
