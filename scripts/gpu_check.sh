@@ -22,7 +22,8 @@
 # yet (about 40 s on a 2-core CPU); train's data
 # ~4 min for NUM=4096 on an H200 (prompts 115 s, answers 76 s, two model loads), its training not timed yet. head
 # runs transformers' eager forward at ~50 tokens/s for SmolLM2-135M (launch-bound), so each eval of PROMPTS=8 (one
-# per category) x NEW=64 tokens takes ~40 s per gamma; the default limit of a step is LIMIT=240 s.
+# per category) x NEW=64 tokens takes ~40 s per gamma; the default limit of a step is LIMIT=240 s (COMPILED_LIMIT=360
+# for head's compiled runs, whose compilation counts).
 # Each step writes its log and results into OUT_DIR and has its own time limit, so one slow step loses only itself.
 # PYTHON (default python3) is the interpreter; the repository is put on PYTHONPATH, nothing is installed: a
 # dependency of pyproject.toml that the interpreter lacks stops the script before any step, naming it.
@@ -108,8 +109,10 @@ sys.argv[0] = "scripts/eval_acceptance.py"; runpy.run_path(sys.argv[0], run_name
         greedy) run_eval head_greedy --draft "$HEAD" --gamma ${GAMMAS:-2 4 6} ;;
         lookup) run_eval lookup_greedy --draft prompt-lookup --gamma 4 ;;
         t1) run_eval head_t1 --draft "$HEAD" --gamma 4 --temperature 1.0 ;;
-        compiled) run_eval head_compiled --draft "$HEAD" --gamma 4 --compile ;;
-        compiled_steps) EVAL=(-c "$STEPS_APART"); run_eval head_compiled_steps --draft "$HEAD" --gamma 4 --compile ;;
+        # compiled runs compile the target's and the head's steps (and, chained, its round) inside their limit
+        compiled) LIMIT=${COMPILED_LIMIT:-360} run_eval head_compiled --draft "$HEAD" --gamma 4 --compile ;;
+        compiled_steps) EVAL=(-c "$STEPS_APART")
+            LIMIT=${COMPILED_LIMIT:-360} run_eval head_compiled_steps --draft "$HEAD" --gamma 4 --compile ;;
         *) echo "gpu_check.sh: unknown head run '$run' (greedy, lookup, t1, compiled or compiled_steps)" >&2 ;;
         esac
     done
