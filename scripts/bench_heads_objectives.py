@@ -79,6 +79,8 @@ ARMS = {
     "ttt4_topk10": [*TTT4, "distill.soft_target_top_k=10"],
     "layers2": ["model.head_layers=2"],                         # a second decoder layer (vLLM serves N > 1)
     "ttt4_layers2": [*TTT4, "model.head_layers=2"],
+    "all_tokens": ["data.loss_tokens=all"],                     # the rows' prompts trained on too, not only answers
+    "ttt4_all_tokens": [*TTT4, "data.loss_tokens=all"],
 }
 # arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
 CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top"}

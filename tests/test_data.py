@@ -201,3 +201,11 @@ def test_collator_pads_right_with_ignored_labels():
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_collator_with_every_token_labels_the_prompts_too_but_never_the_padding():
+    rows = [{"input_ids": [5, 6, 7], "labels": [-100, -100, 7]}, {"input_ids": [8, 9], "labels": [-100, 9]}]
+    batch = DistillCollator(pad_token_id=0, every_token=True)(rows)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
+    assert batch["labels"].tolist() == [[5, 6, 7], [8, 9, -100]]
+    assert rows[0]["labels"] == [-100, -100, 7]  # the rows keep their prompts' masks (held-in prompts read them)

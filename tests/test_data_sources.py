@@ -133,6 +133,9 @@ def test_lambda_outside_0_1_is_refused_naming_the_key(value):
     (("distill.teacher_cache=c", "distill.on_policy_fraction=0.5"), "distill.on_policy_fraction", "0 with"),
     (("distill.on_policy_fraction=0.5", "distill.loss=ce"), "distill.on_policy_fraction", "loss ce"),
     (("distill.teacher_topk=0",), "distill.teacher_topk", "> 0"),
+    (("data.loss_tokens=all", "distill.on_policy_fraction=0.5"), "data.loss_tokens",
+     "assistant with distill.on_policy_fraction > 0"),
+    (("data.loss_tokens=prompt",), "data.loss_tokens", "one of 'assistant', 'all'"),
 ])
 def test_bad_source_settings_are_named(overrides, key, allowed):
     with pytest.raises(RecipeError) as err:
@@ -218,6 +221,34 @@ def test_dataset_and_target_rows_mixed_in_one_run(workdir, rows_seen, monkeypatc
     assert max(batch_sizes) == 4 and sum(batch_sizes) == len(load_target_data(workdir / "responses_mixed"))
     prompted = [row[0] == IGNORE_INDEX for row in rows_seen[0]["labels"]]  # target rows mask their prompt
     assert any(prompted) and not all(prompted)  # text blocks are trained from their first token
+
+
+@pytest.mark.integration
+def test_loss_tokens_all_trains_on_the_prompts_of_target_rows_too(workdir, monkeypatch):
+    from kinds import kind_named
+
+    seen = []  # (rows, collator) of each run
+
+    class Recording(DistillTrainer):
+        def __init__(self, *args, **kwargs):
+            seen.append((kwargs["train_dataset"], kwargs["data_collator"]))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(kind_named("standalone"), "trainer", lambda: Recording)
+    settings = ("data.dataset_weight=0", "data.target_weight=1", f"data.target_data_dir={workdir / 'responses_all'}",
+                "data.prompt_tokens=6", "data.target_max_new_tokens=10", *QUICK)
+    run(workdir, "prompt_masked", *settings)
+    run(workdir, "every_token", *settings, "data.loss_tokens=all")
+    (rows, masked), (same_rows, every) = seen
+    assert rows["input_ids"] == same_rows["input_ids"] and rows["labels"] == same_rows["labels"]
+    examples = [rows[i] for i in range(len(rows))]
+    assert all(r["labels"][:6] == [IGNORE_INDEX] * 6 for r in examples)  # target rows mask their prompt
+    by_default, with_all = masked(examples), every(examples)
+    assert torch.equal(by_default["labels"], DistillCollator(PAD)(examples)["labels"])
+    real = with_all["attention_mask"].bool()
+    assert torch.equal(with_all["labels"][real], with_all["input_ids"][real])  # the prompt tokens are targets too
+    assert (with_all["labels"][~real] == IGNORE_INDEX).all()
+    assert (with_all["labels"] != IGNORE_INDEX).sum() > (by_default["labels"] != IGNORE_INDEX).sum()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -313,9 +313,11 @@ def padding_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 @dataclass
 class DistillCollator:
-    """Right-pads rows {input_ids, labels} into a batch {input_ids, attention_mask, labels} [B, T]."""
+    """Right-pads rows {input_ids, labels} into a batch {input_ids, attention_mask, labels} [B, T]; with
+    ``every_token`` (data.loss_tokens all) every real token is a label, the rows' prompts too (padding never)."""
 
     pad_token_id: int
+    every_token: bool = False
 
     def __call__(self, rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         width = max(len(r["input_ids"]) for r in rows)
@@ -325,6 +327,6 @@ class DistillCollator:
         for i, row in enumerate(rows):
             n = len(row["input_ids"])
             input_ids[i, :n] = torch.tensor(row["input_ids"])
-            labels[i, :n] = torch.tensor(row["labels"])
+            labels[i, :n] = torch.tensor(row["input_ids"] if self.every_token else row["labels"])
             attention_mask[i, :n] = 1
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}

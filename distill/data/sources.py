@@ -74,7 +74,7 @@ def training_rows(recipe: Recipe, data: DistillData, target: nn.Module, draft: n
         rows = mix_sources(data.train, target_rows, recipe.data, seed=recipe.train.seed)
         logger.info("%d training rows: %d of the dataset and %d target responses mixed %g : %g", len(rows),
                     len(data.train), len(target_rows), recipe.data.dataset_weight, recipe.data.target_weight)
-    collator = DistillCollator(padding_id(tokenizer))
+    collator = DistillCollator(padding_id(tokenizer), every_token=recipe.data.loss_tokens == "all")
     if recipe.distill.teacher_cache is not None:  # the target's top-k once; training then never runs the target
         with args.main_process_first(desc="teacher cache"), generating_on(target, args.device):
             rows, collator = with_teacher_cache(

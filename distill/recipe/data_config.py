@@ -31,6 +31,13 @@ class DataConfig(Section):
                             "conversation ending in a user turn), answered by the target (data.dataset_weight 0); "
                             "auto: prompts if the rows hold a 'prompt' column or conversations without an assistant "
                             "turn, chat if messages_field exists, else text.")
+    loss_tokens: Literal["assistant", "all"] = Field(
+        "assistant", description="Which tokens of a chat row are training targets: assistant = the assistant turns "
+                                 "(with the template's end-of-turn tokens after them); all = every token, the system "
+                                 "and user turns too: more targets from the same rows where the prompts are the "
+                                 "target's own text (data.synthesize_prompts, specdistill-data prompts). Packed text "
+                                 "trains on every token either way; a draft vocabulary is still counted on the "
+                                 "assistant tokens.")
     max_length: int = Field(1024, ge=2, description="Tokens per training sequence (packed block or truncated "
                                                     "conversation).")
     text_sample_by: Literal["document", "paragraph", "line"] = Field(
