@@ -6,20 +6,20 @@ specdistill-eval on the held-out chat prompts (recipes/prompts/chat_eval.jsonl).
         --seeds 0 --num-prompts 96 --gammas 2 4 --temperatures 0 1 --out bench_head_objectives_out \
         --doc docs/benchmarks/head_objectives.md
 
---data is a folder of `make quickstart` (its chat/ rows and hidden_cache/; `specdistill-data` builds the same):
-every arm trains on those rows from that cache. --budget quickstart trains as recipes/smollm2/eagle3.yaml does (256
-rows, 8 epochs, no training-time test); --budget 90min as recipes/smollm2/eagle3_90min.yaml (its rows must be in
---data). An arm is the budget's recipe with the overrides of ARMS; the first arm, `recipe`, is the recipe as it is;
-an arm of ROWS trains on rows of its own, the target's answers to --data's prompts written another way (longer,
-sampled), written into --data beside chat/ on first use. Each (arm, seed) is trained by scripts/train.py and
-measured by scripts/eval_acceptance.py at every --temperatures: tau, acceptance per position and the wall-clock
-speedup over plain decoding measured in the same run, beside the training's wall time. A trained arm and its evals
-are reused from --out (a folder trained with other settings stops the script). --doc writes the table between the
-page's lines `<!-- BEGIN bench_heads_objectives (scripts/bench_heads_objectives.py --doc) -->` and `<!-- END
-bench_heads_objectives -->`, and --plot a PNG of tau per arm. Both are drawn from a record of what they show (the
-machine, the budget, each run's results), kept as --json; `--from-json
-docs/benchmarks/head_objectives/bench_heads_objectives.json --doc docs/benchmarks/head_objectives.md` draws them
-again from the committed record without training or measuring anything.
+--data is a folder of `make quickstart` (its chat/ rows and hidden_cache/; `specdistill-data` builds the same): every
+arm trains on those rows from that cache. --budget quickstart trains as recipes/smollm2/eagle3.yaml does (256 rows, 8
+epochs, no training-time test); --budget 90min as recipes/smollm2/eagle3_90min.yaml (its rows must be in --data). An
+arm is the budget's recipe with the overrides of ARMS; the first arm, `recipe`, is the recipe as it is; an arm of ROWS
+trains on rows of its own, the target's answers to --data's prompts written another way (longer, sampled), written
+into --data beside chat/ on first use. Each (arm, seed) is trained by scripts/train.py and measured by
+scripts/eval_acceptance.py at every --temperatures: tau, acceptance per position and the wall-clock speedup over plain
+decoding measured in the same run, beside the training's wall time. A trained arm and its evals are reused from --out
+(a folder trained with other settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN
+bench_heads_objectives (scripts/bench_heads_objectives.py --doc) -->` and `<!-- END bench_heads_objectives -->`
+(--budget 90min: `bench_heads_objectives_90min`), and --plot a PNG of tau per arm. Both are drawn from a record of
+what they show (the machine, the budget, each run's results), kept as --json; `--from-json
+docs/benchmarks/head_objectives/bench_heads_objectives.json --doc docs/benchmarks/head_objectives.md` draws them again
+from the committed record without training or measuring anything.
 """
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ from decode.measure.table import markdown_table
 from scripts.benchmark import check_doc, load_average, machine, record_of, record_options, write_doc
 
 BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes/smollm2/
+# a budget's recipe -> the page block its table goes in (one page, one table per budget; a record holds one budget)
+BLOCKS = {"eagle3.yaml": "bench_heads_objectives", "eagle3_90min.yaml": "bench_heads_objectives_90min"}
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
 TTT4 = ["distill.ttt_steps=4", "distill.ttt_decay=0.8"]  # the training-time test over 4 steps, as the kind's default
 # arm -> the overrides that make it (one change from the budget's recipe each; ttt4_*: one change from ttt4)
@@ -343,10 +345,18 @@ def plot(path: Path, runs: list[dict]) -> Figure:
     return fig
 
 
+def block_of(args: argparse.Namespace) -> str:
+    """The page block this run writes: its budget's (--from-json: the record's budget)."""
+    budget = json.loads(args.from_json.read_text(encoding="utf-8"))["budget"] if args.from_json \
+        else BUDGETS[args.budget]
+    return BLOCKS[budget]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    block = block_of(args)
     if args.doc:
-        check_doc(args.doc, "bench_heads_objectives")
+        check_doc(args.doc, block, "bench_heads_objectives")
 
     # ---- the record: trained and measured into --out (joined to --add-to's), or read back (--from-json) ----
     def measured() -> dict:
@@ -364,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.plot:
         plot(args.plot, record["runs"])
     if args.doc:
-        write_doc(args.doc, text, "bench_heads_objectives")
+        write_doc(args.doc, text, block, "bench_heads_objectives")
 
 
 if __name__ == "__main__":

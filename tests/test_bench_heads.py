@@ -332,3 +332,32 @@ def test_the_plot_draws_a_panel_per_gamma(tmp_path):
     assert [ax.get_ylabel() for ax in fig.axes] == ["tau at gamma 2", "tau at gamma 4"]
     assert panels[0] == pytest.approx([1.4, 1.4])
     assert math.isnan(panels[1][0]) and panels[1][1] == pytest.approx(1.6)  # recipe: no bar at gamma 4
+
+
+def test_each_budget_writes_its_own_block_of_the_page(tmp_path):
+    """--doc: the quickstart budget's table goes between the bench_heads_objectives markers, the 90-minute budget's
+    between bench_heads_objectives_90min's (--from-json: the record's budget decides), the other block kept; a page
+    without the budget's markers is refused before anything is written."""
+    from scripts import bench_heads_objectives as bho
+    from scripts.benchmark import doc_blocks, doc_markers
+
+    names = ["bench_heads_objectives", "bench_heads_objectives_90min"]
+    page = tmp_path / "page.md"
+    page.write_text("".join(f"{b}\nold\n{e}\n" for b, e in (doc_markers(n, "bench_heads_objectives") for n in names)))
+    for budget in ("eagle3_90min.yaml", "eagle3.yaml"):
+        record = {"machine": "m", "load_average": "1", "budget": budget, "data": "d", "seeds": [0], "more_seeds": [],
+                  "num_prompts": 96, "max_new_tokens": 64, "arms": {"recipe": []},
+                  "runs": [{"arm": "recipe", "seed": 0, "temperature": 0.0, "train_seconds": 1.0,
+                            "results": [{"gamma": 4, "mean_accepted_tokens": 1.5, "acceptance_rate": 0.2}]}]}
+        (tmp_path / budget).write_text(json.dumps(record))
+        bho.main(["--from-json", str(tmp_path / budget), "--doc", str(page)])
+    blocks = doc_blocks(page.read_text())
+    assert "`recipes/smollm2/eagle3.yaml`" in blocks["bench_heads_objectives"]
+    assert "`recipes/smollm2/eagle3_90min.yaml`" in blocks["bench_heads_objectives_90min"]
+    assert "old" not in page.read_text()
+
+    quickstart_only = tmp_path / "quickstart_only.md"
+    quickstart_only.write_text("\n".join(doc_markers(names[0], "bench_heads_objectives")) + "\n")
+    with pytest.raises(SystemExit, match="bench_heads_objectives_90min"):
+        bho.main(["--from-json", str(tmp_path / "eagle3_90min.yaml"), "--doc", str(quickstart_only)])
+    assert quickstart_only.read_text() == "\n".join(doc_markers(names[0], "bench_heads_objectives")) + "\n"
