@@ -83,6 +83,8 @@ ARMS = {
     "ttt4_layers2": [*TTT4, "model.head_layers=2"],
     "all_tokens": ["data.loss_tokens=all"],                     # the rows' prompts trained on too, not only answers
     "ttt4_all_tokens": [*TTT4, "data.loss_tokens=all"],
+    "ttt4_all_tokens_vocab16k": [*TTT4, "data.loss_tokens=all", "model.draft_vocab_size=16384"],
+    "ttt4_all_tokens_kl_tv": [*TTT4, "data.loss_tokens=all", "distill.loss={forward_kl: 0.5, tv: 0.5}"],
 }
 # arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
 CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top"}
@@ -336,7 +338,7 @@ def plot(path: Path, runs: list[dict]) -> Figure:
         ax.set_ylabel(f"tau at gamma {gamma}")
         ax.set_ylim(1.0, None)
         ax.grid(axis="y", alpha=0.3)
-    axes[0, 0].legend()
+    axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on one
     axes[0, 0].set_title("EAGLE-3 heads on SmolLM2-135M-Instruct, the same rows and steps")
     axes[-1, 0].set_xticks([x + width * (len(temperatures) - 1) / 2 for x in range(len(arms))], arms, rotation=45,
                            ha="right")
