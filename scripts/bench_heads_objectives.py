@@ -248,11 +248,26 @@ def merged(earlier: dict, record: dict) -> dict:
         runs = [{k: v for k, v in r.items() if k != "num_prompts"} for r in runs]
     out = {key: value for key, value in earlier.items() if key not in ("machine", "load_average", "machines")}
     out["num_prompts"] = counts[0] if len(counts) == 1 else counts
-    out.update(more_seeds=list(dict.fromkeys([*earlier.get("more_seeds", []), *record["more_seeds"]])),
+    out.update(more_seeds=list(dict.fromkeys([*earlier.get("more_seeds", []), *record["more_seeds"],
+                                              *other_seeds(earlier, record)])),
                arms={arm: arms[arm] for arm in order})
     if len(machines) == 1:
         return {**out, **machines["A"], "runs": [{k: v for k, v in r.items() if k != "machine"} for r in runs]}
     return {**out, "machines": machines, "runs": runs}
+
+
+def more_seeds(items: list[str]) -> str:
+    """The header's further seeds: " (ttt4=1, recipe=1: more seeds for the winners and the recipe)", or none."""
+    return f" ({', '.join(items)}: more seeds for the winners and the recipe)" if items else ""
+
+
+def other_seeds(earlier: dict, record: dict) -> list[str]:
+    """`arm=seed` for each run of ``record`` at a seed ``earlier`` lists for no arm or not for this one (`--seeds 1`
+    for the recipe joining a record of seed 0): the header names every seed its table holds."""
+    more = [item.split("=") for item in earlier.get("more_seeds", [])]
+    listed = lambda arm: {*earlier["seeds"], *(int(s) for a, seeds in more if a == arm  # noqa: E731
+                                              for s in seeds.split(","))}
+    return [f"{r['arm']}={r['seed']}" for r in record["runs"] if r["seed"] not in listed(r["arm"])]
 
 
 def table_rows(runs: list[dict]) -> list[list[str]]:
@@ -283,8 +298,8 @@ def doc_text(record: dict) -> str:
                 f"{m['load_average']}." for label, m in machines_of(record).items()]
     lines = [*machines,
              f"Budget: `recipes/smollm2/{record['budget']}` on the rows and hidden-state cache of "
-             f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))} "
-             f"({', '.join(record['more_seeds']) or 'no more'} for the winners); {prompt_counts(counts)} held-out chat "
+             f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))}"
+             f"{more_seeds(record['more_seeds'])}; {prompt_counts(counts)} held-out chat "
              f"prompts x {record['max_new_tokens']} new tokens, eager, float32"
              f"{''.join(f'; every arm also `{o}`' for o in record.get('overrides', []))}. Arms: {changes}.", "",
              *markdown_table(headers, table_rows(record["runs"]))]

@@ -231,6 +231,14 @@ def test_new_arms_join_a_committed_record_and_replace_only_their_own_rows():
     assert "32 or 96 (column `prompts`) held-out chat prompts" in rows and "prompts |" in rows
     assert merged(wider, {**new, "num_prompts": 96, "runs": [run("recipe", 1.34)]})["runs"][-1]["results"][0][
         "mean_accepted_tokens"] == 1.34  # the 96-prompt row re-measured: replaced, the 32-prompt one kept
+    # the recipe at a seed the record lists for another arm only (`--seeds 1`): named in the header's seeds
+    seed1 = merged(earlier, {**new, "seeds": [1], "arms": {"recipe": [], "ttt4": ["t4"]},
+                             "runs": [{**run("recipe", 1.31), "seed": 1},
+                                      {**run("ttt4", 1.4), "seed": 1}]})
+    assert seed1["more_seeds"] == ["ttt4=1", "recipe=1"] and seed1["seeds"] == [0]
+    assert "seeds 0 (ttt4=1, recipe=1: more seeds for the winners and the recipe);" in doc_text(
+        {**seed1, "runs": [{**r, "results": [{"gamma": 4, "mean_accepted_tokens": 1.3, "acceptance_rate": 0.3}]}
+                           for r in seed1["runs"]]})
 
 
 def test_objective_overrides_reach_every_arm_and_keep_a_smoke_run_out_of_the_committed_record(tmp_path, monkeypatch):
