@@ -256,6 +256,11 @@ def merged(earlier: dict, record: dict) -> dict:
     return {**out, "machines": machines, "runs": runs}
 
 
+def overrides_text(overrides: list[str]) -> str:
+    """The header's overrides every arm trained with: "; every arm also `train.bf16=true` `train.use_cpu=true`"."""
+    return f"; every arm also {' '.join(f'`{o}`' for o in overrides)}" if overrides else ""
+
+
 def more_seeds(items: list[str]) -> str:
     """The header's further seeds: " (ttt4=1, recipe=1: more seeds for the winners and the recipe)", or none."""
     return f" ({', '.join(items)}: more seeds for the winners and the recipe)" if items else ""
@@ -301,7 +306,7 @@ def doc_text(record: dict) -> str:
              f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))}"
              f"{more_seeds(record['more_seeds'])}; {prompt_counts(counts)} held-out chat "
              f"prompts x {record['max_new_tokens']} new tokens, eager, float32"
-             f"{''.join(f'; every arm also `{o}`' for o in record.get('overrides', []))}. Arms: {changes}.", "",
+             f"{overrides_text(record.get('overrides', []))}. Arms: {changes}.", "",
              *markdown_table(headers, table_rows(record["runs"]))]
     if any(r.get("speedup") is None for run in record["runs"] for r in run["results"]):
         lines += ["", "speedup -: the arm was judged on acceptance alone (`--acceptance-only`: the same tau and "

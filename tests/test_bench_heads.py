@@ -267,6 +267,8 @@ def test_objective_overrides_reach_every_arm_and_keep_a_smoke_run_out_of_the_com
     with pytest.raises(SystemExit, match="overrides"):
         bho.merged(record([]), record(["train.max_steps=2"]))
     assert "every arm also `train.max_steps=2`" in bho.doc_text(record(["train.max_steps=2"]))
+    assert "; every arm also `train.bf16=true` `train.use_cpu=true`. Arms:" in bho.doc_text(
+        record(["train.bf16=true", "train.use_cpu=true"]))
     assert "every arm also" not in bho.doc_text(record([]))
 
 
