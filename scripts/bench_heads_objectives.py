@@ -256,16 +256,6 @@ def merged(earlier: dict, record: dict) -> dict:
     return {**out, "machines": machines, "runs": runs}
 
 
-def overrides_text(overrides: list[str]) -> str:
-    """The header's overrides every arm trained with: "; every arm also `train.bf16=true` `train.use_cpu=true`"."""
-    return f"; every arm also {' '.join(f'`{o}`' for o in overrides)}" if overrides else ""
-
-
-def more_seeds(items: list[str]) -> str:
-    """The header's further seeds: " (ttt4=1, recipe=1: more seeds for the winners and the recipe)", or none."""
-    return f" ({', '.join(items)}: more seeds for the winners and the recipe)" if items else ""
-
-
 def other_seeds(earlier: dict, record: dict) -> list[str]:
     """`arm=seed` for each run of ``record`` at a seed ``earlier`` lists for no arm or not for this one (`--seeds 1`
     for the recipe joining a record of seed 0): the header names every seed its table holds."""
@@ -301,12 +291,16 @@ def doc_text(record: dict) -> str:
                         for arm, overrides in record["arms"].items())
     machines = [f"Machine{f' {label}' if several else ''}: {m['machine']}; load average at the end "
                 f"{m['load_average']}." for label, m in machines_of(record).items()]
+    more = f" ({', '.join(record['more_seeds'])}: more seeds for the winners and the recipe)" \
+        if record["more_seeds"] else ""
+    overrides = f"; every arm also {' '.join(f'`{o}`' for o in record['overrides'])}" if record.get("overrides") \
+        else ""
     lines = [*machines,
              f"Budget: `recipes/smollm2/{record['budget']}` on the rows and hidden-state cache of "
              f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))}"
-             f"{more_seeds(record['more_seeds'])}; {prompt_counts(counts)} held-out chat "
+             f"{more}; {prompt_counts(counts)} held-out chat "
              f"prompts x {record['max_new_tokens']} new tokens, eager, float32"
-             f"{overrides_text(record.get('overrides', []))}. Arms: {changes}.", "",
+             f"{overrides}. Arms: {changes}.", "",
              *markdown_table(headers, table_rows(record["runs"]))]
     if any(r.get("speedup") is None for run in record["runs"] for r in run["results"]):
         lines += ["", "speedup -: the arm was judged on acceptance alone (`--acceptance-only`: the same tau and "
