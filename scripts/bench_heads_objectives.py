@@ -259,10 +259,10 @@ def merged(earlier: dict, record: dict) -> dict:
 def other_seeds(earlier: dict, record: dict) -> list[str]:
     """`arm=seed` for each run of ``record`` at a seed ``earlier`` lists for no arm or not for this one (`--seeds 1`
     for the recipe joining a record of seed 0): the header names every seed its table holds."""
-    more = [item.split("=") for item in earlier.get("more_seeds", [])]
-    listed = lambda arm: {*earlier["seeds"], *(int(s) for a, seeds in more if a == arm  # noqa: E731
-                                              for s in seeds.split(","))}
-    return [f"{r['arm']}={r['seed']}" for r in record["runs"] if r["seed"] not in listed(r["arm"])]
+    listed = {(arm, int(seed)) for arm, seeds in (item.split("=") for item in earlier.get("more_seeds", []))
+              for seed in seeds.split(",")}
+    return [f"{r['arm']}={r['seed']}" for r in record["runs"]
+            if r["seed"] not in earlier["seeds"] and (r["arm"], r["seed"]) not in listed]
 
 
 def table_rows(runs: list[dict]) -> list[list[str]]:
