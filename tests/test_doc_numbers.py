@@ -28,6 +28,8 @@ BLOCKS = {
     ("docs/benchmarks/heads.md", "bench_heads"): ["--from-json", "docs/benchmarks/heads/bench_heads.json"],
     ("docs/benchmarks/head_objectives.md", "bench_heads_objectives"):
         ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives.json"],
+    ("docs/benchmarks/head_objectives.md", "bench_heads_objectives_90min"):
+        ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives_90min.json"],
     ("docs/benchmarks/decode.md", "bench_step_overhead"):
         ["--from-json", "docs/benchmarks/step_overhead/cpu_xeon_amx.json"],
     ("docs/benchmarks/decode.md", "bench_sampling"): ["--from-json", "docs/benchmarks/decode/sampling.json"],
