@@ -16,7 +16,8 @@ scripts/eval_acceptance.py at every --temperatures: tau, acceptance per position
 decoding measured in the same run, beside the training's wall time. A trained arm and its evals are reused from --out
 (a folder trained with other settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN
 bench_heads_objectives (scripts/bench_heads_objectives.py --doc) -->` and `<!-- END bench_heads_objectives -->`
-(--budget 90min: `bench_heads_objectives_90min`), and --plot a PNG of tau per arm. Both are drawn from a record of
+(--budget 90min: `bench_heads_objectives_90min`; --stop-at-eos, answers ended at EOS as served: the name with
+`_eos`), and --plot a PNG of tau per arm. Both are drawn from a record of
 what they show (the machine, the budget, each run's results), kept as --json; `--from-json
 docs/benchmarks/head_objectives/bench_heads_objectives.json --doc docs/benchmarks/head_objectives.md` draws them again
 from the committed record without training or measuring anything.
@@ -82,6 +83,7 @@ ARMS = {
     "layers2": ["model.head_layers=2"],                         # a second decoder layer (vLLM serves N > 1)
     "ttt4_layers2": [*TTT4, "model.head_layers=2"],
     "all_tokens": ["data.loss_tokens=all"],                     # the rows' prompts trained on too, not only answers
+    "answers": ["data.loss_tokens=assistant"],                  # the answers alone (a head's default is all)
     "ttt4_all_tokens": [*TTT4, "data.loss_tokens=all"],
     "ttt4_all_tokens_vocab16k": [*TTT4, "data.loss_tokens=all", "model.draft_vocab_size=16384"],
     "ttt4_all_tokens_kl_tv": [*TTT4, "data.loss_tokens=all", "distill.loss={forward_kl: 0.5, tv: 0.5}"],
@@ -114,6 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gammas", nargs="+", default=["2", "4"])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="end each answer at its EOS, as served (specdistill-eval --stop-at-eos); without it the judge "
+                        "generates all --max-new-tokens, past any EOS. A record of its own (block NAME_eos)")
     p.add_argument("--acceptance-only", action="store_true",
                    help="judge the arms on acceptance and tau alone (specdistill-eval --acceptance-only: no plain "
                         "decoding, nothing timed); their speedup cells read -")
@@ -174,14 +179,16 @@ def arm_changes(arm: str) -> list[str]:
 def evaluate(args: argparse.Namespace, arm: str, seed: int, head: Path, temperature: float) -> dict:
     """specdistill-eval's JSON for one trained arm at one temperature (reused when present)."""
     alone = "_acceptance" if args.acceptance_only else ""
-    path = args.out / "evals" / f"{arm}_seed{seed}_T{temperature:g}_n{args.num_prompts}{alone}.json"
+    eos = "_eos" if args.stop_at_eos else ""
+    path = args.out / "evals" / f"{arm}_seed{seed}_T{temperature:g}_n{args.num_prompts}{eos}{alone}.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         run([sys.executable, str(ROOT / "scripts" / "eval_acceptance.py"), "--target", str(args.target),
              "--draft", str(head), "--prompts", str(PROMPTS), "--num-prompts", str(args.num_prompts),
              "--chat-template", "on", "--max-new-tokens", str(args.max_new_tokens), "--gamma", *args.gammas,
              "--temperature", str(temperature), "--device", "cpu", "--dtype", "float32", "--quiet",
-             "--output", str(path), *(["--acceptance-only"] if args.acceptance_only else [])])
+             "--output", str(path), *(["--acceptance-only"] if args.acceptance_only else []),
+             *(["--stop-at-eos"] if args.stop_at_eos else [])])
     return json.loads(path.read_text())
 
 
@@ -211,11 +218,12 @@ def measure(args: argparse.Namespace) -> dict:
             "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
             "arms": {arm: arm_changes(arm) for arm in args.arms},
             **({"overrides": args.overrides} if args.overrides else {}),
+            **({"stop_at_eos": True} if args.stop_at_eos else {}),
             "runs": runs}
 
 
 # what arms of one table must share (held-out prompts may differ: a column)
-SAME = ("budget", "data", "max_new_tokens", "overrides")
+SAME = ("budget", "data", "max_new_tokens", "overrides", "stop_at_eos")
 
 
 def machines_of(record: dict) -> dict[str, dict]:
@@ -299,7 +307,8 @@ def doc_text(record: dict) -> str:
              f"Budget: `recipes/smollm2/{record['budget']}` on the rows and hidden-state cache of "
              f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))}"
              f"{more}; {prompt_counts(counts)} held-out chat "
-             f"prompts x {record['max_new_tokens']} new tokens, eager, float32"
+             f"prompts x {record['max_new_tokens']} new tokens "
+             f"{'(each answer ending at its EOS)' if record.get('stop_at_eos') else '(past any EOS)'}, eager, float32"
              f"{overrides}. Arms: {changes}.", "",
              *markdown_table(headers, table_rows(record["runs"]))]
     if any(r.get("speedup") is None for run in record["runs"] for r in run["results"]):
@@ -362,10 +371,13 @@ def plot(path: Path, runs: list[dict]) -> Figure:
 
 
 def block_of(args: argparse.Namespace) -> str:
-    """The page block this run writes: its budget's (--from-json: the record's budget)."""
-    budget = json.loads(args.from_json.read_text(encoding="utf-8"))["budget"] if args.from_json \
-        else BUDGETS[args.budget]
-    return BLOCKS[budget]
+    """The page block this run writes: its budget's, NAME_eos for answers ended at EOS (--from-json: the record's)."""
+    if args.from_json:
+        record = json.loads(args.from_json.read_text(encoding="utf-8"))
+        budget, eos = record["budget"], record.get("stop_at_eos", False)
+    else:
+        budget, eos = BUDGETS[args.budget], args.stop_at_eos
+    return BLOCKS[budget] + ("_eos" if eos else "")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -177,6 +177,8 @@ NO_SPEED = tuple(c for c in PARALLEL if c != "plain / spec tok/s")  # runs whose
 HELD_OUT, ALL_HELD_OUT = "held-out, {prompts}", "held-out, all {prompts}"  # the prompts column of a row
 HALF = "**half toward the categories**"
 NINETY, T1 = "**the 90-minute recipe**", 1.0
+ANSWERS = "the same rows and steps, answers alone (`data.loss_tokens: assistant`)"
+ZEN4, ZEN5 = "Zen 4 bf16", "Zen 5"
 BOTH = ("gamma", "tau ours", "tau vLLM", "ours: plain / spec tok/s", "ours speedup", "vLLM: plain / spec tok/s",
         "vLLM speedup", "ours / vLLM speedup", "greedy = plain (both)")
 
@@ -221,15 +223,24 @@ TABLES: dict[str, Table] = {
     "real_target_categories": Table("real_target.md", ("category",), (*CATEGORIES, "all"), (
         Row(("Magpie only",), "head3840x1920_heldout96_g4_zen5.json", 4),
         Row(("half toward the categories",), "mix1920_heldout96_g4_zen5.json", 4, bold=("math", "all")),
-        Row(("all toward the categories (the 90-minute recipe)",), "head90_heldout96_g4_zen5.json", 4,
+        Row(("all toward the categories",), "head90_heldout96_g4_zen5.json", 4,
             bold=("math", "all")))),
-    "real_target_90min": Table("real_target.md", ("head (3840 rows, 1920 steps)", "prompts"), FULL, (
-        Row(("**the 90-minute recipe** (all rows steered, written here)", HELD_OUT), "head90_heldout_g2_zen5.json", 2,
-            bold=("speedup",)),
-        Row((NINETY, HELD_OUT), "head90_heldout_g4_zen5.json", 4, bold=("tau",)),
-        Row((NINETY, ALL_HELD_OUT), "head90_heldout96_g4_zen5.json", 4, bold=("tau",)),
-        Row(("the 90-minute recipe, T=1", HELD_OUT), "head90_heldout_g2_T1_zen5.json", 2, T1, ("speedup",)),
-        Row(("the 90-minute recipe, T=1", HELD_OUT), "head90_heldout_g4_T1_zen5.json", 4, T1))),
+    "real_target_90min": Table("real_target.md", ("drafter", "machine", "prompts"), FULL, (
+        Row((NINETY + " (every token trained)", ZEN4, HELD_OUT), "head90all_heldout_zen4bf16.json", 2),
+        Row((NINETY, ZEN4, HELD_OUT), "head90all_heldout_zen4bf16.json", 4, bold=("tau",)),
+        Row((NINETY, ZEN4, ALL_HELD_OUT), "head90all_heldout96_g4_zen4bf16.json", 4, bold=("tau",)),
+        Row(("the 90-minute recipe, T=1", ZEN4, HELD_OUT), "head90all_heldout_T1_zen4bf16.json", 2, T1, ("speedup",)),
+        Row(("the 90-minute recipe, T=1", ZEN4, HELD_OUT), "head90all_heldout_T1_zen4bf16.json", 4, T1),
+        Row((ANSWERS, ZEN4, HELD_OUT), "head90_heldout_zen4bf16.json", 2),
+        Row((ANSWERS, ZEN4, HELD_OUT), "head90_heldout_zen4bf16.json", 4),
+        Row((ANSWERS, ZEN4, ALL_HELD_OUT), "head90_heldout96_g4_zen4bf16.json", 4),
+        Row(("prompt lookup (no training)", ZEN4, HELD_OUT), "lookup_heldout_zen4bf16.json", 2),
+        Row(("prompt lookup (no training)", ZEN4, HELD_OUT), "lookup_heldout_zen4bf16.json", 4),
+        Row(("answers alone, on rows written on that VM", ZEN5, HELD_OUT), "head90_heldout_g2_zen5.json", 2),
+        Row(("answers alone", ZEN5, HELD_OUT), "head90_heldout_g4_zen5.json", 4),
+        Row(("answers alone", ZEN5, ALL_HELD_OUT), "head90_heldout96_g4_zen5.json", 4),
+        Row(("answers alone, T=1", ZEN5, HELD_OUT), "head90_heldout_g2_T1_zen5.json", 2, T1),
+        Row(("answers alone, T=1", ZEN5, HELD_OUT), "head90_heldout_g4_T1_zen5.json", 4, T1))),
     "real_target_draft": Table("real_target.md", ("draft (3840 rows)", "steps"), FULL, (
         Row(("2 target layers, `ce`, 4096-token vocabulary", "1920"), "draft3840_g1_zen5.json", 1),
         Row(("the same", "1920"), "draft3840_g2_zen5.json", 2, bold=("tau", "speedup")),
@@ -238,8 +249,10 @@ TABLES: dict[str, Table] = {
         Row(("the same (1920 steps), all {prompts} held-out prompts", "1920"), "draft3840_heldout96_g2_zen5.json", 2))),
     "real_target_both": Table("real_target.md", ("drafter",), BOTH, (
         *series("head, 3840 prompts (half steered), 1920 steps", "both_mix1920_zen5.json", (2, 4)),
-        Row(("head of [the 90-minute recipe](#the-90-minute-recipe)",), "both_head90_zen5.json", 2),
-        Row(("head of the 90-minute recipe",), "both_head90_zen5.json", 4),
+        *series("head, 3840 prompts (all steered), 1920 steps, answers alone", "both_head90_zen5.json", (2, 4)),
+        Row(("head of [the 90-minute recipe](#the-90-minute-recipe), **Zen 4 bf16 VM**",),
+            "both_head90all_zen4bf16.json", 2),
+        Row(("the same, **Zen 4 bf16 VM**",), "both_head90all_zen4bf16.json", 4),
         *series("standalone draft, 2 layers, 3840 rows", "both_draft3840_zen5.json", (1, 2)),
         *series("prompt lookup", "both_lookup_zen5.json", (2, 4)))),
     "real_target_quickstart": Table("real_target.md", ("drafter",), (

@@ -27,14 +27,14 @@ JSON_DIR = ROOT / "docs" / "benchmarks" / "real_target"
 
 # The best drafter of each kind on the Zen 5 VM, 16 held-out prompts, greedy: label -> its eval JSON, one per gamma
 DRAFTERS = {
-    "EAGLE-3 head (90-minute recipe)": ["head90_heldout_g2_zen5.json", "head90_heldout_g4_zen5.json"],
+    "EAGLE-3 head (3840 steered rows, answers alone)": ["head90_heldout_g2_zen5.json", "head90_heldout_g4_zen5.json"],
     "standalone draft (2 layers, 3840 rows)": ["draft3840_g1_zen5.json", "draft3840_g2_zen5.json"],
     "PARD draft converted from it": ["pard3840_g2_zen5.json", "pard3840_g4_zen5.json", "pard3840_g6_zen5.json"],
     "prompt lookup": ["lookup_heldout_g2_zen5.json", "lookup_heldout_g4_zen5.json"],
 }
 # Each drafter at its largest measured gamma, for the acceptance of each draft position
 PER_POSITION = {
-    "EAGLE-3 head (90-minute recipe)": "head90_heldout_g4_zen5.json",
+    "EAGLE-3 head (3840 steered rows, answers alone)": "head90_heldout_g4_zen5.json",
     "EAGLE-3 head (2048 prompts, 960 steps)": "head2048_gammas_xeon.json",
     "standalone draft (2 layers, 3840 rows)": "draft3840_g2_zen5.json",
     "PARD draft converted from it": "pard3840_g6_zen5.json",
@@ -44,7 +44,7 @@ PER_POSITION = {
 CATEGORY_HEADS = {
     "Magpie rows only": "head3840x1920_heldout96_g4_zen5.json",
     "half toward the categories": "mix1920_heldout96_g4_zen5.json",
-    "all toward the categories (90-minute recipe)": "head90_heldout96_g4_zen5.json",
+    "all toward the categories": "head90_heldout96_g4_zen5.json",
 }
 CURVE_HEADERS = ["training prompts", "prompts written", "steps", "epochs", "precision", "trained on", "acceptance",
                  "tau (gamma 4)", "tau (gamma 2)", "per-position acceptance (gamma 4)"]

@@ -44,7 +44,10 @@ def test_rows_share_data_steps_and_optimiser(tmp_path, monkeypatch):
     base = recipes["ce"]
     for row, recipe in recipes.items():
         assert recipe.train.max_steps == 12 and recipe.train.per_device_train_batch_size == 3, row
-        assert recipe.train.learning_rate > 0 and recipe.data == base.data, row
+        # packed text trains on every token whatever data.loss_tokens says (a head's default is all, a draft's not)
+        assert recipe.data.format == "text", row
+        assert recipe.train.learning_rate > 0 and recipe.data.model_copy(update={"loss_tokens": "all"}) == \
+            base.data.model_copy(update={"loss_tokens": "all"}), row
     assert recipes["distilled"].distill.loss == "lk_hybrid" and recipes["distilled_forward_kl"].distill.loss == \
         "forward_kl"
     assert recipes["distilled"].model == recipes["distilled_forward_kl"].model == base.model
@@ -371,3 +374,49 @@ def test_each_budget_writes_its_own_block_of_the_page(tmp_path):
     with pytest.raises(SystemExit, match="bench_heads_objectives_90min"):
         bho.main(["--from-json", str(tmp_path / "eagle3_90min.yaml"), "--doc", str(quickstart_only)])
     assert quickstart_only.read_text() == "\n".join(doc_markers(names[0], "bench_heads_objectives")) + "\n"
+
+
+def test_answers_ended_at_eos_are_judged_and_recorded_apart(tmp_path, monkeypatch):
+    """bench_heads_objectives --stop-at-eos: the judge gets specdistill-eval's --stop-at-eos and an eval file of its
+    own (a judge past EOS is not reused for it), the record says so (its header: each answer ending at its EOS),
+    --add-to refuses to join it to a record judged past EOS, and --doc writes it into the budget's block + _eos."""
+    from scripts import bench_heads_objectives as bho
+    from scripts.benchmark import doc_blocks, doc_markers
+
+    commands = []
+
+    def fake_run(cmd):
+        commands.append(cmd)
+        out = Path(cmd[cmd.index("--output") + 1])
+        out.write_text(json.dumps({"results": [{"gamma": 2, "temperature": 0.0, "mean_accepted_tokens": 1.5,
+                                                "acceptance_rate": 0.25, "num_prompts": 1}]}))
+
+    monkeypatch.setattr(bho, "run", fake_run)
+    head = tmp_path / "out" / "recipe_seed0"
+    for eos in ([], ["--stop-at-eos"]):
+        args = bho.parse_args(["--target", "t.gguf", "--out", str(tmp_path / "out"), "--gammas", "2", *eos])
+        bho.evaluate(args, "recipe", 0, head, 0.0)
+    past, ended = commands
+    assert "--stop-at-eos" not in past and ended[-1] == "--stop-at-eos"
+    assert past[past.index("--output") + 1].endswith("recipe_seed0_T0_n96.json")
+    assert ended[ended.index("--output") + 1].endswith("recipe_seed0_T0_n96_eos.json")
+
+    def record(eos):
+        return {"machine": "m", "load_average": "1", "budget": "eagle3.yaml", "data": "d", "seeds": [0],
+                "more_seeds": [], "num_prompts": 96, "max_new_tokens": 64, "arms": {"recipe": []},
+                **({"stop_at_eos": True} if eos else {}),
+                "runs": [{"arm": "recipe", "seed": 0, "temperature": 0.0, "train_seconds": 1.0,
+                          "results": [{"gamma": 4, "mean_accepted_tokens": 1.5, "acceptance_rate": 0.2}]}]}
+
+    with pytest.raises(SystemExit, match="stop_at_eos"):
+        bho.merged(record(False), record(True))
+    assert "64 new tokens (each answer ending at its EOS)" in bho.doc_text(record(True))
+    assert "64 new tokens (past any EOS)" in bho.doc_text(record(False))
+    page = tmp_path / "page.md"
+    names = ["bench_heads_objectives", "bench_heads_objectives_eos"]
+    page.write_text("".join(f"{b}\nold\n{e}\n" for b, e in (doc_markers(n, "bench_heads_objectives") for n in names)))
+    (tmp_path / "eos.json").write_text(json.dumps(record(True)))
+    bho.main(["--from-json", str(tmp_path / "eos.json"), "--doc", str(page)])
+    blocks = doc_blocks(page.read_text())
+    assert blocks["bench_heads_objectives"].strip() == "old" and "ending at its EOS" in blocks[
+        "bench_heads_objectives_eos"]

@@ -30,6 +30,8 @@ BLOCKS = {
         ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives.json"],
     ("docs/benchmarks/head_objectives.md", "bench_heads_objectives_90min"):
         ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives_90min.json"],
+    ("docs/benchmarks/head_objectives.md", "bench_heads_objectives_eos"):
+        ["--from-json", "docs/benchmarks/head_objectives/bench_heads_objectives_eos.json"],
     ("docs/benchmarks/decode.md", "bench_step_overhead"):
         ["--from-json", "docs/benchmarks/step_overhead/cpu_xeon_amx.json"],
     ("docs/benchmarks/decode.md", "bench_sampling"): ["--from-json", "docs/benchmarks/decode/sampling.json"],

@@ -37,7 +37,7 @@ class DataConfig(Section):
                                  "and user turns too: more targets from the same rows where the prompts are the "
                                  "target's own text (data.synthesize_prompts, specdistill-data prompts). Packed text "
                                  "trains on every token either way; a draft vocabulary is still counted on the "
-                                 "assistant tokens.")
+                                 "assistant tokens. Unset with model.draft_kind eagle3: all (the kind's default).")
     max_length: int = Field(1024, ge=2, description="Tokens per training sequence (packed block or truncated "
                                                     "conversation).")
     text_sample_by: Literal["document", "paragraph", "line"] = Field(

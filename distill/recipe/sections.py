@@ -356,10 +356,10 @@ class Recipe(Section):
     def _across_sections(self) -> Recipe:
         """Rules that involve two sections (each section has already checked its own keys)."""
         other_kinds_keys_unset(self.distill, type(self.model).kinds, self.model.kind)
+        self.model.kind.check_recipe(self)  # what the kind cannot combine with (first: its defaults may be the cause)
         require(self.data.loss_tokens == "assistant" or self.distill.on_policy_fraction == 0, "data.loss_tokens",
                 self.data.loss_tokens, "assistant with distill.on_policy_fraction > 0 (an on-policy row's prompt is "
                 "what comes before its first trained token)", involves=["distill.on_policy_fraction"])
-        self.model.kind.check_recipe(self)  # what the kind cannot combine with
         return self
 
 
