@@ -6,15 +6,13 @@ specdistill-eval on the held-out chat prompts (recipes/prompts/chat_eval.jsonl).
         --seeds 0 --num-prompts 96 --gammas 2 4 --temperatures 0 1 --out bench_head_objectives_out \
         --doc docs/benchmarks/head_objectives.md
 
---data is a folder of `make quickstart` (its chat/ rows and hidden_cache/; `specdistill-data` builds the same): every
-arm trains on those rows from that cache. --budget quickstart trains as recipes/smollm2/eagle3.yaml does (256 rows, 8
-epochs, no training-time test); --budget 90min as recipes/smollm2/eagle3_90min.yaml (its rows must be in --data). An
-arm is the budget's recipe with the overrides of ARMS; the first arm, `recipe`, is the recipe as it is; an arm of ROWS
-trains on rows of its own, the target's answers to --data's prompts written another way (longer, sampled), written
-into --data beside chat/ on first use. Each (arm, seed) is trained by scripts/train.py and measured by
-scripts/eval_acceptance.py at every --temperatures: tau, acceptance per position and the wall-clock speedup over plain
-decoding measured in the same run, beside the training's wall time. A trained arm and its evals are reused from --out
-(a folder trained with other settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN
+--data is a folder of `make quickstart` (its chat/ rows and hidden_cache/): every arm trains on those rows from that
+cache, as recipes/smollm2/eagle3.yaml (--budget quickstart) or eagle3_90min.yaml (--budget 90min) with the overrides of
+ARMS (`recipe`: none); an arm of ROWS trains on the target's answers to --data's prompts written another way (longer,
+sampled) beside chat/. Each (arm, seed) is trained by scripts/train.py and measured by scripts/eval_acceptance.py at
+every --temperatures: tau, acceptance per position, the wall-clock speedup over plain decoding measured in the same
+run, and the training's wall time. A trained arm and its evals are reused from --out (a folder trained with other
+settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN
 bench_heads_objectives (scripts/bench_heads_objectives.py --doc) -->` and `<!-- END bench_heads_objectives -->`
 (--budget 90min: `bench_heads_objectives_90min`; --stop-at-eos, answers ended at EOS as served: the name with
 `_eos`), and --plot a PNG of tau per arm. Both are drawn from a record of
@@ -90,9 +88,8 @@ ARMS = {
 }
 # arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
 CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top"}
-# arm -> its own rows, when not --data's chat/: a folder beside chat/ and the `specdistill data responses` options
-# (beside the quickstart's) that write it from --data's prompts/, the same prompts; the arm's hidden-state cache is
-# built beside them by its first training
+# arm -> its own rows, a folder beside chat/ and the `specdistill data responses` options that write it from --data's
+# prompts/ (the same prompts); the arm's hidden-state cache is built beside them by its first training
 ROWS = {
     "ttt4_answers256": ("chat_answers256", ["--max-new-tokens", "256"]),
     "ttt4_answers_t1": ("chat_answers_t1", ["--max-new-tokens", "128", "--temperature", "1.0"]),
@@ -192,10 +189,6 @@ def evaluate(args: argparse.Namespace, arm: str, seed: int, head: Path, temperat
     return json.loads(path.read_text())
 
 
-def train_seconds(head: Path) -> float | None:
-    return json.loads((head / "train_results.json").read_text()).get("train_runtime")
-
-
 RESULT_KEYS = ("num_prompts", "gamma", "temperature", "mean_accepted_tokens", "acceptance_rate",
                "per_position_acceptance", "speedup", "predicted_speedup", "greedy_match")
 
@@ -208,10 +201,10 @@ def measure(args: argparse.Namespace) -> dict:
     for arm in args.arms:
         for seed in [*args.seeds, *more.get(arm, [])]:
             head = train(args, arm, seed)
+            seconds = json.loads((head / "train_results.json").read_text()).get("train_runtime")
             for temperature in args.temperatures:
                 results = evaluate(args, arm, seed, head, temperature)["results"]
-                runs.append({"arm": arm, "seed": seed, "temperature": temperature,
-                             "train_seconds": train_seconds(head),
+                runs.append({"arm": arm, "seed": seed, "temperature": temperature, "train_seconds": seconds,
                              "results": [{k: r[k] for k in RESULT_KEYS if k in r} for r in results]})
     return {"machine": machine("cpu"), "load_average": load_average(), "budget": BUDGETS[args.budget],
             "data": args.data.name, "seeds": args.seeds, "more_seeds": args.more_seeds,
@@ -372,12 +365,9 @@ def plot(path: Path, runs: list[dict]) -> Figure:
 
 def block_of(args: argparse.Namespace) -> str:
     """The page block this run writes: its budget's, NAME_eos for answers ended at EOS (--from-json: the record's)."""
-    if args.from_json:
-        record = json.loads(args.from_json.read_text(encoding="utf-8"))
-        budget, eos = record["budget"], record.get("stop_at_eos", False)
-    else:
-        budget, eos = BUDGETS[args.budget], args.stop_at_eos
-    return BLOCKS[budget] + ("_eos" if eos else "")
+    record = json.loads(args.from_json.read_text(encoding="utf-8")) if args.from_json else \
+        {"budget": BUDGETS[args.budget], "stop_at_eos": args.stop_at_eos}
+    return BLOCKS[record["budget"]] + ("_eos" if record.get("stop_at_eos") else "")
 
 
 def main(argv: list[str] | None = None) -> None:
