@@ -1,4 +1,5 @@
-"""The plots of docs/benchmarks/real_target.md, drawn from the committed JSON beside it (nothing is measured here):
+"""The plots of docs/benchmarks/real_target.md (concurrency.png: serving.md), drawn from the committed JSON beside
+it (nothing is measured here):
 
     .venv/bin/python scripts/plot_real_target.py [--out docs/benchmarks/real_target] \
         [--doc docs/benchmarks/real_target.md]
