@@ -123,10 +123,11 @@ def test_chat_prompts_by_category(pair, tmp_path, capsys):
             {"prompt": "for i in range(10):", "category": "loops"}, {"prompt": "import os"}]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out, outputs = tmp_path / "eval.json", tmp_path / "outputs.jsonl"
-    code, stdout, _ = run_cli(["--target", str(target), "--draft", str(pair / "draft"), "--prompts",
-                               str(tmp_path / "p.jsonl"), "--gamma", "2", "--max-new-tokens", "8",
-                               "--output", str(out), "--save-outputs", str(outputs), "--quiet"], capsys)
+    code, stdout, err = run_cli(["--target", str(target), "--draft", str(pair / "draft"), "--prompts",
+                                 str(tmp_path / "p.jsonl"), "--gamma", "2", "--max-new-tokens", "8",
+                                 "--output", str(out), "--save-outputs", str(outputs), "--quiet"], capsys)
     assert code == 0
+    assert "note: 2 of 4 prompts are plain text and go to the target raw" in err  # auto, said once
     report = json.loads(out.read_text())
     (result,) = report["results"]
     by_category = result["by_category"]

@@ -6,7 +6,14 @@ import datasets
 import pytest
 
 from decode.inputs.loading import LoadError
-from decode.inputs.prompts import PromptFields, PromptRow, encode_prompt_rows, read_prompt_rows, render_prompt
+from decode.inputs.prompts import (
+    PromptFields,
+    PromptRow,
+    encode_prompt_rows,
+    raw_prompts_note,
+    read_prompt_rows,
+    render_prompt,
+)
 from scripts.quickstart_tokenizer import CHAT_TEMPLATE
 
 from tiny import tiny_tokenizer
@@ -68,6 +75,16 @@ def test_modes_auto_on_off(chat, plain):
     assert ids.tolist() == plain("import os")["input_ids"][-2:]
     with pytest.raises(LoadError, match=r"--chat-template on, but tokenizer .* has no chat template"):
         encode_prompt_rows(plain, [text_row], "on")
+
+
+def test_auto_names_the_plain_prompts_it_gives_a_chat_model_raw(chat, plain):
+    text_row, conversation = PromptRow(text="import os"), PromptRow(messages=(USER, ))
+    note = raw_prompts_note(chat, [text_row, conversation, text_row], "auto")
+    assert note.startswith("note: 2 of 3 prompts are plain text") and "--chat-template on" in note
+    assert "\n" not in note
+    assert raw_prompts_note(chat, [text_row], "on") is None and raw_prompts_note(chat, [text_row], "off") is None
+    assert raw_prompts_note(chat, [conversation], "auto") is None  # conversations are templated
+    assert raw_prompts_note(plain, [text_row], "auto") is None  # no template to apply
 
 
 def test_categories_and_fields(tmp_path):

@@ -231,6 +231,16 @@ def uses_template(tokenizer, row: PromptRow, mode: str) -> bool:
     return mode == "on" or (mode == "auto" and row.is_conversation and has_template)
 
 
+def raw_prompts_note(tokenizer, rows: Sequence[PromptRow], mode: str, option: str = "--chat-template") -> str | None:
+    """One line when ``auto`` gives a chat model plain prompts as raw text (a chat endpoint would serve each as a user
+    turn, and a head trained on templated rows accepts far less on raw ones); None when nothing is left raw."""
+    raw = sum(not row.is_conversation for row in rows)
+    if mode != "auto" or not raw or not getattr(tokenizer, "chat_template", None):
+        return None
+    return (f"note: {raw} of {len(rows)} prompts are plain text and go to the target raw ({option} auto templates "
+            f"conversations only); {option} on serves each as one user turn of the target's chat template")
+
+
 def render_prompt(tokenizer, row: PromptRow, mode: str) -> tuple[str, bool]:
     """(the text the target is given, whether it is templated) for one row under chat-template ``mode``."""
     if uses_template(tokenizer, row, mode):

@@ -31,7 +31,7 @@ from decode.deploy.speculators import folder_speculators_type, proposed_tokens
 from decode.inputs.checks import FileProblem, check_writable_file
 from decode.inputs.command_line import OneLineArgumentParser
 from decode.inputs.loading import LoadError, load_tokenizer, resolve_draft_path, resolve_model_path
-from decode.inputs.prompts import CHAT_TEMPLATE_MODES, encode_prompt_rows, read_prompt_rows
+from decode.inputs.prompts import CHAT_TEMPLATE_MODES, encode_prompt_rows, raw_prompts_note, read_prompt_rows
 from decode.inputs.writes import write_atomic
 from decode.measure.table import markdown_table
 from decode.serving.guidellm_load import find_guidellm, run_load, write_dataset
@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     tokenizer = load_tokenizer(target)
     rows = read_prompt_rows(args.prompts, limit=args.num_prompts)
     prompt_ids = [ids.tolist() for ids in encode_prompt_rows(tokenizer, rows, args.chat_template)]
+    if note := raw_prompts_note(tokenizer, rows, args.chat_template):
+        print(note, file=sys.stderr)
     data = write_dataset(log_dir / "prompts.jsonl", [tokenizer.decode(ids) for ids in prompt_ids], args.max_tokens)
     base = server_args(args.server_args, max(args.concurrency if not args.rate else [1]))
     checked = prompt_ids[:max(args.check_prompts, 0)]

@@ -38,6 +38,7 @@ from decode.inputs.prompts import (
     PromptFields,
     check_chat_template,
     encode_prompt_rows,
+    raw_prompts_note,
     read_prompt_rows,
 )
 from decode.inputs.vocab import TokenizerMismatchError
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     check_draft_tokenizer(args, tokenizer, kind)
     check_chat_template(tokenizer, args.chat_template)
     prompt_ids = encode_prompt_rows(tokenizer, rows, args.chat_template, args.max_prompt_tokens)
+    if note := raw_prompts_note(tokenizer, rows, args.chat_template):
+        print(note, file=sys.stderr)
     categories = [row.category for row in rows]
     settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats,
