@@ -233,7 +233,7 @@ def uses_template(tokenizer, row: PromptRow, mode: str) -> bool:
 
 def raw_prompts_note(tokenizer, rows: Sequence[PromptRow], mode: str, option: str = "--chat-template") -> str | None:
     """One line when ``auto`` gives a chat model plain prompts as raw text (a chat endpoint would serve each as a user
-    turn, and a head trained on templated rows accepts far less on raw ones); None when nothing is left raw."""
+    turn, and a head trained on templated rows accepts less on raw ones); None when nothing is left raw."""
     raw = sum(not row.is_conversation for row in rows)
     if mode != "auto" or not raw or not getattr(tokenizer, "chat_template", None):
         return None
