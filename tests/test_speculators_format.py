@@ -220,6 +220,7 @@ def test_our_export_loads_with_speculators_config_classes(pair):
 SERVE_ALONE = """
 import json, os, sys
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process, as IN_PROCESS_ENV runs it
 sys.path.insert(0, sys.argv[3])
 from vllm import LLM, SamplingParams, TokensPrompt
 from vllm_worker import read_counters
@@ -238,10 +239,11 @@ if __name__ == "__main__":
 
 
 def served_alone(pair, folder: Path) -> tuple[dict, list[list[int]], SpecCounters]:
-    """vLLM given ``folder`` alone (what `vllm serve FOLDER` builds), greedy, 16 tokens of two prompts: what it
-    resolved the speculative config to, its outputs and spec-decode counters; our decoder's plain outputs; and our
-    decoder's counters for the same export read back by its kind, at the gamma vLLM drafts, counted as vLLM counts
-    (from the prefill token on, every step drafting gamma tokens, also past the end)."""
+    """vLLM given ``folder`` alone (what `vllm serve FOLDER` builds, its engine in this one process: ~20 s less a
+    start on 2 cores; test_the_serve_commands_check_prints_work_as_typed runs the served layout), greedy, 16 tokens
+    of two prompts: what it resolved the speculative config to, its outputs and spec-decode counters; our decoder's
+    plain outputs; and our decoder's counters for the same export read back by its kind, at the gamma vLLM drafts,
+    counted as vLLM counts (from the prefill token on, every step drafting gamma tokens, also past the end)."""
     from decode import autoregressive_generate, speculative_generate
 
     tok, target = pair["tokenizer"], pair["target"]
