@@ -85,9 +85,17 @@ ARMS = {
     "ttt4_all_tokens": [*TTT4, "data.loss_tokens=all"],
     "ttt4_all_tokens_vocab16k": [*TTT4, "data.loss_tokens=all", "model.draft_vocab_size=16384"],
     "ttt4_all_tokens_kl_tv": [*TTT4, "data.loss_tokens=all", "distill.loss={forward_kl: 0.5, tv: 0.5}"],
+    # EAGLE-1's feature regression beside the KL: the head's normed output pulled toward the target's final hidden state
+    "ttt4_all_tokens_feat": [*TTT4, "data.loss_tokens=all", "distill.feature_weight=1.0"],
+    # fc starting as the identity on the deepest aux layer: the head's residual stream starts as the target's own
+    "fc_last": ["model.head_fc_init=last_aux"],
+    "ttt4_all_tokens_fc_last": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux"],
+    "ttt4_all_tokens_fc_last_aux_top": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux",
+                                        "model.aux_layers=[2,15,29]"],  # ... and that layer the last one's input
 }
 # arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
-CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top"}
+CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top",
+          "ttt4_all_tokens_fc_last_aux_top": "hidden_cache_aux_top"}
 # arm -> its own rows, a folder beside chat/ and the `specdistill data responses` options that write it from --data's
 # prompts/ (the same prompts); the arm's hidden-state cache is built beside them by its first training
 ROWS = {

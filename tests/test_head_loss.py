@@ -80,6 +80,7 @@ def reference_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfi
     out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True)
     fused = head.fuse(target_aux_hidden(out.hidden_states, head.aux_layers))  # [B, T, H]
     teacher_logits = out.logits[..., head.target_ids]  # [B, T, V_draft]: p restricted to the draft vocabulary
+    final = out.hidden_states[-1]  # [B, T, H]: the target's final normed hidden states (feature regression)
     draft_id = {int(t): i for i, t in enumerate(head.target_ids)}
     w = distill.ce_weight  # loss = (1 - w) kd + w ce; loss "ce" is ce alone
     divergence = DIVERGENCES.get(distill.loss)
@@ -119,6 +120,10 @@ def reference_loss(target, head: Eagle3Head, inputs: dict, distill: DistillConfi
                 ce = F.cross_entropy(logits[None], torch.tensor([draft_id[label]]))
                 kd = divergence.value(student, teacher, distill.beta)[0] if divergence else 0.0
                 sums[j] = sums[j] + (ce if distill.loss == "ce" else (1 - w) * kd + w * ce)
+                if distill.feature_weight > 0:  # mean over the hidden size of huber(e), e = g - f, beta 1
+                    e = normed[0, 0] - final[b, t + 1 + j]
+                    sums[j] = sums[j] + distill.feature_weight * torch.where(
+                        e.abs() < 1, e.pow(2) / 2, e.abs() - 0.5).mean()
                 counts[j] += 1
     return sum(distill.ttt_decay ** j * sums[j] / max(counts[j], 1) for j in range(steps))
 
@@ -180,6 +185,41 @@ def test_a_deeper_heads_unrolled_loss_matches_the_step_by_step_decoder_reference
     for index in range(1, head_layers):
         assert got_grads[f"layers.{index}.self_attn.q_proj.weight"].abs().max() > 0
         assert got_grads[f"layers.{index}.mlp.down_proj.weight"].abs().max() > 0
+
+
+@pytest.mark.parametrize("loss, steps, weight", [("forward_kl", 3, 0.5), ("ce", 2, 2.0), ("tv", 1, 1.0)])
+def test_feature_regression_adds_the_smooth_l1_to_the_target_features_at_every_step(loss, steps, weight):
+    """distill.feature_weight: each kept position of step j adds w * smooth-L1(g^j_t, f_{t+1+j}) to the loss, value
+    and gradient as the step-by-step reference; the loss grows by exactly that and logs it as the term `feature`."""
+    target, head = tiny_pair(draft_vocab=40)
+    inputs = batch(seed=7)
+    distill = DistillConfig(loss=loss, ttt_steps=steps, ttt_decay=0.8, feature_weight=weight, chunk_size=5)
+    got, _ = batched_matches_reference(target, head, inputs, distill)
+    plain = batched_loss(target, head, inputs, DistillConfig(loss=loss, ttt_steps=steps, ttt_decay=0.8))
+    assert float((got - plain).detach()) > 1e-3  # the features differ: the term is there and positive
+
+    aux, final = target_features(target, inputs["input_ids"], inputs["attention_mask"], head.aux_layers)
+    outputs = UnrolledHead(head, steps)(inputs["input_ids"], aux)
+    sums = ttt_step_sums(head, outputs, final, teacher_of(target.get_output_embeddings(), head, None),
+                         inputs["labels"], inputs["attention_mask"], distill)
+    assert all(float(s.terms["feature"]) > 0 for s in sums if s.num_tokens)
+
+
+def test_feature_regression_is_zero_on_the_target_features_themselves():
+    """F vanishes where the head's output is the target's final hidden state, and only kept positions count."""
+    from kinds.eagle3.loss import feature_sum
+
+    g = torch.Generator().manual_seed(0)
+    teacher = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)
+    kept = torch.tensor([[True, False, True, True, False], [False] * 5])
+    assert float(feature_sum(teacher.clone(), teacher, kept)) == 0.0
+    shifted_out = teacher.clone()
+    shifted_out[0, 0] += 3.0  # |e| = 3 on every dim: huber 2.5
+    shifted_out[0, 1] += 3.0  # not kept
+    shifted_out[1] += 0.5  # not kept
+    assert float(feature_sum(shifted_out, teacher, kept)) == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="distill.feature_weight: the head's hidden size 8 is not the target's 4"):
+        feature_sum(teacher, teacher[..., :4], kept)
 
 
 def test_every_divergence_of_the_table_trains_a_head():

@@ -152,6 +152,25 @@ def test_head_init_target_reads_out_like_the_target(arch):
     assert init_from_target(narrow, target) == ["lm_head", "norm"]  # a narrower MLP starts fresh
 
 
+def test_head_fc_init_last_aux_passes_the_deepest_aux_layer_through():
+    """model.head_fc_init last_aux: fuse(aux hidden states) is the target's hidden state at the deepest aux layer,
+    exactly; a head narrower than its target is refused in one line."""
+    from distill.data.hidden_cache import target_features
+    from kinds.eagle3.build import fc_from_last_aux
+
+    target = tiny_model("llama", layers=5)
+    head = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
+    fc_from_last_aux(head)
+    ids = torch.randint(3, 96, (2, 7), generator=torch.Generator().manual_seed(1))
+    aux, _ = target_features(target, ids, torch.ones_like(ids), head.aux_layers)
+    deepest = target(input_ids=ids, output_hidden_states=True).hidden_states[head.aux_layers[-1]]
+    torch.testing.assert_close(head.fuse(aux), deepest, rtol=0, atol=0)
+    head.config.target_hidden_size = 16
+    with pytest.raises(ModelSetupError, match=r"^model.head_fc_init: last_aux needs the head's hidden size \(32\) "
+                                              r"to be the target's \(16\); use random$"):
+        fc_from_last_aux(head)
+
+
 def test_a_deeper_head_starts_from_the_targets_last_layers():
     """model.head_layers 2 with head_init target: the first layer's MLP is the target's layer L - 2's, layer 1 is the
     target's last decoder layer whole (attention, MLP, both norms), so it computes that layer's output."""
@@ -250,14 +269,19 @@ def test_a_trained_head_is_accepted_more_and_exports_the_served_folder(workdir):
 
 @pytest.mark.integration
 def test_a_head_trained_with_frozen_parts_exports_the_targets_weights_there(workdir):
-    """model.head_frozen=[lm_head, norm] with feature noise and a top-k teacher: the exported head's readout is still
-    the target's (its lm_head rows of the draft vocabulary, its final norm) while the rest of the head has trained;
-    every logged loss finite."""
+    """model.head_frozen=[lm_head, norm] with feature noise, a top-k teacher, feature regression and fc started on
+    the deepest aux layer: the exported head's readout is still the target's (its lm_head rows of the draft
+    vocabulary, its final norm) while the rest of the head has trained; every logged loss finite, the feature
+    regression's logged at every step."""
     out = run(workdir, "frozen", "model.draft_vocab_size=200", "model.head_frozen=[lm_head, norm]",
-              "distill.feature_noise=0.1", "distill.soft_target_top_k=10", "train.max_steps=4", "train.save_steps=4",
-              "train.logging_steps=1", "data.num_eval_prompts=0")
+              "distill.feature_noise=0.1", "distill.soft_target_top_k=10", "distill.feature_weight=0.5",
+              "model.head_fc_init=last_aux",
+              "train.max_steps=4", "train.save_steps=4", "train.logging_steps=1", "data.num_eval_prompts=0")
     losses = train_losses(out / "checkpoint-4")
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses), losses
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    features = [entry["ttt/step0_feature"] for entry in state["log_history"] if "loss" in entry]
+    assert len(features) == 4 and all(math.isfinite(x) and x > 0 for x in features), features
     target = AutoModelForCausalLM.from_pretrained(workdir / "target")
     head = Eagle3Head.from_pretrained(out, target.get_input_embeddings())
     assert torch.equal(head.lm_head.weight, target.lm_head.weight[head.target_ids])

@@ -148,6 +148,19 @@ def init_from_target(head: Eagle3Head, target: PreTrainedModel) -> list[str]:
     return copied
 
 
+@torch.no_grad()
+def fc_from_last_aux(head: Eagle3Head) -> None:
+    """model.head_fc_init last_aux: fc [H, k H'] = [0 ... 0 | I], so fuse(h) = h[l_k], the target's hidden state at
+    the deepest aux layer (the residual stream the head adds its attention and MLP to). Needs H = H'."""
+    width, fused_width = head.fc.weight.shape
+    source = head.config.target_hidden_size
+    if width != source:
+        raise ModelSetupError(f"model.head_fc_init: last_aux needs the head's hidden size ({width}) to be the "
+                              f"target's ({source}); use random")
+    head.fc.weight.zero_()
+    head.fc.weight[:, fused_width - source:].copy_(torch.eye(source, dtype=head.fc.weight.dtype))
+
+
 def copy_layer(layer: nn.Module, source: nn.Module | None, name: str) -> list[str]:
     """A later head layer (kinds.eagle3.layers.DecoderLayer) copied from a target decoder layer: its attention
     projections, MLP and both norms (a Qwen2 target's q/k/v biases, which the head has not, are left out); [name]

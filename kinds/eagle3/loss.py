@@ -21,9 +21,16 @@ and the target's distribution restricted to the draft vocabulary and renormalise
 lm_head rows of the draft ids). A position whose next token lies outside the draft vocabulary is not kept (the head can
 never draft it). With distill.soft_target_top_k = k that distribution is cut to its k most likely tokens and
 renormalised (`TopKTeacher`): p_k(x) = p(x) / sum_{y in top_k} p(y) on the top k, 0 elsewhere.
+
+With distill.feature_weight = w > 0 each kept position of step j adds w * F to its per-token loss (EAGLE-1's feature
+regression; `feature_sum`), F the smooth-L1 distance between the head's normed output g^j_t (after its final norm)
+and the target's final normed hidden state f_{t+1+j} (what the target's lm_head reads to give p_{t+1+j}):
+
+    F = (1 / H) sum_d huber(g^j_t[d] - f_{t+1+j}[d]),   huber(e) = e^2 / 2 if |e| < 1 else |e| - 1/2
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -190,12 +197,26 @@ def ttt_step_sums(head: Eagle3Head, outputs: list[torch.Tensor], teacher_hidden:
             sums.append(LossSums(loss=zero, kd=zero.detach(), ce=zero.detach(), tv=zero.detach(), num_tokens=0))
             continue
         step_labels = ids[:, 2 + step:]  # [B, n]: x_{t+2+j}
-        sums.append(chunked_distill_loss(
-            normed[:, :n], head.lm_head, teacher_hidden[:, 1 + step:1 + step + n].detach(), step_labels,
-            step_labels != IGNORE_INDEX, teacher_head=teacher_head, chunk_size=distill.chunk_size,
-            loss=distill.loss if loss is None else loss, beta=distill.beta, temperature=distill.temperature,
-            ce_weight=distill.ce_weight))
+        teacher = teacher_hidden[:, 1 + step:1 + step + n].detach()  # f_{t+1+j}
+        step_sums = chunked_distill_loss(
+            normed[:, :n], head.lm_head, teacher, step_labels, step_labels != IGNORE_INDEX,
+            teacher_head=teacher_head, chunk_size=distill.chunk_size, loss=distill.loss if loss is None else loss,
+            beta=distill.beta, temperature=distill.temperature, ce_weight=distill.ce_weight)
+        if distill.feature_weight > 0:
+            feature = feature_sum(normed[:, :n], teacher, step_labels != IGNORE_INDEX)
+            step_sums = dataclasses.replace(step_sums, loss=step_sums.loss + distill.feature_weight * feature,
+                                            terms={**step_sums.terms, "feature": feature.detach()})
+        sums.append(step_sums)
     return sums
+
+
+def feature_sum(normed: torch.Tensor, teacher: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """sum over the kept positions of F (module docstring): normed, teacher [B, n, H], kept [B, n] bool -> scalar."""
+    if normed.shape[-1] != teacher.shape[-1]:
+        raise ValueError(f"distill.feature_weight: the head's hidden size {normed.shape[-1]} is not the target's "
+                         f"{teacher.shape[-1]}")
+    distance = nn.functional.smooth_l1_loss(normed, teacher.to(normed.dtype), reduction="none", beta=1.0).mean(-1)
+    return (distance * kept).sum()
 
 
 def weighted_loss(sums: list[LossSums], counts: torch.Tensor, decay: float) -> torch.Tensor:

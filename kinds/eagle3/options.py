@@ -27,6 +27,11 @@ class Eagle3ModelOptions(BaseModel):
                               "(and the norm before it) from the target's decoder layer L - N where the widths match, "
                               "and a deeper head's layer i from the target's layer L - N + i whole; random = all "
                               "fresh.")
+    head_fc_init: Literal["random", "last_aux"] = Field(
+        "random", description="eagle3: how fc (the projection fusing the 3 aux hidden states) starts: random; "
+                              "last_aux = the identity on the deepest aux layer's hidden state and 0 on the others, so "
+                              "the head's residual stream starts as the target's own at that layer. Unset with "
+                              "model.draft_kind eagle3: last_aux (the kind's default).")
     head_frozen: list[Literal["lm_head", "norm", "mlp"]] = Field(
         [], description="eagle3: parts of the head kept at the target's weights in training (needs head_init target): "
                         "lm_head (the target's rows of the draft vocabulary), norm (the final norm), mlp (the first "
@@ -45,6 +50,11 @@ class Eagle3DistillOptions(BaseModel):
         0.0, ge=0, description="eagle3: in training, Gaussian noise of this standard deviation, relative to each "
                                "position's RMS, added to the fused target features the head reads (EAGLE's feature "
                                "augmentation: a head that drafts from slightly wrong features); 0 = none.")
+    feature_weight: float = Field(
+        0.0, ge=0, description="eagle3: w, adds w times the smooth-L1 distance (beta 1, mean over the hidden size) "
+                               "between the head's normed output and the target's final normed hidden state at the "
+                               "same position to every scored step's per-token loss (EAGLE-1's feature regression; "
+                               "p_eagle: its row's step); 0 = none.")
     soft_target_top_k: int | None = Field(
         None, gt=0, description="eagle3: the head learns the target's distribution cut to its k most likely tokens of "
                                 "the draft vocabulary and renormalised (top-k soft targets, as HASS's objective "

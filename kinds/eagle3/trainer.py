@@ -12,7 +12,8 @@ What changes from a standalone draft, one optimizer step (the rest of DistillTra
                         identical for (P processes x G micro-batches) = (1 x P*G), as for standalone drafts
   log                -> loss, kd / tv / ce of step 0 (comparable with a standalone draft's), tokens_per_s, and per
                         step `ttt/step{j}_kd` (the recipe's divergence) and `ttt/step{j}_tv` (1 - tv is the
-                        probability that sampling at temperature 1 accepts the step's token: the acceptance proxy)
+                        probability that sampling at temperature 1 accepts the step's token: the acceptance proxy),
+                        and with distill.feature_weight `ttt/step{j}_feature` (the feature regression's mean F)
 The trained module is kinds.eagle3.loss.UnrolledHead; `head` is the Eagle3Head that acceptance measures and
 export writes.
 """
@@ -44,7 +45,7 @@ class HeadTrainer(DistillTrainer):
         self._teacher_head: nn.Module | None = None  # the target's lm_head on the draft vocabulary (first step)
         # per step j: [kd, tv, kept positions] summed on this process since the last log
         # each unrolled step's kd and tv (summed over its loss tokens) and its tokens, since the last log
-        names = [f"step{j}_{name}" for j in range(distill.ttt_steps) for name in ("kd", "tv", "tokens")]
+        names = [f"step{j}_{name}" for j in range(distill.ttt_steps) for name in ("kd", "tv", "feature", "tokens")]
         self._ttt_sums = LogSums(names, self.args.device)
 
     @staticmethod
@@ -99,7 +100,8 @@ class HeadTrainer(DistillTrainer):
         self._log_sums.add(kd=first.kd, tv=first.tv, ce=first.ce, loss_tokens=first.num_tokens,
                            input_tokens=inputs["attention_mask"].sum())
         self._ttt_sums.add(**{f"step{j}_{name}": value for j, s in enumerate(sums)
-                              for name, value in (("kd", s.kd), ("tv", s.tv), ("tokens", s.num_tokens))})
+                              for name, value in (("kd", s.kd), ("tv", s.tv), ("tokens", s.num_tokens),
+                                                  ("feature", s.terms.get("feature", 0.0)))})
         return (loss, sums) if return_outputs else loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -111,4 +113,6 @@ class HeadTrainer(DistillTrainer):
                 if self.distill.needs_teacher:  # loss ce alone: no distribution to compare with
                     logs[f"ttt/step{step}_kd"] = totals[f"step{step}_kd"] / tokens
                     logs[f"ttt/step{step}_tv"] = totals[f"step{step}_tv"] / tokens
+                if self.distill.feature_weight > 0:
+                    logs[f"ttt/step{step}_feature"] = totals[f"step{step}_feature"] / tokens
         super().log(logs, start_time)

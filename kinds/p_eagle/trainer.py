@@ -83,7 +83,8 @@ class PEagleTrainer(HeadTrainer):
                          self.accelerator.num_processes)
         self._log_sums.add(kd=first.kd, tv=first.tv, ce=first.ce, loss_tokens=first.num_tokens,
                            input_tokens=inputs["attention_mask"].sum())
-        self._ttt_sums.add(step0_kd=first.kd, step0_tv=first.tv, step0_tokens=first.num_tokens)
+        self._ttt_sums.add(step0_kd=first.kd, step0_tv=first.tv, step0_tokens=first.num_tokens,
+                           step0_feature=first.terms.get("feature", 0.0))
         self._slot_sums.add(**{f"slot{k}_{name}": value for k, s in enumerate(sums, start=1)
                                for name, value in (("tv", s.tv), ("tokens", s.num_tokens))})
         return (loss, [first, *sums]) if return_outputs else loss
