@@ -15,8 +15,8 @@ run, and the training's wall time. A trained arm and its evals are reused from -
 settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN
 bench_heads_objectives (scripts/bench_heads_objectives.py --doc) -->` and `<!-- END bench_heads_objectives -->`
 (--budget 90min: `bench_heads_objectives_90min`; --stop-at-eos, answers ended at EOS as served: the name with
-`_eos`), and --plot a PNG of tau per arm. Both are drawn from a record of
-what they show (the machine, the budget, each run's results), kept as --json; `--from-json
+`_eos`), and --plot a PNG of tau per arm. Both are drawn from a record of what they show (the machine, the budget,
+each run's results), kept as --json; `--from-json
 docs/benchmarks/head_objectives/bench_heads_objectives.json --doc docs/benchmarks/head_objectives.md` draws them again
 from the committed record without training or measuring anything.
 """
@@ -47,6 +47,7 @@ BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes
 BLOCKS = {"eagle3.yaml": "bench_heads_objectives", "eagle3_90min.yaml": "bench_heads_objectives_90min"}
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
 TTT4 = ["distill.ttt_steps=4", "distill.ttt_decay=0.8"]  # the training-time test over 4 steps, as the kind's default
+AUX_TOP = "model.aux_layers=[2,15,29]"  # the deepest aux layer the input of the last layer (vLLM's default: 27)
 # arm -> the overrides that make it (one change from the budget's recipe each; ttt4_*: one change from ttt4)
 ARMS = {
     "recipe": [],                                          # the recipe as it is: forward KL
@@ -74,8 +75,8 @@ ARMS = {
     "ttt4_frozen_out": [*TTT4, "model.head_frozen=[lm_head,norm,mlp]"],
     "ttt4_noise": [*TTT4, "distill.feature_noise=0.2"],
     "ce_half": ["distill.ce_weight=0.5"],                       # half the loss cross-entropy on the target's tokens
-    "aux_top": ["model.aux_layers=[2,15,29]"],                  # the top aux layer the stream entering the last layer
-    "ttt4_aux_top": [*TTT4, "model.aux_layers=[2,15,29]"],
+    "aux_top": [AUX_TOP],                                       # the top aux layer the stream entering the last layer
+    "ttt4_aux_top": [*TTT4, AUX_TOP],
     "topk10": ["distill.soft_target_top_k=10"],                 # top-k soft targets: the target's 10 likeliest (HASS)
     "ttt4_topk10": [*TTT4, "distill.soft_target_top_k=10"],
     "layers2": ["model.head_layers=2"],                         # a second decoder layer (vLLM serves N > 1)
@@ -85,17 +86,13 @@ ARMS = {
     "ttt4_all_tokens": [*TTT4, "data.loss_tokens=all"],
     "ttt4_all_tokens_vocab16k": [*TTT4, "data.loss_tokens=all", "model.draft_vocab_size=16384"],
     "ttt4_all_tokens_kl_tv": [*TTT4, "data.loss_tokens=all", "distill.loss={forward_kl: 0.5, tv: 0.5}"],
-    # EAGLE-1's feature regression beside the KL: the head's normed output pulled toward the target's final hidden state
-    "ttt4_all_tokens_feat": [*TTT4, "data.loss_tokens=all", "distill.feature_weight=1.0"],
-    # fc starting as the identity on the deepest aux layer: the head's residual stream starts as the target's own
-    "fc_last": ["model.head_fc_init=last_aux"],
+    "ttt4_all_tokens_feat": [*TTT4, "data.loss_tokens=all", "distill.feature_weight=1.0"],  # EAGLE-1's regression
+    "fc_last": ["model.head_fc_init=last_aux"],                 # fc starts as the identity on the deepest aux layer
     "ttt4_all_tokens_fc_last": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux"],
-    "ttt4_all_tokens_fc_last_aux_top": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux",
-                                        "model.aux_layers=[2,15,29]"],  # ... and that layer the last one's input
+    "ttt4_all_tokens_fc_last_aux_top": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux", AUX_TOP],
 }
 # arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
-CACHES = {"aux_top": "hidden_cache_aux_top", "ttt4_aux_top": "hidden_cache_aux_top",
-          "ttt4_all_tokens_fc_last_aux_top": "hidden_cache_aux_top"}
+CACHES = {arm: "hidden_cache_aux_top" for arm, changes in ARMS.items() if AUX_TOP in changes}
 # arm -> its own rows, a folder beside chat/ and the `specdistill data responses` options that write it from --data's
 # prompts/ (the same prompts); the arm's hidden-state cache is built beside them by its first training
 ROWS = {
