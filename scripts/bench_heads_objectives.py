@@ -7,8 +7,9 @@ specdistill-eval on the held-out chat prompts (recipes/prompts/chat_eval.jsonl).
         --doc docs/benchmarks/head_objectives.md
 
 --data is a folder of `make quickstart` (its chat/ rows and hidden_cache/): every arm trains on those rows from that
-cache, as recipes/smollm2/eagle3.yaml (--budget quickstart) or eagle3_90min.yaml (--budget 90min) with the overrides
-of scripts/head_arms.py's ARMS (`recipe`: none); an arm of ROWS trains on the target's answers to --data's prompts
+cache, as recipes/smollm2/eagle3.yaml (--budget quickstart; with BASE's `model.head_fc_init=random`, the recipe its
+arms were measured on) or eagle3_90min.yaml (--budget 90min) with the overrides of scripts/head_arms.py's ARMS
+(`recipe`: none); an arm of ROWS trains on the target's answers to --data's prompts
 written another way (longer, sampled) beside chat/. Each (arm, seed) is trained by scripts/train.py and measured by
 scripts/eval_acceptance.py at every --temperatures: tau, acceptance per position, the wall-clock speedup over plain
 decoding measured in the same run, and the training's wall time. A trained arm and its evals are reused from --out (a
@@ -43,6 +44,9 @@ from scripts.benchmark import check_doc, load_average, machine, record_of, recor
 from scripts.head_arms import ARMS, CACHES, ROWS, TTT4  # noqa: F401  (TTT4: the tests read it here)
 
 BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes/smollm2/
+# a budget's recipe -> the overrides before each arm's that make it the recipe its arms were measured on: the
+# quickstart's recipe has since started fc on the deepest aux layer (the arm `fc_last`, which won at no cost)
+BASE = {"eagle3.yaml": ["model.head_fc_init=random"]}
 # a budget's recipe -> the page block its table goes in (one page, one table per budget; a record holds one budget)
 BLOCKS = {"eagle3.yaml": "bench_heads_objectives", "eagle3_90min.yaml": "bench_heads_objectives_90min"}
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
@@ -102,7 +106,8 @@ def train(args: argparse.Namespace, arm: str, seed: int) -> Path:
         rows, cache = rows_of(args, arm)
         run([sys.executable, str(ROOT / "scripts" / "train.py"), str(recipe),
              f"model.target={args.target}", f"data.dataset={rows}", f"distill.hidden_state_cache={cache}",
-             f"train.output_dir={out}", f"train.seed={seed}", *NO_TRAINER_EVAL, *ARMS[arm], *args.overrides])
+             f"train.output_dir={out}", f"train.seed={seed}", *NO_TRAINER_EVAL,
+             *BASE.get(BUDGETS[args.budget], []), *ARMS[arm], *args.overrides])
     return out
 
 
@@ -162,13 +167,14 @@ def measure(args: argparse.Namespace) -> dict:
             "data": args.data.name, "seeds": args.seeds, "more_seeds": args.more_seeds,
             "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
             "arms": {arm: arm_changes(arm) for arm in args.arms},
+            **({"base": BASE[BUDGETS[args.budget]]} if BUDGETS[args.budget] in BASE else {}),
             **({"overrides": args.overrides} if args.overrides else {}),
             **({"stop_at_eos": True} if args.stop_at_eos else {}),
             "runs": runs}
 
 
 # what arms of one table must share (held-out prompts may differ: a column)
-SAME = ("budget", "data", "max_new_tokens", "overrides", "stop_at_eos")
+SAME = ("budget", "base", "data", "max_new_tokens", "overrides", "stop_at_eos")
 
 
 def machines_of(record: dict) -> dict[str, dict]:
@@ -248,8 +254,10 @@ def doc_text(record: dict) -> str:
         if record["more_seeds"] else ""
     overrides = f"; every arm also {' '.join(f'`{o}`' for o in record['overrides'])}" if record.get("overrides") \
         else ""
+    base = f" with {' '.join(f'`{o}`' for o in record['base'])} (the recipe as these arms were measured; each arm's " \
+        "changes after it)" if record.get("base") else ""
     lines = [*machines,
-             f"Budget: `recipes/smollm2/{record['budget']}` on the rows and hidden-state cache of "
+             f"Budget: `recipes/smollm2/{record['budget']}`{base} on the rows and hidden-state cache of "
              f"`{record['data']}/`; seeds {', '.join(map(str, record['seeds']))}"
              f"{more}; {prompt_counts(counts)} held-out chat "
              f"prompts x {record['max_new_tokens']} new tokens "

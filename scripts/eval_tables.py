@@ -257,11 +257,11 @@ TABLES: dict[str, Table] = {
         *series("prompt lookup", "both_lookup_zen5.json", (2, 4)))),
     "real_target_quickstart": Table("real_target.md", ("drafter",), (
             "gamma", "acceptance", "tau", "c", "v", "speedup over plain", "predicted", "plain / spec tok/s"), (
-        Row(("head (256 prompts, 8 epochs, no training-time test)",), "quickstart_head_zen5.json", 1,
-            bold=("speedup over plain",)),
+        Row(("head (256 prompts, 8 epochs, no training-time test, `fc` from the deepest aux layer)",),
+            "quickstart_head_epyc.json", 1, bold=("speedup over plain",)),
         Row(("standalone draft (2 target layers, `ce` 4 epochs, 4096-token vocabulary)",),
-            "quickstart_draft_zen5.json", 1),
-        Row(("prompt lookup",), "quickstart_prompt_lookup_zen5.json", 4))),
+            "quickstart_draft_epyc.json", 1),
+        Row(("prompt lookup",), "quickstart_prompt_lookup_epyc.json", 4))),
     # ---- parallel.md ----
     "parallel_512": Table("parallel.md", ("draft",), NO_SPEED, (
         *series("sequential", "sd_lk_chat.json", (2, 4), best=2),

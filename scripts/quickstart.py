@@ -1,6 +1,6 @@
 """The offline quickstart on a real model: SmolLM2-135M-Instruct distilled, measured and served, no network.
 
-    make quickstart                                   # = .venv/bin/python scripts/quickstart.py (~16 min, 2 cores)
+    make quickstart                                   # = .venv/bin/python scripts/quickstart.py (~20 min, 2 cores)
     python scripts/quickstart.py --with-draft         # a standalone draft trained and measured too (~8 min more)
     python scripts/quickstart.py --engine specdistill # data from our engine even where vLLM is installed
     python scripts/quickstart.py --smoke              # every step on the real model, sized down (~5 min)

@@ -275,6 +275,43 @@ def test_objective_overrides_reach_every_arm_and_keep_a_smoke_run_out_of_the_com
     assert "every arm also" not in bho.doc_text(record([]))
 
 
+def test_the_quickstart_budget_trains_every_arm_from_the_recipe_its_arms_were_measured_on(tmp_path, monkeypatch):
+    """bench_heads_objectives BASE: the quickstart's recipe now starts fc on the deepest aux layer, so each arm of that
+    budget trains with `model.head_fc_init=random` before its own changes (the recipe its committed rows were measured
+    on; `fc_last`'s last_aux after it, so it wins), the record and its block name it, and a record without it refuses
+    to take its rows; the 90-minute budget trains from its recipe as it is."""
+    import yaml
+
+    from scripts import bench_heads_objectives as bho
+
+    recipe = yaml.safe_load((bho.ROOT / "recipes" / "smollm2" / "eagle3.yaml").read_text())
+    assert recipe["model"]["head_fc_init"] == "last_aux" and bho.BASE["eagle3.yaml"] == ["model.head_fc_init=random"]
+    commands = []
+    monkeypatch.setattr(bho, "run", lambda cmd: commands.append(cmd))
+    args = bho.parse_args(["--target", "t.gguf", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")])
+    bho.train(args, "recipe", 0)
+    bho.train(args, "fc_last", 0)
+    assert commands[0][-1] == "model.head_fc_init=random"
+    assert commands[1][-2:] == ["model.head_fc_init=random", "model.head_fc_init=last_aux"]
+    bho.train(bho.parse_args(["--budget", "90min", "--target", "t.gguf", "--data", str(tmp_path / "data"),
+                              "--out", str(tmp_path / "out90")]), "recipe", 0)
+    assert not any(c.startswith("model.head_fc_init") for c in commands[2])
+
+    monkeypatch.setattr(bho, "train", lambda args, arm, seed: tmp_path)
+    (tmp_path / "train_results.json").write_text('{"train_runtime": 1.0}')
+    monkeypatch.setattr(bho, "evaluate", lambda *a: {"results": [{"gamma": 2, "mean_accepted_tokens": 1.0,
+                                                                   "acceptance_rate": 0.0}]})
+    record = bho.measure(bho.parse_args(["--target", "t.gguf", "--data", str(tmp_path), "--arms", "recipe"]))
+    assert record["base"] == ["model.head_fc_init=random"]
+    assert "Budget: `recipes/smollm2/eagle3.yaml` with `model.head_fc_init=random` (the recipe as these arms were " \
+        "measured; each arm's changes after it) on the rows" in bho.doc_text(record)
+    with pytest.raises(SystemExit, match="base"):
+        bho.merged({k: v for k, v in record.items() if k != "base"}, record)
+    for name in ("bench_heads_objectives.json", "bench_heads_objectives_eos.json"):  # the committed records say so
+        committed = json.loads((bho.ROOT / "docs" / "benchmarks" / "head_objectives" / name).read_text())
+        assert committed["base"] == bho.BASE["eagle3.yaml"]
+
+
 def test_an_arm_of_its_own_rows_writes_them_from_the_same_prompts_once_and_trains_on_them(tmp_path, monkeypatch):
     """bench_heads_objectives ROWS: an arm with rows of its own (longer answers) first has the target answer --data's
     prompts into a folder beside chat/, then trains on those rows with a hidden-state cache of its own; rows already
