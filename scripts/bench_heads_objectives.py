@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--more-seeds", nargs="+", default=[], metavar="ARM=SEED[,SEED]",
                    help="more seeds for some arms (the winners), e.g. ttt4=1,2")
     p.add_argument("--num-prompts", type=int, default=96, help="held-out prompts (of 96)")
-    p.add_argument("--gammas", nargs="+", default=["2", "4"])
+    p.add_argument("--gammas", nargs="+", type=int, default=[2, 4])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--stop-at-eos", action="store_true",
@@ -131,19 +131,26 @@ def arm_changes(arm: str) -> list[str]:
 
 
 def evaluate(args: argparse.Namespace, arm: str, seed: int, head: Path, temperature: float) -> dict:
-    """specdistill-eval's JSON for one trained arm at one temperature (reused when present)."""
+    """specdistill-eval's JSON for one trained arm at one temperature (reused when present and measured at the gammas
+    asked: another --gammas measures it again)."""
     alone = "_acceptance" if args.acceptance_only else ""
     eos = "_eos" if args.stop_at_eos else ""
     path = args.out / "evals" / f"{arm}_seed{seed}_T{temperature:g}_n{args.num_prompts}{eos}{alone}.json"
-    if not path.is_file():
+    if not path.is_file() or measured_gammas(path) != set(args.gammas):
         path.parent.mkdir(parents=True, exist_ok=True)
         run([sys.executable, str(ROOT / "scripts" / "eval_acceptance.py"), "--target", str(args.target),
              "--draft", str(head), "--prompts", str(PROMPTS), "--num-prompts", str(args.num_prompts),
-             "--chat-template", "on", "--max-new-tokens", str(args.max_new_tokens), "--gamma", *args.gammas,
+             "--chat-template", "on", "--max-new-tokens", str(args.max_new_tokens), "--gamma", *map(str, args.gammas),
              "--temperature", str(temperature), "--device", "cpu", "--dtype", "float32", "--quiet",
              "--output", str(path), *(["--acceptance-only"] if args.acceptance_only else []),
              *(["--stop-at-eos"] if args.stop_at_eos else [])])
     return json.loads(path.read_text())
+
+
+def measured_gammas(path: Path) -> set[int]:
+    """The gammas of an eval JSON's overall results (its rows by category aside)."""
+    results = json.loads(path.read_text())["results"]
+    return {int(r["gamma"]) for r in results if r.get("category") in (None, "all")}
 
 
 RESULT_KEYS = ("num_prompts", "gamma", "temperature", "mean_accepted_tokens", "acceptance_rate",

@@ -413,6 +413,35 @@ def test_each_budget_writes_its_own_block_of_the_page(tmp_path):
     assert quickstart_only.read_text() == "\n".join(doc_markers(names[0], "bench_heads_objectives")) + "\n"
 
 
+def test_an_eval_is_reused_only_at_the_gammas_it_measured(tmp_path, monkeypatch):
+    """bench_heads_objectives.evaluate: a judged arm's JSON is reused for the same --gammas and measured again for
+    others (its file name does not hold them), so a run at gamma 2 then at 2 and 4 never reports gamma 2 alone."""
+    from scripts import bench_heads_objectives as bho
+
+    commands = []
+
+    def fake_run(cmd):
+        commands.append(cmd)
+        gammas = cmd[cmd.index("--gamma") + 1:cmd.index("--temperature")]
+        rows = [{"gamma": int(g), "mean_accepted_tokens": 1.5, "acceptance_rate": 0.25} for g in gammas]
+        rows.append({"gamma": int(gammas[0]), "category": "qa", "mean_accepted_tokens": 1.0, "acceptance_rate": 0.0})
+        Path(cmd[cmd.index("--output") + 1]).write_text(json.dumps({"results": rows}))
+
+    monkeypatch.setattr(bho, "run", fake_run)
+
+    def judged(*gammas):
+        args = bho.parse_args(["--target", "t.gguf", "--out", str(tmp_path / "out"), "--gammas", *gammas])
+        return [r["gamma"] for r in bho.evaluate(args, "recipe", 0, tmp_path / "head", 0.0)["results"]
+                if "category" not in r]
+
+    assert judged("2") == [2] and len(commands) == 1
+    assert judged("2") == [2] and len(commands) == 1  # the same gammas: reused
+    assert judged("2", "4") == [2, 4] and len(commands) == 2  # more gammas: measured again
+    assert commands[-1][commands[-1].index("--gamma") + 1:commands[-1].index("--temperature")] == ["2", "4"]
+    with pytest.raises(SystemExit):
+        bho.parse_args(["--gammas", "two"])
+
+
 def test_answers_ended_at_eos_are_judged_and_recorded_apart(tmp_path, monkeypatch):
     """bench_heads_objectives --stop-at-eos: the judge gets specdistill-eval's --stop-at-eos and an eval file of its
     own (a judge past EOS is not reused for it), the record says so (its header: each answer ending at its EOS),
