@@ -95,6 +95,19 @@ def test_the_top_level_help_loads_no_torch():
     assert done.stdout.splitlines()[-1] == "[]", done.stdout[-2000:]
 
 
+@pytest.mark.parametrize("argv", [["train", "--help"], ["train"]])
+def test_the_train_help_loads_no_torch(argv):
+    """`specdistill train --help` (or no recipe) prints its help without the trainer: torch and transformers are
+    imported when a recipe runs."""
+    program = (f"import sys\nfrom specdistill.cli.main import cli\ntry:\n    cli({argv!r})\n"
+               "except SystemExit:\n    pass\n"
+               "print(sorted({name.split('.')[0] for name in sys.modules} & {'torch', 'transformers', 'peft'}))")
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage: specdistill train [-h] RECIPE.yaml [key=value ...]" in done.stdout, done.stdout[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout[-2000:]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Each job's help and errors are its alias's
 # ---------------------------------------------------------------------------------------------------------------

@@ -30,26 +30,36 @@ import logging
 import sys
 import time
 
-from decode.inputs.checks import FileProblem
 from decode.inputs.command_line import OneLineArgumentParser
-from decode.inputs.vocab import TokenizerMismatchError
-from distill.data.rows import DataError
-from distill.data.shard_store import CacheMismatchError, ShardBuildStopped
-from distill.models.distributed import UnsupportedModeError, lost_peer
-from distill.outputs.acceptance_log import AcceptanceLogError
-from distill.outputs.run_folder import RESULTS_FILE
-from distill.publish.export import PushError
-from distill.run.preemption import PREEMPTED_EXIT, Preempted, StoppedOutsideTraining, resume_hint, stop_signals_raise
-from distill.utils import ModelSetupError, OutOfSpaceError
 from specdistill.cli.launch import check_launch, leave_launch_directly, print_once
-from specdistill.pipeline import run_recipe
-from specdistill.recipes import RecipeError, load_recipe
 
-# Errors in what the user gave us (or the machine: a full disk): reported as one line, exit status 1, no traceback.
-USER_ERRORS = (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
-               FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError, OutOfSpaceError)
+# The module stays light (argparse, no torch) until it runs a recipe: `specdistill train --help` answers at once;
+# the trainer's modules are imported by main() and _run_cli(), USER_ERRORS on first use (__getattr__ below).
 LOST_PEER_EXIT = 76  # another process of the run died or hung (distill.models.distributed.lost_peer)
 PROG = "specdistill-train"  # the command's name; `specdistill train` runs the same code (specdistill.cli.main)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors in what the user gave us (or the machine: a full disk): reported as one line, exit status 1, no
+    traceback."""
+    from decode.inputs.checks import FileProblem
+    from decode.inputs.vocab import TokenizerMismatchError
+    from distill.data.rows import DataError
+    from distill.data.shard_store import CacheMismatchError
+    from distill.models.distributed import UnsupportedModeError
+    from distill.outputs.acceptance_log import AcceptanceLogError
+    from distill.publish.export import PushError
+    from distill.utils import ModelSetupError, OutOfSpaceError
+    from specdistill.recipes import RecipeError
+
+    return (RecipeError, DataError, ModelSetupError, TokenizerMismatchError, UnsupportedModeError,
+            FileNotFoundError, PushError, CacheMismatchError, FileProblem, AcceptanceLogError, OutOfSpaceError)
+
+
+def __getattr__(name: str):
+    if name == "USER_ERRORS":  # what specdistill.cli.data adds its own errors to
+        return user_errors()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ArgumentParser(OneLineArgumentParser, argparse.ArgumentParser):
@@ -75,6 +85,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
         build_parser(prog).print_help()
         return {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from distill.outputs.run_folder import RESULTS_FILE
+    from distill.run.preemption import StoppedOutsideTraining, resume_hint
+    from specdistill.pipeline import run_recipe
+    from specdistill.recipes import load_recipe
 
     # ---- parse: the recipe with its key=value overrides, every key checked ------------------------------------
     recipe = load_recipe(argv[0], argv[1:])
@@ -98,19 +112,30 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-train` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
     traceback; an error every process of a launch meets alike is printed once; each process of a launch that is
     done or preempted ends without the interpreter's teardown (specdistill.cli.launch)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):  # the help alone: nothing of the trainer imported
+        build_parser(prog).print_help()
+        return
     check_launch(prog)
+    from distill.utils import PREEMPTED_EXIT
+
     with leave_launch_directly(statuses=(0, PREEMPTED_EXIT)):
         _run_cli(argv, prog)
 
 
-def _run_cli(argv: list[str] | None, prog: str) -> None:
+def _run_cli(argv: list[str], prog: str) -> None:
+    from distill.data.shard_store import ShardBuildStopped
+    from distill.models.distributed import lost_peer
+    from distill.run.preemption import Preempted, StoppedOutsideTraining, stop_signals_raise
+    from distill.utils import PREEMPTED_EXIT
+
     try:
         with stop_signals_raise():  # SIGTERM & co before or after training: exit 75 in one line
             main(argv, prog)
     except (Preempted, ShardBuildStopped, StoppedOutsideTraining) as stopped:  # a signal: resume goes on
         print_once(f"{prog}: {stopped}")
         raise SystemExit(PREEMPTED_EXIT) from None
-    except USER_ERRORS as err:
+    except user_errors() as err:
         first, *details = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
         message = " ".join([first, "; ".join(details)]).strip()  # one line, details (if any) separated by ;
         print_once(f"{prog}: error: {message}")
