@@ -46,6 +46,9 @@ ARMS = {
     "fc_last": ["model.head_fc_init=last_aux"],                 # fc starts as the identity on the deepest aux layer
     "ttt4_all_tokens_fc_last": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux"],
     "ttt4_all_tokens_fc_last_aux_top": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux", AUX_TOP],
+    # and the first layer's attention from the target's last layer (hidden half): the head starts as that layer
+    "ttt4_all_tokens_fc_last_attn": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux",
+                                     "model.head_attn_init=target"],
 }
 # arm -> its hidden-state cache beside --data's hidden_cache/ when it reads other aux layers (built on first use)
 CACHES = {arm: "hidden_cache_aux_top" for arm, changes in ARMS.items() if AUX_TOP in changes}

@@ -319,10 +319,11 @@ def test_a_draft_kind_supplies_its_defaults_where_the_recipe_sets_nothing(tmp_pa
     assert load_recipe(str(bare), []).kind_defaults == KIND_DEFAULTS["eagle3"]
     assert load_recipe(str(bare), []).data.loss_tokens == "all"  # a head trains on every token of its rows
     assert load_recipe(str(bare), []).model.head_fc_init == "last_aux"
+    assert load_recipe(str(bare), []).model.head_attn_init == "target"
     recipe = load_recipe(str(bare), ["distill.ttt_steps=2", "train.warmup_steps=0.1", "data.loss_tokens=assistant",
-                                     "model.head_fc_init=random"])
+                                     "model.head_fc_init=random", "model.head_attn_init=random"])
     assert recipe.kind_defaults == {"distill.ttt_decay": 0.8}
-    assert recipe.model.head_fc_init == "random"
+    assert (recipe.model.head_fc_init, recipe.model.head_attn_init) == ("random", "random")
     assert (recipe.distill.ttt_steps, recipe.train.warmup_steps) == (2, 0.1)  # the recipe's own values win
     assert (recipe.distill.ttt_decay, recipe.data.loss_tokens) == (0.8, "assistant")
     saved = tmp_path / "recipe.yaml"  # what a run folder keeps: the supplied values, which load back as set

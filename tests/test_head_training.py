@@ -171,6 +171,42 @@ def test_head_fc_init_last_aux_passes_the_deepest_aux_layer_through():
         fc_from_last_aux(head)
 
 
+def test_head_attn_init_target_starts_the_head_as_the_targets_layer(caplog):
+    """model.head_attn_init target with head_fc_init last_aux: the head's first layer, whatever the token, computes the
+    target's layer L - 1 on the deepest aux layer's stream, attention and MLP (causal, at the same positions); a
+    target whose layer has other attention shapes is refused in one line where the recipe asks for it, and warned
+    about, the attention left random, where it is the kind's default."""
+    from kinds.eagle3.build import attention_from_target, fc_from_last_aux
+
+    target = tiny_model("llama", layers=4)
+    head = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
+    init_from_target(head, target)
+    attention_from_target(head, target)
+    fc_from_last_aux(head)
+    ids = torch.randint(3, 96, (2, 6), generator=torch.Generator().manual_seed(2))
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(3))
+    position_ids = torch.arange(6).expand(2, 6)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    _, stream = head.run(ids, x, position_ids, lambda i, q, k, v: head.attend(q, k, v, causal[None, None], layer=i))
+    layer = target.model.layers[-1]
+    mask = torch.zeros(1, 1, 6, 6).masked_fill(~causal, float("-inf"))
+    expected = layer(x, attention_mask=mask, position_ids=position_ids,
+                     position_embeddings=target.model.rotary_emb(x, position_ids))
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    torch.testing.assert_close(stream, expected)
+    target.model.layers[-1].self_attn.k_proj = torch.nn.Linear(32, 8, bias=False)  # one key head fewer
+    with pytest.raises(ModelSetupError, match=r"^model.head_attn_init: target needs the target's layer 3 attention "
+                                              r"in the head's shapes \(its heads, head size and width\); use random$"):
+        attention_from_target(head, target)
+    fresh = build_head(ModelConfig(target="t", draft_kind="eagle3", draft_vocab_size=40), target, torch.float32)
+    before = fresh.midlayer.self_attn.q_proj.weight.clone()
+    assert attention_from_target(fresh, target, required=False) is False
+    assert torch.equal(fresh.midlayer.self_attn.q_proj.weight, before)
+    assert caplog.messages[-1] == ("model.head_attn_init: target needs the target's layer 3 attention in the head's "
+                                   "shapes (its heads, head size and width) (the kind's default: the attention starts "
+                                   "random)")
+
+
 def test_a_deeper_head_starts_from_the_targets_last_layers():
     """model.head_layers 2 with head_init target: the first layer's MLP is the target's layer L - 2's, layer 1 is the
     target's last decoder layer whole (attention, MLP, both norms), so it computes that layer's output."""

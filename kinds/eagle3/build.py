@@ -15,6 +15,7 @@ id, kept in ascending id order (Eagle3Head.set_vocab). Counted on the main proce
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import datasets
@@ -31,6 +32,8 @@ from distill.utils import ModelSetupError
 from kinds.draft_vocab import frequent_label_tokens
 from kinds.eagle3.loss import UnrolledHead
 from kinds.eagle3.model import Eagle3Head, head_config
+
+logger = logging.getLogger(__name__)
 
 MAX_DEFAULT_DRAFT_VOCAB = 32768  # model.draft_vocab_size null: the whole vocabulary up to this size
 
@@ -159,6 +162,53 @@ def fc_from_last_aux(head: Eagle3Head) -> None:
                               f"target's ({source}); use random")
     head.fc.weight.zero_()
     head.fc.weight[:, fused_width - source:].copy_(torch.eye(source, dtype=head.fc.weight.dtype))
+
+
+@torch.no_grad()
+def attention_from_target(head: Eagle3Head, target: PreTrainedModel, required: bool = True) -> bool:
+    """model.head_attn_init target: the first layer's attention starts as the target's layer L - N's (the layer its MLP
+    starts from), reading the hidden half of x = [input_layernorm(embed), hidden_norm(hidden)]:
+
+        q_proj = [0 | W_q],  k_proj = [0 | W_k],  v_proj = [0 | W_v],  o_proj = W_o,  hidden_norm = its input_layernorm
+
+    so layer 0's attention output is that layer's on `hidden`, whatever the token (a Qwen2 target's q/k/v biases are
+    left out). Where the target has no such layer or its attention's shapes differ: ModelSetupError when `required`
+    (the recipe asked for it), else one warning and the attention left random (the kind's default). Returns whether
+    it copied."""
+    inner = target.get_decoder() if hasattr(target, "get_decoder") else None
+    layers = getattr(inner, "layers", None)
+    index = len(layers) - head.num_layers if layers is not None else -1
+    source = layers[index] if index >= 0 else None
+    attn, mine = getattr(source, "self_attn", None), head.midlayer.self_attn
+    norm = getattr(source, "input_layernorm", None)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    parts = [getattr(attn, name, None) for name in names]
+    width = head.config.hidden_size
+    if norm is None or any(part is None for part in parts):
+        return _not_copied(f"model.head_attn_init: target needs a Llama decoder layer {index} in the target "
+                           f"({type(target).__name__} has not); use random", required)
+    with gathered([p for m in (norm, *parts) for p in m.parameters()]):  # ZeRO-3: whole while read
+        shapes = [getattr(mine, name).weight.shape for name in names]
+        wanted = [(shape[0], width) for shape in shapes[:3]] + [shapes[3]]
+        if norm.weight.shape != head.midlayer.hidden_norm.weight.shape or any(
+                part.weight.shape != shape for part, shape in zip(parts, wanted)):
+            return _not_copied(f"model.head_attn_init: target needs the target's layer {index} attention in the "
+                               "head's shapes (its heads, head size and width); use random", required)
+        for part, name in zip(parts[:3], names):
+            weight = getattr(mine, name).weight  # [out, 2H]: [embedding half | hidden half]
+            weight.zero_()
+            weight[:, width:].copy_(part.weight.to(weight))
+        mine.o_proj.weight.copy_(parts[3].weight.to(mine.o_proj.weight))
+        head.midlayer.hidden_norm.weight.copy_(norm.weight.to(head.midlayer.hidden_norm.weight))
+    return True
+
+
+def _not_copied(problem: str, required: bool) -> bool:
+    """attention_from_target's answer where the target's layer does not fit: the error, or one warning."""
+    if required:
+        raise ModelSetupError(problem)
+    logger.warning("%s (the kind's default: the attention starts random)", problem.removesuffix("; use random"))
+    return False
 
 
 def copy_layer(layer: nn.Module, source: nn.Module | None, name: str) -> list[str]:

@@ -26,12 +26,20 @@ class Eagle3ModelOptions(BaseModel):
                               "draft vocabulary, its final norm from the target's final norm, its first layer's MLP "
                               "(and the norm before it) from the target's decoder layer L - N where the widths match, "
                               "and a deeper head's layer i from the target's layer L - N + i whole; random = all "
-                              "fresh.")
+                              "fresh (fc and the first layer's attention as head_fc_init and head_attn_init say).")
     head_fc_init: Literal["random", "last_aux"] = Field(
         "random", description="eagle3: how fc (the projection fusing the 3 aux hidden states) starts: random; "
                               "last_aux = the identity on the deepest aux layer's hidden state and 0 on the others, so "
                               "the head's residual stream starts as the target's own at that layer. Unset with "
                               "model.draft_kind eagle3: last_aux (the kind's default).")
+    head_attn_init: Literal["random", "target"] = Field(
+        "random", description="eagle3: how the first layer's attention starts: random; target = from the target's "
+                              "layer L - N, the layer head_init target starts its MLP from: q, k and v read the "
+                              "hidden half of [embedding, hidden] with that layer's projections (0 on the embedding "
+                              "half), hidden_norm is its input_layernorm, o_proj its own; with head_fc_init last_aux "
+                              "the head starts as that whole layer on the deepest aux layer's stream. Unset with "
+                              "model.draft_kind eagle3: target (the kind's default; a target whose layer does not "
+                              "fit: random, with a warning).")
     head_frozen: list[Literal["lm_head", "norm", "mlp"]] = Field(
         [], description="eagle3: parts of the head kept at the target's weights in training (needs head_init target): "
                         "lm_head (the target's rows of the draft vocabulary), norm (the final norm), mlp (the first "
