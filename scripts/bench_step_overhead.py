@@ -33,8 +33,9 @@ if __package__ in (None, ""):  # `python scripts/bench_step_overhead.py`: make t
 
 import torch
 
+from decode.inputs.command_line import CPU_LINEAR_MODES
 from decode.inputs.loading import resolve_device, resolve_dtype
-from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows
+from decode.loop.packed_linear import pack_linears, tune_plain_rows
 from decode.loop.speculative import autoregressive_generate
 from decode.loop.static import cached_lm
 from decode.loop.timing import StepClock, timed_call

@@ -30,11 +30,12 @@ if __package__ in (None, ""):  # `python scripts/bench_verify_cost.py`: make the
 
 import torch
 
+from decode.inputs.command_line import CPU_LINEAR_MODES
 from decode.inputs.gguf import smollm2_gguf
 from decode.inputs.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 from decode.inputs.prompts import PromptRow, encode_prompt_rows, read_prompt_rows
 from decode.loop import static
-from decode.loop.packed_linear import CPU_LINEAR_MODES, pack_linears, tune_plain_rows
+from decode.loop.packed_linear import pack_linears, tune_plain_rows
 from decode.loop.speculative import autoregressive_generate
 from decode.loop.static import cached_lm
 from decode.loop.timing import timed_call

@@ -19,6 +19,7 @@ import pytest
 
 from distill.models import load
 from specdistill.cli import eval as eval_acceptance
+from specdistill.cli import eval_run
 from specdistill.cli import push as push_to_hub
 from specdistill.cli import train as train_script
 
@@ -89,7 +90,7 @@ def no_weights(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("model weights were loaded before the error")
     monkeypatch.setattr(load, "load_target", refuse)
-    monkeypatch.setattr(eval_acceptance, "load_causal_lm", refuse)
+    monkeypatch.setattr(eval_run, "load_causal_lm", refuse)
 
 
 def one_error_line(cli, prog: str, argv: list[str], monkeypatch, capsys) -> str:

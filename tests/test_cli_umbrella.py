@@ -124,6 +124,20 @@ def help_commands() -> list[list[str]]:
 HELP_COMMANDS = help_commands()
 
 
+@pytest.mark.parametrize("argv", [[*command, "--help"] for command in HELP_COMMANDS]
+                         + [[job.name, "--no-such-flag"] for job in JOBS], ids=" ".join)
+def test_every_help_and_usage_error_answers_before_torch_loads(argv):
+    """Every job's and subcommand's `--help`, and a usage error of every job, answer from the parser alone: torch,
+    transformers and peft are imported when a job runs (each command module imports its run only after the parse)."""
+    program = (f"import sys\nfrom specdistill.cli.main import cli\ntry:\n    cli({argv!r})\n    code = 0\n"
+               "except SystemExit as stop:\n    code = stop.code or 0\nprint('exit', code)\n"
+               "print(sorted({name.split('.')[0] for name in sys.modules} & {'torch', 'transformers', 'peft'}))")
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    *_, code, loaded = done.stdout.splitlines()
+    assert code == ("exit 0" if argv[-1] == "--help" else "exit 1"), done.stdout[-2000:] + done.stderr[-2000:]
+    assert loaded == "[]", f"{argv}: {loaded}"
+
+
 def test_the_help_commands_reach_the_data_subcommands():
     assert {("data", "prompts"), ("data", "responses"), ("data", "hidden-states")} <= set(map(tuple, HELP_COMMANDS))
 

@@ -16,6 +16,7 @@ from distill.data.dataset import build_data
 from distill.data.magpie import CATEGORY_OPENERS, SynthesizedPrompt
 from distill.data.rows import IGNORE_INDEX
 from specdistill.cli import data as data_command
+from specdistill.cli import data_run
 from specdistill.recipes import DataConfig
 
 from tiny import tiny_model, tiny_tokenizer
@@ -59,7 +60,7 @@ def greedy_reply(target, tokenizer, messages: list[dict]) -> str:
 def test_every_turn_is_answered_by_the_target_given_its_own_earlier_answers(workdir, tmp_path):
     rows = answer(workdir, tmp_path / "chat")
     target = AutoModelForCausalLM.from_pretrained(workdir / "target").eval()
-    tokenizer = data_command.load_tokenizer(str(workdir / "target"))
+    tokenizer = data_run.load_tokenizer(str(workdir / "target"))
     assert len(rows) == 6 and [r.get("category") for r in rows] == ["code"] * 5 + [None]
     for row in rows[:5]:
         user, reply = row["messages"]
@@ -73,7 +74,7 @@ def test_every_turn_is_answered_by_the_target_given_its_own_earlier_answers(work
 
 def test_a_recipe_reads_the_folder_and_trains_on_the_answers(workdir, tmp_path):
     rows = answer(workdir, tmp_path / "chat")
-    tokenizer = data_command.load_tokenizer(str(workdir / "target"))
+    tokenizer = data_run.load_tokenizer(str(workdir / "target"))
     data = build_data(DataConfig(dataset=str(tmp_path / "chat"), num_eval_prompts=0), tokenizer)
     assert data.format == "chat" and len(data.train) == sum(1 for r in rows if r["messages"][-1]["content"])
     first = data.train[0]
@@ -108,13 +109,13 @@ def test_an_interrupted_run_resumes_and_equals_an_uninterrupted_one(workdir, tmp
 def test_prompts_are_written_as_user_turns_a_recipe_reads_as_prompts(workdir, tmp_path, monkeypatch):
     import specdistill.cli.data as command
 
-    monkeypatch.setattr(command, "synthesize_prompt_rows", lambda *a, **k: [
+    monkeypatch.setattr(data_run, "synthesize_prompt_rows", lambda *a, **k: [
         SynthesizedPrompt("one question"), SynthesizedPrompt("another question")])
     command.main(["prompts", "--target", str(workdir / "target"), "--num", "2", "--out", str(tmp_path / "p"),
                   "--quiet"])
     rows = [json.loads(line) for line in (tmp_path / "p" / "prompts.jsonl").read_text().splitlines()]
     assert rows == [{"messages": [{"role": "user", "content": q}]} for q in ("one question", "another question")]
-    tokenizer = command.load_tokenizer(str(workdir / "target"))
+    tokenizer = data_run.load_tokenizer(str(workdir / "target"))
     data = build_data(DataConfig(dataset=str(tmp_path / "p"), dataset_weight=0.0, target_weight=1.0,
                                  target_data_dir="d", num_eval_prompts=0), tokenizer)
     assert data.format == "prompts" and len(data.train) == 2
@@ -138,7 +139,7 @@ def test_prompts_toward_categories_or_openers_carry_them_to_the_rows(workdir, tm
         asked.append(synthesis.openers)
         return [SynthesizedPrompt(f"{opener} then {i}", category) for i, (category, opener) in enumerate(expected)]
 
-    monkeypatch.setattr(command, "synthesize_prompt_rows", scripted)
+    monkeypatch.setattr(data_run, "synthesize_prompt_rows", scripted)
     if flag == "--openers":
         path = tmp_path / ("o.jsonl" if given.startswith("{") else "o.txt")
         path.write_text(given)
@@ -155,7 +156,7 @@ def test_prompts_given_to_exclude_are_handed_to_the_synthesis(workdir, tmp_path,
     import specdistill.cli.data as command
 
     asked = []
-    monkeypatch.setattr(command, "synthesize_prompt_rows",
+    monkeypatch.setattr(data_run, "synthesize_prompt_rows",
                         lambda target, tokenizer, out_dir, synthesis, **k: asked.append(synthesis) or
                         [SynthesizedPrompt("a new question")])
     (tmp_path / "held.txt").write_text("What is 2 + 2?\nName a prime.\n")

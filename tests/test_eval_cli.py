@@ -9,6 +9,7 @@ import pytest
 
 from decode.measure.results import Result, read_eval_json
 from specdistill.cli import eval as eval_acceptance
+from specdistill.cli import eval_run
 
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
@@ -214,13 +215,13 @@ def test_cpu_linear_packs_or_keeps_the_models(mode, pair, tmp_path, capsys, monk
 
     if mode == "packed" and not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN is not built into torch: nothing to pack")
-    evaluated, real = [], eval_acceptance.evaluate_acceptance
+    evaluated, real = [], eval_run.evaluate_acceptance
 
     def evaluate(target, draft, *args, **kwargs):  # the models the CLI evaluates, as it hands them over
         evaluated.append((target, draft))
         return real(target, draft, *args, **kwargs)
 
-    monkeypatch.setattr(eval_acceptance, "evaluate_acceptance", evaluate)
+    monkeypatch.setattr(eval_run, "evaluate_acceptance", evaluate)
     out = tmp_path / "eval.json"
     flag = ["--cpu-linear", mode] if mode != "auto" else []
     code, _, _ = run_cli(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",

@@ -153,16 +153,18 @@ def test_ctrl_c_twice_exits_at_once(tmp_path):
     assert done.returncode == 130 and time.monotonic() - started < 20
 
 
-@pytest.mark.parametrize("module, expected", [
-    ("train", "specdistill-train: stopped by SIGUSR1 outside a training step (loading, preparing data, measuring or "
-              "exporting): every file written so far is complete; run the same command again"),
-    ("data", "specdistill-data: stopped by SIGUSR1 outside a shard build (loading or finishing): every file written "
-             "so far is complete; run the same command again to resume"),
+@pytest.mark.parametrize("module, runs, attribute, expected", [
+    ("train", "specdistill.cli.train", "main",
+     "specdistill-train: stopped by SIGUSR1 outside a training step (loading, preparing data, measuring or "
+     "exporting): every file written so far is complete; run the same command again"),
+    ("data", "specdistill.cli.data_run", "run",
+     "specdistill-data: stopped by SIGUSR1 outside a shard build (loading or finishing): every file written "
+     "so far is complete; run the same command again to resume"),
 ])
-def test_a_signal_while_a_command_loads_is_one_line_and_the_handlers_are_restored(monkeypatch, capsys, module,
-                                                                                  expected):
-    """The signal lands inside the command's main (as while loading a model): exit 75, one line; after the command
-    the process's own handlers are back."""
+def test_a_signal_while_a_command_loads_is_one_line_and_the_handlers_are_restored(monkeypatch, capsys, tmp_path,
+                                                                                  module, runs, attribute, expected):
+    """The signal lands inside the command's run (as while loading a model), after its command line was read: exit
+    75, one line; after the command the process's own handlers are back."""
     import importlib
 
     command_module = importlib.import_module(f"specdistill.cli.{module}")
@@ -173,9 +175,11 @@ def test_a_signal_while_a_command_loads_is_one_line_and_the_handlers_are_restore
         time.sleep(5)  # interrupted by the handler's exception
         raise AssertionError("the signal did not stop the command")
 
-    monkeypatch.setattr(command_module, "main", loading)
+    monkeypatch.setattr(importlib.import_module(runs), attribute, loading)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: {}\n")  # read by no one: the run is replaced; the command checks it exists
     with pytest.raises(SystemExit) as exit_info:
-        command_module.cli(["anything"])
+        command_module.cli([str(recipe)] if module == "train" else ["hidden-states", str(recipe)])
     assert exit_info.value.code == PREEMPTED_EXIT
     assert capsys.readouterr().err.strip().splitlines() == [expected]
     assert {sig: signal.getsignal(sig) for sig in before} == before

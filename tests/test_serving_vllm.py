@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from decode import autoregressive_generate
+from decode.inputs.command_line import PARITY_TOLERANCE
 from decode.serving.counters import SpecCounters
-from decode.serving.parity import DEFAULT_TOLERANCE
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from decode.serving.vllm_worker import IN_PROCESS_ENV
 from specdistill.cli import eval as eval_acceptance
@@ -74,7 +74,7 @@ def test_vllm_matches_our_engine(pair, draft, monkeypatch):
     assert vllm["greedy_match"] == 1.0 and ours["greedy_match"] == 1.0  # speculative output = plain, both engines
     assert report["target_match_vllm"] == 1.0  # vLLM's plain output = our target's greedy output
     assert vllm["stats"]["num_drafts"] > 0 and vllm["new_tokens"] == 4 * MAX_NEW_TOKENS
-    assert abs(row["ratio"] - 1) <= DEFAULT_TOLERANCE, row
+    assert abs(row["ratio"] - 1) <= PARITY_TOLERANCE, row
     # one basis: the same steps counted by both engines
     assert SpecCounters.from_spec_stats(ours["stats"]) == SpecCounters.from_dict(vllm["stats"])
 
@@ -170,7 +170,7 @@ def test_vllm_runs_our_pard_export_in_parallel_with_our_tau(pair):
     assert vllm["greedy_match"] == 1.0 and ours["greedy_match"] == 1.0
     assert report["target_match_vllm"] == 1.0 and vllm["stats"]["num_drafts"] > 0
     assert ours["mean_accepted_tokens"] > 1.9 and ours["per_position_acceptance"][0] == 1.0
-    assert abs(row["ratio"] - 1) <= DEFAULT_TOLERANCE, row
+    assert abs(row["ratio"] - 1) <= PARITY_TOLERANCE, row
     assert SpecCounters.from_spec_stats(ours["stats"]) == SpecCounters.from_dict(vllm["stats"])  # step by step
 
 
@@ -195,7 +195,7 @@ def test_vllm_runs_our_p_eagle_export_in_parallel_with_our_tau(pair):
     assert vllm["greedy_match"] == 1.0 and ours["greedy_match"] == 1.0
     assert report["target_match_vllm"] == 1.0 and vllm["stats"]["num_drafts"] > 0
     assert ours["mean_accepted_tokens"] > 1.05 and ours["per_position_acceptance"][1] > 0  # the mask slots count
-    assert abs(row["ratio"] - 1) <= DEFAULT_TOLERANCE, row
+    assert abs(row["ratio"] - 1) <= PARITY_TOLERANCE, row
     assert SpecCounters.from_spec_stats(ours["stats"]) == SpecCounters.from_dict(vllm["stats"])  # step by step
 
 
@@ -219,4 +219,4 @@ def test_vllm_runs_our_dflash_export_with_our_tau(pair):
     assert vllm["greedy_match"] == 1.0 and ours["greedy_match"] == 1.0
     assert report["target_match_vllm"] == 1.0 and vllm["stats"]["num_drafts"] > 0
     assert ours["mean_accepted_tokens"] > 1.05  # the draft is accepted: a real comparison, not 1.0 against 1.0
-    assert abs(row["ratio"] - 1) <= DEFAULT_TOLERANCE, row
+    assert abs(row["ratio"] - 1) <= PARITY_TOLERANCE, row

@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import save_file
 
 from decode.deploy.speculators import proposed_tokens, speculators_type, verifier_of
+from decode.inputs.command_line import PARITY_TOLERANCE
 from decode.inputs.loading import LoadError
 from decode.serving.counters import SpecCounters
-from decode.serving.parity import DEFAULT_TOLERANCE
 from decode.serving.vllm_engine import ServingError, find_vllm_python
 from decode.serving.vllm_worker import IN_PROCESS_ENV
 from kinds import kind_named, kind_of_source
@@ -179,7 +179,7 @@ def test_vllm_and_we_count_the_same_steps_on_a_speculators_head(pair, monkeypatc
     assert report["target_match_vllm"] == 1.0
     assert ours["mean_accepted_tokens"] > 1.2  # drafts accepted, at more than one position
     assert ours["per_position_acceptance"][1] > 0
-    assert abs(row["ratio"] - 1) <= DEFAULT_TOLERANCE, row
+    assert abs(row["ratio"] - 1) <= PARITY_TOLERANCE, row
     assert SpecCounters.from_spec_stats(ours["stats"]) == SpecCounters.from_dict(vllm["stats"])
 
 

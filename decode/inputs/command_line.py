@@ -1,9 +1,25 @@
-"""What every command's parser shares: a usage error as one line (`OneLineArgumentParser`) and number flags that
-are finite (`finite_float`)."""
+"""What every command's parser shares: a usage error as one line (`OneLineArgumentParser`), number flags that are
+finite (`finite_float`) and the choices the flags offer. The choices live here, in a module that imports no torch,
+so that a command's parser, its `--help` and its usage errors answer before any model code loads; the modules that
+act on them import them from here."""
 from __future__ import annotations
 
 import argparse
 import math
+
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")  # --chat-template: auto = conversations only (decode.inputs.prompts)
+# --cpu-linear (decode.loop.packed_linear): packed then tuned per row count, packed at every row count, or as loaded
+CPU_LINEAR_MODES = ("auto", "packed", "plain")
+PARITY_TOLERANCE = 0.05  # --parity-tolerance: |tau(vLLM) / tau(ours) - 1| allowed (decode.serving.parity)
+# vLLM's draft_sample_method: "greedy" (its default) drafts argmax tokens and accepts d with probability p(d) (q taken
+# as one-hot); "probabilistic" samples d ~ q and accepts with min(1, p(d) / q(d)), as our decoder does. Same at T=0.
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+# vLLM's dtype for the target and the draft (LLM(dtype=...)): float32 by default, so CPU results match our float32 run;
+# "auto" becomes one of these by the one dtype rule (decode.serving.vllm_engine.resolve_vllm_dtype): bfloat16 on CUDA,
+# else float32
+VLLM_DTYPES = ("float32", "bfloat16", "float16")
+VLLM_DTYPE_CHOICES = ("auto", *VLLM_DTYPES)  # what --vllm-dtype and eval.vllm_dtype take
+REQUEST_TIMEOUT_S = 600.0  # a request whose answer stalls this long fails (the greedy check's; GuideLLM's load's)
 
 
 def finite_float(text: str) -> float:

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from decode.inputs.checks import FileProblem, check_text_file, read_text
+from decode.inputs.command_line import CHAT_TEMPLATE_MODES
 from decode.inputs.data_files import DATA_FILE_BUILDERS, TEXT_DATA_SUFFIXES, first_bad_json_line, first_empty_file
 from decode.inputs.loading import LoadError, first_line
 
-CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")  # read by read_prompt_file; other data files go through datasets
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # Dataset(Dict).save_to_disk
 

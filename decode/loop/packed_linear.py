@@ -31,8 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-# specdistill-eval --cpu-linear: packed then tuned per row count, packed at every row count, or as loaded
-CPU_LINEAR_MODES = ("auto", "packed", "plain")
 
 
 def packing_available(weight: torch.Tensor) -> bool:

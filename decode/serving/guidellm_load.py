@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from decode.inputs.checks import read_text
-from decode.serving.http_server import REQUEST_TIMEOUT_S, ServerError, last_line, stop
+from decode.inputs.command_line import REQUEST_TIMEOUT_S
+from decode.serving.http_server import ServerError, last_line, stop
 
 PERCENTILES = ("p50", "p99")
 START_S = 120.0  # GuideLLM's own start (its worker processes, the tokenizer) and end, beyond the requests' time

@@ -23,11 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from decode.inputs.command_line import REQUEST_TIMEOUT_S
 from decode.serving.vllm_engine import ServingError
 
 READY_TIMEOUT_S = 900.0  # a CPU build loads, profiles and warms up in 1-3 minutes on 2 cores
 STOP_TIMEOUT_S = 30.0
-REQUEST_TIMEOUT_S = 600.0  # a request whose answer stalls this long fails (the greedy check's; GuideLLM's load's)
 SPEC_METRICS = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
                 "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
 

@@ -33,11 +33,11 @@ from dataclasses import replace
 
 import torch
 
+from decode.inputs.command_line import PARITY_TOLERANCE
 from decode.measure.settings import EvalSettings
 from decode.measure.table import Column
 from decode.serving.counters import SpecCounters
 
-DEFAULT_TOLERANCE = 0.05
 PARITY_COLUMNS = (
     Column("concurrency", "concurrency"), Column("gamma", "gamma"), Column("temperature", "temp", ".2f"),
     Column("tau_specdistill", "tau(ours)", ".3f"), Column("tau_vllm", "tau(vLLM)", ".3f"),
@@ -58,7 +58,7 @@ def aligned_inputs(prompts: Sequence[torch.Tensor], first_tokens: Sequence[int],
     return extended, replace(settings, max_new_tokens=settings.max_new_tokens - 1, draft_past_end=True)
 
 
-def parity_rows(ours: Sequence[dict], theirs: Sequence[dict], tolerance: float = DEFAULT_TOLERANCE) -> list[dict]:
+def parity_rows(ours: Sequence[dict], theirs: Sequence[dict], tolerance: float = PARITY_TOLERANCE) -> list[dict]:
     """One row per vLLM result of each gamma (and temperature) we measured (one per concurrency level, if any):
     tau(ours) on vLLM's basis, tau(vLLM), the ratio, vLLM's greedy match and whether |ratio - 1| <= tolerance.
     Raises ValueError if a gamma is missing."""

@@ -40,6 +40,7 @@ from typing import Protocol
 import torch
 
 from decode.inputs.checks import read_text
+from decode.inputs.command_line import DRAFT_SAMPLE_METHODS, VLLM_DTYPE_CHOICES, VLLM_DTYPES
 from decode.loop.auto_gamma import fixed_gammas
 from decode.measure.batch_cost import add_batch_predictions
 from decode.measure.results import Result
@@ -50,14 +51,6 @@ from decode.serving.counters import SpecCounters
 VLLM_PYTHON_ENV = "SPECDISTILL_VLLM_PYTHON"      # an interpreter with vLLM, when --vllm-python is not given
 DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")  # what `make serving` creates
 WORKER = Path(__file__).with_name("vllm_worker.py")
-# vLLM's draft_sample_method: "greedy" (its default) drafts argmax tokens and accepts d with probability p(d) (q taken
-# as one-hot); "probabilistic" samples d ~ q and accepts with min(1, p(d) / q(d)), as our decoder does. Same at T=0.
-DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-# vLLM's dtype for the target and the draft (LLM(dtype=...)): float32 by default, so CPU results match our float32 run;
-# "auto" becomes one of these by the one dtype rule (resolve_vllm_dtype, as decode.inputs.loading.resolve_dtype):
-# bfloat16 on CUDA, else float32
-VLLM_DTYPES = ("float32", "bfloat16", "float16")
-VLLM_DTYPE_CHOICES = ("auto", *VLLM_DTYPES)  # what --vllm-dtype and eval.vllm_dtype take
 
 
 class ServingError(ValueError):

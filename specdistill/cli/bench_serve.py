@@ -25,19 +25,16 @@ import sys
 import time
 from pathlib import Path
 
-from decode.deploy.deploy_check import check_generation_config
 from decode.deploy.serving_commands import vllm_speculative_config
 from decode.deploy.speculators import folder_speculators_type, proposed_tokens
 from decode.inputs.checks import FileProblem, check_writable_file
-from decode.inputs.command_line import OneLineArgumentParser
-from decode.inputs.loading import LoadError, load_tokenizer, resolve_draft_path, resolve_model_path
-from decode.inputs.prompts import CHAT_TEMPLATE_MODES, encode_prompt_rows, raw_prompts_note, read_prompt_rows
+from decode.inputs.command_line import CHAT_TEMPLATE_MODES, REQUEST_TIMEOUT_S, OneLineArgumentParser
 from decode.inputs.writes import write_atomic
 from decode.measure.table import markdown_table
-from decode.serving.guidellm_load import find_guidellm, run_load, write_dataset
-from decode.serving.http_server import REQUEST_TIMEOUT_S, ServerError, vllm_server
-from decode.serving.vllm_engine import ServingError, find_vllm_python
 from kinds import Kind, kind_of_source
+
+# the loaders, the servers and the load generator are imported where they run (after the parse): `--help` and usage
+# errors answer before torch loads
 
 PROG = "specdistill-bench-serve"  # `specdistill bench-serve` runs the same code (specdistill.cli.main)
 DEFAULT_GAMMA = 4
@@ -117,6 +114,8 @@ def draft_gamma(draft: str, kind: Kind, given: int | None) -> int:
     if given is not None:
         return given
     if kind.has_weights and Path(draft).is_dir():
+        from decode.deploy.deploy_check import check_generation_config
+
         config_file = Path(draft) / "config.json"
         tokens = proposed_tokens(json.loads(config_file.read_text())) if config_file.is_file() else None
         return tokens or check_generation_config(Path(draft))[2] or DEFAULT_GAMMA
@@ -152,6 +151,9 @@ def serve_and_load(name: str, python: Path, model: str, args: list[str], prompts
                    args_ns: argparse.Namespace, tokenizer_folder: str, data: Path, log_dir: Path) -> dict:
     """One server: started, greedy completions of the check prompts, the load at every level, its spec counters over
     the load; stopped."""
+    from decode.serving.guidellm_load import find_guidellm, run_load
+    from decode.serving.http_server import vllm_server
+
     guidellm = find_guidellm(python)
     started = time.perf_counter()
     with vllm_server(python, model, args, port=args_ns.port, log=log_dir / f"{name}-server.log") as server:
@@ -226,7 +228,18 @@ def plot(path: Path, report: dict) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
-    args = parse_args(argv, prog)
+    """Serve the target plain and with the draft, load both at every level, compare; the report (--output)."""
+    return run(parse_args(argv, prog))
+
+
+def run(args: argparse.Namespace) -> dict:
+    """What `main` does once the command line is parsed."""
+    from decode.inputs.loading import load_tokenizer, resolve_draft_path, resolve_model_path
+    from decode.inputs.prompts import encode_prompt_rows, raw_prompts_note, read_prompt_rows
+    from decode.serving.guidellm_load import find_guidellm, write_dataset
+    from decode.serving.http_server import ServerError
+    from decode.serving.vllm_engine import find_vllm_python
+
     check_writable_file(args.output, "--output")
     python = find_vllm_python(args.vllm_python)
     find_guidellm(python)  # missing: one line before anything starts
@@ -277,9 +290,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-bench-serve`: user errors exit 1 with one line; Ctrl-C and SIGTERM stop the
     servers (SIGTERM unwinds as SystemExit 143, through the blocks that stop them)."""
+    args = parse_args(argv, prog)  # --help and usage errors answer here, before torch loads
+    from decode.inputs.loading import LoadError
+    from decode.serving.vllm_engine import ServingError
+
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        main(argv, prog)
+        run(args)
     except (LoadError, FileProblem, ServingError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -18,12 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from decode.inputs.checks import FileProblem
-from decode.inputs.command_line import OneLineArgumentParser
-from decode.inputs.loading import LoadError, resolve_draft_path, resolve_model_path
-from decode.inputs.writes import write_atomic
-from decode.serving.vllm_engine import VLLM_DTYPE_CHOICES, ServingError, find_vllm_python, resolve_vllm_dtype
-from specdistill.drafts import check_deploy, check_serve, serving_commands
+from decode.inputs.command_line import VLLM_DTYPE_CHOICES, OneLineArgumentParser
 
 PROG = "specdistill-check"  # the command's name; `specdistill check` runs the same code (specdistill.cli.main)
 
@@ -54,7 +49,17 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    args = parse_args(argv, prog)
+    """Check the pair the command line names, print the findings and the serving commands; the exit code."""
+    return run(parse_args(argv, prog))
+
+
+def run(args: argparse.Namespace) -> int:
+    """What `main` does once the command line is parsed (the deployment checks load here, after the parse)."""
+    from decode.inputs.loading import resolve_draft_path, resolve_model_path
+    from decode.inputs.writes import write_atomic
+    from decode.serving.vllm_engine import find_vllm_python, resolve_vllm_dtype
+    from specdistill.drafts import check_deploy, check_serve, serving_commands
+
     python = find_vllm_python(args.vllm_python) if args.serve else None
     # a .gguf: its converted folder (decode.inputs.gguf), which is also what vLLM serves
     target, draft = resolve_model_path(args.target, "--target"), resolve_draft_path(args.draft, "--draft")
@@ -80,8 +85,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-check` (argv: sys.argv[1:] when None): user errors exit 1 with one line."""
+    args = parse_args(argv, prog)  # --help and usage errors answer here, before torch loads
+    from decode.inputs.checks import FileProblem
+    from decode.inputs.loading import LoadError
+    from decode.serving.vllm_engine import ServingError
+
     try:
-        code = main(argv, prog)
+        code = run(args)
     except (LoadError, FileProblem, ServingError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         code = 1

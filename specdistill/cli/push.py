@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 
 from decode.inputs.command_line import OneLineArgumentParser
-from distill.publish.hub import HubError
-from specdistill.drafts import push_to_hub
 
 PROG = "specdistill-push"  # the command's name; `specdistill push` runs the same code (specdistill.cli.main)
 
@@ -47,7 +45,10 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    args = parse_args(argv, prog)
+    args = parse_args(argv, prog)  # --help and usage errors answer here, before torch loads
+    from distill.publish.hub import HubError
+    from specdistill.drafts import push_to_hub
+
     if args.staging_dir is not None:
         print(f"note: --staging-dir is no longer used: {args.output_dir} is uploaded in place, nothing is staged")
     # ---- write the card (and upload) ----

@@ -29,6 +29,7 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
 from decode.inputs.command_line import OneLineArgumentParser
 from specdistill.cli.launch import check_launch, leave_launch_directly, print_once
@@ -116,6 +117,9 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     if not argv or argv[0] in ("-h", "--help"):  # the help alone: nothing of the trainer imported
         build_parser(prog).print_help()
         return
+    if not Path(argv[0]).is_file():  # a typo answers at once, as the recipe loader would after the trainer's imports
+        print_once(f"{prog}: error: recipe file not found: {argv[0]}")
+        raise SystemExit(1)
     check_launch(prog)
     from distill.utils import PREEMPTED_EXIT
 
