@@ -7,11 +7,11 @@ specdistill-eval on the held-out chat prompts (recipes/prompts/chat_eval.jsonl).
         --doc docs/benchmarks/head_objectives.md
 
 --data is a folder of `make quickstart` (its chat/ rows and hidden_cache/): every arm trains on those rows from that
-cache, as recipes/smollm2/eagle3.yaml (--budget quickstart; with BASE's `model.head_fc_init=random`, the recipe its
-arms were measured on) or eagle3_90min.yaml (--budget 90min) with the overrides of scripts/head_arms.py's ARMS
-(`recipe`: none); an arm of ROWS trains on the target's answers to --data's prompts
-written another way (longer, sampled) beside chat/. Each (arm, seed) is trained by scripts/train.py and measured by
-scripts/eval_acceptance.py at every --temperatures: tau, acceptance per position, the wall-clock speedup over plain
+cache, as recipes/smollm2/eagle3.yaml (--budget quickstart; with BASE's `model.head_fc_init=random`
+`model.head_attn_init=random`, the recipe its arms were measured on) or eagle3_90min.yaml (--budget 90min) with the
+overrides of scripts/head_arms.py's ARMS (`recipe`: none); an arm of ROWS trains on the target's answers to --data's
+prompts written another way (longer, sampled) beside chat/. Each (arm, seed) is trained by scripts/train.py and measured
+by scripts/eval_acceptance.py at every --temperatures: tau, acceptance per position, the wall-clock speedup over plain
 decoding measured in the same run, and the training's wall time. A trained arm and its evals are reused from --out (a
 folder trained with other settings stops the script). --doc writes the table between the page's lines `<!-- BEGIN
 bench_heads_objectives (scripts/bench_heads_objectives.py --doc) -->` and `<!-- END bench_heads_objectives -->`
@@ -45,8 +45,9 @@ from scripts.head_arms import ARMS, CACHES, ROWS, TTT4  # noqa: F401  (TTT4: the
 
 BUDGETS = {"quickstart": "eagle3.yaml", "90min": "eagle3_90min.yaml"}  # recipes/smollm2/
 # a budget's recipe -> the overrides before each arm's that make it the recipe its arms were measured on: the
-# quickstart's recipe has since started fc on the deepest aux layer (the arm `fc_last`, which won at no cost)
-BASE = {"eagle3.yaml": ["model.head_fc_init=random"]}
+# quickstart's recipe has since started fc on the deepest aux layer and the attention from the target's last layer (the
+# arms `fc_last` and `fc_last_attn`, which won at no cost)
+BASE = {"eagle3.yaml": ["model.head_fc_init=random", "model.head_attn_init=random"]}
 # a budget's recipe -> the page block its table goes in (one page, one table per budget; a record holds one budget)
 BLOCKS = {"eagle3.yaml": "bench_heads_objectives", "eagle3_90min.yaml": "bench_heads_objectives_90min"}
 PROMPTS = ROOT / "recipes" / "prompts" / "chat_eval.jsonl"
@@ -83,8 +84,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, default=None, help="a PNG of tau per arm, a panel per gamma")
     p.add_argument("--add-to", type=Path, default=None,
                    help="a record of earlier arms (the committed one): this run's arms join it (a run of the same arm, "
-                        "seed, temperature and held-out prompts replaces its row); the budget and new tokens must be "
-                        "the record's; a record not there yet is started by this run")
+                        "seed, temperature and held-out prompts replaces its row at the gammas it measured, the "
+                        "row's other gammas kept); the budget and new tokens must be the record's; a record not there "
+                        "yet is started by this run")
     args = p.parse_args(argv)
     # the trainings and evals run from the repository: paths given here are this folder's
     args.data, args.out = args.data.resolve(), args.out.resolve()
@@ -191,9 +193,11 @@ def machines_of(record: dict) -> dict[str, dict]:
 
 def merged(earlier: dict, record: dict) -> dict:
     """``record``'s arms added to ``earlier``'s; a run of the same (machine, arm, seed, temperature, held-out prompts)
-    replaces its row. Rows from another machine (another CPU trains and times differently) are labelled by machine,
-    each machine with its own `recipe` row to compare against; runs judged on another number of held-out prompts keep
-    it (`num_prompts` of the run, a column of the table). SystemExit naming the first setting they do not share."""
+    replaces its row's results at the gammas it measured and keeps the others (the recipe judged at gamma 1 beside its
+    gamma 2 and 4: one row, each gamma from the run that measured it; the training seconds the newest run's). Rows
+    from another machine (another CPU trains and times differently) are labelled by machine, each machine with its
+    own `recipe` row to compare against; runs judged on another number of held-out prompts keep it (`num_prompts` of
+    the run, a column of the table). SystemExit naming the first setting they do not share."""
     for key in SAME:
         if earlier.get(key) != record.get(key):
             sys.exit(f"--add-to: its {key} is {earlier.get(key)!r}, this run's {record.get(key)!r}: arms of one table "
@@ -205,6 +209,8 @@ def merged(earlier: dict, record: dict) -> dict:
     runs_before = runs_before if "machines" in earlier else [{"machine": "A", **r} for r in runs_before]
     added = [{"machine": label, "num_prompts": record["num_prompts"], **r} for r in record["runs"]]
     key = lambda r: (r["machine"], r["arm"], r["seed"], r["temperature"], r["num_prompts"])  # noqa: E731
+    before = {key(r): r for r in runs_before}
+    added = [{**r, "results": with_earlier_gammas(before.get(key(r)), r["results"])} for r in added]
     runs = [r for r in runs_before if key(r) not in {key(r) for r in added}] + added
     order = list(dict.fromkeys([*earlier["arms"], *record["arms"]]))
     arms = {**earlier["arms"], **record["arms"]}
@@ -220,6 +226,13 @@ def merged(earlier: dict, record: dict) -> dict:
     if len(machines) == 1:
         return {**out, **machines["A"], "runs": [{k: v for k, v in r.items() if k != "machine"} for r in runs]}
     return {**out, "machines": machines, "runs": runs}
+
+
+def with_earlier_gammas(earlier: dict | None, results: list[dict]) -> list[dict]:
+    """``results`` and the earlier run's results at the gammas ``results`` does not measure, by gamma."""
+    measured = {r["gamma"] for r in results}
+    kept = [r for r in (earlier or {}).get("results", []) if r["gamma"] not in measured]
+    return sorted([*kept, *results], key=lambda r: r["gamma"])
 
 
 def other_seeds(earlier: dict, record: dict) -> list[str]:

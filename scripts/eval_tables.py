@@ -257,7 +257,7 @@ TABLES: dict[str, Table] = {
         *series("prompt lookup", "both_lookup_zen5.json", (2, 4)))),
     "real_target_quickstart": Table("real_target.md", ("drafter",), (
             "gamma", "acceptance", "tau", "c", "v", "speedup over plain", "predicted", "plain / spec tok/s"), (
-        Row(("head (256 prompts, 8 epochs, no training-time test, `fc` from the deepest aux layer)",),
+        Row(("head (256 prompts, 8 epochs, no training-time test, its first layer from the target's last)",),
             "quickstart_head_epyc.json", 1, bold=("speedup over plain",)),
         Row(("standalone draft (2 target layers, `ce` 4 epochs, 4096-token vocabulary)",),
             "quickstart_draft_epyc.json", 1),

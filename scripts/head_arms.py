@@ -44,6 +44,7 @@ ARMS = {
     "ttt4_all_tokens_kl_tv": [*TTT4, "data.loss_tokens=all", "distill.loss={forward_kl: 0.5, tv: 0.5}"],
     "ttt4_all_tokens_feat": [*TTT4, "data.loss_tokens=all", "distill.feature_weight=1.0"],  # EAGLE-1's regression
     "fc_last": ["model.head_fc_init=last_aux"],                 # fc starts as the identity on the deepest aux layer
+    "fc_last_attn": ["model.head_fc_init=last_aux", "model.head_attn_init=target"],  # and attention from the target
     "ttt4_all_tokens_fc_last": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux"],
     "ttt4_all_tokens_fc_last_aux_top": [*TTT4, "data.loss_tokens=all", "model.head_fc_init=last_aux", AUX_TOP],
     # and the first layer's attention from the target's last layer (hidden half): the head starts as that layer

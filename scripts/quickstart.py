@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.with_draft:
         train(out / "draft", "draft.yaml", target, chat, sizes.train)
     evals = {name: evaluate(out, target, name, args.vllm, sizes) for name in drafters(args.with_draft)}
-    head = summarize(evals, args.vllm)
+    head = summarize(evals, args.vllm, installed=args.vllm_installed)
     minutes = (time.time() - start) / 60
     record = write_run_record(out, minutes, head, engine=engine, vllm=args.vllm, smoke=args.smoke,
                               drafters=list(evals))
@@ -112,7 +112,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true",
                    help="the tiny self-trained pair instead of the real model: scripts/quickstart_tiny.py --fast")
     args = p.parse_args(argv)
-    args.vllm = args.vllm and not args.tiny and vllm_installed()
+    args.vllm_installed = vllm_installed()
+    args.vllm = args.vllm and not args.tiny and args.vllm_installed
     return args
 
 
@@ -249,7 +250,7 @@ def evaluate(out: Path, target: Path, name: str, vllm: bool, sizes: Sizes = Size
 # ---- 6. summary ------------------------------------------------------------------------------------------------------
 
 
-def summarize(evals: dict[str, dict], vllm: bool) -> dict:
+def summarize(evals: dict[str, dict], vllm: bool, installed: bool = False) -> dict:
     """Every drafter's fastest gamma side by side, then the headline line; returns the head's row."""
     from decode.measure.table import DECODE_COLUMNS, Column, format_table
 
@@ -257,7 +258,7 @@ def summarize(evals: dict[str, dict], vllm: bool) -> dict:
     rows = [summary_row(name, report) for name, report in evals.items()]
     print(format_table(rows, (*DECODE_COLUMNS, Column("parity_tau", "tau (parity)", ".2f"),
                               Column("vllm_tau", "tau (vLLM)", ".2f")), drop_empty=True))
-    print("\n" + headline(rows[0], vllm))
+    print("\n" + headline(rows[0], vllm, installed))
     return rows[0]
 
 
@@ -299,8 +300,9 @@ def summary_row(name: str, report: dict) -> dict:
     return {**best, "drafter": name}
 
 
-def headline(head: dict, vllm: bool) -> str:
-    """The quickstart's last line: the head's tau and measured speedup, and whether vLLM measured the same tau."""
+def headline(head: dict, vllm: bool, installed: bool = False) -> str:
+    """The quickstart's last line: the head's tau and measured speedup, and whether vLLM measured the same tau (or why
+    it did not: not installed, or installed and left out by --no-vllm)."""
     tau = head["mean_accepted_tokens"]
     line = (f"EAGLE-3 head on SmolLM2-135M-Instruct: tau {tau:.2f} at gamma {head['gamma']}, "
             f"{head['speedup']:.2f}x plain decoding on this machine")
@@ -309,7 +311,7 @@ def headline(head: dict, vllm: bool) -> str:
         line += (f"; on the same inputs vLLM's tau is {head['vllm_tau']:.2f}, ours {head['parity_tau']:.2f} "
                  f"({gap:.1%} apart)")
     elif not vllm:
-        line += "; vLLM not installed (`make serving` adds it)"
+        line += "; vLLM not used (--no-vllm)" if installed else "; vLLM not installed (`make serving` adds it)"
     return line
 
 

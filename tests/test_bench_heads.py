@@ -188,8 +188,8 @@ def test_doc_replaces_only_the_marked_tables(tmp_path):
 
 
 def test_new_arms_join_a_committed_record_and_replace_only_their_own_rows():
-    """bench_heads_objectives --add-to: new arms are appended in order, a re-measured (arm, seed, T) replaces its row,
-    and a record of another budget or machine is refused in one line."""
+    """bench_heads_objectives --add-to: new arms are appended in order, a re-measured (arm, seed, T) replaces its row's
+    results at the gammas it measured, and a record of another budget or machine is refused in one line."""
     from scripts.bench_heads_objectives import merged
 
     def run(arm, tau):
@@ -234,6 +234,15 @@ def test_new_arms_join_a_committed_record_and_replace_only_their_own_rows():
     assert "32 or 96 (column `prompts`) held-out chat prompts" in rows and "prompts |" in rows
     assert merged(wider, {**new, "num_prompts": 96, "runs": [run("recipe", 1.34)]})["runs"][-1]["results"][0][
         "mean_accepted_tokens"] == 1.34  # the 96-prompt row re-measured: replaced, the 32-prompt one kept
+    # judged again at another gamma: that gamma joins the row, the row's other gammas kept; a gamma measured again
+    # replaced
+    at_1 = merged(earlier, {**new, "runs": [{**run("recipe", 1.31), "results": [
+        {"gamma": 1, "mean_accepted_tokens": 1.31}, {"gamma": 4, "mean_accepted_tokens": 1.36}]}]})
+    assert [(r["gamma"], r["mean_accepted_tokens"]) for r in at_1["runs"][0]["results"]] == [(1, 1.31), (4, 1.36)]
+    at_2 = merged(at_1, {**new, "runs": [{**run("recipe", 1.32), "results": [
+        {"gamma": 2, "mean_accepted_tokens": 1.32}]}]})
+    assert [(r["gamma"], r["mean_accepted_tokens"]) for r in at_2["runs"][0]["results"]] == [
+        (1, 1.31), (2, 1.32), (4, 1.36)] and len(at_2["runs"]) == 2
     # the recipe at a seed the record lists for another arm only (`--seeds 1`): named in the header's seeds
     seed1 = merged(earlier, {**new, "seeds": [1], "arms": {"recipe": [], "ttt4": ["t4"]},
                              "runs": [{**run("recipe", 1.31), "seed": 1},
@@ -276,35 +285,38 @@ def test_objective_overrides_reach_every_arm_and_keep_a_smoke_run_out_of_the_com
 
 
 def test_the_quickstart_budget_trains_every_arm_from_the_recipe_its_arms_were_measured_on(tmp_path, monkeypatch):
-    """bench_heads_objectives BASE: the quickstart's recipe now starts fc on the deepest aux layer, so each arm of that
-    budget trains with `model.head_fc_init=random` before its own changes (the recipe its committed rows were measured
-    on; `fc_last`'s last_aux after it, so it wins), the record and its block name it, and a record without it refuses
-    to take its rows; the 90-minute budget trains from its recipe as it is."""
+    """bench_heads_objectives BASE: the quickstart's recipe now starts fc on the deepest aux layer and the attention
+    from the target's last layer, so each arm of that budget trains with `model.head_fc_init=random`
+    `model.head_attn_init=random` before its own changes (the recipe its committed rows were measured on; `fc_last`'s
+    last_aux after it, so it wins), the record and its block name them, and a record without them refuses to take its
+    rows; the 90-minute budget trains from its recipe as it is."""
     import yaml
 
     from scripts import bench_heads_objectives as bho
 
     recipe = yaml.safe_load((bho.ROOT / "recipes" / "smollm2" / "eagle3.yaml").read_text())
-    assert recipe["model"]["head_fc_init"] == "last_aux" and bho.BASE["eagle3.yaml"] == ["model.head_fc_init=random"]
+    base = ["model.head_fc_init=random", "model.head_attn_init=random"]
+    assert recipe["model"]["head_fc_init"] == "last_aux" and recipe["model"]["head_attn_init"] == "target"
+    assert bho.BASE["eagle3.yaml"] == base
     commands = []
     monkeypatch.setattr(bho, "run", lambda cmd: commands.append(cmd))
     args = bho.parse_args(["--target", "t.gguf", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")])
     bho.train(args, "recipe", 0)
     bho.train(args, "fc_last", 0)
-    assert commands[0][-1] == "model.head_fc_init=random"
-    assert commands[1][-2:] == ["model.head_fc_init=random", "model.head_fc_init=last_aux"]
+    assert commands[0][-2:] == base
+    assert commands[1][-3:] == [*base, "model.head_fc_init=last_aux"]
     bho.train(bho.parse_args(["--budget", "90min", "--target", "t.gguf", "--data", str(tmp_path / "data"),
                               "--out", str(tmp_path / "out90")]), "recipe", 0)
-    assert not any(c.startswith("model.head_fc_init") for c in commands[2])
+    assert not any(c.startswith(("model.head_fc_init", "model.head_attn_init")) for c in commands[2])
 
     monkeypatch.setattr(bho, "train", lambda args, arm, seed: tmp_path)
     (tmp_path / "train_results.json").write_text('{"train_runtime": 1.0}')
     monkeypatch.setattr(bho, "evaluate", lambda *a: {"results": [{"gamma": 2, "mean_accepted_tokens": 1.0,
                                                                    "acceptance_rate": 0.0}]})
     record = bho.measure(bho.parse_args(["--target", "t.gguf", "--data", str(tmp_path), "--arms", "recipe"]))
-    assert record["base"] == ["model.head_fc_init=random"]
-    assert "Budget: `recipes/smollm2/eagle3.yaml` with `model.head_fc_init=random` (the recipe as these arms were " \
-        "measured; each arm's changes after it) on the rows" in bho.doc_text(record)
+    assert record["base"] == base
+    assert "Budget: `recipes/smollm2/eagle3.yaml` with `model.head_fc_init=random` `model.head_attn_init=random` " \
+        "(the recipe as these arms were measured; each arm's changes after it) on the rows" in bho.doc_text(record)
     with pytest.raises(SystemExit, match="base"):
         bho.merged({k: v for k, v in record.items() if k != "base"}, record)
     for name in ("bench_heads_objectives.json", "bench_heads_objectives_eos.json"):  # the committed records say so

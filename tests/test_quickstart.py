@@ -110,6 +110,8 @@ def test_summary_takes_each_drafters_fastest_gamma_and_says_what_vllm_measured()
     assert line.endswith("on the same inputs vLLM's tau is 2.10, ours 2.00 (5.0% apart)")
     alone = quickstart.headline(quickstart.summary_row("head", eval_report(2.0, 1.3)), vllm=False)
     assert alone.endswith("vLLM not installed (`make serving` adds it)")
+    left_out = quickstart.headline(quickstart.summary_row("head", eval_report(2.0, 1.3)), vllm=False, installed=True)
+    assert left_out.endswith("1.30x plain decoding on this machine; vLLM not used (--no-vllm)")
 
 
 def test_the_summary_table_shows_tau_speedup_and_vllms_tau(capsys):
