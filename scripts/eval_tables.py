@@ -253,6 +253,9 @@ TABLES: dict[str, Table] = {
         Row(("head of [the 90-minute recipe](#the-90-minute-recipe), **Zen 4 bf16 VM**",),
             "both_head90all_zen4bf16.json", 2),
         Row(("the same, **Zen 4 bf16 VM**",), "both_head90all_zen4bf16.json", 4),
+        Row(("[the quickstart's head](#the-quickstarts-head-gamma-1-and-training-for-it), **AMD EPYC VM**",),
+            "both_qshead_epyc.json", 1),
+        Row(("the same, **AMD EPYC VM**",), "both_qshead_epyc.json", 2),
         *series("standalone draft, 2 layers, 3840 rows", "both_draft3840_zen5.json", (1, 2)),
         *series("prompt lookup", "both_lookup_zen5.json", (2, 4)))),
     "real_target_quickstart": Table("real_target.md", ("drafter",), (
