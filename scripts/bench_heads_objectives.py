@@ -244,28 +244,44 @@ def other_seeds(earlier: dict, record: dict) -> list[str]:
             if r["seed"] not in earlier["seeds"] and (r["arm"], r["seed"]) not in listed]
 
 
+def record_gammas(runs: list[dict], timed: bool = False) -> list[int]:
+    """The gammas any run of the record was judged at (with ``timed``: judged with a speedup), in order."""
+    return sorted({r["gamma"] for measured in runs for r in measured["results"] if not timed or r.get("speedup")})
+
+
+def table_headers(record: dict) -> list[str]:
+    """The table's columns: the row's labels, tau at each gamma of the record, the acceptance per position at the
+    row's largest gamma, the speedup at each timed gamma, the training time."""
+    return ["arm", *(["machine"] if "machines" in record else []), "seed", "T",
+            *(["prompts"] if isinstance(record["num_prompts"], list) else []),
+            *(f"tau, gamma {g}" for g in record_gammas(record["runs"])), "acceptance per position, largest gamma",
+            *(f"speedup, gamma {g}" for g in record_gammas(record["runs"], timed=True)), "training s"]
+
+
 def table_rows(runs: list[dict]) -> list[list[str]]:
-    """One row per (arm, seed, temperature, gamma), in the order measured; the machine after the arm when the
-    record holds more than one, the held-out prompts after the temperature when its runs differ in them."""
+    """One row per (arm, seed, temperature), in the order measured, its gammas side by side ("-" where the row was
+    not judged at a gamma of the record); the machine after the arm when the record holds more than one, the
+    held-out prompts after the temperature when its runs differ in them."""
+    gammas, timed = record_gammas(runs), record_gammas(runs, timed=True)
     rows = []
     for measured in runs:
         seconds = measured["train_seconds"]
-        for r in measured["results"]:
-            rows.append([measured["arm"], *([measured["machine"]] if "machine" in measured else []),
-                         str(measured["seed"]), f"{measured['temperature']:g}",
-                         *([str(measured["num_prompts"])] if "num_prompts" in measured else []), str(r["gamma"]),
-                         f"{r['mean_accepted_tokens']:.3f}", f"{r['acceptance_rate']:.3f}",
-                         " / ".join(f"{a:.2f}" for a in r.get("per_position_acceptance") or []),
-                         f"{r['speedup']:.2f}x" if r.get("speedup") else "-", f"{seconds:.0f}" if seconds else "-"])
+        at = {r["gamma"]: r for r in measured["results"]}
+        largest = at[max(at)].get("per_position_acceptance") or []
+        rows.append([measured["arm"], *([measured["machine"]] if "machine" in measured else []),
+                     str(measured["seed"]), f"{measured['temperature']:g}",
+                     *([str(measured["num_prompts"])] if "num_prompts" in measured else []),
+                     *(f"{at[g]['mean_accepted_tokens']:.3f}" if g in at else "-" for g in gammas),
+                     " / ".join(f"{a:.2f}" for a in largest),
+                     *(f"{at[g]['speedup']:.2f}x" if at.get(g, {}).get("speedup") else "-" for g in timed),
+                     f"{seconds:.0f}" if seconds else "-"])
     return rows
 
 
 def doc_text(record: dict) -> str:
-    """The page's block from the record alone: the machines, the budget and arms, one table row per run and gamma."""
+    """The page's block from the record alone: the machines, the budget and arms, one table row per arm, seed and
+    temperature."""
     several, counts = "machines" in record, record["num_prompts"]
-    headers = ["arm", *(["machine"] if several else []), "seed", "T",
-               *(["prompts"] if isinstance(counts, list) else []), "gamma", "tau", "acceptance",
-               "acceptance per position", "speedup", "training s"]
     changes = "; ".join(f"`{arm}`: " + (" ".join(f"`{o}`" for o in overrides) or "the recipe as it is")
                         for arm, overrides in record["arms"].items())
     machines = [f"Machine{f' {label}' if several else ''}: {m['machine']}; load average at the end "
@@ -283,10 +299,14 @@ def doc_text(record: dict) -> str:
              f"prompts x {record['max_new_tokens']} new tokens "
              f"{'(each answer ending at its EOS)' if record.get('stop_at_eos') else '(past any EOS)'}, eager, float32"
              f"{overrides}. Arms: {changes}.", "",
-             *markdown_table(headers, table_rows(record["runs"]))]
-    if any(r.get("speedup") is None for run in record["runs"] for r in run["results"]):
-        lines += ["", "speedup -: the arm was judged on acceptance alone (`--acceptance-only`: the same tau and "
-                      "acceptance, nothing timed)."]
+             *markdown_table(table_headers(record), table_rows(record["runs"]))]
+    gammas = set(record_gammas(record["runs"]))
+    dashes = [*(["not judged at that gamma"] if any({r["gamma"] for r in run["results"]} != gammas
+                                                     for run in record["runs"]) else []),
+              *(["judged on acceptance alone (`--acceptance-only`: the same tau and acceptance, nothing timed)"]
+                if any(r.get("speedup") is None for run in record["runs"] for r in run["results"]) else [])]
+    lines += ["", "tau and speedup at each gamma, the acceptance per position at the row's largest gamma"
+              + (f"; -: {', or '.join(dashes)}" if dashes else "") + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -425,6 +425,38 @@ def test_each_budget_writes_its_own_block_of_the_page(tmp_path):
     assert quickstart_only.read_text() == "\n".join(doc_markers(names[0], "bench_heads_objectives")) + "\n"
 
 
+def test_the_table_has_a_row_per_arm_seed_and_temperature_with_its_gammas_side_by_side():
+    """doc_text: one row per run, tau at every gamma of the record in its own column ("-" where the run was not
+    judged at it), the acceptance per position at the run's largest gamma, a speedup column per timed gamma; the
+    note under the table says what a "-" means only when one is there."""
+    from scripts import bench_heads_objectives as bho
+
+    def result(gamma, tau, positions, speedup=None):
+        return {"gamma": gamma, "mean_accepted_tokens": tau, "acceptance_rate": 0.3,
+                "per_position_acceptance": positions, **({"speedup": speedup} if speedup else {})}
+
+    record = {"machine": "m", "load_average": "1", "budget": "eagle3.yaml", "data": "d", "seeds": [0],
+              "more_seeds": [], "num_prompts": 96, "max_new_tokens": 64, "arms": {"recipe": [], "ttt4": []},
+              "runs": [{"arm": "recipe", "seed": 0, "temperature": 0.0, "train_seconds": 200.0,
+                        "results": [result(4, 1.35, [0.3, 0.05, 0.0, 0.0], 1.02), result(2, 1.34, [0.3, 0.04], 1.1)]},
+                       {"arm": "ttt4", "seed": 0, "temperature": 1.0, "train_seconds": 900.0,
+                        "results": [result(1, 1.31, [0.31])]}]}
+    lines = bho.doc_text(record).splitlines()
+    table = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("|")]
+    assert table[0] == ["arm", "seed", "T", "tau, gamma 1", "tau, gamma 2", "tau, gamma 4",
+                        "acceptance per position, largest gamma", "speedup, gamma 2", "speedup, gamma 4",
+                        "training s"]
+    assert table[2:] == [["recipe", "0", "0", "-", "1.340", "1.350", "0.30 / 0.05 / 0.00 / 0.00", "1.10x", "1.02x",
+                          "200"],
+                         ["ttt4", "0", "1", "1.310", "-", "-", "0.31", "-", "-", "900"]]
+    assert lines[-1] == ("tau and speedup at each gamma, the acceptance per position at the row's largest gamma; "
+                         "-: not judged at that gamma, or judged on acceptance alone (`--acceptance-only`: the same "
+                         "tau and acceptance, nothing timed).")
+    complete = {**record, "runs": record["runs"][:1]}
+    assert bho.doc_text(complete).splitlines()[-1] == \
+        "tau and speedup at each gamma, the acceptance per position at the row's largest gamma."
+
+
 def test_an_eval_is_reused_only_at_the_gammas_it_measured(tmp_path, monkeypatch):
     """bench_heads_objectives.evaluate: a judged arm's JSON is reused for the same --gammas and measured again for
     others (its file name does not hold them), so a run at gamma 2 then at 2 and 4 never reports gamma 2 alone."""
