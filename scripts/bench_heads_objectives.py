@@ -318,46 +318,81 @@ def prompt_counts(counts: int | list[int]) -> str:
 
 
 def group_of(measured: dict) -> str:
-    """A run's bar in the plot: its arm, with its machine and held-out prompts when the record's runs differ in
-    them."""
+    """A run's bars in the plot: its arm, with its machine and held-out prompts when the record's runs differ in
+    them, and its temperature when it is not greedy."""
     labels = [str(measured[k]) + (" prompts" if k == "num_prompts" else "") for k in ("machine", "num_prompts")
-              if k in measured]
+              if k in measured] + ([f"T={measured['temperature']:g}"] if measured["temperature"] else [])
     return f"{measured['arm']} ({', '.join(labels)})" if labels else measured["arm"]
 
 
-def mean_tau(runs: list[dict], group: str, temperature: float, gamma: str) -> float:
-    """The group's mean tau over seeds; NaN (no bar) where it was not measured at this temperature."""
-    taus = [r["mean_accepted_tokens"] for measured in runs
-            if group_of(measured) == group and measured["temperature"] == temperature
-            for r in measured["results"] if str(r["gamma"]) == gamma]
-    return statistics.mean(taus) if taus else float("nan")
+def same_setting(a: dict, b: dict) -> bool:
+    """Whether two runs were trained and judged alike but for their arm and seed: the same machine, held-out
+    prompts and temperature."""
+    return all(a.get(k) == b.get(k) for k in ("machine", "num_prompts", "temperature"))
 
 
-def plot(path: Path, runs: list[dict]) -> Figure:
-    """tau per arm, one panel per gamma measured (an arm measured at some gammas only has no bar in the others),
-    one bar per temperature. Returns the figure."""
+def tau_at(measured: dict, gamma: int) -> float | None:
+    return next((r["mean_accepted_tokens"] for r in measured["results"] if r["gamma"] == gamma), None)
+
+
+def gains(runs: list[dict], baseline: str) -> dict[str, dict[int, list[float]]]:
+    """Each group's tau minus its baseline's at each gamma, one value per seed: the baseline is the ``baseline``
+    arm's mean over seeds in the same setting (machine, prompts, temperature), as CPUs train differently. A group
+    whose setting has no baseline at a gamma has no value there; the baseline's own runs are not a group."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for measured in runs:
+        if measured["arm"] == baseline:
+            continue
+        for r in measured["results"]:
+            base = [tau for other in runs if other["arm"] == baseline and same_setting(other, measured)
+                    if (tau := tau_at(other, r["gamma"])) is not None]
+            if base:
+                out.setdefault(group_of(measured), {}).setdefault(r["gamma"], []).append(
+                    r["mean_accepted_tokens"] - statistics.mean(base))
+    return out
+
+
+def baseline_of(record: dict) -> str:
+    """The arm every other is drawn against: `recipe` where the record holds it, else its first arm (the 90-minute
+    budget's `answers`)."""
+    return "recipe" if "recipe" in record["arms"] else next(iter(record["arms"]))
+
+
+def plot(path: Path, runs: list[dict], baseline: str) -> Figure | None:
+    """What each arm gains over the ``baseline`` arm on its own machine: one panel per gamma measured, side by
+    side, a bar per arm (the mean over its seeds, each seed a dot), the arms sorted by their gain at their largest
+    gamma, best on top. Returns the figure; None, with one line, where no arm has a baseline to be drawn against."""
+    per_group = gains(runs, baseline)
+    if not per_group:
+        print(f"--plot: nothing drawn: no arm beside `{baseline}` judged on the same machine, prompts and temperature")
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = list(dict.fromkeys(group_of(measured) for measured in runs))
-    temperatures = list(dict.fromkeys(measured["temperature"] for measured in runs))
-    gammas = sorted({str(r["gamma"]) for measured in runs for r in measured["results"]}, key=int)
-    fig, axes = plt.subplots(len(gammas), 1, sharex=True, squeeze=False,
-                             figsize=(max(7.0, 0.45 * len(arms)), 1.2 + 2.6 * len(gammas)))
-    width = 0.8 / len(temperatures)
-    for ax, gamma in zip(axes[:, 0], gammas):
-        for i, temperature in enumerate(temperatures):
-            taus = [mean_tau(runs, arm, temperature, gamma) for arm in arms]
-            ax.bar([x + i * width for x in range(len(arms))], taus, width, label=f"T={temperature:g}")
-        ax.set_ylabel(f"tau at gamma {gamma}")
-        ax.set_ylim(1.0, None)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on one
-    axes[0, 0].set_title("EAGLE-3 heads on SmolLM2-135M-Instruct, the same rows and steps")
-    axes[-1, 0].set_xticks([x + width * (len(temperatures) - 1) / 2 for x in range(len(arms))], arms, rotation=45,
-                           ha="right")
+    gammas = sorted({gamma for at in per_group.values() for gamma in at})
+
+    def rank(group: str) -> float:
+        at = per_group[group]
+        return statistics.mean(at[max(at)])
+
+    groups = sorted(per_group, key=rank, reverse=True)
+    fig, axes = plt.subplots(1, len(gammas), sharey=True, squeeze=False,
+                             figsize=(max(7.5, 2.0 + 3.2 * len(gammas)), 1.6 + 0.26 * len(groups)))
+    for ax, gamma in zip(axes[0], gammas):
+        means = [statistics.mean(per_group[g][gamma]) if gamma in per_group[g] else float("nan") for g in groups]
+        ax.barh(range(len(groups)), means, color=["tab:green" if m > 0 else "tab:red" for m in means], alpha=0.7)
+        for y, group in enumerate(groups):
+            seeds = per_group[group].get(gamma, [])
+            ax.plot(seeds, [y] * len(seeds), "k.", markersize=3)
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"tau gain at gamma {gamma}")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0, 0].set_yticks(range(len(groups)), groups)
+    axes[0, 0].invert_yaxis()  # the best arm on top
+    fig.suptitle(f"EAGLE-3 heads on SmolLM2-135M-Instruct, the same rows and steps\ntau over `{baseline}` on the "
+                 "same machine (bars: mean over seeds; dots: seeds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return fig
@@ -390,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     text = doc_text(record)
     print(text)
     if args.plot:
-        plot(args.plot, record["runs"])
+        plot(args.plot, record["runs"], baseline_of(record))
     if args.doc:
         write_doc(args.doc, text, block, "bench_heads_objectives")
 

@@ -378,22 +378,34 @@ def test_an_arm_reading_other_aux_layers_trains_from_a_cache_of_its_own_and_the_
     assert commands[0][-1] == "model.aux_layers=[2,15,29]"
 
 
-def test_the_plot_draws_a_panel_per_gamma(tmp_path):
-    """--plot: one panel per gamma measured; an arm measured at gamma 2 alone has a bar there only."""
+def test_the_plot_draws_each_arms_gain_over_its_own_machines_recipe(tmp_path):
+    """--plot: a panel per gamma; a bar per arm and machine, the mean over its seeds of its tau minus the recipe's
+    mean on the same machine (CPUs train differently), each seed a dot; the arms sorted by the gain at their largest
+    gamma, best on top; no bar where the arm or its machine's recipe was not judged; the 90-minute record, without a
+    `recipe` arm, is drawn against its first arm."""
     pytest.importorskip("matplotlib")
     from scripts import bench_heads_objectives as bho
 
-    def run(arm, gammas):
-        return {"arm": arm, "seed": 0, "temperature": 0.0, "train_seconds": 1.0,
-                "results": [{"gamma": g, "mean_accepted_tokens": 1.2 + 0.1 * g, "acceptance_rate": 0.1}
-                            for g in gammas]}
-    runs = [run("recipe", [2]), run("ttt4", [2, 4])]
-    fig = bho.plot(tmp_path / "tau.png", runs)
-    assert (tmp_path / "tau.png").stat().st_size > 0
-    panels = [[bar.get_height() for bar in ax.patches] for ax in fig.axes]
-    assert [ax.get_ylabel() for ax in fig.axes] == ["tau at gamma 2", "tau at gamma 4"]
-    assert panels[0] == pytest.approx([1.4, 1.4])
-    assert math.isnan(panels[1][0]) and panels[1][1] == pytest.approx(1.6)  # recipe: no bar at gamma 4
+    def run(arm, machine, seed, taus):
+        return {"arm": arm, "machine": machine, "seed": seed, "temperature": 0.0, "train_seconds": 1.0,
+                "results": [{"gamma": g, "mean_accepted_tokens": t, "acceptance_rate": 0.1} for g, t in taus.items()]}
+    runs = [run("recipe", "A", 0, {2: 1.30, 4: 1.30}), run("recipe", "A", 1, {2: 1.32, 4: 1.34}),
+            run("ttt4", "A", 0, {2: 1.40, 4: 1.45}), run("ttt4", "A", 1, {2: 1.42, 4: 1.47}),
+            run("recipe", "B", 0, {2: 1.20}), run("tv", "B", 0, {2: 1.10}),
+            run("kl_tv", "B", 0, {2: 1.25, 4: 1.30})]  # no recipe at gamma 4 on B: no kl_tv bar there
+    fig = bho.plot(tmp_path / "gain.png", runs, "recipe")
+    assert (tmp_path / "gain.png").stat().st_size > 0
+    axes = [ax for ax in fig.axes if ax.get_xlabel()]
+    assert [ax.get_xlabel() for ax in axes] == ["tau gain at gamma 2", "tau gain at gamma 4"]
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["ttt4 (A)", "kl_tv (B)", "tv (B)"]
+    bars = [[bar.get_width() for bar in ax.patches] for ax in axes]
+    assert bars[0] == pytest.approx([0.10, 0.05, -0.10])
+    assert bars[1][0] == pytest.approx(0.14) and all(math.isnan(w) for w in bars[1][1:])
+    seeds = sorted(x for line in axes[1].lines for x in line.get_xdata() if line.get_marker() == ".")
+    assert seeds == pytest.approx([0.13, 0.15])
+    assert bho.plot(tmp_path / "none.png", runs[:2], "recipe") is None and not (tmp_path / "none.png").exists()
+    assert bho.baseline_of({"arms": {"answers": [], "all_tokens": []}}) == "answers"
+    assert bho.baseline_of({"arms": {"tv": [], "recipe": []}}) == "recipe"
 
 
 def test_each_budget_writes_its_own_block_of_the_page(tmp_path):
