@@ -188,6 +188,17 @@ def test_train_bad_input_is_one_line(case, w, no_weights, monkeypatch, capsys):
     logging.getLogger().handlers.clear()  # train's basicConfig: the next case's capsys gets a fresh handler
 
 
+def test_train_a_mistyped_relative_target_names_what_its_parent_holds(w, no_weights, monkeypatch, capsys):
+    """model.target=FOLDER/typo, relative, reads as a hub id; offline it is in neither place: one line that says no
+    such local folder and offers FOLDER's folder of the closest name."""
+    monkeypatch.chdir(w.parent)
+    argv = [RECIPE, f"model.target={w.name}/targt", f"data.dataset={w}/code.txt", f"train.output_dir={w}/out_typo"]
+    line = one_error_line(train_script.cli, "specdistill-train", argv, monkeypatch, capsys)
+    assert line.startswith(f"specdistill-train: error: model.target: cannot load '{w.name}/targt': no such local "
+                           f"folder (did you mean {w.name}/target?), and not found on the Hub ("), line
+    logging.getLogger().handlers.clear()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # specdistill-eval
 # ---------------------------------------------------------------------------------------------------------------

@@ -66,3 +66,22 @@ def test_cli_refuses_a_head_of_another_target_in_one_line(pair, tmp_path, capsys
     assert code == 1 and "Traceback" not in err
     lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "does not fit" in lines[0] and "hidden_size" in lines[0], err
+
+
+def test_a_mistyped_relative_target_is_one_line_naming_where_it_was_looked_for(pair, head_dir, monkeypatch, capsys):
+    """A relative --target that is not a folder reads as a hub id (owner/name); offline it is found in neither
+    place. With a head (whose fit is checked on the target's config first), a standalone draft or prompt lookup:
+    one error line that says no such local folder and offers the parent's folder of the closest name, no traceback;
+    a name close to none lists the parent's folders."""
+    monkeypatch.chdir(pair.parent)
+    typo = f"{pair.name}/targt"
+    for draft in (str(head_dir), str(pair / "draft"), "prompt-lookup"):
+        code, _, err = run_cli(["--target", typo, "--draft", draft, "--prompts", str(pair / "prompts.txt"),
+                                "--max-new-tokens", "4", "--quiet"], capsys)
+        lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+        assert code == 1 and "Traceback" not in err and len(lines) == 1, err
+        assert f"'{typo}': no such local folder (did you mean {pair.name}/target?), and not found on the Hub (" \
+            in lines[0], err
+    code, _, err = run_cli(["--target", f"{pair.name}/zzzzzz", "--draft", "prompt-lookup", "--prompts",
+                            str(pair / "prompts.txt"), "--quiet"], capsys)
+    assert code == 1 and f"no such local folder ({pair.name}/ holds " in err and "target" in err, err

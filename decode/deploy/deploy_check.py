@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 from decode.inputs.checks import FileProblem, check_json_files_text, read_text, safetensors_header
-from decode.inputs.loading import LoadError, first_line
+from decode.inputs.loading import LoadError, first_line, load_failure
 from decode.inputs.manifest import manifest_problems
 from decode.inputs.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
 
@@ -95,7 +95,7 @@ def load_target_config(target: str, trust_remote_code: bool = False):
     try:
         return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
+        raise LoadError(f"could not read the target {target!r}: {load_failure(target, err)}") from None
 
 
 def load_target_parts(target: str, trust_remote_code: bool = False):
@@ -106,7 +106,7 @@ def load_target_parts(target: str, trust_remote_code: bool = False):
         config = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as err:
-        raise LoadError(f"could not read the target {target!r}: {first_line(err)}") from None
+        raise LoadError(f"could not read the target {target!r}: {load_failure(target, err)}") from None
     return config, tokenizer
 
 

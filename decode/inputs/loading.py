@@ -4,6 +4,7 @@ into its converted folder (decode/inputs/gguf.py), which every loader and vLLM t
 turns a draft's hub id into its downloaded folder, so that its kind is read from its config.json like a local one's."""
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -22,6 +23,29 @@ class LoadError(ValueError):
 def first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def not_found_where(name: str | os.PathLike) -> str:
+    """Where a model that loaded from neither place was looked for, for its one-line error: a local folder without
+    one, a folder whose parent is local (most often a typo: the parent's folder of the closest name is offered, else
+    its folders listed), or neither a local folder nor a repository on the Hub."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return "a local folder without a model"
+    parent = path.parent
+    if str(parent) not in ("", ".") and parent.is_dir():
+        folders = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+        close = difflib.get_close_matches(path.name, folders, n=1)
+        shown = f"did you mean {parent / close[0]}?" if close else \
+            f"{parent}/ holds " + (", ".join(folders[:8]) + (", ..." if len(folders) > 8 else "") or "no folders")
+        return f"no such local folder ({shown}), and not found on the Hub"
+    return "not a local folder, and not found on the Hub"
+
+
+def load_failure(name: str | os.PathLike, err: Exception) -> str:
+    """Why ``name`` could not be read, in one line: the error's first line, after where it was looked for when it is
+    not a local folder (a local folder's error says what it lacks)."""
+    return first_line(err) if Path(name).expanduser().is_dir() else f"{not_found_where(name)} ({first_line(err)})"
 
 
 def resolve_model_path(path: str | os.PathLike, what: str = "") -> str:
@@ -54,8 +78,7 @@ def resolve_draft_path(draft: str | os.PathLike, what: str = "--draft") -> str:
     try:
         return snapshot_download(str(draft), allow_patterns=DRAFT_FILES)
     except Exception as err:  # noqa: BLE001 - offline, unknown repo, gated, network: all one line
-        raise LoadError(f"{what} {str(draft)!r}: not a local folder, and not found on the Hub "
-                        f"({first_line(err)})") from None
+        raise LoadError(f"{what} {str(draft)!r}: {not_found_where(draft)} ({first_line(err)})") from None
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -83,9 +106,7 @@ def load_causal_lm(name: str, device: torch.device, dtype: torch.dtype | str, tr
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        where = "a local directory without a model" if Path(name).is_dir() else "not a local directory"
-        raise LoadError(f"could not load model {name!r}: {where}, and not loadable from the Hub "
-                        f"({first_line(err)})") from None
+        raise LoadError(f"could not load model {name!r}: {not_found_where(name)} ({first_line(err)})") from None
     return model.to(device).eval()
 
 
@@ -100,4 +121,4 @@ def load_tokenizer(name: str, required: bool = True):
     except (OSError, ValueError, TypeError) as err:
         if not required:
             return None
-        raise LoadError(f"could not load a tokenizer from {name!r}: {first_line(err)}") from None
+        raise LoadError(f"could not load a tokenizer from {name!r}: {load_failure(name, err)}") from None

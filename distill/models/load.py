@@ -36,7 +36,7 @@ from transformers import (
 )
 from transformers.initialization import no_init_weights
 
-from decode.inputs.loading import DTYPES, LoadError, resolve_model_path
+from decode.inputs.loading import DTYPES, LoadError, load_failure, resolve_model_path
 from distill.models.distributed import is_partitioned, outside_zero3_init, shard_for_inference, zero3_enabled
 from distill.models.fsdp import fsdp_enabled, remember_layout
 from distill.models.lora import is_lora
@@ -86,8 +86,7 @@ def _load(key: str, name: str, loader: Any, **kwargs: Any) -> Any:
     try:
         return loader.from_pretrained(name, **kwargs)
     except OSError as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelSetupError(f"{key}: cannot load {name!r} (a local folder or hub id): {reason}") from None
+        raise ModelSetupError(f"{key}: cannot load {name!r}: {load_failure(name, err)}") from None
 
 
 def load_tokenizer(cfg: ModelKeys) -> PreTrainedTokenizerBase:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from decode.inputs.checks import check_json_files_text, check_safetensors_whole
-from decode.inputs.loading import LoadError, load_tokenizer, resolve_draft_path, resolve_model_path
+from decode.inputs.loading import LoadError, load_failure, load_tokenizer, resolve_draft_path, resolve_model_path
 from decode.inputs.vocab import check_tokenizers_compatible
 from kinds import Kind
 
@@ -48,7 +48,12 @@ def check_draft_tokenizer(args: argparse.Namespace, target_tokenizer, kind: Kind
 
 def check_draft_fits(args: argparse.Namespace, kind: Kind) -> None:
     """The draft can run next to the target (an EAGLE-3 head reads its hidden states and embedding), checked on the
-    configs before any weights load."""
-    problem = kind.fit_problem(args.draft, args.target, args.trust_remote_code)
+    configs before any weights load. The draft's folder is checked already (check_model_paths), so a config that
+    cannot be read is the target's: one line saying where it was looked for."""
+    try:
+        problem = kind.fit_problem(args.draft, args.target, args.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise LoadError(f"could not read the config of --target {args.target!r}: "
+                        f"{load_failure(args.target, err)}") from None
     if problem:
         raise LoadError(f"--draft {args.draft} ({kind.name}) does not fit --target {args.target}: {problem}")
