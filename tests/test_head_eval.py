@@ -85,3 +85,39 @@ def test_a_mistyped_relative_target_is_one_line_naming_where_it_was_looked_for(p
     code, _, err = run_cli(["--target", f"{pair.name}/zzzzzz", "--draft", "prompt-lookup", "--prompts",
                             str(pair / "prompts.txt"), "--quiet"], capsys)
     assert code == 1 and f"no such local folder ({pair.name}/ holds " in err and "target" in err, err
+
+
+def test_a_drafts_folder_given_as_the_target_is_one_line_in_every_command(pair, head_dir, tmp_path, monkeypatch,
+                                                                          capsys):
+    """A head's folder (its config.json names LlamaForCausalLMEagle3, no transformers class) given where the target
+    goes: eval, check, data and train each refuse it in one line naming the flag or key and the class, before any
+    weight loads (before, eval and data loaded it as a Llama with half its weights missing, and check passed it)."""
+    from helpers import cli_error
+
+    from decode.inputs.checks import FileProblem, check_language_model_folder
+    from specdistill.cli import check, data
+
+    expected = f"{head_dir} is not a model to draft for: its config.json's architectures LlamaForCausalLMEagle3 is " \
+               "no transformers class"
+    code, _, err = run_cli(["--target", str(head_dir), "--draft", "prompt-lookup", "--prompts",
+                            str(pair / "prompts.txt"), "--quiet"], capsys)
+    assert code == 1 and f"error: --target: {expected}" in err and "Traceback" not in err, err
+    for command, argv in ((check.cli, ["--target", str(head_dir), "--draft", str(head_dir)]),
+                          (data.cli, ["prompts", "--target", str(head_dir), "--num", "2", "--out",
+                                      str(tmp_path / "rows")])):
+        with pytest.raises(SystemExit) as exit_info:
+            command(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 1 and f"error: --target: {expected}" in err and "Traceback" not in err, err
+    line = cli_error(monkeypatch, capsys, "recipes/tiny_eagle3.yaml", f"model.target={head_dir}",
+                     f"data.dataset={pair / 'prompts.txt'}", f"train.output_dir={tmp_path / 'out'}")
+    assert f"model.target: {expected}" in line
+    # a language model passes, and so does a folder that brings its own code (auto_map)
+    check_language_model_folder(pair / "target", "--target")
+    own = tmp_path / "own_code"
+    own.mkdir()
+    (own / "config.json").write_text(json.dumps({"architectures": ["MyModel"], "auto_map": {"AutoModel": "m.M"}}))
+    check_language_model_folder(own, "--target")
+    (own / "config.json").write_text(json.dumps({"architectures": ["MyModel"]}))
+    with pytest.raises(FileProblem, match="MyModel is no transformers class"):
+        check_language_model_folder(own, "--target")

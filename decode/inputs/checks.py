@@ -101,6 +101,29 @@ def check_safetensors_whole(folder: str | Path, what: str) -> None:
                               "copy or download it again")
 
 
+def check_language_model_folder(folder: str | Path, what: str) -> None:
+    """A local folder given as a target holds a model transformers builds: its config.json's architectures are
+    transformers classes, or the folder brings its own code (auto_map). A draft's folder (an EAGLE-3 or P-EAGLE
+    head, a DFlash draft) names a class of its own and runs only next to its target: refused here, in one line,
+    instead of loading as a model with half its weights missing."""
+    config_file = Path(folder).expanduser() / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        config = json.loads(read_text(config_file))
+    except ValueError:  # not JSON, or not text: check_json_files_text names it
+        return
+    if not isinstance(config, dict) or "auto_map" in config:
+        return
+    import transformers
+
+    unknown = [name for name in architectures(config) if not hasattr(transformers, name)]
+    if unknown:
+        raise FileProblem(f"{what}: {folder} is not a model to draft for: its config.json's architectures "
+                          f"{unknown[0]} is no transformers class (a draft's folder? a draft is given as the draft, "
+                          "next to the model it drafts for)")
+
+
 def check_tokenizer_files(folder: str | Path, what: str, hint: str) -> None:
     """A local folder used as a tokenizer holds tokenizer files (else transformers asks for sentencepiece)."""
     folder = Path(folder)

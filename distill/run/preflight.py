@@ -26,6 +26,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase, TrainingArguments,
 from decode.inputs.checks import (
     FileProblem,
     check_json_files_text,
+    check_language_model_folder,
     check_safetensors_whole,
     check_tokenizer_files,
     check_writable_folder,
@@ -170,6 +171,7 @@ def check_model_files(recipe: Recipe) -> None:
         if getattr(model, key) is not None:
             check_json_files_text(getattr(model, key), f"model.{key}")
     check_safetensors_whole(model.target, "model.target")
+    check_language_model_folder(model.target, "model.target")  # a draft's folder is no target
     if model.draft is not None:
         check_safetensors_whole(model.draft, "model.draft")
     if model.tokenizer is None:

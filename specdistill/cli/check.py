@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """What `main` does once the command line is parsed (the deployment checks load here, after the parse)."""
+    from decode.inputs.checks import check_language_model_folder
     from decode.inputs.loading import resolve_draft_path, resolve_model_path
     from decode.inputs.writes import write_atomic
     from decode.serving.vllm_engine import find_vllm_python, resolve_vllm_dtype
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     python = find_vllm_python(args.vllm_python) if args.serve else None
     # a .gguf: its converted folder (decode.inputs.gguf), which is also what vLLM serves
     target, draft = resolve_model_path(args.target, "--target"), resolve_draft_path(args.draft, "--draft")
+    check_language_model_folder(target, "--target")  # a draft's folder given as the target: one line
 
     # ---- check ------------------------------------------------------------------------------------------------
     report = check_deploy(target, draft, trust_remote_code=args.trust_remote_code)

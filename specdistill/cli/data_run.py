@@ -9,7 +9,7 @@ import logging
 import time
 from pathlib import Path
 
-from decode.inputs.checks import check_writable_folder, read_text
+from decode.inputs.checks import check_language_model_folder, check_writable_folder, read_text
 from decode.inputs.loading import LoadError, load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from decode.inputs.prompts import PromptFields, check_chat_template, read_prompt_rows
 from decode.serving.vllm_engine import ServingError, find_vllm_python, resolve_vllm_dtype
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> Path:
     # vLLM, which takes a GPU whenever there is one, has that GPU to itself
     device = resolve_device("cpu" if args.engine == "vllm" else args.device)
     vllm_dtype = resolve_vllm_dtype(args.vllm_dtype)
+    check_language_model_folder(args.target, "--target")  # a draft's folder given as the target: one line
     tokenizer = load_tokenizer(args.target)
     if args.job == "responses":
         check_chat_template(tokenizer, args.chat_template)

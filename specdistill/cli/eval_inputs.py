@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from decode.inputs.checks import check_json_files_text, check_safetensors_whole
+from decode.inputs.checks import check_json_files_text, check_language_model_folder, check_safetensors_whole
 from decode.inputs.loading import LoadError, load_failure, load_tokenizer, resolve_draft_path, resolve_model_path
 from decode.inputs.vocab import check_tokenizers_compatible
 from kinds import Kind
@@ -29,6 +29,8 @@ def check_model_paths(args: argparse.Namespace, kind: Kind) -> None:
             raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
         check_safetensors_whole(name, flag)
         check_json_files_text(name, flag)
+        if flag == "--target":
+            check_language_model_folder(name, flag)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
