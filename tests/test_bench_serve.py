@@ -175,6 +175,25 @@ def test_bad_levels_are_one_line(capsys):
     assert "--concurrency" in capsys.readouterr().err
 
 
+def test_a_drafts_folder_as_the_target_is_one_line_before_a_server_starts(tmp_path, monkeypatch, capsys):
+    """--target naming a head's folder (architectures LlamaForCausalLMEagle3, no transformers class): one line,
+    exit 1, no server started (vLLM and GuideLLM found by stand-ins)."""
+    import decode.serving.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "find_vllm_python", lambda given=None: Path(sys.executable))
+    monkeypatch.setattr(guidellm_load, "find_guidellm", lambda python: Path("guidellm"))
+    monkeypatch.setattr(bench_serve, "serve_and_load", lambda *a, **k: pytest.fail("a server was started"))
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"}))
+    with pytest.raises(SystemExit) as exit_:
+        bench_serve.cli(["--target", str(head), "--draft", "prompt-lookup", "--prompts", "p.jsonl", "--output",
+                         str(tmp_path / "o.json")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"--target: {head} is not a model to draft for" in err and "LlamaForCausalLMEagle3" in err
+
+
 @contextlib.contextmanager
 def mock_server(ttft_ms: int):
     """GuideLLM's own mock server (TTFT ``ttft_ms``, 10 ms between tokens, 16 tokens per request): its URL."""

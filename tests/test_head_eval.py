@@ -92,10 +92,10 @@ def test_a_drafts_folder_given_as_the_target_is_one_line_in_every_command(pair, 
     """A head's folder (its config.json names LlamaForCausalLMEagle3, no transformers class) given where the target
     goes: eval, check, data and train each refuse it in one line naming the flag or key and the class, before any
     weight loads (before, eval and data loaded it as a Llama with half its weights missing, and check passed it)."""
-    from helpers import cli_error
-
     from decode.inputs.checks import FileProblem, check_language_model_folder
     from specdistill.cli import check, data
+
+    from helpers import cli_error
 
     expected = f"{head_dir} is not a model to draft for: its config.json's architectures LlamaForCausalLMEagle3 is " \
                "no transformers class"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from decode.deploy.serving_commands import vllm_speculative_config
 from decode.deploy.speculators import folder_speculators_type, proposed_tokens
-from decode.inputs.checks import FileProblem, check_writable_file
+from decode.inputs.checks import FileProblem, check_language_model_folder, check_writable_file
 from decode.inputs.command_line import CHAT_TEMPLATE_MODES, REQUEST_TIMEOUT_S, OneLineArgumentParser
 from decode.inputs.writes import write_atomic
 from decode.measure.table import markdown_table
@@ -244,6 +244,7 @@ def run(args: argparse.Namespace) -> dict:
     python = find_vllm_python(args.vllm_python)
     find_guidellm(python)  # missing: one line before anything starts
     target = str(resolve_model_path(args.target, "--target"))  # a .gguf: its converted folder, which vLLM serves
+    check_language_model_folder(target, "--target")  # a draft's folder given as the target: one line
     draft = resolve_draft_path(args.draft, "--draft")  # a .gguf or a hub id: its folder, whose config tells the kind
     kind = kind_of_source(draft)
     gamma = draft_gamma(draft, kind, args.gamma)
