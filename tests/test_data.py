@@ -172,6 +172,11 @@ def test_missing_field_is_named_with_the_available_columns(tmp_path, tokenizer):
         build_data(DataConfig(dataset=str(path)), tokenizer)
     with pytest.raises(DataError, match=r"data\.messages_field: column 'messages'"):
         build_data(DataConfig(dataset=str(path), format="chat"), tokenizer)
+    # prompts alone read as text (a recipe that says format: text): the line says how the target answers them
+    prompts = jsonl(tmp_path / "p.jsonl", [{"prompt": "x"}] * 5)
+    with pytest.raises(DataError, match=r"available columns: prompt; it holds prompts: data\.format=prompts "
+                                        r"data\.dataset_weight=0 data\.target_weight=1 data\.target_data_dir=DIR"):
+        build_data(DataConfig(dataset=str(prompts), format="text"), tokenizer)
 
 
 def test_no_usable_rows(tmp_path, tokenizer):

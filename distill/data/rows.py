@@ -127,8 +127,10 @@ def resolve_format(cfg: DataConfig, columns: list[str]) -> Literal["text", "chat
     else:
         fmt, key, name = "text", "data.text_field", cfg.text_field
     if name not in columns:
+        prompts = "; it holds prompts: data.format=prompts data.dataset_weight=0 data.target_weight=1 " \
+            "data.target_data_dir=DIR has the target answer them" if "prompt" in columns else ""
         raise DataError(f"{key}: column {name!r} is not in dataset {cfg.dataset}; available columns: "
-                        f"{', '.join(columns)}")
+                        f"{', '.join(columns)}{prompts}")
     return fmt
 
 
