@@ -156,16 +156,20 @@ def other_tokenizer_draft(root: Path) -> Path:
     return root / "other"
 
 
-@pytest.mark.parametrize("case", ["missing-model", "gamma0", "empty-prompts", "missing-prompts", "tokenizers"])
+@pytest.mark.parametrize("case", ["missing-model", "file-as-model", "gamma0", "empty-prompts", "missing-prompts",
+                                  "tokenizers"])
 def test_bad_input_is_one_clear_line(case, pair, tmp_path, capsys):
     (tmp_path / "empty.txt").write_text("\n\n")
     args = {"target": str(pair / "target"), "draft": str(pair / "draft"), "prompts": str(pair / "prompts.txt"),
             "gamma": "2"}
-    expect = {"missing-model": "does-not-exist", "gamma0": "--gamma must be >= 1",
+    expect = {"missing-model": "does-not-exist", "file-as-model": "(--draft): a file, not a model folder",
+              "gamma0": "--gamma must be >= 1",
               "empty-prompts": "contains no prompts", "missing-prompts": "does not exist",
               "tokenizers": "does not match target tokenizer"}[case]
     if case == "missing-model":
         args["draft"] = str(tmp_path / "does-not-exist")
+    elif case == "file-as-model":
+        args["draft"] = str(pair / "prompts.txt")
     elif case == "gamma0":
         args["gamma"] = "0"
     elif case == "empty-prompts":

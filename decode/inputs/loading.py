@@ -27,11 +27,13 @@ def first_line(err: Exception) -> str:
 
 def not_found_where(name: str | os.PathLike) -> str:
     """Where a model that loaded from neither place was looked for, for its one-line error: a local folder without
-    one, a folder whose parent is local (most often a typo: the parent's folder of the closest name is offered, else
-    its folders listed), or neither a local folder nor a repository on the Hub."""
+    one, a file, a folder whose parent is local (most often a typo: the parent's folder of the closest name is
+    offered, else its folders listed), or neither a local folder nor a repository on the Hub."""
     path = Path(name).expanduser()
     if path.is_dir():
         return "a local folder without a model"
+    if path.is_file():
+        return "a file, not a model folder (a model is a folder, a .gguf file or a hub id)"
     parent = path.parent
     if str(parent) not in ("", ".") and parent.is_dir():
         folders = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 
 from decode.inputs.checks import check_json_files_text, check_language_model_folder, check_safetensors_whole
-from decode.inputs.loading import LoadError, load_failure, load_tokenizer, resolve_draft_path, resolve_model_path
+from decode.inputs.loading import (
+    LoadError,
+    load_failure,
+    load_tokenizer,
+    not_found_where,
+    resolve_draft_path,
+    resolve_model_path,
+)
 from decode.inputs.vocab import check_tokenizers_compatible
 from kinds import Kind
 
@@ -27,6 +34,8 @@ def check_model_paths(args: argparse.Namespace, kind: Kind) -> None:
             continue
         if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
             raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
+        if Path(name).expanduser().is_file():  # a .gguf is its converted folder by now
+            raise LoadError(f"could not load model {name!r} ({flag}): {not_found_where(name)}")
         check_safetensors_whole(name, flag)
         check_json_files_text(name, flag)
         if flag == "--target":
