@@ -156,13 +156,15 @@ def other_tokenizer_draft(root: Path) -> Path:
     return root / "other"
 
 
-@pytest.mark.parametrize("case", ["missing-model", "file-as-model", "gamma0", "empty-prompts", "missing-prompts",
-                                  "tokenizers"])
+@pytest.mark.parametrize("case", ["missing-model", "file-as-model", "checkpoint-as-model", "gamma0", "empty-prompts",
+                                  "missing-prompts", "tokenizers"])
 def test_bad_input_is_one_clear_line(case, pair, tmp_path, capsys):
     (tmp_path / "empty.txt").write_text("\n\n")
     args = {"target": str(pair / "target"), "draft": str(pair / "draft"), "prompts": str(pair / "prompts.txt"),
             "gamma": "2"}
     expect = {"missing-model": "does-not-exist", "file-as-model": "(--draft): a file, not a model folder",
+              "checkpoint-as-model": f"(--draft): a training checkpoint, not an exported model: {tmp_path / 'run'} "
+                                     "holds the run's export",
               "gamma0": "--gamma must be >= 1",
               "empty-prompts": "contains no prompts", "missing-prompts": "does not exist",
               "tokenizers": "does not match target tokenizer"}[case]
@@ -170,6 +172,10 @@ def test_bad_input_is_one_clear_line(case, pair, tmp_path, capsys):
         args["draft"] = str(tmp_path / "does-not-exist")
     elif case == "file-as-model":
         args["draft"] = str(pair / "prompts.txt")
+    elif case == "checkpoint-as-model":  # a head's checkpoint: weights and trainer state, its config in the export
+        (tmp_path / "run" / "checkpoint-2").mkdir(parents=True)
+        (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+        args["draft"] = str(tmp_path / "run" / "checkpoint-2")
     elif case == "gamma0":
         args["gamma"] = "0"
     elif case == "empty-prompts":

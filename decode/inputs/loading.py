@@ -25,11 +25,20 @@ def first_line(err: Exception) -> str:
     return text.splitlines()[0][:200] if text else type(err).__name__
 
 
+def is_training_checkpoint(path: Path) -> bool:
+    """A Trainer checkpoint folder (trainer_state.json, weights, no config.json): the run's export is its parent."""
+    return (path / "trainer_state.json").is_file() and not (path / "config.json").is_file()
+
+
 def not_found_where(name: str | os.PathLike) -> str:
-    """Where a model that loaded from neither place was looked for, for its one-line error: a local folder without
-    one, a file, a folder whose parent is local (most often a typo: the parent's folder of the closest name is
-    offered, else its folders listed), or neither a local folder nor a repository on the Hub."""
+    """Where a model that loaded from neither place was looked for, for its one-line error: a training checkpoint
+    (its run's export named), a local folder without one, a file, a folder whose parent is local (most often a typo:
+    the parent's folder of the closest name is offered, else its folders listed), or neither a local folder nor a
+    repository on the Hub."""
     path = Path(name).expanduser()
+    if is_training_checkpoint(path):
+        return (f"a training checkpoint, not an exported model: {path.parent} holds the run's export (its best "
+                f"checkpoint), {path.parent / 'acceptance.jsonl'} every checkpoint's acceptance")
     if path.is_dir():
         return "a local folder without a model"
     if path.is_file():

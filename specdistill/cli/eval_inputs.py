@@ -8,6 +8,7 @@ from pathlib import Path
 from decode.inputs.checks import check_json_files_text, check_language_model_folder, check_safetensors_whole
 from decode.inputs.loading import (
     LoadError,
+    is_training_checkpoint,
     load_failure,
     load_tokenizer,
     not_found_where,
@@ -34,7 +35,7 @@ def check_model_paths(args: argparse.Namespace, kind: Kind) -> None:
             continue
         if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
             raise LoadError(f"could not load model {name!r} ({flag}): no such local folder")
-        if Path(name).expanduser().is_file():  # a .gguf is its converted folder by now
+        if Path(name).expanduser().is_file() or is_training_checkpoint(Path(name).expanduser()):  # .gguf: a folder
             raise LoadError(f"could not load model {name!r} ({flag}): {not_found_where(name)}")
         check_safetensors_whole(name, flag)
         check_json_files_text(name, flag)
