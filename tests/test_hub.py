@@ -268,6 +268,14 @@ def test_missing_folder_or_weights_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors weights"):
         push_to_hub(tmp_path, repo_id="me/d", dry_run=True)
+    checkpoint = tmp_path / "run" / "checkpoint-4"  # a training checkpoint: weights, no config; nothing written
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=f"{checkpoint} is a training checkpoint, not an exported model: "
+                                                f"{tmp_path / 'run'} holds the run's export"):
+        push_to_hub(checkpoint, repo_id="me/d", dry_run=True)
+    assert not (checkpoint / "README.md").exists()
 
 
 # ---- CLI: one-line errors, never the token ----

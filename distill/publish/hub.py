@@ -29,6 +29,7 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 
 from decode.inputs.checks import check_text_file, read_text
+from decode.inputs.loading import is_training_checkpoint, not_found_where
 from decode.inputs.manifest import MANIFEST
 from decode.inputs.writes import write_atomic
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG
@@ -78,10 +79,13 @@ class UploadPlan:
 # ---------------------------------------------------------------------------------------------------------------
 
 def check_model_dir(model_dir: Path) -> list[Path]:
-    """The safetensors weight files of ``model_dir``; FileNotFoundError if the folder or the weights are missing."""
+    """The safetensors weight files of ``model_dir``; FileNotFoundError if the folder or the weights are missing, or
+    the folder is a training checkpoint (weights without a config: the run's export is its parent)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
+    if is_training_checkpoint(model_dir):
+        raise FileNotFoundError(f"{model_dir} is {not_found_where(model_dir)}: push that export")
     weights = sorted(model_dir.glob(WEIGHTS_GLOB))
     if not weights:
         raise FileNotFoundError(
