@@ -103,6 +103,21 @@ def test_categories_and_fields(tmp_path):
         read_prompt_rows(write_jsonl(tmp_path / "x.jsonl", [{"prompt": "a"}]), PromptFields(messages_field="turns"))
 
 
+def test_empty_prompts_are_skipped_and_said(tmp_path, caplog):
+    """A row whose prompt is empty or blank is not measured, and the skip is said (the run measures fewer prompts
+    than the file holds): one warning with the count; a file of nothing else is one error line."""
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": ""}, {"prompt": "  "}, {"prompt": "b"}])
+    with caplog.at_level("WARNING", logger="decode.inputs.prompts"):
+        rows = read_prompt_rows(path)
+    assert [r.text for r in rows] == ["a", "b"]
+    assert [r.getMessage() for r in caplog.records] == [f"{path}: 2 empty prompts skipped (2 kept)"]
+    caplog.clear()
+    read_prompt_rows(write_jsonl(tmp_path / "full.jsonl", [{"prompt": "a"}]))
+    assert not caplog.records
+    with pytest.raises(LoadError, match="contains no prompts"):
+        read_prompt_rows(write_jsonl(tmp_path / "none.jsonl", [{"prompt": ""}]))
+
+
 def test_dataset_folders_load_through_datasets_like_a_hub_id(tmp_path):
     rows = [{"question": f"q{i}", "subject": "math" if i % 2 else "qa", "other": i} for i in range(5)]
     # a folder of data files: datasets.load_dataset(folder, split=...), the call a hub id goes through

@@ -20,6 +20,7 @@ contents joined by blank lines); ``auto`` is ``on`` for a conversation when the 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ from decode.inputs.loading import LoadError, first_line
 
 PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")  # read by read_prompt_file; other data files go through datasets
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # Dataset(Dict).save_to_disk
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -206,10 +209,13 @@ def read_prompt_rows(source: str | Path, fields: PromptFields | None = None, *, 
         rows = read_prompt_dataset(source, fields, split=split, config=config)
     else:
         raise LoadError(f"prompts file {source!r} does not exist")
-    rows = [r for r in rows if (r.text or "").strip() or r.is_conversation]
-    if not rows:
+    kept = [r for r in rows if (r.text or "").strip() or r.is_conversation]
+    if not kept:
         raise LoadError(f"prompts file {source!r} contains no prompts")
-    return rows[:limit] if limit else rows
+    if len(kept) < len(rows):  # said, not silently dropped: the measured count differs from the file's rows
+        logger.warning("%s: %d empty prompt%s skipped (%d kept)", source, len(rows) - len(kept),
+                       "" if len(rows) - len(kept) == 1 else "s", len(kept))
+    return kept[:limit] if limit else kept
 
 
 # ---------------------------------------------------------------------------------------------------------------
