@@ -145,6 +145,16 @@ def test_out_of_range_in_file_names_the_file(tmp_path):
         load_recipe(path)
 
 
+def test_a_placeholder_left_empty_says_to_give_it_on_the_command_line():
+    """The shipped recipes leave model.target (and data.dataset) as "" for the command line: run without it, the
+    line names the file's line and the override to add."""
+    recipe = Path(__file__).parents[1] / "recipes" / "smollm2" / "eagle3.yaml"
+    with pytest.raises(RecipeError, match=re.escape(f"{recipe}:") + r"\d+: " + re.escape(
+            "model.target: got '' (the recipe leaves it to the command line: add model.target=...); allowed: a "
+            "non-empty string")):
+        load_recipe(recipe)
+
+
 def test_override_error_names_the_command_line(tmp_path):
     with pytest.raises(RecipeError) as err:
         load_recipe(write(tmp_path, MINIMAL), ["train.learning_rate=-1"])

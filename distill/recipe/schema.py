@@ -118,6 +118,8 @@ def section_error(cls: type[Section], values: dict[str, Any], err: ValidationErr
     shown = repr(value) if not at_path else f"{first['input']!r}{at_path}"
     if wrong_type and not at_path:
         shown += f" ({type(value).__name__})"
+    if value == "" and first["type"] == "string_too_short":  # a recipe's placeholder for the command line
+        shown += f" (the recipe leaves it to the command line: add {key}=...)"
     return RecipeError(key, f"got {shown}; allowed: {allowed}{_did_you_mean(first)}")
 
 
