@@ -199,6 +199,21 @@ def test_train_a_mistyped_relative_target_names_what_its_parent_holds(w, no_weig
     logging.getLogger().handlers.clear()
 
 
+def test_train_a_training_checkpoint_as_the_target_names_the_runs_export(w, no_weights, monkeypatch, capsys, tmp_path):
+    """model.target=OUT/checkpoint-2 (weights, tokenizer and trainer state, no config.json): one line naming OUT as
+    the run's export (it was a traceback from transformers' config loader)."""
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (checkpoint / name).write_bytes((w / "target" / name).read_bytes())
+    (checkpoint / "trainer_state.json").write_text("{}")
+    argv = [RECIPE, f"model.target={checkpoint}", f"data.dataset={w}/code.txt", f"train.output_dir={w}/out_ckpt"]
+    line = one_error_line(train_script.cli, "specdistill-train", argv, monkeypatch, capsys)
+    assert line.startswith(f"specdistill-train: error: model.target: cannot load '{checkpoint}': a training "
+                           f"checkpoint, not an exported model: {tmp_path / 'run'} holds the run's export"), line
+    logging.getLogger().handlers.clear()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # specdistill-eval
 # ---------------------------------------------------------------------------------------------------------------

@@ -55,8 +55,11 @@ def not_found_where(name: str | os.PathLike) -> str:
 
 def load_failure(name: str | os.PathLike, err: Exception) -> str:
     """Why ``name`` could not be read, in one line: the error's first line, after where it was looked for when it is
-    not a local folder (a local folder's error says what it lacks)."""
-    return first_line(err) if Path(name).expanduser().is_dir() else f"{not_found_where(name)} ({first_line(err)})"
+    not a local model folder (a model folder's error says what it lacks; a training checkpoint's names its export)."""
+    path = Path(name).expanduser()
+    if path.is_dir() and not is_training_checkpoint(path):
+        return first_line(err)
+    return f"{not_found_where(name)} ({first_line(err)})"
 
 
 def resolve_model_path(path: str | os.PathLike, what: str = "") -> str:

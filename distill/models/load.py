@@ -85,7 +85,7 @@ def _load(key: str, name: str, loader: Any, **kwargs: Any) -> Any:
         raise ModelSetupError(f"{key}: no such folder: {name}")
     try:
         return loader.from_pretrained(name, **kwargs)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a folder without a config.json (a training checkpoint)
         raise ModelSetupError(f"{key}: cannot load {name!r}: {load_failure(name, err)}") from None
 
 
