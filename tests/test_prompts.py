@@ -103,6 +103,32 @@ def test_categories_and_fields(tmp_path):
         read_prompt_rows(write_jsonl(tmp_path / "x.jsonl", [{"prompt": "a"}]), PromptFields(messages_field="turns"))
 
 
+def test_a_prompt_in_another_field_is_answered_with_the_callers_flag(tmp_path):
+    """A row whose prompt is under another name: a caller with a field flag (eval, data responses) names it with
+    the row's first string field; the trainer, which has none, says what the row holds; with the flag it reads."""
+    path = write_jsonl(tmp_path / "t.jsonl", [{"id": 3, "text": "def add(a, b):", "note": ""}])
+    with pytest.raises(LoadError, match=r"t.jsonl:1: each line needs a string field 'prompt' \(found: id, text, "
+                                        r"note\); a conversation needs a list field 'messages'; --prompt-field text "
+                                        r"reads its 'text' field$"):
+        read_prompt_rows(path, PromptFields(prompt_flag="--prompt-field"))
+    with pytest.raises(LoadError, match=r"found: id, text, note\); a conversation needs a list field 'messages'$"):
+        read_prompt_rows(path)
+    (row,) = read_prompt_rows(path, PromptFields(prompt_field="text", prompt_flag="--prompt-field"))
+    assert row.text == "def add(a, b):"
+
+
+def test_eval_and_data_name_the_prompt_field_flag(tmp_path, capsys):
+    from specdistill.cli import data as data_cli
+    from specdistill.cli import eval as eval_cli
+
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "a"}])
+    with pytest.raises(LoadError, match="--prompt-field text reads its 'text' field"):
+        eval_cli.main(["--target", "t", "--draft", "d", "--prompts", str(path)])
+    with pytest.raises(SystemExit):
+        data_cli.cli(["responses", "--target", "t", "--prompts", str(path), "--out", str(tmp_path / "out")])
+    assert "--prompt-field text reads its 'text' field" in capsys.readouterr().err
+
+
 def test_empty_prompts_are_skipped_and_said(tmp_path, caplog):
     """A row whose prompt is empty or blank is not measured, and the skip is said (the run measures fewer prompts
     than the file holds): one warning with the count; a file of nothing else is one error line."""

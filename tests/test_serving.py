@@ -4,6 +4,7 @@
 import functools
 import importlib.util
 import json
+import re
 import sys
 from types import SimpleNamespace
 
@@ -172,6 +173,73 @@ def test_vllm_dtype_flag_reaches_the_request_and_the_json(tmp_path, monkeypatch,
     assert report["dtype"] == report["vllm_dtype"] == sent
     documented = {name for name, key in EVAL_JSON_KEYS.items() if "vllm" in key.engines}
     assert set(report) == documented - {"environment"}  # evaluate.save adds environment when it writes the file
+
+
+def test_a_run_past_the_targets_context_is_one_line_before_vllm_starts(tmp_path, monkeypatch, capsys):
+    """A prompt and --max-new-tokens past the target's max_position_embeddings: vLLM would refuse the max_model_len
+    after its engine starts; --engine vllm stops before it with the most new tokens that fit, which then run with
+    max_model_len = the context; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM's switch) lets it through. Our decoder runs
+    it after a note."""
+    tok = tiny_tokenizer()
+    target = tiny_model("llama", seed=0, vocab_size=len(tok))
+    target.config.max_position_embeddings = 48
+    save_and_load(target, tmp_path / "target", tok)
+    (tmp_path / "prompts.txt").write_text(TINY_TEXT.splitlines()[0] + "\n")
+    requests = []
+    monkeypatch.setattr(vllm_engine, "run_worker", plain_worker(requests))
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+
+    def run(max_new_tokens, *flags):
+        return eval_acceptance.main(["--target", str(tmp_path / "target"), "--draft", "prompt-lookup", "--prompts",
+                                     str(tmp_path / "prompts.txt"), "--gamma", "2", "--max-new-tokens",
+                                     str(max_new_tokens), "--quiet", "--vllm-python", sys.executable, *flags])
+
+    with pytest.raises(ServingError, match=r"past the target's context of 48 positions: vLLM refuses it; "
+                                           r"--max-new-tokens (\d+) at most") as refused:
+        run(60, "--engine", "vllm")
+    assert requests == []
+    most = int(re.search(r"--max-new-tokens (\d+) at most", str(refused.value)).group(1))
+    run(most, "--engine", "vllm")
+    assert requests[-1]["max_model_len"] == 48
+    with pytest.raises(ServingError, match="past the target's context"):
+        run(most + 1, "--engine", "both")
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    run(60, "--engine", "vllm")
+    assert requests[-1]["max_model_len"] > 48
+    capsys.readouterr()
+    report = run(60, "--acceptance-only")
+    assert report["results"][0]["mean_accepted_tokens"] >= 1
+    assert "past the target's context of 48: it generates where it was not trained" in capsys.readouterr().err
+
+
+def test_context_length_is_vllms_least_key_unless_rope_is_scaled():
+    from transformers import LlamaConfig
+
+    from decode.inputs.checks import context_length
+
+    assert context_length(LlamaConfig(max_position_embeddings=64)) == 64
+    assert context_length(LlamaConfig(max_position_embeddings=64), SimpleNamespace(model_max_length=32)) == 32
+    assert context_length(LlamaConfig(max_position_embeddings=64), SimpleNamespace(model_max_length=10**30)) == 64
+    scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}  # vLLM multiplies: left to it
+    assert context_length(LlamaConfig(max_position_embeddings=64, rope_parameters=scaled)) is None
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32, "rope_theta": 10000.0}
+    assert context_length(LlamaConfig(max_position_embeddings=64, rope_parameters=llama3)) == 64
+    assert context_length(SimpleNamespace(n_positions=128, seq_length=96)) == 96
+    assert context_length(SimpleNamespace(hidden_size=8)) is None
+
+
+def test_a_failed_worker_is_told_by_its_last_error_line_with_pydantics_reason():
+    log = ("INFO starting\nTraceback (most recent call last):\n  File x\n"
+           "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+           "  Value error, User-specified max_model_len (2117) is greater than the derived max_model_len\n"
+           "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n")
+    assert vllm_engine.last_error(log) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                                           "ModelConfig: Value error, User-specified max_model_len (2117) is "
+                                           "greater than the derived max_model_len")
+    assert vllm_engine.last_error("RuntimeError: out of memory\nshutting down\n") == "RuntimeError: out of memory"
+    assert vllm_engine.last_error("just a line\n") == "just a line"
+    assert vllm_engine.last_error("") == "no output"
 
 
 def test_bad_vllm_dtype_is_argparses_one_line(capsys):

@@ -33,7 +33,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from decode.inputs.checks import FileProblem, check_json_files_text, read_text, safetensors_header
+from decode.inputs.checks import (
+    FileProblem,
+    check_json_files_text,
+    read_text,
+    rope_type,
+    safetensors_header,
+    text_config,
+)
 from decode.inputs.loading import LoadError, first_line, load_failure
 from decode.inputs.manifest import manifest_problems
 from decode.inputs.vocab import TokenizerMismatchError, check_tokenizers_compatible, lm_head_rows
@@ -108,18 +115,6 @@ def load_target_parts(target: str, trust_remote_code: bool = False):
     except (OSError, ValueError, TypeError) as err:
         raise LoadError(f"could not read the target {target!r}: {load_failure(target, err)}") from None
     return config, tokenizer
-
-
-def text_config(config):
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def rope_type(config) -> str:
-    """The rope scaling kind of a config: rope_parameters (transformers 5) or rope_scaling, 'default' if none."""
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-        params = next(iter(params.values()))  # per-layer-type parameters (e.g. full/sliding attention)
-    return str(params.get("rope_type", params.get("type", "default"))) if isinstance(params, dict) else "default"
 
 
 def config_dtype(config) -> str | None:

@@ -202,3 +202,40 @@ def folder_architectures(path: str | Path) -> list[str]:
         return architectures(json.loads(read_text(config_file)))
     except ValueError:  # not JSON, or not text (FileProblem)
         return []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A model's context, as vLLM reads it from the config (vllm/config/model.py, _get_and_verify_max_len)
+# ---------------------------------------------------------------------------------------------------------------
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+                "max_seq_length", "seq_len")  # vLLM takes the least of these a config sets
+UNSCALED_ROPE = ("default", "su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def text_config(config):
+    """The language model's part of a config (a multimodal config's text_config; the config itself otherwise)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def rope_type(config) -> str:
+    """The rope scaling kind of a config: rope_parameters (transformers 5) or rope_scaling, 'default' if none."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        params = next(iter(params.values()))  # per-layer-type parameters (e.g. full/sliding attention)
+    return str(params.get("rope_type", params.get("type", "default"))) if isinstance(params, dict) else "default"
+
+
+def context_length(config, tokenizer=None) -> int | None:
+    """The most positions a model takes, as vLLM derives its largest max_model_len: the least of the config's
+    CONTEXT_KEYS, capped by the tokenizer's model_max_length where that is set (transformers leaves ~1e30 when not).
+    None when the config sets none of them, or scales RoPE by a factor vLLM multiplies in (linear, dynamic): that
+    length is left to vLLM to derive."""
+    text = text_config(config)
+    lengths = [int(n) for n in (getattr(text, key, None) for key in CONTEXT_KEYS)
+               if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0]
+    if not lengths or rope_type(text) not in UNSCALED_ROPE:
+        return None
+    tokenizer_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_max, int) and 0 < tokenizer_max < 10**9:
+        lengths.append(tokenizer_max)
+    return min(lengths)

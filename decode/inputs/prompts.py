@@ -56,11 +56,13 @@ class PromptRow:
 class PromptFields:
     """Which fields of a row hold the prompt, the conversation and the category. A field left None is looked for
     under its default name; a field named explicitly must exist. Dotted names reach into dicts
-    (``translation.de``)."""
+    (``translation.de``). ``prompt_flag``: how the caller names another prompt field (`--prompt-field`), so that a
+    row without the prompt field is answered with the flag for one of the string fields it has."""
 
     prompt_field: str | None = None
     messages_field: str | None = None
     category_field: str | None = None
+    prompt_flag: str | None = None
 
     DEFAULTS = {"prompt_field": "prompt", "messages_field": "messages", "category_field": "category"}
 
@@ -109,8 +111,11 @@ def to_prompt_row(row: Any, fields: PromptFields, where: str) -> PromptRow:
         found = ", ".join(row)
         if fields.messages_field is not None:
             raise LoadError(f"{where}: each line needs a list field {messages_name!r} (found: {found})")
+        strings = [name for name, value in row.items() if isinstance(value, str) and value.strip()]
         raise LoadError(f"{where}: each line needs a string field {prompt_name!r} (found: {found})"
-                        + ("" if fields.prompt_field else f"; a conversation needs a list field {messages_name!r}"))
+                        + ("" if fields.prompt_field else f"; a conversation needs a list field {messages_name!r}")
+                        + (f"; {fields.prompt_flag} {strings[0]} reads its {strings[0]!r} field"
+                           if fields.prompt_flag and strings and fields.messages_field is None else ""))
     return PromptRow(text=text, category=category)
 
 

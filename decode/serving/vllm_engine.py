@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -126,7 +127,31 @@ def build_request(target: str, draft: str, prompts: Sequence[torch.Tensor], sett
     return {"target": local(target), "prompts": [p.view(-1).tolist() for p in prompts],
             "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_k": settings.top_k,
             "top_p": settings.top_p, "seed": settings.seed, "stop_token_ids": stop_token_ids, "dtype": dtype,
-            "max_model_len": longest + settings.max_new_tokens + max(gammas) + 8, "runs": runs, **levels}
+            "max_model_len": max_model_len(longest, settings.max_new_tokens, max(gammas)), "runs": runs, **levels}
+
+
+SPARE_POSITIONS = 8  # past the longest prompt, its new tokens and the drafted ones
+
+
+def max_model_len(longest_prompt: int, max_new_tokens: int, lookahead: int = 0) -> int:
+    """The context a worker run asks vLLM for: the longest prompt, its new tokens, the ``lookahead`` positions a
+    round drafts past the last kept token (gamma) and SPARE_POSITIONS."""
+    return longest_prompt + max_new_tokens + lookahead + SPARE_POSITIONS
+
+
+def check_context(context: int | None, longest_prompt: int, max_new_tokens: int, lookahead: int = 0,
+                  flag: str = "--max-new-tokens") -> None:
+    """ServingError in one line when a run's max_model_len passes the target's ``context``
+    (decode.inputs.checks.context_length): vLLM refuses it, after its engine starts, in a pydantic error. vLLM's own
+    switch, VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, lets it through here too. ``flag``: how the user sets max_new_tokens."""
+    needed = max_model_len(longest_prompt, max_new_tokens, lookahead)
+    if context is None or needed <= context or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
+        return
+    room = context - (needed - max_new_tokens)
+    fix = f"{flag} {room} at most" if room >= 1 else "shorter prompts (--max-prompt-tokens)"
+    raise ServingError(f"the longest prompt ({longest_prompt} tokens) and {flag} {max_new_tokens} need vLLM's "
+                       f"max_model_len {needed} ({needed - longest_prompt - max_new_tokens} more for drafts and "
+                       f"spare), past the target's context of {context} positions: vLLM refuses it; {fix}")
 
 
 def run_worker(python: Path, request: dict, timeout: float | None = None) -> dict:
@@ -212,10 +237,18 @@ def worker_group_stopped(worker: subprocess.Popen) -> Iterator[None]:
 
 
 def last_error(log: str) -> str:
-    """The most telling line of a failed worker's log: the last line naming an error, else the last line."""
+    """The most telling line of a failed worker's log: the last line naming an error, else the last line. A pydantic
+    ValidationError's line only counts its errors ("1 validation error for ModelConfig"): the reason, on the next
+    line, is joined to it."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    errors = [line for line in lines if "Error" in line or "error:" in line]
-    return (errors or lines or ["no output"])[-1][:300]
+    errors = [i for i, line in enumerate(lines) if "Error" in line or "error:" in line]
+    at = errors[-1] if errors else len(lines) - 1
+    if at < 0:
+        return "no output"
+    line = lines[at]
+    if re.search(r"\d+ validation errors? for \w+$", line) and at + 1 < len(lines):
+        line = f"{line}: {lines[at + 1]}"
+    return line[:300]
 
 
 # ----------------------------------------------------------------------------------------------------------------

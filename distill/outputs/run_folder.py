@@ -14,14 +14,16 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
+import yaml
 from accelerate import PartialState
 
 from decode.inputs.checks import FileProblem, read_text
 from decode.inputs.writes import write_atomic
 from distill.outputs.acceptance_log import ACCEPTANCE_LOG
 from distill.outputs.checkpoints import PARTIAL_DIR
-from distill.recipe.loader import save_recipe
+from distill.recipe.loader import recipe_to_dict, save_recipe
 from distill.recipe.sections import Recipe
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,45 @@ def start_run_folder(recipe: Recipe) -> None:
         output_dir.mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, output_dir / RECIPE_FILE)
     state.wait_for_everyone()
+
+
+# The sections that say what a run learns from and how; train and eval (how long, how it is saved and measured) are
+# what a resumed run is expected to change.
+LEARNING_SECTIONS = ("model", "data", "distill", "lora")
+
+
+def recipe_changes(started: str | Path, recipe: Recipe) -> list[str]:
+    """What ``recipe`` sets otherwise than the recipe.yaml a run started with (``started``), in LEARNING_SECTIONS:
+    "data.dataset: a.txt -> b.txt" per key. Paths naming the same file are equal; [] when the file is absent or
+    unreadable (nothing to compare: resume does not depend on it)."""
+    try:
+        saved = yaml.safe_load(read_text(started))
+    except (OSError, ValueError, yaml.YAMLError):
+        return []
+    now = recipe_to_dict(recipe)
+    changes = []
+    for section in LEARNING_SECTIONS:
+        before, after = _flat((saved or {}).get(section) or {}, section), _flat(now.get(section) or {}, section)
+        changes += [f"{key}: {before.get(key)} -> {after.get(key)}" for key in sorted({*before, *after})
+                    if not _same(before.get(key), after.get(key))]
+    return changes
+
+
+def _flat(values: dict, prefix: str) -> dict[str, Any]:
+    """A section's keys as dotted names ("distill.loss.name"), down to the values."""
+    flat = {}
+    for key, value in values.items():
+        name = f"{prefix}.{key}"
+        flat.update(_flat(value, name) if isinstance(value, dict) and value else {name: value})
+    return flat
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a == b:
+        return True
+    if isinstance(a, str) and isinstance(b, str) and Path(a).expanduser().exists():
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    return False
 
 
 def read_results(output_dir: str | Path) -> dict | None:

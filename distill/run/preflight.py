@@ -44,7 +44,7 @@ from distill.outputs.checkpoints import (
     report_incomplete,
     verified_latest,
 )
-from distill.outputs.run_folder import RECIPE_FILE, previous_run_files, read_results
+from distill.outputs.run_folder import RECIPE_FILE, previous_run_files, read_results, recipe_changes
 from distill.recipe.sections import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
 from distill.recipe.train_config import training_arguments
 
@@ -96,6 +96,7 @@ def check_run(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Che
     check_model_plan(recipe.model, tokenizer, hidden_state_cache=recipe.distill.hidden_state_cache is not None)
     check_attn_implementation(recipe)
     check_resume_shape(recipe, plan.resume)
+    note_recipe_changes(recipe, plan.resume)
     topk_from_override = any(a.startswith("distill.teacher_topk=") for a in overrides)
     check_teacher_topk(recipe, OVERRIDE_SOURCE if topk_from_override else source)  # k <= the target's vocabulary
 
@@ -278,6 +279,19 @@ def check_attn_implementation(recipe: Recipe) -> None:
     except (ValueError, ImportError) as err:
         reason = str(err).strip().splitlines()[0][:300]
         raise ModelSetupError(f"model.attn_implementation: got {name!r}; {reason}") from None
+
+
+def note_recipe_changes(recipe: Recipe, resume: str | None) -> None:
+    """One warning when a resumed run learns otherwise than it started (another dataset, loss, target: often meant,
+    easily not): the keys that differ from the recipe.yaml beside the checkpoint."""
+    if resume is None:
+        return
+    changes = recipe_changes(Path(resume).parent / RECIPE_FILE, recipe)
+    if changes:
+        more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+        logger.warning("resuming from %s with a recipe that differs from the one the run started with (%s): %s%s; "
+                       "training goes on from the checkpoint with the new values", resume,
+                       Path(resume).parent / RECIPE_FILE, "; ".join(changes[:3]), more)
 
 
 def check_resume_shape(recipe: Recipe, resume: str | None) -> None:

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> Path:
     check_writable_folder(args.out, "--out")
     rows = None
     if args.job == "responses":
-        fields = PromptFields(prompt_field=args.prompt_field, messages_field=args.messages_field)
+        fields = PromptFields(prompt_field=args.prompt_field, messages_field=args.messages_field,
+                              prompt_flag="--prompt-field")
         rows = read_prompt_rows(args.prompts, fields, split=args.prompts_split, limit=args.limit)
     openers = chosen_openers(args) if args.job == "prompts" else ()
     excluded = frozenset().union(*(prompt_texts(read_prompt_rows(f)) for f in args.exclude)) \

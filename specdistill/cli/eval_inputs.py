@@ -1,11 +1,22 @@
 """`specdistill-eval`'s inputs checked before any weight loads (a bad --draft is named before a large target takes
-minutes to load): model paths, the draft's tokenizer, whether the draft fits the target, for the draft's kind."""
+minutes to load): model paths, the draft's tokenizer, whether the draft fits the target, for the draft's kind; and
+before vLLM starts, whether the prompts and new tokens fit the target's context."""
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from decode.inputs.checks import check_json_files_text, check_language_model_folder, check_safetensors_whole
+import torch
+
+from decode.deploy.deploy_check import load_target_config
+from decode.inputs.checks import (
+    check_json_files_text,
+    check_language_model_folder,
+    check_safetensors_whole,
+    context_length,
+)
 from decode.inputs.loading import (
     LoadError,
     is_training_checkpoint,
@@ -16,6 +27,8 @@ from decode.inputs.loading import (
     resolve_model_path,
 )
 from decode.inputs.vocab import check_tokenizers_compatible
+from decode.loop.auto_gamma import fixed_gammas
+from decode.serving.vllm_engine import check_context
 from kinds import Kind
 
 
@@ -69,3 +82,17 @@ def check_draft_fits(args: argparse.Namespace, kind: Kind) -> None:
                         f"{load_failure(args.target, err)}") from None
     if problem:
         raise LoadError(f"--draft {args.draft} ({kind.name}) does not fit --target {args.target}: {problem}")
+
+
+def check_context_fits(args: argparse.Namespace, tokenizer, prompt_ids: Sequence[torch.Tensor]) -> None:
+    """The longest prompt and --max-new-tokens against the target's context (decode.inputs.checks.context_length):
+    vLLM refuses a run past it, so --engine vllm / both stop here in one line before vLLM starts (ServingError); our
+    decoder runs it, after a note (the target generates at positions it was not trained on)."""
+    context = context_length(load_target_config(args.target, args.trust_remote_code), tokenizer)
+    longest = max(ids.numel() for ids in prompt_ids)
+    if args.engine != "specdistill":
+        check_context(context, longest, args.max_new_tokens, max(fixed_gammas(args.gamma)))
+    elif context is not None and longest + args.max_new_tokens > context:
+        print(f"note: the longest prompt ({longest} tokens) and --max-new-tokens {args.max_new_tokens} reach position "
+              f"{longest + args.max_new_tokens}, past the target's context of {context}: it generates where it was "
+              "not trained (speculative decoding stays lossless there)", file=sys.stderr)

@@ -34,7 +34,13 @@ from decode.serving.vllm_engine import (
     vllm_outputs,
 )
 from kinds import kind_of_source
-from specdistill.cli.eval_inputs import check_draft_fits, check_draft_tokenizer, check_model_paths, with_model_folders
+from specdistill.cli.eval_inputs import (
+    check_context_fits,
+    check_draft_fits,
+    check_draft_tokenizer,
+    check_model_paths,
+    with_model_folders,
+)
 from specdistill.cli.eval_models import pack_for_eager_cpu, use_draft_vocab
 from specdistill.cli.eval_report import describe_device, plain_match, print_report
 
@@ -87,7 +93,7 @@ def run(args: argparse.Namespace) -> dict:
     vllm_python = find_vllm_python(args.vllm_python) if args.engine != "specdistill" else None
 
     # ---- inputs -------------------------------------------------------------------------------------------
-    fields = PromptFields(args.prompt_field, args.messages_field, args.category_field)
+    fields = PromptFields(args.prompt_field, args.messages_field, args.category_field, "--prompt-field")
     rows = read_prompt_rows(args.prompts, fields, split=args.prompts_split, config=args.prompts_config,
                             limit=args.num_prompts)
     device = resolve_device(args.device)
@@ -103,6 +109,7 @@ def run(args: argparse.Namespace) -> dict:
     prompt_ids = encode_prompt_rows(tokenizer, rows, args.chat_template, args.max_prompt_tokens)
     if note := raw_prompts_note(tokenizer, rows, args.chat_template):
         print(note, file=sys.stderr)
+    check_context_fits(args, tokenizer, prompt_ids)
     categories = [row.category for row in rows]
     settings = EvalSettings(gammas=args.gamma, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats,
