@@ -5,6 +5,7 @@ generates from the same parsers."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import subprocess
 import sys
@@ -262,3 +263,21 @@ def test_the_reference_page_does_not_depend_on_the_terminal(monkeypatch):
 
 def test_a_table_cell_is_one_line_with_pipes_escaped():
     assert cell("exits 1 when |a / b - 1|\n  exceeds <this>") == "exits 1 when \\|a / b - 1\\| exceeds &lt;this>"
+
+
+@pytest.mark.parametrize(("name", "argv", "patched", "left"), [
+    ("check", ["--target", "t", "--draft", "d"], "specdistill.cli.check.run", "nothing was written"),
+    ("push", ["out", "--repo-id", "me/draft"], "specdistill.cli.push.main",
+     "an upload is one commit, made last: run the same command again")])
+def test_ctrl_c_in_a_job_is_one_line_and_exit_130(name, argv, patched, left, monkeypatch, capsys):
+    """Ctrl-C where the job is (KeyboardInterrupt from its run): one line saying what is left, exit 130 (eval's
+    real process: tests/test_eval_cli.py; train and data stop at a step or shard: tests/test_preemption.py)."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    module, attribute = patched.rsplit(".", 1)
+    monkeypatch.setattr(importlib.import_module(module), attribute, interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        umbrella.cli([name, *argv])
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines() == [f"specdistill {name}: interrupted; {left}"]

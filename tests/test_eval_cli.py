@@ -1,6 +1,8 @@
 """specdistill-eval (specdistill/cli/eval.py) end to end: valid JSON with every documented key;
 bad input is one line."""
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -212,6 +214,26 @@ def test_a_real_process_exits_nonzero_without_traceback(pair, tmp_path):
                           capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "error: could not load model" in proc.stderr
+
+
+def test_ctrl_c_is_one_line_and_exit_130(pair, tmp_path):
+    """Ctrl-C while a real eval process measures: one line saying what was written, exit 130, no traceback."""
+    out = tmp_path / "eval.json"
+    proc = subprocess.Popen([sys.executable, "scripts/eval_acceptance.py", "--target", str(pair / "target"),
+                             "--draft", str(pair / "draft"), "--prompts", str(pair / "prompts.txt"), "--gamma", "2",
+                             "--max-new-tokens", "4000", "--output", str(out)],
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    seen = ""
+    while "eval-acceptance" not in seen:  # the progress bar: measuring has begun
+        seen += proc.stderr.read(1) or pytest.fail(f"eval ended before measuring: {seen[-2000:]}")
+    proc.send_signal(signal.SIGINT)
+    err = seen + proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, err[-2000:]
+    assert "Traceback" not in err
+    assert err.rstrip().splitlines()[-1].endswith(f"interrupted; nothing was written (--output {out} is written "
+                                                  "once every gamma is measured)")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("mode", ["auto", "packed", "plain"])

@@ -1,11 +1,14 @@
 """What every command's parser shares: a usage error as one line (`OneLineArgumentParser`), number flags that are
-finite (`finite_float`) and the choices the flags offer. The choices live here, in a module that imports no torch,
-so that a command's parser, its `--help` and its usage errors answer before any model code loads; the modules that
-act on them import them from here."""
+finite (`finite_float`), Ctrl-C as one line (`interrupted_in_one_line`) and the choices the flags offer. The
+choices live here, in a module that imports no torch, so that a command's parser, its `--help` and its usage errors
+answer before any model code loads; the modules that act on them import them from here."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import sys
+from collections.abc import Iterator
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")  # --chat-template: auto = conversations only (decode.inputs.prompts)
 # --cpu-linear (decode.loop.packed_linear): packed then tuned per row count, packed at every row count, or as loaded
@@ -47,3 +50,18 @@ class OneLineArgumentParser:
 
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(1)
+
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+
+
+@contextlib.contextmanager
+def interrupted_in_one_line(prog: str, what_is_left: str) -> Iterator[None]:
+    """Ctrl-C (KeyboardInterrupt) inside the block: one line, `PROG: interrupted; WHAT_IS_LEFT`, and exit 130, not
+    a traceback from wherever the command was (a forward pass, an upload). The training and data commands stop at a
+    step or shard boundary instead (distill.run.preemption)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; {what_is_left}", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)

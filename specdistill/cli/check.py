@@ -89,11 +89,13 @@ def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-check` (argv: sys.argv[1:] when None): user errors exit 1 with one line."""
     args = parse_args(argv, prog)  # --help and usage errors answer here, before torch loads
     from decode.inputs.checks import FileProblem
+    from decode.inputs.command_line import interrupted_in_one_line
     from decode.inputs.loading import LoadError
     from decode.serving.vllm_engine import ServingError
 
     try:
-        code = run(args)
+        with interrupted_in_one_line(prog, "nothing was written"):
+            code = run(args)
     except (LoadError, FileProblem, ServingError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         code = 1

@@ -150,14 +150,19 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-eval` (argv: sys.argv[1:] when None): user errors exit 1 with one line."""
     args = parse_args(argv, prog)  # --help and usage errors answer here, before torch loads
-    from decode.serving.parity import out_of_tolerance
-    from specdistill.cli.eval_run import USER_ERRORS, run
+    from decode.inputs.command_line import interrupted_in_one_line
 
-    try:
-        report = run(args)
-    except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+    kept = f"nothing was written (--output {args.output} is written once every gamma is measured)" \
+        if args.output else "nothing was written"
+    with interrupted_in_one_line(prog, kept):  # Ctrl-C anywhere, torch's import included
+        from decode.serving.parity import out_of_tolerance
+        from specdistill.cli.eval_run import USER_ERRORS, run
+
+        try:
+            report = run(args)
+        except USER_ERRORS as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(1)
     failures = out_of_tolerance(report.get("parity", []))
     if failures:
         print(f"error: tau parity beyond --parity-tolerance: {'; '.join(failures)}", file=sys.stderr)

@@ -70,7 +70,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-push` (argv: sys.argv[1:] when None): exit 1 with one line on an error."""
-    raise SystemExit(main(argv, prog))
+    from decode.inputs.command_line import interrupted_in_one_line
+
+    with interrupted_in_one_line(prog, "an upload is one commit, made last: run the same command again"):
+        code = main(argv, prog)
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":
