@@ -194,6 +194,46 @@ def test_a_drafts_folder_as_the_target_is_one_line_before_a_server_starts(tmp_pa
     assert f"--target: {head} is not a model to draft for" in err and "LlamaForCausalLMEagle3" in err
 
 
+def test_requests_past_the_served_context_are_one_line_before_a_server_starts(tmp_path, monkeypatch, capsys):
+    """The longest prompt and --max-tokens past the target's max_position_embeddings (or --max-model-len of
+    --server-args): vLLM's server would refuse every such request after both servers start; one line naming the most
+    --max-tokens that fit, exit 1, no server started. Within the context, the servers are started."""
+    import decode.serving.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "find_vllm_python", lambda given=None: Path(sys.executable))
+    monkeypatch.setattr(guidellm_load, "find_guidellm", lambda python: Path("guidellm"))
+    started = []
+
+    def serve_and_load(*args, **kwargs):
+        started.append(args[0])
+        raise ServingError("stand-in: no server here")
+
+    monkeypatch.setattr(bench_serve, "serve_and_load", serve_and_load)
+    tok = tiny_tokenizer()
+    target = tiny_model("llama", seed=0, vocab_size=len(tok))
+    target.config.max_position_embeddings = 40
+    save_and_load(target, tmp_path / "target", tok)
+    (tmp_path / "p.txt").write_text(TINY_TEXT.splitlines()[0] + "\n")
+    longest = len(tok(TINY_TEXT.splitlines()[0])["input_ids"])
+    capsys.readouterr()
+
+    def run(*flags):
+        with pytest.raises(SystemExit) as exit_:
+            bench_serve.cli(["--target", str(tmp_path / "target"), "--draft", "prompt-lookup", "--prompts",
+                             str(tmp_path / "p.txt"), "--output", str(tmp_path / "o.json"), *flags])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        return err
+
+    err = run("--max-tokens", "64")
+    assert "pass the served context of 40 positions" in err and f"--max-tokens {40 - longest} at most" in err
+    err = run("--max-tokens", "16", "--server-args", "--seed 0 --max-model-len 20")
+    assert f"--max-tokens {20 - longest} at most" in err
+    assert started == []
+    assert "stand-in: no server here" in run("--max-tokens", str(40 - longest))
+    assert started == ["plain"]
+
+
 @contextlib.contextmanager
 def mock_server(ttft_ms: int):
     """GuideLLM's own mock server (TTFT ``ttft_ms``, 10 ms between tokens, 16 tokens per request): its URL."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from decode.deploy.serving_commands import vllm_speculative_config
 from decode.deploy.speculators import folder_speculators_type, proposed_tokens
-from decode.inputs.checks import FileProblem, check_language_model_folder, check_writable_file
+from decode.inputs.checks import FileProblem, check_language_model_folder, check_writable_file, context_length
 from decode.inputs.command_line import CHAT_TEMPLATE_MODES, REQUEST_TIMEOUT_S, OneLineArgumentParser
 from decode.inputs.writes import write_atomic
 from decode.measure.table import markdown_table
@@ -135,6 +135,30 @@ def server_args(given: str | None, max_seqs: int) -> list[str]:
     return args if "--max-num-seqs" in args else [*args, "--max-num-seqs", str(max_seqs)]
 
 
+def served_context(server_args: list[str], context: int | None) -> int | None:
+    """The context `vllm serve` runs with: --max-model-len among the server arguments (a plain integer; vLLM's "32k"
+    forms are left to vLLM), else the model's own ``context`` (decode.inputs.checks.context_length)."""
+    for i, arg in enumerate(server_args):
+        value = arg.split("=", 1)[1] if arg.startswith("--max-model-len=") else \
+            server_args[i + 1] if arg == "--max-model-len" and i + 1 < len(server_args) else None
+        if value is not None:
+            return int(value) if value.isdigit() else None
+    return context
+
+
+def check_requests_fit(prompt_ids: list[list[int]], max_tokens: int, context: int | None) -> None:
+    """LoadError in one line when the longest prompt and --max-tokens pass the served ``context``: vLLM's server
+    would answer every such request with an error, after both servers start."""
+    from decode.inputs.loading import LoadError
+
+    longest = max(len(ids) for ids in prompt_ids)
+    if context is not None and longest + max_tokens > context:
+        fix = f"--max-tokens {context - longest} at most" if context > longest else "shorter prompts"
+        raise LoadError(f"the longest prompt ({longest} tokens) and --max-tokens {max_tokens} pass the served context "
+                        f"of {context} positions (the target's, or --max-model-len in --server-args): vLLM's server "
+                        f"refuses such a request; {fix}")
+
+
 def speculative_server(target: str, draft: str, kind: Kind, gamma: int, base: list[str]) -> tuple[str, list[str], str]:
     """(model, args, how) of the speculative server: `vllm serve DRAFT` for a speculators folder drafting ``gamma``,
     else the target with the kind's --speculative-config."""
@@ -234,6 +258,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     """What `main` does once the command line is parsed."""
+    from decode.deploy.deploy_check import load_target_config
     from decode.inputs.loading import load_tokenizer, resolve_draft_path, resolve_model_path
     from decode.inputs.prompts import encode_prompt_rows, raw_prompts_note, read_prompt_rows
     from decode.serving.guidellm_load import find_guidellm, write_dataset
@@ -256,8 +281,10 @@ def run(args: argparse.Namespace) -> dict:
     prompt_ids = [ids.tolist() for ids in encode_prompt_rows(tokenizer, rows, args.chat_template)]
     if note := raw_prompts_note(tokenizer, rows, args.chat_template):
         print(note, file=sys.stderr)
-    data = write_dataset(log_dir / "prompts.jsonl", [tokenizer.decode(ids) for ids in prompt_ids], args.max_tokens)
     base = server_args(args.server_args, max(args.concurrency if not args.rate else [1]))
+    check_requests_fit(prompt_ids, args.max_tokens, served_context(base, context_length(load_target_config(target),
+                                                                                         tokenizer)))
+    data = write_dataset(log_dir / "prompts.jsonl", [tokenizer.decode(ids) for ids in prompt_ids], args.max_tokens)
     checked = prompt_ids[:max(args.check_prompts, 0)]
 
     plain = serve_and_load("plain", python, target, base, checked, args, target, data, log_dir)
