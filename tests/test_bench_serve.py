@@ -232,6 +232,9 @@ def test_requests_past_the_served_context_are_one_line_before_a_server_starts(tm
     assert started == []
     assert "stand-in: no server here" in run("--max-tokens", str(40 - longest))
     assert started == ["plain"]
+    assert bench_serve.served_context(["--max-model-len=24", "--seed", "0"], 40) == 24
+    assert bench_serve.served_context(["--max-model-len", "32k"], 40) is None  # vLLM's own forms: left to vLLM
+    assert bench_serve.served_context(["--seed", "0"], 40) == 40
 
 
 @contextlib.contextmanager

@@ -139,10 +139,13 @@ def served_context(server_args: list[str], context: int | None) -> int | None:
     """The context `vllm serve` runs with: --max-model-len among the server arguments (a plain integer; vLLM's "32k"
     forms are left to vLLM), else the model's own ``context`` (decode.inputs.checks.context_length)."""
     for i, arg in enumerate(server_args):
-        value = arg.split("=", 1)[1] if arg.startswith("--max-model-len=") else \
-            server_args[i + 1] if arg == "--max-model-len" and i + 1 < len(server_args) else None
-        if value is not None:
-            return int(value) if value.isdigit() else None
+        if arg.startswith("--max-model-len="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--max-model-len" and i + 1 < len(server_args):
+            value = server_args[i + 1]
+        else:
+            continue
+        return int(value) if value.isdigit() else None
     return context
 
 
