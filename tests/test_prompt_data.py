@@ -120,7 +120,9 @@ def test_prompts_alone_with_dataset_weight_are_one_line_naming_the_fix(workdir, 
      "null unless data.synthesize_prompts"),
     ({"dataset": "p.jsonl", "dataset_weight": 0, "synthesize_prompts": 8, "target_weight": 1.0,
       "target_data_dir": "d", "synthesize_categories": ["math", "maths"]}, "data.synthesize_categories",
-     "'maths' is not one"),
+     "'maths' is not one; did you mean 'math'?)"),
+    ({"dataset": "p.jsonl", "dataset_weight": 0, "synthesize_prompts": 8, "target_weight": 1.0,
+      "target_data_dir": "d", "synthesize_categories": ["zzz"]}, "data.synthesize_categories", "('zzz' is not one)"),
 ])
 def test_prompt_settings_that_cannot_work_are_named(keys, key, allowed):
     with pytest.raises(RecipeError) as err:
@@ -211,8 +213,12 @@ def test_category_openers_interleave_the_categories_and_name_an_unknown_one():
     assert {c for c, _ in category_openers(["all"])} == set(CATEGORY_OPENERS) and len(CATEGORY_OPENERS) == 8
     assert category_openers(["math", "all"]) == category_openers(["all"])
     assert all(not o[-1].isspace() for openers in CATEGORY_OPENERS.values() for o in openers)
-    with pytest.raises(SynthesisError, match="unknown prompt category 'maths'"):
+    with pytest.raises(SynthesisError, match="unknown prompt category 'maths'.*; did you mean 'math'\\?$"):
         category_openers(["math", "maths"])
+    with pytest.raises(SynthesisError, match=r"unknown prompt category 'cod'.*\(or all\); did you mean 'coding'\?$"):
+        category_openers(["cod"])
+    with pytest.raises(SynthesisError, match=r"unknown prompt category 'zzz'; known: .* \(or all\)$"):
+        category_openers(["zzz"])
 
 
 def test_synthesized_prompts_of_other_settings_are_refused(tmp_path, tokenizer):

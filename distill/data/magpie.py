@@ -25,6 +25,7 @@ recipes/prompts/chat_eval.jsonl, written from the category names (none is taken 
 """
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -114,8 +115,10 @@ def category_openers(categories: list[str] | tuple[str, ...]) -> tuple[tuple[str
     names = list(CATEGORY_OPENERS) if "all" in categories else list(dict.fromkeys(categories))
     unknown = [name for name in names if name not in CATEGORY_OPENERS]
     if unknown or not names:
+        close = difflib.get_close_matches(unknown[0], CATEGORY_OPENERS, n=1) if unknown else []
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise SynthesisError(f"unknown prompt category {unknown[0] if unknown else '(none given)'!r}; known: "
-                             f"{', '.join(CATEGORY_OPENERS)} (or all)")
+                             f"{', '.join(CATEGORY_OPENERS)} (or all){hint}")
     width = max(len(CATEGORY_OPENERS[name]) for name in names)
     return tuple((name, CATEGORY_OPENERS[name][i % len(CATEGORY_OPENERS[name])])
                  for i in range(width) for name in names)

@@ -1,6 +1,7 @@
 """The `data:` section of a recipe: where the training rows come from and which prompts measure acceptance."""
 from __future__ import annotations
 
+import difflib
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -116,8 +117,10 @@ class DataConfig(Section):
         if self.synthesize_categories is not None:
             known = [*PROMPT_CATEGORIES, "all"]
             unknown = [name for name in self.synthesize_categories if name not in known]
+            close = difflib.get_close_matches(unknown[0], known, n=1) if unknown else []
             require(not unknown, "data.synthesize_categories", self.synthesize_categories,
-                    f"names from {', '.join(known)} ({unknown[0] if unknown else ''!r} is not one)")
+                    f"names from {', '.join(known)} ({unknown[0] if unknown else ''!r} is not one"
+                    + (f"; did you mean {close[0]!r}?)" if close else ")"))
         require(self.dataset is not None or self.dataset_weight == 0, "data.dataset_weight", self.dataset_weight,
                 "0 without data.dataset (there are no dataset rows to train on)", involves=["data.dataset"])
         require(self.format != "prompts" or self.dataset_weight == 0, "data.dataset_weight", self.dataset_weight,
