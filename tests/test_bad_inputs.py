@@ -199,6 +199,25 @@ def test_train_a_mistyped_relative_target_names_what_its_parent_holds(w, no_weig
     logging.getLogger().handlers.clear()
 
 
+def test_a_repositorys_recipe_run_from_another_folder_names_where_its_paths_are(w, no_weights, monkeypatch, capsys):
+    """recipes/smollm2/draft.yaml (data.eval_prompts: recipes/prompts/chat_eval.jsonl, relative) run from a folder
+    without recipes/: one line naming the folder that holds it and the two ways to use it, before any weight loads;
+    from the repository it is read as given."""
+    monkeypatch.chdir(w)
+    recipe = str(ROOT / "recipes" / "smollm2" / "draft.yaml")
+    argv = [recipe, f"model.target={w}/target", f"data.dataset={w}/code.txt", f"train.output_dir={w}/out_elsewhere"]
+    line = one_error_line(train_script.cli, "specdistill-train", argv, monkeypatch, capsys)
+    assert line.endswith(f"data.eval_prompts: recipes/prompts/chat_eval.jsonl is not under the current folder ({w}), "
+                         f"which relative paths are read from, but is under {ROOT}: run from there or set "
+                         f"data.eval_prompts={ROOT / 'recipes/prompts/chat_eval.jsonl'}"), line
+    logging.getLogger().handlers.clear()
+    monkeypatch.chdir(ROOT)
+    from distill.run.preflight import check_paths_beside_the_recipe
+    from specdistill.recipes import load_recipe
+
+    check_paths_beside_the_recipe(load_recipe(recipe, [f"model.target={w}/target"]), recipe)  # found as given
+
+
 def test_train_a_training_checkpoint_as_the_target_names_the_runs_export(w, no_weights, monkeypatch, capsys, tmp_path):
     """model.target=OUT/checkpoint-2 (weights, tokenizer and trainer state, no config.json): one line naming OUT as
     the run's export (it was a traceback from transformers' config loader)."""

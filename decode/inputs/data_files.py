@@ -1,9 +1,13 @@
 """Local data files: which `datasets` builder reads each suffix (the one map), and one-line explanations for files
 that `datasets` refuses with a generic message (or a bare StopIteration): an empty file, and the first line of a
-.json/.jsonl file that is not valid JSON."""
+.json/.jsonl file that is not valid JSON; `datasets`' own log of such a file is held back while it reads
+(`own_error_lines`), so that the one line is the only one."""
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from decode.inputs.checks import read_text
@@ -11,6 +15,24 @@ from decode.inputs.checks import read_text
 # file suffix -> the datasets builder that reads it (load_dataset(builder, data_files=...))
 DATA_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 TEXT_DATA_SUFFIXES = tuple(s for s, builder in DATA_FILE_BUILDERS.items() if builder != "parquet")  # text files
+# datasets' builders that log a file they cannot parse at ERROR before raising (the caller's line names it better)
+BUILDER_LOGGERS = ("datasets.packaged_modules.json.json", "datasets.packaged_modules.csv.csv")
+
+
+@contextlib.contextmanager
+def own_error_lines() -> Iterator[None]:
+    """While datasets reads local files: its builders' ERROR logs (`Failed to load JSON from file ... with error
+    ...: JSON parse error: ...`) held back, since the caller answers that failure in one line of its own
+    (first_bad_json_line: file and line); its levels restored after."""
+    loggers = [logging.getLogger(name) for name in BUILDER_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def first_empty_file(files: list[str]) -> str | None:

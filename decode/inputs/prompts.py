@@ -30,7 +30,13 @@ import torch
 
 from decode.inputs.checks import FileProblem, check_text_file, read_text
 from decode.inputs.command_line import CHAT_TEMPLATE_MODES
-from decode.inputs.data_files import DATA_FILE_BUILDERS, TEXT_DATA_SUFFIXES, first_bad_json_line, first_empty_file
+from decode.inputs.data_files import (
+    DATA_FILE_BUILDERS,
+    TEXT_DATA_SUFFIXES,
+    first_bad_json_line,
+    first_empty_file,
+    own_error_lines,
+)
 from decode.inputs.loading import LoadError, first_line
 
 PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")  # read by read_prompt_file; other data files go through datasets
@@ -158,7 +164,9 @@ def load_prompt_dataset(source: str, split: str, config: str | None):
         if Path(source).is_file():  # a .json / .csv / .parquet file: one split, whatever --prompts-split says
             if Path(source).suffix != ".parquet":
                 check_text_file(source, "prompts file")  # datasets' message for a binary file names no file
-            return datasets.load_dataset(DATA_FILE_BUILDERS[Path(source).suffix], data_files=source, split="train")
+            with own_error_lines():  # a malformed file: named below in one line, file and line
+                return datasets.load_dataset(DATA_FILE_BUILDERS[Path(source).suffix], data_files=source,
+                                             split="train")
         if Path(source).is_dir() and any((Path(source) / name).is_file() for name in SAVED_DATASET_FILES):
             loaded = datasets.load_from_disk(source)  # Arrow files: binary by design
             if isinstance(loaded, datasets.DatasetDict):

@@ -24,7 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from decode.inputs.checks import FileProblem, check_text_file
-from decode.inputs.data_files import DATA_FILE_BUILDERS, first_bad_json_line, first_empty_file
+from decode.inputs.data_files import DATA_FILE_BUILDERS, first_bad_json_line, first_empty_file, own_error_lines
 from decode.inputs.loading import LoadError
 from decode.inputs.prompts import (
     PromptRow,
@@ -105,7 +105,8 @@ def load_rows(cfg: DataConfig) -> datasets.Dataset:
             rows = load_text_files(local[1], cfg.text_sample_by)
         elif local is not None:
             builder, files = local
-            rows = datasets.load_dataset(builder, data_files=files, split=cfg.split)
+            with own_error_lines():  # a malformed file: named below in one line, file and line
+                rows = datasets.load_dataset(builder, data_files=files, split=cfg.split)
         else:
             rows = datasets.load_dataset(cfg.dataset, cfg.dataset_config, split=cfg.split)
     except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError,

@@ -80,6 +80,7 @@ def check_run(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Che
     check_hub_settings(recipe, source)
     check_trackers(recipe, source)  # named now, not when the Trainer starts (after loading models)
     check_precision(recipe.train)  # fp16 on CPU, bf16 without a bf16 GPU: named before TrainingArguments sees them
+    check_paths_beside_the_recipe(recipe, source)  # a repository's recipe run from another folder
     plan = plan_run(recipe, source)  # a used output folder is refused; resume picks the latest complete checkpoint
     if plan.results is not None:
         return CheckedRun(plan)
@@ -180,6 +181,29 @@ def check_model_files(recipe: Recipe) -> None:
                               "set model.tokenizer to a folder or hub id holding the target's tokenizer")
     else:
         check_tokenizer_files(model.tokenizer, "model.tokenizer", "give a folder that holds a tokenizer")
+
+
+# Input paths a recipe names relative to the folder the command runs in (its documented meaning)
+RELATIVE_INPUTS = ("data.dataset", "data.eval_prompts")
+
+
+def check_paths_beside_the_recipe(recipe: Recipe, source: str) -> None:
+    """A relative input path that is not under the current folder but is under a folder holding the recipe file (a
+    repository's `recipes/...` run from elsewhere): one line naming where it is and the two ways to use it, not a
+    "does not exist" (or a hub lookup) for a file the user can see."""
+    recipe_file = Path(source)
+    if not recipe_file.is_file():
+        return
+    for key in RELATIVE_INPUTS:
+        section, name = key.split(".")
+        value = getattr(getattr(recipe, section), name)
+        if not value or Path(value).is_absolute() or Path(value).exists():
+            continue
+        root = next((d for d in recipe_file.resolve().parents if (d / value).exists()), None)
+        if root is not None:
+            raise RecipeError(key, f"{value} is not under the current folder ({Path.cwd()}), which relative paths "
+                              f"are read from, but is under {root}: run from there or set {key}={root / value}",
+                              source)
 
 
 # ---------------------------------------------------------------------------------------------------------------
