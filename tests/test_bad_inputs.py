@@ -45,6 +45,7 @@ def w(tmp_path_factory) -> Path:
     (root / "empty.jsonl").write_text("")
     (root / "bad.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n{"text": nope}\n')
     (root / "bad.json").write_text('[{"text": "a"},\n {"text": ]\n')
+    (root / "not.parquet").write_text("hello\n")  # text under a Parquet name
     (root / "a_file").write_text("not a folder")
     # a target folder without tokenizer files, and one whose weights were cut short
     shutil.copytree(root / "target", root / "no_tokenizer")
@@ -169,6 +170,7 @@ TRAIN_CASES = {
     "dataset-blank": (["data.dataset={w}/blank.txt"], ["data.dataset", "blank.txt is empty"]),
     "dataset-bad-jsonl-line": (["data.dataset={w}/bad.jsonl"], ["data.dataset", "bad.jsonl:3", "not valid JSON"]),
     "dataset-bad-json": (["data.dataset={w}/bad.json"], ["data.dataset", "bad.json:2", "not valid JSON"]),
+    "dataset-not-parquet": (["data.dataset={w}/not.parquet"], ["data.dataset", "not.parquet", "Parquet file size"]),
     "chat-without-messages": (["data.format=chat"], ["data.messages_field", "'messages'"]),
     "eval-prompts-json": (["data.eval_prompts={w}/prompts.json"], ["data.eval_prompts", "prompts.json:2"]),
     "eval-prompts-missing": (["data.eval_prompts={w}/nope.jsonl"], ["data.eval_prompts", "nope.jsonl"]),
@@ -253,6 +255,7 @@ EVAL_CASES = {
     "output-under-a-file": ({"--output": "{w}/a_file/eval.json"}, ["--output", "a_file is a file"]),
     "save-outputs-under-a-file": ({"--save-outputs": "{w}/a_file/o.jsonl"}, ["--save-outputs", "a_file"]),
     "prompts-json": ({"--prompts": "{w}/prompts.json"}, ["prompts.json:2", "not valid JSON"]),
+    "prompts-not-parquet": ({"--prompts": "{w}/not.parquet"}, ["not.parquet", "Parquet file size"]),
     "prompts-missing": ({"--prompts": "{w}/nope.txt"}, ["nope.txt", "does not exist"]),
     "prompts-blank": ({"--prompts": "{w}/blank.txt"}, ["blank.txt", "contains no prompts"]),
     "prompts-bad-line": ({"--prompts": "{w}/bad_prompts.jsonl"}, ["bad_prompts.jsonl:2", "not valid JSON"]),

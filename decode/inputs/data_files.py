@@ -16,7 +16,7 @@ from decode.inputs.checks import read_text
 DATA_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 TEXT_DATA_SUFFIXES = tuple(s for s, builder in DATA_FILE_BUILDERS.items() if builder != "parquet")  # text files
 # datasets' builders that log a file they cannot parse at ERROR before raising (the caller's line names it better)
-BUILDER_LOGGERS = ("datasets.packaged_modules.json.json", "datasets.packaged_modules.csv.csv")
+BUILDER_LOGGERS = tuple(f"datasets.packaged_modules.{name}.{name}" for name in ("json", "csv", "parquet"))
 
 
 @contextlib.contextmanager
