@@ -6,6 +6,7 @@ import importlib.util
 import json
 import re
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -512,6 +513,36 @@ def test_vllm_target_data_without_interpreter_names_make_serving(tmp_path, monke
         generate_target_data(None, None, [[1, 2]], tmp_path / "out", max_new_tokens=4, engine="vllm")
     with pytest.raises(ValueError, match="engine"):
         generate_target_data(None, None, [[1, 2]], tmp_path / "out", max_new_tokens=4, engine="sglang")
+
+
+def test_target_data_past_the_context_is_one_line_before_vllm_and_a_warning_with_ours(tmp_path, monkeypatch,
+                                                                                         caplog):
+    """Responses whose longest prompt and max_new_tokens pass the target's context: with vLLM one line before its
+    engine starts (no worker run), naming the most new tokens that fit; our decoder writes them after a warning."""
+    from distill.data import target_data
+
+    tok = tiny_tokenizer()
+    target = tiny_model("llama", seed=0, vocab_size=len(tok))
+    target.config.max_position_embeddings = 24
+    monkeypatch.setattr(target_data, "find_vllm_python", lambda given=None: Path(sys.executable))
+    monkeypatch.setattr(vllm_engine, "run_worker", lambda *a, **k: pytest.fail("vLLM was started"))
+    prompts = [[1, 5, 6, 7], [1, 5]]
+    with pytest.raises(ServingError, match=r"^answers: the longest prompt \(4 tokens\) and max_new_tokens 16 need "
+                                           r"vLLM's max_model_len 28 \(8 spare\), past the target's context of 24 "
+                                           r"positions: vLLM refuses it; max_new_tokens 12 at most$"):
+        target_data.generate_target_data(target, tok, prompts, tmp_path / "vllm", max_new_tokens=16, engine="vllm",
+                                         target_id="t", progress=False, desc="answers")
+    with caplog.at_level("WARNING", logger="distill.data.target_data"):
+        out = target_data.generate_target_data(target, tok, prompts, tmp_path / "ours", max_new_tokens=22,
+                                               progress=False, desc="answers")
+    assert [r.getMessage() for r in caplog.records] == [
+        "answers: the longest prompt (4 tokens) and max_new_tokens 22 reach position 26, past the target's context of "
+        "24: it writes where it was not trained"]
+    assert len(out) == 2
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="distill.data.target_data"):
+        target_data.generate_target_data(target, tok, prompts, tmp_path / "fits", max_new_tokens=20, progress=False)
+    assert not caplog.records
 
 
 # ---- vLLM's dtype wherever vLLM runs: eval, data, check, a recipe --------------------------------------------------

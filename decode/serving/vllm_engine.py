@@ -149,9 +149,10 @@ def check_context(context: int | None, longest_prompt: int, max_new_tokens: int,
         return
     room = context - (needed - max_new_tokens)
     fix = f"{flag} {room} at most" if room >= 1 else "shorter prompts (--max-prompt-tokens)"
+    extra = f"{lookahead} more for drafts and {SPARE_POSITIONS} spare" if lookahead else f"{SPARE_POSITIONS} spare"
     raise ServingError(f"the longest prompt ({longest_prompt} tokens) and {flag} {max_new_tokens} need vLLM's "
-                       f"max_model_len {needed} ({needed - longest_prompt - max_new_tokens} more for drafts and "
-                       f"spare), past the target's context of {context} positions: vLLM refuses it; {fix}")
+                       f"max_model_len {needed} ({extra}), past the target's context of {context} positions: vLLM "
+                       f"refuses it; {fix}")
 
 
 def run_worker(python: Path, request: dict, timeout: float | None = None) -> dict:

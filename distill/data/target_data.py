@@ -27,6 +27,7 @@ responses of other inputs raises CacheMismatchError (a ValueError) naming what d
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -41,16 +42,19 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from decode import autoregressive_generate, speculative_generate
+from decode.inputs.checks import context_length
 from decode.loop.batched import batched_generate
 from decode.loop.drafters import DraftingKind
 from decode.loop.packed_linear import packed_linears
 from decode.loop.sampling import SamplingConfig
-from decode.serving.vllm_engine import find_vllm_python
+from decode.serving.vllm_engine import ServingError, check_context, find_vllm_python
 from distill.data.rows import padding_id
 from distill.data.shard_store import ShardStore
 from distill.data.target_vllm import VLLMEngine
 from distill.fingerprints import config_hash, full_weights_hash, token_lists_hash, vocab_hash
 from distill.utils import IGNORE_INDEX, eval_mode
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 SHARD_PROMPTS = 64  # prompts per shard by default (rounded up to a multiple of the batch size)
@@ -264,6 +268,7 @@ def generate_target_data(
                            overwrite=overwrite)
     if metadata["complete"]:
         return load_target_data(store.root)
+    check_room(target, tokenizer, prompt_ids, max_new_tokens, engine_name, desc)
 
     def make(shard: int, indices: range, scratch: Path) -> datasets.Dataset:
         responses = engine.generate_responses([prompt_ids[i] for i in indices],
@@ -279,6 +284,24 @@ def generate_target_data(
         store.fill(metadata, len(prompt_ids), make, bar, size_key="shard_size")
     store.finish(metadata)
     return load_target_data(store.root)
+
+
+def check_room(target: nn.Module, tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[Sequence[int]],
+               max_new_tokens: int, engine: str, desc: str) -> None:
+    """The longest prompt and max_new_tokens against the target's context (decode.inputs.checks.context_length):
+    vLLM would refuse the shard's max_model_len after its engine starts, so that is one line here (ServingError);
+    our decoder answers past it after one warning (the target writes where it was not trained)."""
+    context = context_length(getattr(target, "config", None), tokenizer)
+    longest = max((len(ids) for ids in prompt_ids), default=0)
+    if engine == "vllm":  # vLLM's max_model_len holds a few spare positions too (target_vllm.vllm_request)
+        try:
+            check_context(context, longest, max_new_tokens, flag="max_new_tokens")
+        except ServingError as err:
+            raise ServingError(f"{desc}: {err}") from None
+    elif context is not None and longest + max_new_tokens > context:
+        logger.warning("%s: the longest prompt (%d tokens) and max_new_tokens %d reach position %d, past the target's "
+                       "context of %d: it writes where it was not trained", desc, longest, max_new_tokens,
+                       longest + max_new_tokens, context)
 
 
 def _store(out_dir: str | os.PathLike) -> ShardStore:

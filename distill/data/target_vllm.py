@@ -31,15 +31,15 @@ def vllm_request(target_id: str, prompts: Sequence[list[int]], sampling: Samplin
                  first_index: int, max_num_seqs: int = 256, dtype: str = "float32") -> dict:
     """The worker's request for one shard: plain generation only, prompt j seeded with seed + first_index + j, the
     target in ``dtype``. Raises ServingError for a dtype vLLM is not given here."""
-    from decode.serving.vllm_engine import check_vllm_dtype
+    from decode.serving.vllm_engine import check_vllm_dtype, max_model_len
 
     check_vllm_dtype(dtype)
     longest = max(len(p) for p in prompts)
     return {"target": target_id, "prompts": [list(p) for p in prompts], "max_new_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
             "seed": sampling.seed + first_index, "stop_token_ids": None if eos_token_id is None else [eos_token_id],
-            "dtype": dtype, "max_model_len": longest + sampling.max_new_tokens + 8, "max_num_seqs": max_num_seqs,
-            "runs": []}
+            "dtype": dtype, "max_model_len": max_model_len(longest, sampling.max_new_tokens),
+            "max_num_seqs": max_num_seqs, "runs": []}
 
 
 def vllm_responses(python: Path, target_id: str, prompts: Sequence[list[int]], sampling: SamplingSettings,
