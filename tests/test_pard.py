@@ -456,7 +456,8 @@ def no_weights(monkeypatch):
                               "DFlash drafts: model.draft_kind dflash)"),
     ("distill.pard_blockz=3", "distill.pard_blockz"),
     ("model.draft_config={num_hidden_layers: 1}", "allowed: exactly one of model.draft, model.draft_layers, "
-                                                 "model.draft_config"),
+                                                 "model.draft_config (drop the other with model.draft_layers=null or "
+                                                 "model.draft_config=null)"),
 ])
 def test_pard_recipe_refusals_are_one_line(monkeypatch, capsys, no_weights, workdir, tmp_path, override, expected):
     message = cli_error(monkeypatch, capsys, RECIPE, f"model.target={workdir / 'target'}",

@@ -112,8 +112,11 @@ class StandaloneKind(Kind):
         from distill.recipe.schema import require
 
         chosen = [k for k in SOURCE_KEYS if getattr(model, k) is not None]
+        others = "the other" if len(chosen) == 2 else "all but one"
+        drop = f" (drop {others} with {' or '.join(f'model.{k}=null' for k in chosen)})" if len(chosen) > 1 else ""
         require(len(chosen) == 1, "model.draft", chosen or None,
-                "exactly one of model.draft, model.draft_layers, model.draft_config", [f"model.{k}" for k in chosen])
+                f"exactly one of model.draft, model.draft_layers, model.draft_config{drop}",
+                [f"model.{k}" for k in chosen])
         layers = model.draft_layers
         require(layers is None or layers == sorted(set(layers)), "model.draft_layers", layers,
                 "a non-empty, strictly increasing list of layer indices >= 0")
