@@ -216,6 +216,12 @@ def test_a_real_process_exits_nonzero_without_traceback(pair, tmp_path):
     assert "Traceback" not in proc.stderr and "error: could not load model" in proc.stderr
 
 
+def terminal_sigint() -> None:
+    """In the child: SIGINT as a terminal's command has it. A suite started in the background (`make test &`) hands
+    its processes SIGINT ignored, and Python then leaves it ignored: Ctrl-C would never reach the eval."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_and_exit_130(pair, tmp_path):
     """Ctrl-C while a real eval process measures: one line saying what was written, exit 130, no traceback."""
     out = tmp_path / "eval.json"
@@ -223,7 +229,7 @@ def test_ctrl_c_is_one_line_and_exit_130(pair, tmp_path):
                              "--draft", str(pair / "draft"), "--prompts", str(pair / "prompts.txt"), "--gamma", "2",
                              "--max-new-tokens", "4000", "--output", str(out)],
                             stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=terminal_sigint)
     seen = ""
     while "eval-acceptance" not in seen:  # the progress bar: measuring has begun
         seen += proc.stderr.read(1) or pytest.fail(f"eval ended before measuring: {seen[-2000:]}")
