@@ -12,6 +12,7 @@ import pytest
 from decode.measure.results import Result, read_eval_json
 from specdistill.cli import eval as eval_acceptance
 from specdistill.cli import eval_run
+from specdistill.cli.closed_pipe import CLOSED_PIPE_EXIT, quiet_on_a_closed_pipe
 
 from tiny import TINY_TEXT, perturbed_copy, save_and_load, tiny_model, tiny_tokenizer
 
@@ -287,3 +288,41 @@ def test_bad_cpu_linear_is_one_line(pair, capsys):
                             str(pair / "prompts.txt"), "--cpu-linear", "fast"], capsys)
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "--cpu-linear" in err and "invalid choice: 'fast'" in err and "Traceback" not in err
+
+
+def closed_pipe() -> int:
+    """The write end of a pipe whose reader has already left (`specdistill ... | head -1`, head done)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+@pytest.mark.parametrize("job", ["eval", "check"])
+def test_a_reader_that_leaves_early_ends_the_command_quietly_and_loses_nothing(job, pair, tmp_path):
+    """stdout piped into a reader that has gone: exit 141 (as a tool SIGPIPE ends) without a traceback or Python's
+    "Exception ignored" line, and the JSON the command was asked for is written all the same."""
+    out = tmp_path / f"{job}.json"
+    argv = {"eval": ["--prompts", str(pair / "prompts.txt"), "--gamma", "2", "--max-new-tokens", "4",
+                     "--output", str(out)],
+            "check": ["--json", str(out)]}[job]
+    stdout = closed_pipe()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "specdistill.cli.main", job, "--target", str(pair / "target"),
+                               "--draft", str(pair / "draft"), *argv], stdout=stdout, stderr=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).parents[1], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        os.close(stdout)
+    assert proc.returncode == CLOSED_PIPE_EXIT, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+    assert json.loads(out.read_text())["target"] == str(pair / "target")
+
+
+def test_a_broken_pipe_elsewhere_is_raised_as_it_is():
+    """A BrokenPipeError that is not stdout's or stderr's (a socket, a child's stdin) is not taken for a reader that
+    left: it propagates."""
+    @quiet_on_a_closed_pipe
+    def command() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        command()

@@ -32,6 +32,7 @@ from decode.inputs.command_line import CHAT_TEMPLATE_MODES, REQUEST_TIMEOUT_S, O
 from decode.inputs.writes import write_atomic
 from decode.measure.table import markdown_table
 from kinds import Kind, kind_of_source
+from specdistill.cli.closed_pipe import quiet_on_a_closed_pipe
 
 # the loaders, the servers and the load generator are imported where they run (after the parse): `--help` and usage
 # errors answer before torch loads
@@ -305,12 +306,12 @@ def run(args: argparse.Namespace) -> dict:
               "levels": compare_levels(plain["levels"], speculative["levels"])}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.output, json.dumps(report, indent=2) + "\n")
+    if args.plot:  # the files before the table: a reader who leaves early (`| head`) loses nothing
+        plot(args.plot, report)
     tau = f"{report['tau']:.3f}" if report["tau"] else "-"
     print(f"{kind.name} draft, gamma {gamma}, tau {tau} (vLLM's counters); greedy output = the target's on "
           f"{equal}/{len(checked)} prompts\n")
     print("\n".join(table(report)))
-    if args.plot:
-        plot(args.plot, report)
     if equal != len(checked):
         raise ServerError(f"speculative greedy output differs from the target's on {len(checked) - equal} of "
                           f"{len(checked)} prompts (report: {args.output}); in bfloat16 or float16 a many-token verify "
@@ -318,6 +319,7 @@ def run(args: argparse.Namespace) -> dict:
     return report
 
 
+@quiet_on_a_closed_pipe
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-bench-serve`: user errors exit 1 with one line; Ctrl-C and SIGTERM stop the
     servers (SIGTERM unwinds as SystemExit 143, through the blocks that stop them)."""

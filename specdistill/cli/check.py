@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from decode.inputs.command_line import VLLM_DTYPE_CHOICES, OneLineArgumentParser
+from specdistill.cli.closed_pipe import quiet_on_a_closed_pipe
 
 PROG = "specdistill-check"  # the command's name; `specdistill check` runs the same code (specdistill.cli.main)
 
@@ -71,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
     if python is not None:
         report = check_serve(report, python, dtype=resolve_vllm_dtype(args.vllm_dtype))
 
-    # ---- report -----------------------------------------------------------------------------------------------
+    # ---- report: the JSON before the lines, so that a reader who leaves early (`| head`) loses nothing -----------
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.json, json.dumps(report.to_dict(), indent=2) + "\n")
     print("\n".join(report.lines()))
     verdict = "passed" if report.passed else f"FAILED ({len(report.problems)} of the checks)"
     if report.serve is not None:
@@ -79,12 +83,10 @@ def run(args: argparse.Namespace) -> int:
               f"{report.serve['mean_accepted_tokens']:.2f}, speculative greedy output = plain on "
               f"{report.serve['greedy_match']:.0%} of the prompts")
     print(f"\ndeployment check {verdict}\n\n{serving_commands(report)}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(args.json, json.dumps(report.to_dict(), indent=2) + "\n")
     return 0 if report.passed else 1
 
 
+@quiet_on_a_closed_pipe
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-check` (argv: sys.argv[1:] when None): user errors exit 1 with one line."""
     args = parse_args(argv, prog)  # --help and usage errors answer here, before torch loads

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from decode.inputs.command_line import CHAT_TEMPLATE_MODES, VLLM_DTYPE_CHOICES, OneLineArgumentParser
 from distill.recipe.data_config import PROMPT_CATEGORIES
+from specdistill.cli.closed_pipe import quiet_on_a_closed_pipe
 
 ENGINES = ("specdistill", "vllm")
 PROG = "specdistill-data"  # the command's name; `specdistill data` runs the same code (specdistill.cli.main)
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> Path:
     return run(parse_args(argv, prog))
 
 
+@quiet_on_a_closed_pipe
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-data` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
     traceback."""

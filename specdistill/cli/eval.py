@@ -37,6 +37,7 @@ from decode.inputs.command_line import (
     OneLineArgumentParser,
 )
 from kinds.prompt_lookup import PROMPT_LOOKUP
+from specdistill.cli.closed_pipe import quiet_on_a_closed_pipe
 
 ENGINES = ("specdistill", "vllm", "both")
 PROG = "specdistill-eval"  # the command's name; `specdistill eval` runs the same code (specdistill.cli.main)
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     return run(parse_args(argv, prog))
 
 
+@quiet_on_a_closed_pipe
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-eval` (argv: sys.argv[1:] when None): user errors exit 1 with one line."""
     args = parse_args(argv, prog)  # --help and usage errors answer here, before torch loads

@@ -157,15 +157,16 @@ def run(args: argparse.Namespace) -> dict:
                           parity=parity_rows(results, vllm, args.parity_tolerance),
                           target_match_vllm=plain_match(response, outputs, settings))
 
-    # ---- report -------------------------------------------------------------------------------------------
-    print_report(args, report)
+    # ---- report: the files before the table, so that a reader who leaves early (`| head`) loses nothing ------
     if args.output:
         write_eval_json(args.output, report)
-        print(f"wrote {args.output}")
     if args.save_outputs:
         args.save_outputs.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(args.save_outputs, "".join(json.dumps(o) + "\n" for o in outputs))
-        print(f"wrote {args.save_outputs}")
+    print_report(args, report)
+    for written in (args.output, args.save_outputs):
+        if written:
+            print(f"wrote {written}")
     return report
 
 

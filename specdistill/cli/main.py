@@ -23,6 +23,8 @@ from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import NoReturn
 
+from specdistill.cli.closed_pipe import quiet_on_a_closed_pipe
+
 PROG = "specdistill"
 
 
@@ -112,6 +114,7 @@ def job_module(job: Job) -> ModuleType:
     return importlib.import_module(job.module)
 
 
+@quiet_on_a_closed_pipe
 def cli(argv: list[str] | None = None) -> None:
     """Console entry point `specdistill` (argv: sys.argv[1:] when None): no arguments print the help (exit 0)."""
     argv = sys.argv[1:] if argv is None else argv

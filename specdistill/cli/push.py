@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from decode.inputs.command_line import OneLineArgumentParser
+from specdistill.cli.closed_pipe import quiet_on_a_closed_pipe
 
 PROG = "specdistill-push"  # the command's name; `specdistill push` runs the same code (specdistill.cli.main)
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     return 0
 
 
+@quiet_on_a_closed_pipe
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-push` (argv: sys.argv[1:] when None): exit 1 with one line on an error."""
     from decode.inputs.command_line import interrupted_in_one_line

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from decode.inputs.command_line import OneLineArgumentParser
+from specdistill.cli.closed_pipe import quiet_on_a_closed_pipe
 from specdistill.cli.launch import check_launch, leave_launch_directly, print_once
 
 # The module stays light (argparse, no torch) until it runs a recipe: `specdistill train --help` answers at once;
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> dict:
     return outcome.summary
 
 
+@quiet_on_a_closed_pipe
 def cli(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Console entry point `specdistill-train` (argv: sys.argv[1:] when None): user errors exit 1 with one line, no
     traceback; an error every process of a launch meets alike is printed once; each process of a launch that is
