@@ -263,12 +263,12 @@ def gamma_problems(config: dict, keys: ParallelKeys, gamma: int | None) -> dict[
 def parallel_commands(report: DeployReport, method: str, step_runs: str, default_gamma: int) -> str:
     """specdistill-eval and vLLM (``method`` with parallel_drafting) at the folder's gamma, else ``default_gamma``;
     ``step_runs``: what one step runs ("one draft forward")."""
-    from decode.deploy.serving_commands import serve_alone_line, vllm_serve, vllm_speculative_config
+    from decode.deploy.serving_commands import eval_line, serve_alone_line, vllm_serve, vllm_speculative_config
 
     gamma = report.gamma or default_gamma
     spec = vllm_speculative_config(method, report.draft, gamma, VLLM_OPTIONS)
     return f"""# specdistill's own decoder (the same measurement as the trainer's)
-specdistill-eval --target {report.target} --draft {report.draft} --prompts PROMPTS --gamma {gamma}
+{eval_line(report.target, report.draft, gamma)}
 
 # vLLM ({step_runs} per step)
 {serve_alone_line(report.draft)}{vllm_serve(report.target, spec)}"""

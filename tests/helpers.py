@@ -153,3 +153,14 @@ def record_packing(monkeypatch, module, name: str) -> list[bool]:
 
     monkeypatch.setattr(module, name, recording)
     return seen
+
+
+def as_bash_runs_them(commands: str) -> list[list[str]]:
+    """The commands a printed block (`specdistill check`'s serving commands) runs, each as the argument list bash
+    hands it: the block runs in bash as printed, with vllm, python, specdistill-eval and specdistill stand-ins that
+    only record their arguments."""
+    record = 'printf "%s\\x1f" "$0" "$@"; printf "\\x1e"'
+    stand_ins = "".join(f'{name}() {{ {record.replace("$0", name)}; }}\n'
+                        for name in ("vllm", "python", "specdistill-eval", "specdistill"))
+    out = subprocess.run(["bash", "-c", stand_ins + commands], capture_output=True, text=True, check=True).stdout
+    return [record.split("\x1f")[:-1] for record in out.split("\x1e")[:-1]]

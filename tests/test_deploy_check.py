@@ -1,4 +1,5 @@
 """specdistill-check: every check fails on a draft crafted to break it, and all pass on a good draft."""
+import ast
 import json
 import shutil
 import sys
@@ -6,10 +7,12 @@ import sys
 import pytest
 import torch
 
+from decode.deploy.deploy_check import DEFAULT_GAMMA
 from kinds.standalone.deploy import CHECKS
 from specdistill.cli import check as check_script
-from specdistill.drafts import check_deploy
+from specdistill.drafts import check_deploy, serving_commands
 
+from helpers import as_bash_runs_them
 from tiny import tiny_model, tiny_tokenizer
 
 GAMMA = 3
@@ -179,3 +182,28 @@ def test_serving_commands_with_a_gamma_variable_expand_to_the_commands_with_that
                                                   "do printf '%s\\n' \"$w\"; done"],
                                    capture_output=True, text=True, check=True).stdout.splitlines()
             assert words == shlex.split(want.replace("\\\n", " "))
+
+
+@pytest.mark.parametrize("gamma", [GAMMA, None])
+def test_the_serving_commands_run_as_printed_from_any_folder_name(gamma, pair, tmp_path):
+    """Folders with a space, a quote and a $ in their names: each printed command, run by bash as printed, hands
+    the paths to vLLM, SGLang and transformers unchanged (and $GAMMA, when the draft names no gamma, expands)."""
+    target, draft = tmp_path / "my models" / "target", tmp_path / "my models" / "bob's $draft"
+    shutil.copytree(pair / "target", target)
+    shutil.copytree(pair / "good", draft)
+    if gamma is None:
+        edit_json(draft / "generation_config.json", num_assistant_tokens=None)
+    report = check_deploy(str(target), str(draft))
+    commands = {args[0] + (" -c" if "-c" in args else ""): args
+                for args in as_bash_runs_them(serving_commands(report))}
+    vllm = commands["vllm"]
+    assert vllm[:3] == ["vllm", "serve", str(target)]
+    spec = json.loads(vllm[vllm.index("--speculative-config") + 1])
+    assert spec["model"] == str(draft) and spec["num_speculative_tokens"] == (gamma or DEFAULT_GAMMA)
+    sglang = commands["python"]
+    assert sglang[sglang.index("--model-path") + 1] == str(target)
+    assert sglang[sglang.index("--speculative-draft-model-path") + 1] == str(draft)
+    script = commands["python -c"][2]
+    loaded = [node.args[0].value for node in ast.walk(ast.parse(script))
+              if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "from_pretrained"]
+    assert loaded == [str(target), str(target), str(draft)]

@@ -10,8 +10,9 @@ from test_deploy_check import edit_json, run_cli
 
 from kinds.eagle3.deploy import HEAD_CHECKS
 from kinds.eagle3.model import Eagle3Head, head_config
-from specdistill.drafts import check_deploy
+from specdistill.drafts import check_deploy, serving_commands
 
+from helpers import as_bash_runs_them
 from tiny import tiny_model, tiny_tokenizer
 
 GAMMA = 3
@@ -111,3 +112,18 @@ def test_a_head_without_a_gamma_is_a_warning_not_a_failure(heads, tmp_path):
     report = check_deploy(str(heads / "target"), head)
     assert report.passed and list(report.warnings) == ["generation_config"] and report.gamma is None
     assert "WARN generation_config: " in "\n".join(report.lines())
+
+
+def test_a_heads_serving_commands_run_as_printed_from_any_folder_name(heads, tmp_path):
+    """A head and its target in folders with a space, a quote and a $: specdistill-eval, both vLLM lines and SGLang,
+    run by bash as printed, get the paths unchanged."""
+    target, head = tmp_path / "my models" / "target", tmp_path / "my models" / "bob's $head"
+    shutil.copytree(heads / "target", target)
+    shutil.copytree(heads / "good", head)
+    commands = as_bash_runs_them(serving_commands(check_deploy(str(target), str(head))))
+    evaluate, *vllm, sglang = commands
+    assert evaluate[:5] == ["specdistill-eval", "--target", str(target), "--draft", str(head)]
+    assert all(alone == ["vllm", "serve", str(head)] for alone in vllm[:-1])  # the speculators format: the head alone
+    assert vllm[-1][:3] == ["vllm", "serve", str(target)] and json.loads(vllm[-1][-1])["model"] == str(head)
+    assert sglang[sglang.index("--model-path") + 1] == str(target)
+    assert sglang[sglang.index("--speculative-draft-model-path") + 1] == str(head)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -400,14 +401,17 @@ def test_fsdp2_head_with_frozen_parts_and_a_top_k_teacher_matches_one_process(wo
 
 def test_the_data_command_builds_the_cache_a_later_run_reads(workdir, monkeypatch, capsys):
     """`specdistill-data hidden-states RECIPE ...` builds the cache (without touching the run's output folder);
-    the run then reads it and never runs the target for it."""
+    the run then reads it and never runs the target for it. The train line it prints runs as printed (an output
+    folder with a space in its name is one word)."""
     from distill.data import hidden_cache
     from specdistill.cli import data as data_command
 
-    cache, out = workdir / "cache_by_command", workdir / "after_command"
+    cache, out = workdir / "cache_by_command", workdir / "after the command"
     argv = [HEAD_RECIPE, f"model.target={workdir / 'target'}", f"data.dataset={workdir / 'code.txt'}",
             f"train.output_dir={out}", "train.report_to=[]", *STEPS, f"distill.hidden_state_cache={cache}"]
     assert data_command.main(["hidden-states", *argv]) == cache
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert shlex.split(printed.split("; train with ", 1)[1]) == ["specdistill-train", *argv]
     assert json.loads((cache / METADATA_FILE).read_text())["complete"] and not out.exists()
 
     def no_target(*_args, **_kwargs):

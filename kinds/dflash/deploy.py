@@ -24,7 +24,7 @@ from decode.deploy.deploy_check import (
     draft_tensors,
     load_target_config,
 )
-from decode.deploy.serving_commands import serve_alone_line, vllm_serve, vllm_speculative_config
+from decode.deploy.serving_commands import eval_line, serve_alone_line, vllm_serve, vllm_speculative_config
 from kinds.dflash.model import DEFAULT_BLOCK_SIZE, DFlashDraft, fit_problems, read_config
 
 FIT_CHECKS = ("hidden_size", "vocab", "target_layers", "mask_token", "block_size", "attention")
@@ -78,7 +78,7 @@ def dflash_commands(report: DeployReport) -> str:
     gamma = report.gamma or DEFAULT_GAMMA
     spec = vllm_speculative_config("dflash", report.draft, gamma)
     return f"""# specdistill's own decoder (the same measurement as the trainer's)
-specdistill-eval --target {report.target} --draft {report.draft} --prompts PROMPTS --gamma {gamma}
+{eval_line(report.target, report.draft, gamma)}
 
 # vLLM
 {serve_alone_line(report.draft)}{vllm_serve(report.target, spec)}"""

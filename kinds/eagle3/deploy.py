@@ -30,7 +30,13 @@ from decode.deploy.deploy_check import (
     draft_tensors,
     load_target_config,
 )
-from decode.deploy.serving_commands import serve_alone_line, sglang_launch, vllm_serve, vllm_speculative_config
+from decode.deploy.serving_commands import (
+    eval_line,
+    serve_alone_line,
+    sglang_launch,
+    vllm_serve,
+    vllm_speculative_config,
+)
 from kinds.eagle3.model import WEIGHTS_FILE, aux_layer_ids, fit_problems, read_config
 
 HEAD_CHECKS = ("safetensors", "aux_layers", "hidden_size", "vocab", "lm_head", "d2t", "dtype", "generation_config")
@@ -102,7 +108,7 @@ def head_serving_commands(target: str, draft: str, gamma: int, layers: int = 1) 
     sglang = (sglang_launch(target, draft, "EAGLE3", gamma) if layers == 1 else
               f"# not served: SGLang's EAGLE3 runs one-layer heads only, this head has {layers} (serve it with vLLM)")
     return f"""# specdistill's own decoder (the same measurement as the trainer's)
-specdistill-eval --target {target} --draft {draft} --prompts PROMPTS --gamma {gamma}
+{eval_line(target, draft, gamma)}
 
 # vLLM
 {alone}{vllm_serve(target, spec)}

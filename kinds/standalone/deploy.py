@@ -18,7 +18,7 @@ from decode.deploy.deploy_check import (
     draft_tensors,
     load_target_parts,
 )
-from decode.deploy.serving_commands import sglang_launch, vllm_serve, vllm_speculative_config
+from decode.deploy.serving_commands import in_double_quotes, sglang_launch, vllm_serve, vllm_speculative_config
 from decode.inputs.loading import LoadError, first_line
 
 CHECKS = ("safetensors", "tokenizer", "vocab", "max_position_embeddings", "rope", "dtype", "generation_config")
@@ -65,9 +65,9 @@ def model_commands(report: DeployReport, method: str) -> str:
 # transformers (assisted generation, drafting exactly gamma tokens per step)
 python -c "
 from transformers import AutoModelForCausalLM, AutoTokenizer
-tok = AutoTokenizer.from_pretrained('{target}')
-target = AutoModelForCausalLM.from_pretrained('{target}', dtype='auto', device_map='auto')
-draft = AutoModelForCausalLM.from_pretrained('{draft}', dtype='auto', device_map='auto')
+tok = AutoTokenizer.from_pretrained({in_double_quotes(repr(target))})
+target = AutoModelForCausalLM.from_pretrained({in_double_quotes(repr(target))}, dtype='auto', device_map='auto')
+draft = AutoModelForCausalLM.from_pretrained({in_double_quotes(repr(draft))}, dtype='auto', device_map='auto')
 draft.generation_config.update(num_assistant_tokens={gamma}, num_assistant_tokens_schedule='constant',
                                assistant_confidence_threshold=0.0)
 inputs = tok.apply_chat_template([{{'role': 'user', 'content': 'Hello'}}], add_generation_prompt=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import time
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def recipe_hidden_states(recipe_file: str, overrides: list[str]) -> Path:
     checked = prepare_data(recipe, recipe_file, overrides)
     folder = Path(checked.distill.hidden_state_cache)
     print(f"specdistill-data hidden-states: the cache of {recipe_file} is complete in {folder}; train with "
-          f"specdistill-train {recipe_file}{''.join(' ' + o for o in overrides)}")
+          f"{shlex.join(['specdistill-train', str(recipe_file), *overrides])}")
     return folder
 
 
