@@ -220,6 +220,32 @@ def test_a_repositorys_recipe_run_from_another_folder_names_where_its_paths_are(
     check_paths_beside_the_recipe(load_recipe(recipe, [f"model.target={w}/target"]), recipe)  # found as given
 
 
+@pytest.mark.parametrize("data", ["code.txt", "rows.jsonl", "prompts.csv"])
+def test_a_datasets_cache_that_cannot_be_written_is_one_line(data, w, no_weights, monkeypatch, capsys, tmp_path):
+    """datasets writes every local file it reads into its cache first: a cache it cannot create (HF_HOME naming a
+    file; a read-only or full home answers alike) is one line naming the folder and the fix, for train's data and
+    eval's prompts, before any weight loads."""
+    import datasets
+
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", blocked / "datasets")
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": TINY_TEXT}) + "\n" for _ in range(4)))
+    (tmp_path / "prompts.csv").write_text('prompt\n"def add(a, b):"\n')
+    fix = (f"datasets cannot write its cache in {blocked / 'datasets'} (Not a directory): set HF_DATASETS_CACHE (or "
+           "HF_HOME) to a writable folder with room")
+    if data == "prompts.csv":
+        argv = ["--target", f"{w}/target", "--draft", f"{w}/draft", "--prompts", str(tmp_path / data), "--quiet"]
+        line = one_error_line(eval_acceptance.cli, "specdistill-eval", argv, monkeypatch, capsys)
+        assert line == f"error: prompts {tmp_path / data}: {fix}", line
+        return
+    source = w / data if data == "code.txt" else tmp_path / data
+    argv = [RECIPE, f"model.target={w}/target", f"data.dataset={source}", f"train.output_dir={tmp_path}/out"]
+    line = one_error_line(train_script.cli, "specdistill-train", argv, monkeypatch, capsys)
+    assert line == f"specdistill-train: error: data.dataset: {fix}", line
+    logging.getLogger().handlers.clear()
+
+
 def test_train_a_training_checkpoint_as_the_target_names_the_runs_export(w, no_weights, monkeypatch, capsys, tmp_path):
     """model.target=OUT/checkpoint-2 (weights, tokenizer and trainer state, no config.json): one line naming OUT as
     the run's export (it was a traceback from transformers' config loader)."""

@@ -1,10 +1,12 @@
 """Local data files: which `datasets` builder reads each suffix (the one map), and one-line explanations for files
 that `datasets` refuses with a generic message (or a bare StopIteration): an empty file, and the first line of a
 .json/.jsonl file that is not valid JSON; `datasets`' own log of such a file is held back while it reads
-(`own_error_lines`), so that the one line is the only one."""
+(`own_error_lines`), so that the one line is the only one; and the one line for a cache `datasets` cannot write
+(`cache_write_problem`: a read-only or full home, HF_HOME naming a file)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 from collections.abc import Iterator
@@ -76,3 +78,18 @@ def first_bad_json_line(files: list[str]) -> str | None:
             if not isinstance(row, dict):
                 return f"{file}:{number}: expected a JSON object per line, got {type(row).__name__}"
     return None
+
+
+def cache_write_problem(err: OSError) -> str | None:
+    """The line for an OSError that `datasets` met writing its cache (every local file it reads is written there as
+    Arrow first): the cache folder, the reason and the fix; None for an OSError about anything else."""
+    import datasets
+
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    name = Path(err.filename) if getattr(err, "filename", None) else None
+    about_cache = name is not None and (name == cache or name in cache.parents or cache in name.parents)
+    if not about_cache and err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    reason = err.strerror or type(err).__name__
+    return (f"datasets cannot write its cache in {cache} ({reason}): set HF_DATASETS_CACHE (or HF_HOME) to a "
+            "writable folder with room")

@@ -33,6 +33,7 @@ from decode.inputs.command_line import CHAT_TEMPLATE_MODES
 from decode.inputs.data_files import (
     DATA_FILE_BUILDERS,
     TEXT_DATA_SUFFIXES,
+    cache_write_problem,
     first_bad_json_line,
     first_empty_file,
     own_error_lines,
@@ -182,6 +183,8 @@ def load_prompt_dataset(source: str, split: str, config: str | None):
     except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError, OSError) as err:
         if isinstance(err, (LoadError, FileProblem)):
             raise LoadError(str(err)) from None
+        if isinstance(err, OSError) and cache_write_problem(err):
+            raise LoadError(f"prompts {source}: {cache_write_problem(err)}") from None
         if Path(source).is_file():  # name the empty file or the bad line that datasets' generic message hides
             problem = first_bad_json_line([source]) or (f"{source} is empty" if first_empty_file([source]) else None)
             if problem:

@@ -24,7 +24,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from decode.inputs.checks import FileProblem, check_text_file
-from decode.inputs.data_files import DATA_FILE_BUILDERS, first_bad_json_line, first_empty_file, own_error_lines
+from decode.inputs.data_files import (
+    DATA_FILE_BUILDERS,
+    cache_write_problem,
+    first_bad_json_line,
+    first_empty_file,
+    own_error_lines,
+)
 from decode.inputs.loading import LoadError
 from decode.inputs.prompts import (
     PromptRow,
@@ -116,6 +122,11 @@ def load_rows(cfg: DataConfig) -> datasets.Dataset:
         reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise DataError(f"data.dataset: {bad_line}" if bad_line else
                         f"data.dataset: cannot load {cfg.dataset!r} (split {cfg.split!r}): {reason}") from None
+    except OSError as err:  # datasets writes every file it reads into its cache first
+        line = cache_write_problem(err)
+        if line is None:
+            raise
+        raise DataError(f"data.dataset: {line}") from None
     if cfg.max_samples is not None:
         rows = rows.select(range(min(cfg.max_samples, len(rows))))
     return rows
