@@ -4,6 +4,7 @@ same logits as transformers' own GGUF loading, reused afterwards, and one clear 
 The tiny GGUF is written here with the `gguf` package the way llama.cpp's converter writes a Llama (Q/K rows
 permuted for its rope layout, a byte-level BPE vocabulary with its merges), so the round trip is exact.
 """
+import errno
 import hashlib
 import json
 import shutil
@@ -254,6 +255,30 @@ def test_a_failure_or_a_kill_mid_way_leaves_no_entry(tiny, cache, monkeypatch):
     folder = Path(resolve_model_path(file))
     assert (folder / DONE_FILE).is_file() and (folder / "model.safetensors").is_file()
     assert sorted(p.name for p in cache.iterdir()) == [digest]
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_naming_it(tiny, tmp_path, monkeypatch):
+    """$SPECDISTILL_CACHE under a file (a read-only home answers alike), and a disk that fills while the folder is
+    written: one line naming the cache folder and what to set; nothing left behind."""
+    file, _ = tiny
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    monkeypatch.setenv("SPECDISTILL_CACHE", str(blocked))
+    with pytest.raises(LoadError) as error:
+        resolve_model_path(file)
+    assert str(error.value) == (f"cannot write the converted folder of {file.name} in {blocked / 'gguf'} (Not a "
+                                "directory): set SPECDISTILL_CACHE to a writable folder with room for a float32 copy "
+                                "of the model")
+
+    monkeypatch.setenv("SPECDISTILL_CACHE", str(tmp_path / "cache"))
+
+    def disk_full(_file, out):
+        out.mkdir(parents=True)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(gguf_cache, "write_plain_folder", disk_full)
+    with pytest.raises(LoadError, match=r"\(No space left on device\): set SPECDISTILL_CACHE to a writable folder"):
+        resolve_model_path(file)
+    assert list((tmp_path / "cache" / "gguf").iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------

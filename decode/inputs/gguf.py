@@ -134,8 +134,18 @@ def loose(architecture: str) -> str:
 
 
 def convert_gguf(file: Path, folder: Path, digest: str) -> None:
-    """Build ``folder`` from ``file``: checked first, written under a temporary sibling, renamed into place."""
+    """Build ``folder`` from ``file``: checked first, written under a temporary sibling, renamed into place. A cache
+    that cannot be written (a read-only or full home) is a GGUFProblem naming it and $SPECDISTILL_CACHE."""
     check_gguf(file)
+    try:
+        write_converted(file, folder, digest)
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise GGUFProblem(f"cannot write the converted folder of {file.name} in {folder.parent} ({reason}): set "
+                          f"{CACHE_ENV} to a writable folder with room for a float32 copy of the model") from None
+
+
+def write_converted(file: Path, folder: Path, digest: str) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(folder.parent, digest)
     partial = folder.parent / f"{PARTIAL_PREFIX}{digest}-{socket.gethostname()}-{os.getpid()}"
