@@ -146,6 +146,7 @@ def convert_gguf(file: Path, folder: Path, digest: str) -> None:
 
 
 def write_converted(file: Path, folder: Path, digest: str) -> None:
+    """The conversion's writes: a `.partial-` sibling of ``folder``, filled, marked done and renamed into place."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(folder.parent, digest)
     partial = folder.parent / f"{PARTIAL_PREFIX}{digest}-{socket.gethostname()}-{os.getpid()}"
