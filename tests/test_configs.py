@@ -171,6 +171,30 @@ def test_overrides_parse_values_as_yaml(tmp_path):
     assert recipe.train.report_to == [] and recipe.hub.repo_id == "a/b"
 
 
+def test_a_home_folder_path_is_expanded_where_the_shell_left_it(tmp_path, monkeypatch):
+    """`~/...` in the YAML and in a `key=~/...` override (bash leaves a ~ after `model.target=` as it is) is the home
+    folder's path; a ~ elsewhere in a string, and `~user`, stay as written."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    text = "model:\n  target: ~/models/target\n  draft: d\ndata:\n  dataset: ~/a.txt\n  split: b~c\n"
+    recipe = load_recipe(write(tmp_path, text), ["train.output_dir=~/runs/x", "hub.repo_id=me/x~y",
+                                                 "model.tokenizer=~other/tok"])
+    home = tmp_path / "home"
+    assert recipe.model.target == f"{home}/models/target" and recipe.train.output_dir == f"{home}/runs/x"
+    assert recipe.data.dataset == f"{home}/a.txt" and recipe.data.split == "b~c"
+    assert recipe.hub.repo_id == "me/x~y" and recipe.model.tokenizer == "~other/tok"
+
+
+def test_a_flag_given_as_flag_equals_home_path_is_expanded(tmp_path, monkeypatch):
+    """`--target=~/x` (bash expands no ~ after `--flag=`) and a quoted '~/x': every command's parser reads the home
+    folder's path, for string and Path flags alike."""
+    from specdistill.cli import eval as eval_cli
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = eval_cli.parse_args(["--target=~/t", "--draft", "~/d", "--prompts", "~/p.jsonl", "--output=~/e.json"])
+    assert (args.target, args.draft, args.prompts) == (f"{tmp_path}/t", f"{tmp_path}/d", f"{tmp_path}/p.jsonl")
+    assert args.output == tmp_path / "e.json"
+
+
 def test_override_into_an_empty_section(tmp_path):
     assert load_recipe(write(tmp_path, MINIMAL + "train:\n"), ["train.max_steps=3"]).train.max_steps == 3
 

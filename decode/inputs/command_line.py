@@ -1,14 +1,17 @@
 """What every command's parser shares: a usage error as one line (`OneLineArgumentParser`), number flags that are
-finite (`finite_float`), Ctrl-C as one line (`interrupted_in_one_line`) and the choices the flags offer. The
-choices live here, in a module that imports no torch, so that a command's parser, its `--help` and its usage errors
-answer before any model code loads; the modules that act on them import them from here."""
+finite (`finite_float`), a `~` the shell left in a path expanded (`home_expanded`), Ctrl-C as one line
+(`interrupted_in_one_line`) and the choices the flags offer. The choices live here, in a module that imports no
+torch, so that a command's parser, its `--help` and its usage errors answer before any model code loads; the modules
+that act on them import them from here."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import math
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")  # --chat-template: auto = conversations only (decode.inputs.prompts)
 # --cpu-linear (decode.loop.packed_linear): packed then tuned per row count, packed at every row count, or as loaded
@@ -37,13 +40,23 @@ def finite_float(text: str) -> float:
     return value
 
 
+def home_expanded(text: str) -> str:
+    """A path whose `~` the shell left as it was (`--target=~/models/x`, `model.target=~/models/x`, a quoted
+    '~/x', a recipe's YAML) with the home folder in its place, as the shell writes `~/x`; any other text unchanged
+    (only `~` and `~/...` are taken for the home folder)."""
+    return os.path.expanduser(text) if text == "~" or text.startswith("~/") else text
+
+
 class OneLineArgumentParser:
     """Mixin for argparse.ArgumentParser: a usage error is one line `PROG: error: ...` and exit status 1
-    (argparse prints the usage block and exits 2), and `type=float` flags are read by `finite_float`."""
+    (argparse prints the usage block and exits 2), `type=float` flags are read by `finite_float`, and string and
+    `type=Path` flags by `home_expanded`."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.register("type", float, finite_float)  # argparse looks a flag's type up in this registry first
+        self.register("type", None, home_expanded)  # a flag without a type: its string
+        self.register("type", Path, lambda text: Path(home_expanded(text)))
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
         import sys

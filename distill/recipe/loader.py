@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from decode.inputs.checks import read_text
+from decode.inputs.command_line import home_expanded
 from decode.inputs.writes import write_atomic
 from distill.recipe.schema import OVERRIDE_SOURCE, RecipeError, key_error, short_type, unknown_key
 from distill.recipe.sections import SECTIONS, Recipe
@@ -56,6 +57,15 @@ def _apply_override(raw: dict[str, dict], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def home_paths(values: Any) -> Any:
+    """A section's values with `~` and `~/...` strings as paths in the home folder
+    (decode.inputs.command_line.home_expanded): a recipe's YAML and a `key=~/...` override are never expanded by
+    the shell."""
+    if not isinstance(values, dict):
+        return values
+    return {key: home_expanded(value) if isinstance(value, str) else value for key, value in values.items()}
+
+
 def _where(err: RecipeError, source: str, override_keys: typing.Collection[str]) -> str:
     """The command line when an override set the key at fault (or another key of its rule), else `source`."""
     keys = (err.key, *err.involves)
@@ -71,6 +81,7 @@ def build_recipe(raw: dict[str, Any], schema: type[Recipe], source: str = "<dict
     if not isinstance(raw, dict):
         raise RecipeError("<top level>", f"expected a mapping of sections {SECTIONS}, got {type(raw).__name__}",
                           source)
+    raw = {name: home_paths(values) for name, values in raw.items()}
     for name in raw:
         if name not in section_types:
             raise unknown_key(str(name), SECTIONS).located(source)
