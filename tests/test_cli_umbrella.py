@@ -87,6 +87,18 @@ def test_version_is_the_installed_distribution(capsys):
     assert run(umbrella.cli, ["--version"], capsys) == Ran(0, f"specdistill {version('specdistill')}\n", "")
 
 
+def test_python_dash_m_specdistill_is_the_command():
+    """`python -m specdistill ...` (a venv whose scripts are not on PATH) answers as `specdistill ...` does."""
+    done = subprocess.run([sys.executable, "-m", "specdistill", "evl"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("specdistill: error: unknown job 'evl'; did you mean 'eval'? (jobs: data, train, "
+                                   "eval, check, bench-serve, push)")
+    version_line = subprocess.run([sys.executable, "-m", "specdistill", "--version"], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=120).stdout
+    assert version_line == f"specdistill {version('specdistill')}\n"
+
+
 def test_the_top_level_help_loads_no_torch():
     program = ("import sys\nfrom specdistill.cli.main import cli\ntry:\n    cli(['--help'])\n"
                "except SystemExit:\n    pass\n"

@@ -90,8 +90,9 @@ def reference_markdown() -> str:
     umbrella = build_parser()
     lines = ["# Command-line reference", "",
              f"Generated from the commands' own parsers by `{GENERATE}`: change a flag's help there, not here.", "",
-             "Every job runs as `specdistill JOB ...` or as its alias `specdistill-JOB ...`: the same code, flags, "
-             "exit codes and errors.", ""]
+             "Every job runs as `specdistill JOB ...`, as `python -m specdistill JOB ...` or as its alias "
+             "`specdistill-JOB ...`: the same code, flags, exit codes and errors. A reader that leaves early "
+             "(`specdistill check ... | head`) ends a command with exit 141 and no traceback.", ""]
     lines += parser_section(umbrella, 2)
     lines += ["| job | what it does | alias |", "|---|---|---|"]
     lines += [f"| `{job.name}` | {cell(job.summary)} | `{job.alias}` |" for job in JOBS]
