@@ -17,6 +17,7 @@ from distill.publish.hub import HubError, upload_plan
 from distill.publish.model_card import load_eval_results
 from specdistill.cli.push import main
 from specdistill.drafts import build_model_card, push_to_hub, write_card
+from tests.helpers import as_bash_runs_them
 from tests.tiny import tiny_model
 
 SECRET = "hf_secretvalue"
@@ -370,3 +371,22 @@ def test_cli_upload_success(run_dir, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, api, [str(run_dir), "--repo-id", "me/d", "--private"])
     assert code == 0 and err == "" and "https://huggingface.co/me/d" in out
     assert api.calls[0][1]["private"] is True and api.calls[1][0] == "upload_folder"
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "parallel"])
+def test_the_cards_specdistill_eval_line_runs_as_typed(kind):
+    """The card's own measurement command, as bash hands it to specdistill-eval (PROMPTS filled in), is one that
+    specdistill-eval's parser takes: --prompts included, a target folder with a space kept whole."""
+    from kinds.dflash.card import dflash_usage_section
+    from kinds.eagle3.card import head_usage_section
+    from kinds.parallel_drafting import usage_section
+    from specdistill.cli import eval as eval_cli
+
+    target = "my models/target"
+    section = {"eagle3": lambda: head_usage_section(target, "me/head", 3),
+               "dflash": lambda: dflash_usage_section(target, "me/dflash", 3),
+               "parallel": lambda: usage_section("pard", "one draft forward", target, "me/pard", 3)}[kind]()
+    [line] = [line for line in section.splitlines() if line.startswith("specdistill-eval ")]
+    [argv] = as_bash_runs_them(line.replace(" PROMPTS ", " prompts.jsonl "))
+    args = eval_cli.parse_args(argv[1:])
+    assert (args.target, args.prompts, args.gamma) == (target, "prompts.jsonl", [3])
