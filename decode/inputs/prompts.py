@@ -183,8 +183,9 @@ def load_prompt_dataset(source: str, split: str, config: str | None):
     except (datasets.exceptions.DatasetsError, FileNotFoundError, ConnectionError, ValueError, OSError) as err:
         if isinstance(err, (LoadError, FileProblem)):
             raise LoadError(str(err)) from None
-        if isinstance(err, OSError) and cache_write_problem(err):
-            raise LoadError(f"prompts {source}: {cache_write_problem(err)}") from None
+        cache = cache_write_problem(err) if isinstance(err, OSError) else None
+        if cache:
+            raise LoadError(f"prompts {source}: {cache}") from None
         if Path(source).is_file():  # name the empty file or the bad line that datasets' generic message hides
             problem = first_bad_json_line([source]) or (f"{source} is empty" if first_empty_file([source]) else None)
             if problem:
