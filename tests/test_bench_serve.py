@@ -74,7 +74,7 @@ def test_a_server_that_dies_is_one_line_naming_its_log(tmp_path):
 @pytest.mark.parametrize("sigint", ["default", "ignored"])
 def test_the_server_is_stopped_when_the_block_fails(sigint, tmp_path, monkeypatch):
     """A fake server that answers /health (python -m http.server): the block raises, the process is gone after, at
-    once, also when it ignores SIGINT (as every process of a command started with `nohup ... &` does)."""
+    once, also when it ignores SIGINT (as every process of a command a script starts with `&` does)."""
     trap = "trap '' INT\n" if sigint == "ignored" else ""  # inherited by what the shell execs: Python keeps it
     script = f'{trap}exec {sys.executable} -m http.server "$6" --bind 127.0.0.1 >/dev/null 2>&1\n'
     python = fake_python(tmp_path / "bin", script)

@@ -133,9 +133,8 @@ def last_line(log: Path) -> str:
 def stop(process: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (vLLM shuts its engine down, as on SIGINT), SIGKILL after
     STOP_TIMEOUT_S; then whatever of the group is left (an engine process holding the port) is killed, and the group
-    waited for until it is empty. SIGTERM, not SIGINT: a command started in the background (`nohup ... &`, a
-    script's `&`) hands its children SIGINT ignored, and a process that ignores it would hold the port until the
-    SIGKILL."""
+    waited for until it is empty. SIGTERM, not SIGINT: a command that a script starts in the background (`cmd &`) hands
+    its children SIGINT ignored, and a process that ignores it would hold the port until the SIGKILL."""
     for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, STOP_TIMEOUT_S)):
         if process.poll() is not None:
             break
