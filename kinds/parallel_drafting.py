@@ -286,7 +286,7 @@ def parallel_line(config: dict, keys: ParallelKeys, slots_read: str = "") -> str
 def usage_section(method: str, about: str, target: str, repo_id: str, gamma: int | None) -> str:
     """'## Usage' of a parallel draft: ``about`` (its paragraph; {target}, {g} and {why} are filled in), vLLM
     (``method`` with parallel_drafting) and specdistill-eval at ``gamma`` (4, an untuned default, when None)."""
-    from decode.deploy.serving_commands import eval_line, vllm_speculative_config
+    from decode.deploy.serving_commands import PROMPTS_NOTE, eval_line, vllm_speculative_config
     from distill.publish.card_usage import vllm_usage
 
     g = gamma if gamma is not None else 4
@@ -301,7 +301,7 @@ def usage_section(method: str, about: str, target: str, repo_id: str, gamma: int
 ### specdistill (the decoder that measured it)
 
 ```bash
-# PROMPTS: your prompts, a .jsonl ({{"prompt": ...}} per line) or a .txt (one per line)
+{PROMPTS_NOTE}
 {eval_line(target, repo_id, g)}
 ```
 """

@@ -60,6 +60,9 @@ def sglang_launch(target: str, draft: str, algorithm: str, gamma: int | str) -> 
             f"    --speculative-num-draft-tokens {draft_tokens}")
 
 
+PROMPTS_NOTE = '# PROMPTS: your prompts, a .jsonl ({"prompt": ...} per line) or a .txt (one per line)'
+
+
 def eval_line(target: str, draft: str, gamma: int | str) -> str:
     """specdistill's own measurement of ``draft`` next to ``target`` (PROMPTS: the user's prompts file)."""
     return (f"specdistill-eval --target {shlex.quote(target)} --draft {shlex.quote(draft)} --prompts PROMPTS "

@@ -1,7 +1,7 @@
 """What a DFlash draft's model card says: its architecture line and its '## Usage' (vLLM dflash, specdistill-eval)."""
 from __future__ import annotations
 
-from decode.deploy.serving_commands import eval_line, vllm_speculative_config
+from decode.deploy.serving_commands import PROMPTS_NOTE, eval_line, vllm_speculative_config
 from distill.publish.card_usage import vllm_usage
 from kinds.base import CardText
 from kinds.dflash.model import ARCHITECTURE
@@ -32,7 +32,7 @@ the same cost. The target's output distribution is unchanged. `gamma = {g}` is {
 ### specdistill (the decoder that measured it)
 
 ```bash
-# PROMPTS: your prompts, a .jsonl ({{"prompt": ...}} per line) or a .txt (one per line)
+{PROMPTS_NOTE}
 {eval_line(target, repo_id, g)}
 ```
 """

@@ -2,7 +2,7 @@
 specdistill-eval)."""
 from __future__ import annotations
 
-from decode.deploy.serving_commands import eval_line, sglang_launch, vllm_speculative_config
+from decode.deploy.serving_commands import PROMPTS_NOTE, eval_line, sglang_launch, vllm_speculative_config
 from distill.publish.card_usage import vllm_usage
 from kinds.base import CardText
 from kinds.eagle3.model import ARCHITECTURE
@@ -41,7 +41,7 @@ target's input embedding is shared, not stored here). The target's output distri
 ### specdistill (the decoder that measured it)
 
 ```bash
-# PROMPTS: your prompts, a .jsonl ({{"prompt": ...}} per line) or a .txt (one per line)
+{PROMPTS_NOTE}
 {eval_line(target, repo_id, g)}
 ```
 """
