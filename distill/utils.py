@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import signal
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,9 +106,35 @@ def plain_class(module: nn.Module) -> type:
 
 # test hook: SPECDISTILL_KILL_AT=name[:K] SIGKILLs the process the K-th time it reaches crash_point(name);
 # SPECDISTILL_KILL_SIGNAL=TERM (INT, USR1, ...) sends that signal instead (a preemption at an exact moment)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # a scheduler's preemption, Ctrl-C, SLURM's --signal
+# The signals that stop a run or a cache build cleanly: a scheduler's preemption, Ctrl-C, SLURM's --signal and the
+# terminal closing (a dropped SSH session); handled as stop_signals() says
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again later"; schedulers' requeue hooks can key on it
 INTERRUPTED_TWICE_EXIT = 130
+
+
+def stop_signals() -> tuple[int, ...]:
+    """The STOP_SIGNALS this process handles: all of them, but SIGHUP where it is ignored (nohup ignores it, and so
+    may a parent that wants its child to outlive the terminal): such a process goes on when its terminal closes, as
+    nohup promises."""
+    return tuple(sig for sig in STOP_SIGNALS if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN)
+
+
+def leave_a_closed_terminal(signum: int) -> None:
+    """On SIGHUP: the terminal is gone and every write to it fails (EIO), so the progress bar's next line, a log
+    line or the closing one would end the process before it saves. stdout and stderr that are a terminal (a
+    character device) write to /dev/null from here on; files and pipes stay as they are (a run started with
+    `> log 2>&1` goes on logging there). Nothing for other signals."""
+    if signum != signal.SIGHUP:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 KILL_ENV = "SPECDISTILL_KILL_AT"
 SIGNAL_ENV = "SPECDISTILL_KILL_SIGNAL"

@@ -331,12 +331,12 @@ def one_process(workdir) -> Path:
                "train.per_device_train_batch_size=6")
 
 
-def assert_same_run(out: Path, reference: Path, cache: Path) -> None:
-    """The same loss curve and weights as the one-process run, from a cache equal to its cache; acceptance measured
-    at both checkpoints on rank 0."""
+def assert_same_run(out: Path, reference: Path, cache: Path, atol: float = 1e-6) -> None:
+    """The same loss curve and weights (within `atol`) as the one-process run, from a cache equal to its cache;
+    acceptance measured at both checkpoints on rank 0."""
     assert train_losses(out / "checkpoint-4") == pytest.approx(train_losses(reference / "checkpoint-4"), rel=2e-5)
     for name in ("checkpoint-2", "checkpoint-4"):
-        assert_same_weights(reference / name / "model.safetensors", out / name / "model.safetensors")
+        assert_same_weights(reference / name / "model.safetensors", out / name / "model.safetensors", atol=atol)
     ours, theirs = load_hidden_cache(cache), load_hidden_cache(reference.parent / "cache_chat")
     assert ours.metadata["dataset_hash"] == theirs.metadata["dataset_hash"]
     for got, want in zip(ours.features(range(len(ours))), theirs.features(range(len(theirs)))):
@@ -359,7 +359,12 @@ def test_zero3_head_from_the_cache_matches_one_process(workdir, one_process, tmp
     torchrun(launcher, HEAD_RECIPE, f"model.target={workdir / 'target'}", f"train.output_dir={out}",
              "train.report_to=[]", *distributed_args(workdir, "cache_zero3"), "train.per_device_train_batch_size=3",
              timeout=400)
-    assert_same_run(out, one_process, workdir / "cache_zero3")
+    # ZeRO-3 sums the gradients in another order. With the head's attention started as the target's layer (the kind's
+    # default head_attn_init: target) some q / k gradients are differences of nearly equal terms (|g| ~ 1e-6), and
+    # Adam's m / sqrt(v) turns their float32 rounding into update differences of up to ~lr * 1e-3: 4.4e-6 on 6 of 2048
+    # q_proj entries on an AVX-512 EPYC (none on AVX2). 2e-5 is under 1% of one step (lr 3e-3); a wrong row, shard
+    # or step moves most entries by about lr.
+    assert_same_run(out, one_process, workdir / "cache_zero3", atol=2e-5)
 
 
 @pytest.mark.integration

@@ -6,6 +6,7 @@ with SPECDISTILL_KILL_SIGNAL sends it to the run itself as step K begins. Outsid
 loaded, the export) the same signals end the run with 75 and one line too, and resume ends bit for bit."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -200,3 +201,65 @@ def test_a_run_that_fails_mid_training_leaves_the_handlers_as_they_were(workdir,
     with pytest.raises(RuntimeError, match="a step that fails"):
         train.main(command(workdir, str(tmp_path / "failed"))[2:])
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+@pytest.mark.integration
+def test_a_closed_terminal_saves_the_step_in_progress(workdir):
+    """A run in a terminal that closes (an SSH session dropped without tmux or nohup): the kernel sends SIGHUP, and
+    every later write to the terminal fails. The run saves the step it was in and exits 75, preempted.json naming
+    SIGHUP; the progress bar's writes after the hang-up go nowhere instead of ending the run unsaved."""
+    import pty
+    import select
+
+    out = workdir / "hung_up"
+    argv = command(workdir, "hung_up", "train.max_steps=100000", "train.save_steps=100000",
+                   "train.report_to=[tensorboard]")
+    pid, terminal = pty.fork()  # the child's stdout and stderr are the terminal; it is the session's leader
+    if pid == 0:
+        os.chdir(ROOT)
+        os.execve(argv[0], argv, ENV)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((out / "runs").glob("*")):
+        if select.select([terminal], [], [], 0.2)[0]:  # read what the run writes, as a terminal does
+            with contextlib.suppress(OSError):
+                os.read(terminal, 65536)
+    assert time.monotonic() < deadline, "training never began"
+    end = time.monotonic() + 2
+    while time.monotonic() < end:  # a few steps with the progress bar running
+        if select.select([terminal], [], [], 0.1)[0]:
+            os.read(terminal, 65536)
+    os.close(terminal)  # the terminal closes: SIGHUP to the run
+    hung_up = time.monotonic()
+    while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() - hung_up < 60:
+        time.sleep(0.1)
+    if waited == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the run did not stop within 60 s of its terminal closing")
+    assert os.waitstatus_to_exitcode(waited[1]) == PREEMPTED_EXIT
+    note = json.loads((out / STOP_FILE).read_text())
+    assert note["signal"] == "SIGHUP" and note["step"] > 0
+    assert (out / f"checkpoint-{note['step']}" / "trainer_state.json").is_file()
+
+
+def test_under_nohup_a_closed_terminal_changes_nothing():
+    """SIGHUP ignored (nohup): training's handler and the handler outside training leave it ignored, and a SIGHUP
+    neither stops the run nor touches its output; the other stop signals are handled as always."""
+    script = (
+        "import os, signal, sys\n"
+        "from distill.run.preemption import PreemptionCallback, stop_signals_raise\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+        "with stop_signals_raise():\n"
+        "    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN\n"
+        "    callback = PreemptionCallback(grace_s=60.0)\n"
+        "    callback.install()\n"
+        "    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN\n"
+        "    assert signal.getsignal(signal.SIGTERM) == callback._handle\n"
+        "    os.kill(os.getpid(), signal.SIGHUP)\n"
+        "    assert callback.received is None\n"
+        "    callback.uninstall()\n"
+        "print('still here', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout == "still here\n", done.stderr[-2000:]

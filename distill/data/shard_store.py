@@ -15,7 +15,8 @@ A folder holding a build of the same spec is resumed after its last complete sha
 one of another spec raises CacheMismatchError naming every difference, unless overwrite=True deletes it. Every shard
 holds a manifest of its files' sha256 digests (decode.inputs.manifest), written before the shard's rename; a shard
 whose bytes changed since (a flipped bit, a partial copy) is deleted with one warning and built again, in a complete
-build as in an interrupted one. SIGTERM, SIGINT or SIGUSR1 during `fill` (a scheduler's preemption, Ctrl-C) lets the
+build as in an interrupted one. SIGTERM, SIGINT, SIGUSR1 or SIGHUP during `fill` (a scheduler's preemption, Ctrl-C, a
+terminal that closes; SIGHUP not where it is ignored, as under nohup) lets the
 shard in progress finish and stops with ShardBuildStopped (the commands exit 75 with one line); running the same
 command again resumes after it. A second SIGINT exits at once (130).
 """
@@ -42,12 +43,13 @@ from decode.inputs.manifest import manifest_problems, write_manifest
 from decode.inputs.writes import write_atomic
 from distill.utils import (
     INTERRUPTED_TWICE_EXIT,
-    STOP_SIGNALS,
     crash_point,
     folder_bytes,
     human_bytes,
+    leave_a_closed_terminal,
     no_space,
     out_of_space,
+    stop_signals,
 )
 
 logger = logging.getLogger(__name__)
@@ -76,22 +78,23 @@ class ShardBuildStopped(Exception):
 
 @contextlib.contextmanager
 def signals_noted() -> Iterator[list[int]]:
-    """While inside: SIGTERM, SIGINT and SIGUSR1 are noted in the yielded list instead of killing the process (a
-    second SIGINT exits at once with 130); the previous handlers come back after. Outside the main thread: nothing
-    is handled (the list stays empty)."""
+    """While inside: the stop signals (distill.utils.stop_signals) are noted in the yielded list instead of killing
+    the process (a second SIGINT exits at once with 130); the previous handlers come back after. Outside the main
+    thread: nothing is handled (the list stays empty)."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
 
     def note(signum: int, frame) -> None:
+        leave_a_closed_terminal(signum)
         if received and signum == signal.SIGINT:
             os._exit(INTERRUPTED_TWICE_EXIT)
         if not received:
             logger.warning("%s received: finishing the shard in progress, then stopping", signal.Signals(signum).name)
         received.append(signum)
 
-    previous = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, note) for sig in stop_signals()}
     try:
         yield received
     finally:

@@ -117,8 +117,9 @@ class RunFolderKeys(Section):
         False, description="Start a new run in an output_dir that holds one (its checkpoints, logs and export are "
                            "deleted); without it such a run is refused.")
     preemption_grace_s: float = Field(
-        30.0, gt=0, description="After SIGTERM, SIGINT or SIGUSR1 (a scheduler's notice before it kills): the step in "
-                                "progress ends, a checkpoint of it is saved and the run exits with code 75 "
+        30.0, gt=0, description="After SIGTERM, SIGINT, SIGUSR1 or SIGHUP (a scheduler's notice before it kills, a "
+                                "terminal that closes): the step in progress ends, a checkpoint of it is saved and "
+                                "the run exits with code 75 "
                                 "(resume_from_checkpoint=true continues bit for bit); past this many seconds it exits "
                                 "at once, the last complete checkpoint kept. 30 = SLURM's default KillWait.")
 

@@ -1,5 +1,8 @@
 """Preemption: the signals a cluster sends before it kills (SLURM, Kubernetes and spot instances send SIGTERM and wait
-a grace period; a user presses Ctrl-C; SLURM's --signal sends SIGUSR1) stop a run cleanly.
+a grace period; a user presses Ctrl-C; SLURM's --signal sends SIGUSR1; a terminal that closes, a dropped SSH session,
+sends SIGHUP) stop a run cleanly. After SIGHUP, stdout and stderr that were the terminal write nowhere (a write to it
+would fail and end the run unsaved): preempted.json says what happened. Under nohup (SIGHUP ignored) a run goes on
+when its terminal closes, as nohup promises.
 
     signal arrives            -> noted (the first one); a watchdog starts: after train.preemption_grace_s the process
                                  exits with PREEMPTED_EXIT whatever it is doing (what resume reads is then the last
@@ -35,7 +38,14 @@ from transformers import TrainerCallback
 
 from decode.inputs.writes import write_atomic
 from distill.outputs.run_folder import RECIPE_FILE
-from distill.utils import INTERRUPTED_TWICE_EXIT, PREEMPTED_EXIT, STOP_SIGNALS, crash_point  # noqa: F401
+from distill.utils import (  # noqa: F401 - PREEMPTED_EXIT: read from here by the commands and tests
+    INTERRUPTED_TWICE_EXIT,
+    PREEMPTED_EXIT,
+    STOP_SIGNALS,
+    crash_point,
+    leave_a_closed_terminal,
+    stop_signals,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +99,10 @@ def stop_signals_raise() -> Iterator[None]:
         return
 
     def handler(signum: int, frame) -> None:
+        leave_a_closed_terminal(signum)  # SIGHUP: the one line would go to a terminal that is gone
         raise StoppedOutsideTraining(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    previous = {sig: signal.signal(sig, handler) for sig in stop_signals()}
     try:
         yield
     finally:
@@ -115,7 +126,7 @@ class PreemptionCallback(TrainerCallback):
         """Handle SIGNALS in this process (the main thread only can; elsewhere the run keeps the default handlers)."""
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in SIGNALS:
+        for sig in stop_signals():
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
@@ -124,6 +135,7 @@ class PreemptionCallback(TrainerCallback):
         self._previous = {}
 
     def _handle(self, signum: int, frame) -> None:
+        leave_a_closed_terminal(signum)  # SIGHUP: the progress bar's next write to a terminal that is gone would fail
         if self.received is not None:
             if signum == signal.SIGINT:  # Ctrl-C twice: the user does not want to wait
                 os._exit(INTERRUPTED_TWICE_EXIT)

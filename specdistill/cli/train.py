@@ -20,8 +20,9 @@ OUTPUT_DIR (train.output_dir) ends up holding the best draft (distill.outputs.ac
 speedup from measured acceptance, cost ratios measured once per run) as a model folder,
 recipe.yaml (the resolved recipe), acceptance.jsonl, train_results.json, checkpoint-*/ and runs/ (TensorBoard).
 
-Exit status: 0 done; 1 a mistake in what was given (one line); 75 stopped by SIGTERM, SIGINT or SIGUSR1 after saving
-a checkpoint of the step in progress (preempted.json says which; train.resume_from_checkpoint=true continues).
+Exit status: 0 done; 1 a mistake in what was given (one line); 75 stopped by SIGTERM, SIGINT, SIGUSR1 or SIGHUP (the
+terminal closed; not under nohup) after saving a checkpoint of the step in progress (preempted.json says which;
+train.resume_from_checkpoint=true continues). 1 too when train.output_dir is in use by another live run.
 """
 from __future__ import annotations
 
