@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from accelerate import PartialState
 
+from decode.inputs.folder_lock import RUN_LOCK, release_folder
 from distill.data.rows import held_in_prompts
 from distill.data.sources import training_rows, with_synthesized_prompts
 from distill.models.fsdp import fsdp_enabled, shard_for_inference
 from distill.models.load import load_models
-from distill.outputs.run_lock import release_output_folder
 from distill.publish.export import export_run
 from distill.recipe.sections import Recipe
 from distill.run.callbacks import AcceptanceCallback
@@ -50,7 +50,7 @@ class RunOutcome:
 def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> RunOutcome:
     """Run `recipe` (loaded from the file `source` with the key=value `overrides`, which errors name) end to end.
     Raises the errors of each step (RecipeError, DataError, ModelSetupError, FileProblem, PushError, ...). The check
-    step locks train.output_dir for this process (distill.outputs.run_lock); it is let go however the run ends."""
+    step locks train.output_dir for this process (decode.inputs.folder_lock); it is let go however the run ends."""
     output_dir = recipe.train.output_dir
     try:
         # 1. check: nothing heavy yet; a run found finished is left as it is
@@ -96,7 +96,7 @@ def run_recipe(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Ru
         distilled.end()  # every process leaves together
         return RunOutcome(summary)
     finally:  # however the run ends
-        release_output_folder(output_dir)
+        release_folder(output_dir, RUN_LOCK)
 
 
 def prepare_data(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> Recipe:
@@ -114,4 +114,4 @@ def prepare_data(recipe: Recipe, source: str, overrides: Sequence[str] = ()) -> 
             training_rows(checked.recipe, data, target, draft, checked.tokenizer, checked.args)
             return checked.recipe
         finally:
-            release_output_folder(scratch)
+            release_folder(scratch, RUN_LOCK)

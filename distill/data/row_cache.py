@@ -58,10 +58,11 @@ def padded_batches(dataset: datasets.Dataset, rows: range, batch_size: int,
 
 def build_row_shards(store: ShardStore, metadata: dict[str, Any], dataset: datasets.Dataset, model: nn.Module,
                      make_rows: RowMaker, features: datasets.Features, *, desc: str,
-                     progress: bool) -> dict[str, Any]:
+                     progress: bool, **summary: Any) -> dict[str, Any]:
     """Write every shard of `store` not on disk yet (shard s: the rows make_rows yields for its rows of `dataset`,
     written by `datasets` in batches of rows into a scratch folder), with `model` in eval mode meanwhile; then mark
-    the build complete with num_positions, build_seconds and bytes_on_disk. Returns the metadata."""
+    the build complete with num_positions, build_seconds, bytes_on_disk and the caller's `summary` keys. Returns the
+    metadata."""
 
     def make(index: int, rows: range, scratch: Path) -> datasets.Dataset:
         return datasets.Dataset.from_generator(make_rows, features=features, gen_kwargs={"rows": rows, "bar": bar},
@@ -75,7 +76,8 @@ def build_row_shards(store: ShardStore, metadata: dict[str, Any], dataset: datas
             tqdm(total=len(dataset), desc=desc, unit="row", disable=not progress) as bar:
         store.fill(metadata, len(dataset), make, bar)
     return store.finish(metadata, num_positions=int(row_lengths(dataset).sum()),
-                        build_seconds=round(time.perf_counter() - started, 3), bytes_on_disk=store.bytes_on_disk())
+                        build_seconds=round(time.perf_counter() - started, 3), bytes_on_disk=store.bytes_on_disk(),
+                        **summary)
 
 
 def open_rows(store: ShardStore, metadata: dict[str, Any], features: datasets.Features) -> datasets.Dataset:

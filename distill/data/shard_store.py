@@ -19,6 +19,10 @@ build as in an interrupted one. SIGTERM, SIGINT, SIGUSR1 or SIGHUP during `fill`
 terminal that closes; SIGHUP not where it is ignored, as under nohup) lets the
 shard in progress finish and stops with ShardBuildStopped (the commands exit 75 with one line); running the same
 command again resumes after it. A second SIGINT exits at once (130).
+
+One builder at a time: `start` holds the folder's build lock (decode.inputs.folder_lock) until `finish`, so the runs
+of a sweep started at once that share a cache wait for the one building it (one line says for which process) and
+find it complete, instead of writing the same shards over each other.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ import datasets
 from tqdm.auto import tqdm
 
 from decode.inputs.checks import read_text
+from decode.inputs.folder_lock import BUILD_LOCK, hold_folder, release_folder
 from decode.inputs.manifest import manifest_problems, write_manifest
 from decode.inputs.writes import write_atomic
 from distill.utils import (
@@ -172,9 +177,11 @@ class ShardStore:
         """The metadata of this build: a complete one of `spec` as stored, else a new or interrupted one (written
         back with complete False; an interrupted build keeps its own shard size, stored under `size_key`)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        hold_folder(self.root, BUILD_LOCK, waiting=f"{self.what} {self.root}")  # one builder; let go by finish
         stored = self._existing(spec, overwrite)
         if stored is not None and stored["complete"]:
             if not self.drop_corrupt_shards(stored["num_shards"]):
+                release_folder(self.root, BUILD_LOCK)
                 return stored
             stored["complete"] = False  # the callers fill what was dropped, then finish
             self.write_metadata(stored)
@@ -245,9 +252,11 @@ class ShardStore:
         return dropped
 
     def finish(self, metadata: dict[str, Any], **summary: Any) -> dict[str, Any]:
-        """Mark the build complete (with `summary` keys added) and write it; returns the metadata."""
+        """Mark the build complete (with `summary` keys added), write it and let go of the build's lock; returns the
+        metadata."""
         metadata.update(complete=True, **summary)
         self.write_metadata(metadata)
+        release_folder(self.root, BUILD_LOCK)
         return metadata
 
     def load_shards(self, metadata: dict[str, Any]) -> list[datasets.Dataset]:

@@ -10,7 +10,7 @@ or column is named before any weight loads.
 
 The output folder (distill.outputs.run_folder): a fresh run into a folder that holds a previous run is refused (nothing
 is ever overwritten silently); train.resume_from_checkpoint=true continues it, train.overwrite_output_dir=true
-deletes that run when training starts. A folder another live run holds (distill.outputs.run_lock) is refused too.
+deletes that run when training starts. A folder another live run holds (decode.inputs.folder_lock) is refused too.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from decode.inputs.checks import (
     check_writable_folder,
     read_text,
 )
+from decode.inputs.folder_lock import RUN_LOCK, FolderInUse, hold_folder
 from distill.data.dataset import build_data
 from distill.data.rows import DistillData
 from distill.models.distributed import check_device_mode, check_fsdp_devices
@@ -45,7 +46,6 @@ from distill.outputs.checkpoints import (
     verified_latest,
 )
 from distill.outputs.run_folder import RECIPE_FILE, previous_run_files, read_results, recipe_changes
-from distill.outputs.run_lock import FolderInUse, hold_output_folder
 from distill.recipe.sections import OVERRIDE_SOURCE, Recipe, RecipeError, check_precision
 from distill.recipe.train_config import training_arguments
 
@@ -230,7 +230,7 @@ def plan_run(recipe: Recipe, source: str) -> RunPlan:
             raise RecipeError("train.output_dir", f"{output_dir} is the folder of {key}; the run would write over "
                               "it: choose another folder", source)
     try:  # the folder is this run's from here to its end (specdistill.pipeline lets go): a second run is refused
-        hold_output_folder(output_dir)
+        hold_folder(output_dir, RUN_LOCK)
     except FolderInUse as err:
         raise RecipeError("train.output_dir", str(err), source) from None
     used = previous_run_files(output_dir)
