@@ -73,6 +73,24 @@ def test_only_the_main_process_of_a_launch_locks(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_other_processes_of_a_launch_refuse_a_folder_another_launch_holds(tmp_path, monkeypatch):
+    """RANK 1 does not lock, but where a process of another launch (whose parent is not this process's launcher)
+    holds the folder it stops with the main process's line; held by its own launch's main process (the same
+    parent), it goes on."""
+    monkeypatch.setenv("RANK", "1")
+    folder = tmp_path / "run"
+    process = holder(folder)  # its parent: this process, not this process's parent
+    try:
+        with pytest.raises(FolderInUse, match=f"is in use by another run \\(pid {process.pid}: "):
+            hold_folder(folder, RUN_LOCK)
+        monkeypatch.setattr(os, "getppid", os.getpid)  # as if this process and the holder shared their launcher
+        hold_folder(folder, RUN_LOCK)
+        hold_folder(folder, BUILD_LOCK, waiting="a cache")  # a build lock: the main process alone waits
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
 @pytest.mark.integration
 def test_a_second_resume_into_a_running_folder_is_one_line_and_touches_nothing(tmp_path):
     """specdistill-train with train.resume_from_checkpoint=true into a folder another run holds: exit 1 with one line
@@ -145,3 +163,32 @@ def test_two_data_commands_into_one_folder_at_once_end_as_one_alone(tmp_path):
     subprocess.run([*command, "--out", str(tmp_path / "alone")], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=300)
     assert (tmp_path / "shared" / "train.jsonl").read_text() == (tmp_path / "alone" / "train.jsonl").read_text()
+
+
+@pytest.mark.integration
+def test_a_two_process_launch_into_a_held_folder_stops_at_once_and_says_it_once(tmp_path):
+    """`accelerate launch` of 2 processes resuming a folder another run holds: both processes stop within seconds
+    (the second did wait in the process group's set-up for the main one until the launcher killed it, 30 s later),
+    and the line is printed once."""
+    from helpers import accelerate_command
+
+    folder = tmp_path / "run"
+    process = holder(folder)
+    (folder / "checkpoint-4").mkdir()  # something to resume: the folder's checks pass on every process
+    (folder / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    started = time.monotonic()
+    try:
+        done = subprocess.run(accelerate_command(ROOT / "scripts" / "train.py", TINY_RECIPE,
+                                                 f"train.output_dir={folder}", "train.resume_from_checkpoint=true",
+                                                 f"model.target={tmp_path / 'target'}",
+                                                 f"data.dataset={tmp_path / 'code.txt'}"),
+                              cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **CHILD_ENV, "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(ROOT)})
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    assert done.returncode != 0
+    assert time.monotonic() - started < 25, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "is in use by another run" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"specdistill-train: error: {TINY_RECIPE}: train.output_dir: "
+                                                   f"{folder} is in use by another run (pid {process.pid}: "), lines

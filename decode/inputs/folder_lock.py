@@ -14,8 +14,9 @@ refused) and a cache build (BUILD_LOCK, distill.data.shard_store: runs of a swee
 teacher or hidden-state cache wait for the one building it, instead of writing the same shards over each other). The
 kernel lets go of a lock when its process ends, however it ends (SIGKILL, a lost node): no stale lock is ever left to
 delete by hand. Nothing is written into the file (it is created empty once), so a process that only reads the
-folder changes no file. Only the main process of a launch (RANK 0, or a process outside one) locks: when it is
-refused and exits, the launcher ends the others. flock holds across hosts on NFS (Linux emulates it with POSIX locks
+folder changes no file. Only the main process of a launch (RANK 0, or a process outside one) locks; where a process
+of another launch holds a run's folder (/proc/locks), the other processes of this launch are refused with the same
+line, so the whole launch stops at once and says it once. flock holds across hosts on NFS (Linux emulates it with POSIX locks
 there; the holder is then named as on another machine); where ``fcntl`` does not exist (Windows), or the file
 system has no locks, nothing is locked (a warning says so).
 """
@@ -51,7 +52,11 @@ def hold_folder(folder: str | Path, name: str, *, waiting: str | None = None) ->
     Without `waiting`, raises FolderInUse when another process holds it; with it, logs one line starting with
     `waiting` and waits. A no-op on ranks other than 0, where this process holds it already, or without locks."""
     path = Path(folder).expanduser().resolve() / name
-    if fcntl is None or path in _held or int(os.environ.get("RANK", "0")) != 0:
+    if fcntl is None or path in _held:
+        return
+    if int(os.environ.get("RANK", "0")) != 0:
+        if waiting is None:
+            refuse_as_the_main_process_will(path, Path(folder))
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = None
@@ -75,6 +80,28 @@ def hold_folder(folder: str | Path, name: str, *, waiting: str | None = None) ->
     _held[path] = fd
 
 
+def refuse_as_the_main_process_will(path: Path, folder: Path) -> None:
+    """On a process of a launch other than the main one: raise the FolderInUse the main process meets when a process
+    of another launch holds `path` (its parent is not this process's launcher), so that every process of the
+    launch stops at once with the same line (printed once: specdistill.cli.launch.print_once) instead of waiting
+    for the main one in a collective until the launcher kills it. Held by this launch's main process, or not
+    held: nothing. A holder on another machine is left to the main process."""
+    try:
+        inode = os.stat(path).st_ino
+    except OSError:
+        return
+    pid = holder_pid(inode)
+    if pid is None:
+        return
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        parent = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    except (OSError, StopIteration, ValueError):
+        return
+    if parent != os.getppid():
+        raise FolderInUse(folder, lock_holder(inode))
+
+
 def release_folder(folder: str | Path, name: str) -> None:
     """Let go of the lock hold_folder took on `folder` through `name` (nothing when this process holds none)."""
     fd = _held.pop(Path(folder).expanduser().resolve() / name, None)
@@ -82,20 +109,27 @@ def release_folder(folder: str | Path, name: str) -> None:
         os.close(fd)
 
 
-def lock_holder(inode: int) -> str:
-    """Who holds the flock on the file with this inode, from /proc/locks (Linux; a line reads
-    `1: FLOCK  ADVISORY  WRITE 3353 08:01:1234567 0 EOF`): "pid 3353: its command line", on one line, shortened."""
+def holder_pid(inode: int) -> int | None:
+    """The pid holding a flock on the file with this inode, from /proc/locks (Linux; a line reads
+    `1: FLOCK  ADVISORY  WRITE 3353 08:01:1234567 0 EOF`, a waiter's `1: -> FLOCK ...`); None when none shows."""
     try:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
-        lines = []
+        return None
     for fields in (line.split() for line in lines):
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
-            pid = fields[4]
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                return f"pid {pid}"
-            command = " ".join(command.split())  # one line: a `python -c` program holds newlines
-            return f"pid {pid}: {command[:117] + '...' if len(command) > 120 else command}"
-    return "a process on another machine, or one this machine does not show"
+            return int(fields[4])
+    return None
+
+
+def lock_holder(inode: int) -> str:
+    """Who holds the flock on the file with this inode: "pid 3353: its command line", on one line, shortened."""
+    pid = holder_pid(inode)
+    if pid is None:
+        return "a process on another machine, or one this machine does not show"
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"pid {pid}"
+    command = " ".join(command.split())  # one line: a `python -c` program holds newlines
+    return f"pid {pid}: {command[:117] + '...' if len(command) > 120 else command}"
