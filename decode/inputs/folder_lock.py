@@ -16,9 +16,9 @@ kernel lets go of a lock when its process ends, however it ends (SIGKILL, a lost
 delete by hand. Nothing is written into the file (it is created empty once), so a process that only reads the
 folder changes no file. Only the main process of a launch (RANK 0, or a process outside one) locks; where a process
 of another launch holds a run's folder (/proc/locks), the other processes of this launch are refused with the same
-line, so the whole launch stops at once and says it once. flock holds across hosts on NFS (Linux emulates it with POSIX locks
-there; the holder is then named as on another machine); where ``fcntl`` does not exist (Windows), or the file
-system has no locks, nothing is locked (a warning says so).
+line, so the whole launch stops at once and says it once. flock holds across hosts on NFS (Linux emulates it with
+POSIX locks there; the holder is then named as on another machine); where ``fcntl`` does not exist (Windows), or the
+file system has no locks, nothing is locked (a warning says so).
 """
 from __future__ import annotations
 

@@ -218,21 +218,18 @@ def build_hidden_cache(
     if metadata["complete"]:
         return _open(store, metadata)
     make_rows = _row_maker(target, dataset, spec.aux_layers, batch_size, spec.dtype)
+    values = (len(metadata["aux_layers"]) + 1) * metadata["hidden_size"]  # per token: k aux layers' and the final
     metadata = build_row_shards(store, metadata, dataset, target, make_rows, _features(metadata),
                                 desc="target hidden states", progress=progress,
-                                bytes_per_token=_values(metadata) * STORAGE_DTYPES[metadata["dtype"]].itemsize)
+                                bytes_per_token=values * STORAGE_DTYPES[metadata["dtype"]].itemsize)
     _log_size(store, metadata)
     return _open(store, metadata)
 
 
-def _values(metadata: dict[str, Any]) -> int:
-    """Values stored per token: (k + 1) H', the k aux layers' hidden states and the final one."""
-    return (len(metadata["aux_layers"]) + 1) * metadata["hidden_size"]
-
-
 def _log_size(store: ShardStore, metadata: dict[str, Any]) -> None:
     """Logs bytes per token: (k + 1) H' values in the storage dtype, and as measured on disk."""
-    values, stored = _values(metadata), metadata["bytes_per_token"]
+    stored = metadata["bytes_per_token"]
+    values = stored // STORAGE_DTYPES[metadata["dtype"]].itemsize
     on_disk = metadata["bytes_on_disk"] / max(metadata["num_positions"], 1)
     logger.info("hidden-state cache %s: %d positions of %d rows, %d bytes per token (%d values in %s; %.0f on disk), "
                 "%.1f MiB, built in %.1f s", store.root, metadata["num_positions"], metadata["num_rows"], stored,
