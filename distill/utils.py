@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,6 +119,45 @@ def stop_signals() -> tuple[int, ...]:
     may a parent that wants its child to outlive the terminal): such a process goes on when its terminal closes, as
     nohup promises."""
     return tuple(sig for sig in STOP_SIGNALS if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN)
+
+
+class TerminalStream:
+    """sys.stdout or sys.stderr while it is a terminal: a write the terminal refuses because it hung up (EIO; a
+    dropped SSH session often stalls output first, so a write may be waiting when the terminal goes, and fails
+    before SIGHUP's handler runs) sends the stream to /dev/null (leave_a_closed_terminal) instead of ending the
+    process; any other error is raised. Everything else is the stream's own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            if err.errno != errno.EIO:
+                raise
+            leave_a_closed_terminal(signal.SIGHUP)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            if err.errno != errno.EIO:
+                raise
+            leave_a_closed_terminal(signal.SIGHUP)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def outlive_the_terminal() -> None:
+    """sys.stdout and sys.stderr, where they are a terminal, as TerminalStreams (once; the logging handlers and
+    progress bars made after write through them)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, TerminalStream) and stream.isatty():
+            setattr(sys, name, TerminalStream(stream))
 
 
 def leave_a_closed_terminal(signum: int) -> None:

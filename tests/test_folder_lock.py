@@ -62,6 +62,11 @@ def test_a_process_holds_a_folder_once_and_lets_go_for_the_next(tmp_path, monkey
     hold_folder(folder, RUN_LOCK)
     hold_folder(folder, RUN_LOCK)  # the same process again (resume checks, then the run): no conflict with itself
     release_folder(folder, RUN_LOCK)
+    assert not folder.exists()  # created by the lock and left empty (a run refused by a later check): gone
+    hold_folder(folder, RUN_LOCK)
+    (folder / "recipe.yaml").write_text("train: {}\n")
+    release_folder(folder, RUN_LOCK)
+    assert sorted(p.name for p in folder.iterdir()) == [RUN_LOCK, "recipe.yaml"]  # a run's folder stays
     process = holder(folder)  # released: another process takes it at once
     process.kill()
     process.wait(timeout=30)

@@ -263,3 +263,32 @@ def test_under_nohup_a_closed_terminal_changes_nothing():
     done = subprocess.run([sys.executable, "-c", script], env=ENV, cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout == "still here\n", done.stderr[-2000:]
+
+
+def test_a_write_waiting_on_a_terminal_that_closes_does_not_end_the_process(tmp_path):
+    """A dropped SSH session often stalls output first: the process waits in a write to its terminal when the
+    terminal goes, and that write fails (EIO) before any SIGHUP handler can run. Inside the commands' signal block
+    such a write sends the stream to /dev/null and the process goes on (SIGHUP ignored here, to see the write
+    alone)."""
+    import pty
+
+    ready, done = tmp_path / "writing", tmp_path / "went_on"
+    script = ("import signal, sys\n"
+              "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+              "from distill.run.preemption import stop_signals_raise\n"
+              "with stop_signals_raise():\n"
+              f"    open({str(ready)!r}, 'w').close()\n"
+              "    for _ in range(2000):\n"
+              "        print('x' * 1000, file=sys.stderr, flush=True)\n"  # fills the terminal nobody reads
+              f"open({str(done)!r}, 'w').close()\n")
+    pid, terminal = pty.fork()
+    if pid == 0:
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-c", script], ENV)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and time.monotonic() < deadline:  # its imports done: the terminal is still there
+        time.sleep(0.1)
+    time.sleep(2)  # the child waits in a write: nobody reads the terminal
+    os.close(terminal)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and done.exists()

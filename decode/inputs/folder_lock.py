@@ -37,6 +37,7 @@ RUN_LOCK = ".specdistill-run.lock"
 BUILD_LOCK = ".specdistill-build.lock"
 
 _held: dict[Path, int] = {}  # the resolved lock file -> the open descriptor that holds it
+_created: set[Path] = set()  # lock files whose folder hold_folder created (release_folder removes it while empty)
 
 
 class FolderInUse(Exception):
@@ -58,6 +59,8 @@ def hold_folder(folder: str | Path, name: str, *, waiting: str | None = None) ->
         if waiting is None:
             refuse_as_the_main_process_will(path, Path(folder))
         return
+    if not path.parent.exists():
+        _created.add(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = None
     try:
@@ -94,7 +97,7 @@ def refuse_as_the_main_process_will(path: Path, folder: Path) -> None:
     if pid is None:
         return
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        status = Path(f"/proc/{pid}/status").read_bytes().decode(errors="replace")  # the kernel's, not a user's
         parent = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
     except (OSError, StopIteration, ValueError):
         return
@@ -103,17 +106,25 @@ def refuse_as_the_main_process_will(path: Path, folder: Path) -> None:
 
 
 def release_folder(folder: str | Path, name: str) -> None:
-    """Let go of the lock hold_folder took on `folder` through `name` (nothing when this process holds none)."""
-    fd = _held.pop(Path(folder).expanduser().resolve() / name, None)
-    if fd is not None:
-        os.close(fd)
+    """Let go of the lock hold_folder took on `folder` through `name` (nothing when this process holds none). A
+    folder hold_folder created that holds nothing but the lock file goes too: a run refused by a later check leaves
+    nothing behind."""
+    path = Path(folder).expanduser().resolve() / name
+    fd = _held.pop(path, None)
+    if fd is None:
+        return
+    if path in _created and [p.name for p in path.parent.iterdir()] == [name]:
+        path.unlink(missing_ok=True)  # still held: no other process locks the file on its way out
+        path.parent.rmdir()
+    _created.discard(path)
+    os.close(fd)
 
 
 def holder_pid(inode: int) -> int | None:
     """The pid holding a flock on the file with this inode, from /proc/locks (Linux; a line reads
     `1: FLOCK  ADVISORY  WRITE 3353 08:01:1234567 0 EOF`, a waiter's `1: -> FLOCK ...`); None when none shows."""
     try:
-        lines = Path("/proc/locks").read_text().splitlines()
+        lines = Path("/proc/locks").read_bytes().decode(errors="replace").splitlines()
     except OSError:
         return None
     for fields in (line.split() for line in lines):

@@ -16,9 +16,9 @@ one of another spec raises CacheMismatchError naming every difference, unless ov
 holds a manifest of its files' sha256 digests (decode.inputs.manifest), written before the shard's rename; a shard
 whose bytes changed since (a flipped bit, a partial copy) is deleted with one warning and built again, in a complete
 build as in an interrupted one. SIGTERM, SIGINT, SIGUSR1 or SIGHUP during `fill` (a scheduler's preemption, Ctrl-C, a
-terminal that closes; SIGHUP not where it is ignored, as under nohup) lets the
-shard in progress finish and stops with ShardBuildStopped (the commands exit 75 with one line); running the same
-command again resumes after it. A second SIGINT exits at once (130).
+terminal that closes; SIGHUP not where it is ignored, as under nohup) lets the shard in progress finish and stops
+with ShardBuildStopped (the commands exit 75 with one line); running the same command again resumes after it. A
+second SIGINT exits at once (130).
 
 One builder at a time: `start` holds the folder's build lock (decode.inputs.folder_lock) until `finish`, so the runs
 of a sweep started at once that share a cache wait for the one building it (one line says for which process) and

@@ -44,6 +44,7 @@ from distill.utils import (  # noqa: F401 - PREEMPTED_EXIT: read from here by th
     STOP_SIGNALS,
     crash_point,
     leave_a_closed_terminal,
+    outlive_the_terminal,
     stop_signals,
 )
 
@@ -93,10 +94,12 @@ def resume_hint(output_dir: str, since: float) -> str:
 def stop_signals_raise() -> Iterator[None]:
     """Inside the block a signal of SIGNALS raises StoppedOutsideTraining in the main thread, wherever it is; training
     installs its own handler over this one (PreemptionCallback) and restores it after. The previous handlers are
-    restored on leaving. A no-op outside the main thread."""
+    restored on leaving. stdout and stderr that are a terminal survive its hang-up from here on (outlive_the_terminal).
+    A no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    outlive_the_terminal()
 
     def handler(signum: int, frame) -> None:
         leave_a_closed_terminal(signum)  # SIGHUP: the one line would go to a terminal that is gone
