@@ -217,6 +217,7 @@ def test_a_closed_terminal_saves_the_step_in_progress(workdir):
     pid, terminal = pty.fork()  # the child's stdout and stderr are the terminal; it is the session's leader
     if pid == 0:
         os.chdir(ROOT)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a login session (a suite run under nohup ignores it)
         os.execve(argv[0], argv, ENV)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((out / "runs").glob("*")):
