@@ -105,8 +105,6 @@ def plain_class(module: nn.Module) -> type:
     return cls.__mro__[2] if issubclass(cls, FSDPModule) and cls.__mro__[1] is FSDPModule else cls
 
 
-# test hook: SPECDISTILL_KILL_AT=name[:K] SIGKILLs the process the K-th time it reaches crash_point(name);
-# SPECDISTILL_KILL_SIGNAL=TERM (INT, USR1, ...) sends that signal instead (a preemption at an exact moment)
 # The signals that stop a run or a cache build cleanly: a scheduler's preemption, Ctrl-C, SLURM's --signal and the
 # terminal closing (a dropped SSH session); handled as stop_signals() says
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
@@ -176,6 +174,9 @@ def leave_a_closed_terminal(signum: int) -> None:
     finally:
         os.close(null)
 
+
+# test hook: SPECDISTILL_KILL_AT=name[:K] SIGKILLs the process the K-th time it reaches crash_point(name);
+# SPECDISTILL_KILL_SIGNAL=TERM (INT, USR1, ...) sends that signal instead (a preemption at an exact moment)
 KILL_ENV = "SPECDISTILL_KILL_AT"
 SIGNAL_ENV = "SPECDISTILL_KILL_SIGNAL"
 # the kill and full-disk hooks act in the process of this RANK only; unset: every one
